@@ -1,0 +1,1 @@
+"""Framework front ends (thin: hooks, casts, lazy imports)."""

@@ -1,0 +1,1 @@
+"""CaSync: compression-aware gradient synchronisation (HiPress Sec. 3)."""

@@ -1,0 +1,93 @@
+"""The one small interface CaSync talks to (DESIGN.md, "Transports").
+
+Every collective takes a ``timeout`` in seconds. A peer that dies or stalls
+makes the call raise ``PeerError`` naming the peer(s) on every surviving rank,
+so nothing hangs. Only ``torch.uint8`` payloads and int64/float tensors cross
+the wire; nothing received is unpickled.
+
+Implementations: ``inproc`` (threads, for fast unit tests), ``torch_dist``
+(torch.distributed; gloo on CPU, NCCL on GPU), ``mpi`` (mpi4py) and
+``horovod``. One transport instance is used by one thread at a time (the
+engine's communication executor); callers serialise access.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import List, Optional, Sequence
+
+import torch
+
+__all__ = ["Transport", "TransportError", "PeerError", "DEFAULT_TIMEOUT"]
+
+# Long enough for a 1 GB exchange on a slow link, short enough that a dead
+# peer is reported within minutes rather than never.
+DEFAULT_TIMEOUT = 300.0
+
+
+class TransportError(RuntimeError):
+    """A collective failed (timeout, closed connection, misuse)."""
+
+
+class PeerError(TransportError):
+    """A collective failed because of specific peer(s); ``ranks`` names them."""
+
+    def __init__(self, message: str, ranks: Sequence[int] = ()):
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+class Transport(ABC):
+    """Collectives over bytes between ``size`` ranks; this process is ``rank``."""
+
+    rank: int
+    size: int
+
+    @abstractmethod
+    def alltoallv(
+        self, send: Sequence[Optional[torch.Tensor]], recv_nbytes: Sequence[int],
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> List[Optional[torch.Tensor]]:
+        """Bulk exchange with per-peer sizes.
+
+        Args:
+            send: for each peer p, a 1-D uint8 tensor to send to p (or None /
+                empty for nothing). ``send[self.rank]`` is returned as is.
+            recv_nbytes: for each peer p, how many bytes p sends here (0 for
+                none); every rank must agree with its peers' ``send`` sizes.
+            timeout: seconds before raising ``PeerError``.
+
+        Returns:
+            For each peer, the received 1-D uint8 tensor (None where 0 bytes).
+        """
+
+    @abstractmethod
+    def allgather(self, tensor: torch.Tensor, timeout: float = DEFAULT_TIMEOUT
+                  ) -> List[torch.Tensor]:
+        """Gather an equally-shaped tensor from every rank; list index = rank."""
+
+    def allgather_bytes(self, data: bytes, timeout: float = DEFAULT_TIMEOUT) -> List[bytes]:
+        """Gather variable-length byte strings (two allgathers: sizes, then padded data)."""
+        n = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [int(s.item()) for s in self.allgather(n, timeout)]
+        buf = torch.zeros(max(sizes) or 1, dtype=torch.uint8)
+        if data:
+            buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        parts = self.allgather(buf, timeout)
+        return [p[:s].numpy().tobytes() for p, s in zip(parts, sizes)]
+
+    @abstractmethod
+    def broadcast(self, tensor: torch.Tensor, root: int, timeout: float = DEFAULT_TIMEOUT
+                  ) -> torch.Tensor:
+        """Broadcast ``tensor`` from ``root`` in place; return it."""
+
+    @abstractmethod
+    def allreduce(self, tensor: torch.Tensor, op: str = "sum", timeout: float = DEFAULT_TIMEOUT
+                  ) -> torch.Tensor:
+        """Reduce ``tensor`` in place across ranks (op: sum, max, min); return it."""
+
+    @abstractmethod
+    def barrier(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Wait until every rank arrives."""
+
+    def close(self) -> None:
+        """Release resources; further calls raise ``TransportError``."""

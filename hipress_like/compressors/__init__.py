@@ -1,0 +1,18 @@
+"""CompLL: the compressor library (HiPress Sec. 4).
+
+    import hipress_like as hp
+    c = hp.compressors.get("terngrad", bitwidth=2)
+    hp.compressors.available()
+
+Algorithms register themselves on import; this package imports them all.
+"""
+from .base import (HEADER_VERSION, Capabilities, Compressor, PayloadError, State,
+                   check_gradient, header_nbytes, pack_payload, unpack_payload)
+from .registry import ENTRY_POINT_GROUP, available, get, register
+from . import identity  # noqa: F401  (registers identity/none, fp16)
+
+__all__ = [
+    "HEADER_VERSION", "Capabilities", "Compressor", "PayloadError", "State", "check_gradient",
+    "header_nbytes", "pack_payload", "unpack_payload", "ENTRY_POINT_GROUP", "available", "get",
+    "register",
+]

@@ -1,0 +1,305 @@
+"""CompLL's unified compressor API (HiPress Sec. 4.1, Fig. 4).
+
+Every algorithm is a small object with *explicit* state, in the spirit of
+optax's ``GradientTransformation(init, update)``:
+
+    state = c.init(grad, seed=0)           # explicit, may be {}
+    payload, state = c.encode(grad, state) # payload: 1-D torch.uint8, self-describing
+    out = c.decode(payload)                # same shape and dtype as grad
+    merged = c.merge([p0, p1, ...])        # only if capabilities.aggregatable
+
+Payloads are bytes only. Each starts with a fixed little-endian header that
+carries everything ``decode`` needs (dtype, shape, algorithm id, the body
+length), so a payload can be decoded by any rank without side channels and a
+truncated, foreign or wrong-version payload is rejected with a clear error:
+
+    offset size field
+    0      2    magic b"HL"
+    2      1    header version (HEADER_VERSION)
+    3      1    algorithm id (see ``Compressor.algo_id``)
+    4      1    dtype code (_DTYPES)
+    5      1    ndim
+    6      2    length of the algorithm's fixed fields ("extra"), bytes
+    8      8    body length, bytes
+    16     8*ndim   shape (int64 each)
+    ...    extra    algorithm fixed fields (scales, k, seeds, ...), zero-padded
+                    to a multiple of 8 so the body can be viewed as floats
+    ...    body     the compressed data
+
+Multi-round algorithms (PowerSGD's P then Q) declare ``capabilities.rounds``
+> 1 and implement ``encode_round``/``decode_rounds``; the scheduler runs each
+round and sums the payloads of a round with ``merge`` (they must be
+aggregatable per round). A compressor never calls a transport.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = [
+    "HEADER_VERSION",
+    "Capabilities",
+    "Compressor",
+    "PayloadError",
+    "State",
+    "check_gradient",
+    "pack_payload",
+    "unpack_payload",
+    "header_nbytes",
+]
+
+HEADER_VERSION = 1
+_MAGIC = b"HL"
+_FIXED = struct.Struct("<2sBBBBHQ")  # magic, version, algo, dtype, ndim, extra_len, body_len
+
+_DTYPES: Dict[torch.dtype, int] = {
+    torch.float32: 1,
+    torch.float16: 2,
+    torch.bfloat16: 3,
+    torch.float64: 4,
+}
+_DTYPE_OF = {v: k for k, v in _DTYPES.items()}
+
+State = Dict[str, Any]
+
+CATEGORIES = ("none", "quantization", "sparsification", "lowrank")
+
+
+class PayloadError(ValueError):
+    """A payload is malformed: truncated, foreign, another version, wrong size."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a compressor is; strategies check this at construction.
+
+    Attributes:
+        category: one of "none", "quantization", "sparsification", "lowrank"
+            (HiPress Table 3 groups alpha/beta/gamma by this).
+        aggregatable: payloads can be summed with ``merge`` without decoding
+            (homomorphic: identity, PowerSGD's P/Q, THC).
+        fixed_size: payload size depends only on the number of elements
+            (``payload_nbytes`` is exact); False for data-dependent sizes.
+        rounds: number of communication rounds per synchronisation.
+        unbiased: E[decode(encode(g))] == g.
+        stateful: encode reads/writes per-gradient state (error feedback,
+            momentum, warm start); such state must be checkpointed.
+    """
+
+    category: str
+    aggregatable: bool = False
+    fixed_size: bool = True
+    rounds: int = 1
+    unbiased: bool = False
+    stateful: bool = False
+
+    def __post_init__(self) -> None:
+        if self.category not in CATEGORIES:
+            raise ValueError(f"category must be one of {CATEGORIES}, got {self.category!r}")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+
+
+def header_nbytes(ndim: int, extra_nbytes: int) -> int:
+    """Bytes taken by the header for a tensor of ``ndim`` dims and ``extra_nbytes`` fields."""
+    return _FIXED.size + 8 * ndim + _pad8(extra_nbytes)
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def check_gradient(grad: Any, *, nonfinite: str = "raise", name: str = "gradient") -> None:
+    """Validate a tensor before compression; raise a clear error on bad input.
+
+    Args:
+        grad: the tensor to check.
+        nonfinite: "raise" rejects NaN/Inf; "ignore" skips the (costly) scan.
+        name: how to call the tensor in messages.
+
+    Raises:
+        TypeError: not a tensor, or not a floating dtype we can encode.
+        ValueError: empty tensor, or NaN/Inf when ``nonfinite == "raise"``.
+    """
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, found {type(grad).__name__}")
+    if grad.dtype not in _DTYPES:
+        raise TypeError(
+            f"{name}: expected a floating tensor (float32/float16/bfloat16/float64), "
+            f"found {grad.dtype}; cast it with .float() before compressing"
+        )
+    if grad.numel() == 0:
+        raise ValueError(f"{name}: empty tensor (shape {tuple(grad.shape)}) cannot be compressed")
+    if nonfinite == "raise" and not bool(torch.isfinite(grad).all()):
+        raise ValueError(
+            f"{name}: contains NaN or Inf; fix the loss/learning rate, or configure "
+            "nonfinite='skip' to drop such steps"
+        )
+
+
+def pack_payload(
+    algo_id: int,
+    grad_dtype: torch.dtype,
+    shape: Sequence[int],
+    extra: bytes,
+    body_nbytes: int,
+    device: Any = "cpu",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Allocate a payload with its header written; return (payload, body view).
+
+    The caller writes the compressed data into the returned body view (a
+    1-D uint8 view of the payload, no copy).
+    """
+    ndim = len(shape)
+    extra = extra + b"\0" * (_pad8(len(extra)) - len(extra))  # keep the body 8-byte aligned
+    hdr = _FIXED.pack(_MAGIC, HEADER_VERSION, algo_id, _DTYPES[grad_dtype], ndim, len(extra),
+                      body_nbytes)
+    hdr += struct.pack(f"<{ndim}q", *shape) + extra
+    payload = torch.empty(len(hdr) + body_nbytes, dtype=torch.uint8, device=device)
+    payload[: len(hdr)] = torch.frombuffer(bytearray(hdr), dtype=torch.uint8).to(device)
+    return payload, payload[len(hdr):]
+
+
+@dataclass(frozen=True)
+class Header:
+    """A parsed payload header."""
+
+    algo_id: int
+    dtype: torch.dtype
+    shape: Tuple[int, ...]
+    extra: bytes
+    body: torch.Tensor  # 1-D uint8 view into the payload
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def _bytes_of(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().numpy().tobytes()
+
+
+def unpack_payload(payload: torch.Tensor, algo_id: Optional[int] = None) -> Header:
+    """Parse and validate a payload's header.
+
+    Raises:
+        PayloadError: not a 1-D uint8 tensor, truncated, wrong magic/version,
+            another algorithm's payload, or a body length that does not match.
+    """
+    if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.dim() != 1:
+        raise PayloadError(
+            f"payload must be a 1-D torch.uint8 tensor, found "
+            f"{getattr(payload, 'dtype', type(payload).__name__)} "
+            f"with shape {tuple(getattr(payload, 'shape', ()))}"
+        )
+    n = payload.numel()
+    if n < _FIXED.size:
+        raise PayloadError(f"payload truncated: {n} bytes, the header alone needs {_FIXED.size}")
+    head = _bytes_of(payload[: _FIXED.size])
+    magic, version, aid, dcode, ndim, extra_len, body_len = _FIXED.unpack(head)
+    if magic != _MAGIC:
+        raise PayloadError(f"not a hipress-like payload (magic {magic!r}, expected {_MAGIC!r})")
+    if version != HEADER_VERSION:
+        raise PayloadError(
+            f"payload header version {version} is not supported (this build reads "
+            f"version {HEADER_VERSION}); all ranks must run the same hipress-like version"
+        )
+    if algo_id is not None and aid != algo_id:
+        raise PayloadError(f"payload was produced by algorithm id {aid}, expected {algo_id}")
+    if dcode not in _DTYPE_OF:
+        raise PayloadError(f"payload has unknown dtype code {dcode}")
+    hlen = _FIXED.size + 8 * ndim + extra_len
+    if n < hlen:
+        raise PayloadError(f"payload truncated: {n} bytes, header declares {hlen}")
+    if n != hlen + body_len:
+        raise PayloadError(
+            f"payload size mismatch: {n} bytes, header declares {hlen} + body {body_len} = "
+            f"{hlen + body_len} (truncated or padded in transit)"
+        )
+    rest = _bytes_of(payload[_FIXED.size: hlen])
+    shape = struct.unpack(f"<{ndim}q", rest[: 8 * ndim])
+    if any(s < 0 for s in shape):
+        raise PayloadError(f"payload declares a negative shape {shape}")
+    return Header(aid, _DTYPE_OF[dcode], tuple(shape), rest[8 * ndim:], payload[hlen:])
+
+
+class Compressor:
+    """Base class of every CompLL algorithm.
+
+    Subclasses set ``name``, ``algo_id`` (unique small int) and
+    ``capabilities``, validate parameters in ``__init__`` (``ValueError``),
+    and implement ``encode``/``decode`` (and ``merge`` when aggregatable,
+    ``encode_round``/``decode_rounds`` when ``rounds > 1``).
+    """
+
+    name: str = "base"
+    algo_id: int = 0
+    capabilities: Capabilities = Capabilities("none")
+
+    # -- state -----------------------------------------------------------
+    def init(self, grad: torch.Tensor, seed: int = 0) -> State:
+        """Return the initial explicit state for ``grad`` (default: just the RNG seed)."""
+        return {"seed": int(seed), "step": 0}
+
+    # -- single round ----------------------------------------------------
+    def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
+        """Compress ``grad``; return (1-D uint8 payload, new state)."""
+        raise NotImplementedError
+
+    def decode(self, payload: torch.Tensor) -> torch.Tensor:
+        """Decompress a payload into a tensor of the original shape and dtype."""
+        raise NotImplementedError
+
+    def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
+        """Sum payloads in the compressed domain (aggregatable compressors only).
+
+        The order of ``payloads`` is the summation order; callers pass a fixed
+        order (by rank) so every rank computes bitwise-identical sums.
+        """
+        raise TypeError(
+            f"compressor {self.name!r} is not aggregatable: decode, sum, then encode instead"
+        )
+
+    # -- multi round -------------------------------------------------------
+    def encode_round(
+        self, r: int, grad: torch.Tensor, state: State, aggregate: Optional[torch.Tensor]
+    ) -> Tuple[torch.Tensor, State]:
+        """Payload of round ``r``; ``aggregate`` is the merged payload of round r-1."""
+        if r == 0 and self.capabilities.rounds == 1:
+            return self.encode(grad, state)
+        raise NotImplementedError(f"{self.name} declares {self.capabilities.rounds} round(s)")
+
+    def decode_rounds(
+        self, grad: torch.Tensor, state: State, aggregate: torch.Tensor
+    ) -> Tuple[torch.Tensor, State]:
+        """Turn the merged payload of the last round into the summed gradient."""
+        if self.capabilities.rounds == 1:
+            return self.decode(aggregate), state
+        raise NotImplementedError
+
+    # -- sizes -------------------------------------------------------------
+    def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
+        """Exact payload size for a ``numel``-element float32 tensor of ``ndim`` dims.
+
+        For data-dependent sizes (``capabilities.fixed_size`` False) this is an
+        upper bound.
+        """
+        raise NotImplementedError
+
+    def compression_ratio(self, numel: int, itemsize: int = 4) -> float:
+        """Payload bytes over original bytes (the ``r`` of HiPress Eq. 2)."""
+        return self.payload_nbytes(numel) / float(numel * itemsize)
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in sorted(self.params().items()))
+        return f"{type(self).__name__}({params})"
+
+    def params(self) -> Dict[str, Any]:
+        """Constructor parameters (for reprs, plans and checkpoints)."""
+        return {}

@@ -1,0 +1,98 @@
+"""Registry of compressors by name, with an entry-point group for plug-ins.
+
+    @register("topk")
+    class TopK(Compressor): ...
+
+    get("topk", ratio=0.01)      # -> TopK(ratio=0.01)
+    available()                  # sorted names, aliases included
+
+Third-party packages add compressors through the ``hipress_like.compressors``
+entry-point group (each entry point loads a factory taking keyword params).
+An unknown name lists what exists.
+"""
+from __future__ import annotations
+
+import difflib
+import logging
+from typing import Any, Callable, Dict, List
+
+from .base import Compressor
+
+__all__ = ["register", "get", "available", "ENTRY_POINT_GROUP"]
+
+ENTRY_POINT_GROUP = "hipress_like.compressors"
+_log = logging.getLogger(__name__)
+_REGISTRY: Dict[str, Callable[..., Compressor]] = {}
+_entry_points_loaded = False
+
+
+def register(name: str, *aliases: str) -> Callable:
+    """Class/factory decorator registering ``name`` (and ``aliases``)."""
+
+    def deco(factory: Callable[..., Compressor]) -> Callable[..., Compressor]:
+        for n in (name, *aliases):
+            if n in _REGISTRY and _REGISTRY[n] is not factory:
+                raise ValueError(f"compressor name {n!r} is already registered")
+            _REGISTRY[n] = factory
+        return factory
+
+    return deco
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    try:
+        from importlib.metadata import entry_points
+
+        eps = entry_points()
+        group = eps.select(group=ENTRY_POINT_GROUP) if hasattr(eps, "select") else eps.get(
+            ENTRY_POINT_GROUP, [])
+        for ep in group:
+            if ep.name not in _REGISTRY:
+                try:
+                    _REGISTRY[ep.name] = ep.load()
+                except Exception as e:  # a broken plug-in must not break the library
+                    _log.warning("could not load compressor plug-in %s: %s", ep.name, e)
+    except Exception as e:  # pragma: no cover - importlib failures are environmental
+        _log.warning("could not scan entry points %s: %s", ENTRY_POINT_GROUP, e)
+
+
+def available() -> List[str]:
+    """Sorted names (and aliases) of every registered compressor."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def get(name: Any, **params: Any) -> Compressor:
+    """Instantiate a compressor by name.
+
+    Args:
+        name: registry name (case-insensitive), or a ``Compressor`` instance
+            (returned as is; then ``params`` must be empty).
+        **params: constructor parameters; unknown ones raise ``ValueError``.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones) or
+            invalid parameters.
+    """
+    if isinstance(name, Compressor):
+        if params:
+            raise ValueError("parameters cannot be given with a compressor instance")
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"compressor must be a name or a Compressor, found {type(name).__name__}")
+    _load_entry_points()
+    key = name.strip().lower()
+    if key not in _REGISTRY:
+        close = difflib.get_close_matches(key, _REGISTRY, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"unknown compressor {name!r}{hint}; available: {', '.join(available())}"
+        )
+    try:
+        return _REGISTRY[key](**params)
+    except TypeError as e:
+        raise ValueError(f"invalid parameters for compressor {key!r}: {e}") from e

@@ -1,0 +1,43 @@
+"""Packaging for hipress-like (distribution name ``hipress-like``).
+
+Extras mirror the optional front ends: ``tensorflow``, ``mxnet``, ``mpi``,
+``horovod`` and ``dev`` (tests, lint, benchmarks).
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="hipress-like",
+    version="0.1.0",
+    description="Compression-aware data-parallel training: CaSync scheduling, "
+    "CompLL compressors and a cost model (after HiPress, SOSP'21).",
+    packages=find_packages(include=["hipress_like", "hipress_like.*"]),
+    python_requires=">=3.9",
+    install_requires=[
+        # 2.13.0 is the CPU wheel on local disk; the cap keeps pip off CUDA builds.
+        "torch>=2.4,<2.15",
+        "numpy",
+        "msgpack>=1.0",
+        "tqdm",
+    ],
+    extras_require={
+        "tensorflow": ["tensorflow-cpu"],
+        "mxnet": ["mxnet==1.9.1", "numpy==1.23.5"],
+        "mpi": ["mpi4py>=3.1"],
+        "horovod": ["horovod==0.28.1"],
+        "dev": [
+            "pytest>=7",
+            "pytest-timeout",
+            "ruff",
+            "scikit-learn",
+            "matplotlib",
+            "lark",
+            "pymoo",
+            "rich",
+        ],
+    },
+    entry_points={
+        "console_scripts": [
+            "hipress-profile=hipress_like.cost_model.cli:main",
+        ],
+    },
+)
