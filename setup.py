@@ -11,7 +11,7 @@ setup(
     description="Compression-aware data-parallel training: CaSync scheduling, "
     "CompLL compressors and a cost model (after HiPress, SOSP'21).",
     packages=find_packages(include=["hipress_like", "hipress_like.*"]),
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=[
         # 2.13.0 is the CPU wheel on local disk; the cap keeps pip off CUDA builds.
         "torch>=2.4,<2.15",

@@ -1,0 +1,172 @@
+"""The global coordinator for compression-aware bulk synchronisation (HiPress Sec. 3.2, Fig. 3).
+
+Nodes report the metadata of their pending sends (message key, destination,
+bytes). The coordinator keeps one FIFO queue per link (src, dst), selects a
+set of non-conflicting links for the next round (each node sends to at most
+one peer and receives from at most one, so no uplink or downlink is shared),
+batches each selected link's messages up to ``batch_bytes``, and every node
+executes the round as one bulk exchange (an all-to-all with per-peer sizes).
+
+Where HiPress runs the coordinator on one node (gather metadata, plan,
+broadcast the plan), here every rank runs the *same* deterministic planner on
+the *same* allgathered metadata: the plans are identical by construction, no
+node is special, and a round costs one metadata collective instead of a
+gather plus a broadcast. ``Coordinator`` is a pure state machine (no I/O),
+so it is unit-tested without any transport.
+
+Metadata wire format, one fixed-size int64 vector per rank per round
+(``encode_report``/``decode_report``): ``[flags, outstanding, error_arg,
+digest, n, key_0, dst_0, nbytes_0, ...]`` padded to ``5 + 3 * capacity``
+entries. ``digest`` fingerprints the set of gradients the rank submitted in
+this step, so differing sets are caught when every rank has closed.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Sequence, Tuple
+
+import torch
+
+__all__ = ["Coordinator", "Report", "RoundPlan", "encode_report", "decode_report", "report_len",
+           "FLAG_CLOSED", "FLAG_ERROR", "FLAG_NONFINITE"]
+
+FLAG_CLOSED = 1  # the rank called synchronize(): no more submissions this step
+FLAG_ERROR = 2  # the rank hit an error; peers raise too (error_arg says which gradient)
+FLAG_NONFINITE = 4  # the rank saw NaN/Inf and nonfinite="skip": the step is skipped
+
+Msg = Tuple[int, int, int]  # (key, dst, nbytes)
+
+
+@dataclass
+class Report:
+    """One rank's metadata for a round."""
+
+    flags: int = 0
+    outstanding: int = 0  # tasks not done on the reporting rank
+    error_arg: int = -1  # gradient index of the error, if FLAG_ERROR
+    digest: int = 0  # fingerprint of the gradients submitted this step
+    msgs: List[Msg] = field(default_factory=list)
+
+
+def report_len(capacity: int) -> int:
+    """int64 entries of an encoded report with room for ``capacity`` messages."""
+    return 5 + 3 * capacity
+
+
+def encode_report(r: Report, capacity: int) -> torch.Tensor:
+    """Pack a report into a fixed-size int64 tensor (at most ``capacity`` messages)."""
+    if len(r.msgs) > capacity:
+        raise ValueError(f"report has {len(r.msgs)} messages, capacity is {capacity}")
+    out = torch.zeros(report_len(capacity), dtype=torch.int64)
+    out[0], out[1], out[2], out[3], out[4] = (r.flags, r.outstanding, r.error_arg, r.digest,
+                                              len(r.msgs))
+    if r.msgs:
+        out[5: 5 + 3 * len(r.msgs)] = torch.tensor(r.msgs, dtype=torch.int64).reshape(-1)
+    return out
+
+
+def decode_report(t: torch.Tensor) -> Report:
+    """Inverse of ``encode_report``; validates the message count."""
+    v = t.tolist()
+    n = v[4]
+    if n < 0 or 5 + 3 * n > len(v):
+        raise ValueError(f"corrupt coordinator report: {n} messages in {len(v)} entries")
+    msgs = [(v[5 + 3 * i], v[6 + 3 * i], v[7 + 3 * i]) for i in range(n)]
+    return Report(flags=v[0], outstanding=v[1], error_arg=v[2], digest=v[3], msgs=msgs)
+
+
+@dataclass
+class RoundPlan:
+    """Which messages cross which link in one round: ``links[(src, dst)] = [(key, nbytes)]``."""
+
+    links: Dict[Tuple[int, int], List[Tuple[int, int]]]
+
+    def sends_of(self, rank: int) -> Dict[int, List[Tuple[int, int]]]:
+        """Messages ``rank`` sends, by destination."""
+        return {d: m for (s, d), m in self.links.items() if s == rank}
+
+    def recvs_of(self, rank: int) -> Dict[int, List[Tuple[int, int]]]:
+        """Messages ``rank`` receives, by source."""
+        return {s: m for (s, d), m in self.links.items() if d == rank}
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes moved in the round."""
+        return sum(b for m in self.links.values() for _, b in m)
+
+
+class Coordinator:
+    """Per-link queues and the round planner (replicated on every rank).
+
+    Args:
+        size: number of ranks.
+        batch_bytes: most bytes batched on one link in one round (a single
+            larger message still goes, alone).
+        matching: select non-conflicting links (HiPress); False lets every
+            link with work go in every round (a full all-to-all).
+        batching: False sends one message per link per round (the
+            coordinator "switched off" for comparison).
+    """
+
+    def __init__(self, size: int, batch_bytes: int = 8 << 20, matching: bool = True,
+                 batching: bool = True):
+        if size < 1:
+            raise ValueError(f"size must be >= 1, found {size}")
+        if batch_bytes < 1:
+            raise ValueError(f"batch_bytes must be >= 1, found {batch_bytes}")
+        self.size = size
+        self.batch_bytes = batch_bytes
+        self.matching = matching
+        self.batching = batching
+        self._queues: Dict[Tuple[int, int], Deque[Tuple[int, int, int]]] = {}
+        self._round = 0
+
+    def add_reports(self, reports: Sequence[Report]) -> None:
+        """Queue every rank's newly reported messages (rank order, report order)."""
+        for src, rep in enumerate(reports):
+            for key, dst, nbytes in rep.msgs:
+                if not (0 <= dst < self.size) or dst == src:
+                    raise ValueError(f"rank {src} reported a send to invalid destination {dst}")
+                self._queues.setdefault((src, dst), deque()).append((key, nbytes, self._round))
+        self._round += 1
+
+    def empty(self) -> bool:
+        """No message is queued on any link."""
+        return not any(self._queues.values())
+
+    def queued_bytes(self) -> int:
+        """Bytes waiting in all link queues."""
+        return sum(b for q in self._queues.values() for _, b, _ in q)
+
+    def plan_round(self) -> RoundPlan:
+        """Select links and batch messages for the next round.
+
+        1. Order links with work by the age of their oldest message (oldest
+           first, so nothing starves), then by queued bytes (largest first).
+        2. Greedily take a link if its sender is not yet sending and its
+           receiver not yet receiving (with ``matching``).
+        3. On each taken link, pop messages FIFO while the batch stays within
+           ``batch_bytes`` (always at least one message).
+        """
+        cand = []
+        for link, q in self._queues.items():
+            if q:
+                cand.append((q[0][2], -sum(b for _, b, _ in q), link))
+        cand.sort()
+        busy_src, busy_dst = set(), set()
+        links: Dict[Tuple[int, int], List[Tuple[int, int]]] = {}
+        for _, _, (s, d) in cand:
+            if self.matching and (s in busy_src or d in busy_dst):
+                continue
+            busy_src.add(s)
+            busy_dst.add(d)
+            q = self._queues[(s, d)]
+            key, nb, _ = q.popleft()
+            batch, total = [(key, nb)], nb
+            while q and self.batching and total + q[0][1] <= self.batch_bytes:
+                key, nb, _ = q.popleft()
+                batch.append((key, nb))
+                total += nb
+            links[(s, d)] = batch
+        return RoundPlan(links)

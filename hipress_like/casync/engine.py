@@ -1,0 +1,758 @@
+"""The CaSync engine: the task manager plus the coordinated bulk communication loop.
+
+What happens to a gradient (DESIGN.md, "How one gradient flows"):
+
+1. ``register`` (collective) checks that every rank has the same gradients
+   (names, shapes, dtypes) and fixes a *layout*: per gradient, compress or
+   not, K partitions (views, never copies), the aggregator of each
+   partition (byte-balanced across ranks) and the workflow (PS, Ring or
+   multi-round).
+2. ``submit(name, tensor)`` adds the gradient's tasks to the task graph
+   (``workflows``). Ready compute tasks (encode/decode/merge/write) go to the
+   computing executor; ready sends go to the outbox; recvs wait for their
+   message.
+3. The communication loop (its own thread) runs rounds: every rank reports
+   its new sends (``coordinator.Report``) in one allgather; every rank runs
+   the same deterministic ``Coordinator`` on the same reports, so all agree
+   on the round's links and batches without a central node; then one
+   ``alltoallv`` moves the round's bytes and finishes its send/recv tasks.
+4. ``synchronize()`` closes the step. When every rank has closed, nothing is
+   queued and no task is outstanding anywhere, every rank leaves the loop in
+   the same round. Errors travel in the reports, so a failure on one rank
+   (bad gradient, compressor error) becomes an error on every rank, and a
+   dead peer becomes a ``PeerError`` from the transport's timeout.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import msgpack
+import torch
+
+from .. import compressors as _comp
+from ..compressors.base import Compressor, check_gradient
+from ..cost_model.plan import GradientPlan, Plan, SizeRule
+from .coordinator import (FLAG_CLOSED, FLAG_ERROR, FLAG_NONFINITE, Coordinator, Report,
+                          decode_report, encode_report)
+from .executors import SyncExecutor, ThreadExecutor
+from .tasks import DeadlockError, Task, TaskGraph
+from .timeline import Event, Timeline
+from .transport.base import DEFAULT_TIMEOUT, Transport
+from .workflows import (CompressorCodec, RawCodec, chunk_bounds, ps_workflow, ring_workflow,
+                        rounds_workflow)
+
+__all__ = ["EngineConfig", "Engine", "Handle", "EngineError", "GradientMismatchError"]
+
+_log = logging.getLogger(__name__)
+_KEY_LIMITS = {"gradients": 1 << 20, "partitions": 1 << 12, "phases": 1 << 12, "ranks": 1 << 10}
+
+
+class EngineError(RuntimeError):
+    """Synchronisation failed (on this rank or a peer); the engine is unusable after it."""
+
+
+class GradientMismatchError(EngineError, ValueError):
+    """Ranks registered or submitted different gradients."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How the engine synchronises. Unknown keys are an error (keyword-only).
+
+    Attributes:
+        compressor: registry name or instance for compressed gradients; None
+            takes the plan's compressor (``onebit`` without a plan).
+        params: the compressor's parameters.
+        strategy: "ps" (co-located aggregators) or "ring".
+        plan: None (default size rule), a ``Plan``, a path to a plan JSON,
+            or "auto" (profile the first steps, then fix the plan).
+        error_feedback: "auto" wraps biased, stateless compressors (onebit,
+            TBQ, top-k, ...) in error feedback; True/False force it.
+        timeout: seconds any collective may take before peers are blamed.
+        coordinator: batch messages per link (HiPress Sec. 3.2); False sends
+            one message per link per round, for comparison.
+        matching: restrict each round to non-conflicting links (each rank
+            sends to one peer and receives from one), as HiPress does.
+        batch_bytes: most bytes batched on one link per round.
+        idle_wait: seconds a rank with nothing to do waits for local work
+            before joining the next (empty) round; the batching timeout.
+        report_capacity: most new sends one rank reports per round.
+        nonfinite: "raise" (error on every rank), "skip" (every rank skips the
+            step; ``synchronize`` returns False) or "ignore" (no check).
+        seed: base of every compressor's RNG seed.
+        threads: run compute and communication on background threads
+            (overlap); False runs everything inside ``synchronize``
+            (deterministic, for tests and debugging).
+        timeline: record task and round times (``Engine.timeline``).
+    """
+
+    compressor: Any = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    strategy: str = "ps"
+    plan: Any = None
+    error_feedback: Any = "auto"
+    timeout: float = DEFAULT_TIMEOUT
+    coordinator: bool = True
+    matching: bool = True
+    # 8 MB: 64 ms on a 1 Gbit/s link, long enough to amortise a round's
+    # metadata exchange (~1 ms), short enough to keep the pipeline moving.
+    batch_bytes: int = 8 << 20
+    # 2 ms: below one round's cost on loopback, so idle polling stays cheap.
+    idle_wait: float = 0.002
+    report_capacity: int = 512
+    nonfinite: str = "raise"
+    seed: int = 0
+    threads: bool = True
+    timeline: bool = True
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("ps", "ring"):
+            raise ValueError(f"strategy must be 'ps' or 'ring', found {self.strategy!r}")
+        if self.nonfinite not in ("raise", "skip", "ignore"):
+            raise ValueError(f"nonfinite must be 'raise', 'skip' or 'ignore', "
+                             f"found {self.nonfinite!r}")
+        if self.error_feedback not in ("auto", True, False):
+            raise ValueError(f"error_feedback must be 'auto', True or False, "
+                             f"found {self.error_feedback!r}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, found {self.timeout!r}")
+        if self.batch_bytes < 1 or self.report_capacity < 1 or self.idle_wait < 0:
+            raise ValueError("batch_bytes and report_capacity must be >= 1, idle_wait >= 0")
+        if not (self.plan is None or self.plan == "auto" or isinstance(self.plan, (Plan, str,
+                                                                                    os.PathLike))):
+            raise ValueError(f"plan must be None, 'auto', a Plan or a path, found {self.plan!r}")
+
+
+@dataclass
+class _GradInfo:
+    idx: int
+    name: str
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+    numel: int
+    compress: bool
+    workflow: str  # "ps", "ring" or "rounds"
+    parts: List[Tuple[int, int, int]]  # (start, end, aggregator)
+
+
+class Handle:
+    """Completion of one submitted gradient; ``wait`` raises the step's error."""
+
+    def __init__(self, engine: "Engine", name: str, tensor: torch.Tensor,
+                 work: torch.Tensor):
+        self._engine = engine
+        self.name = name
+        self._tensor = tensor
+        self._work = work
+        self._pending = 1  # the building token, released after all tasks are added
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+
+    def _release(self, n: int = 1) -> None:
+        with self._lock:
+            self._pending -= n
+            if self._pending == 0:
+                if self._work is not self._tensor:
+                    self._tensor.copy_(self._work)
+                self._event.set()
+
+    def done(self) -> bool:
+        """True once the averaged gradient is written."""
+        return self._event.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> torch.Tensor:
+        """Block until the averaged gradient is written; return the tensor.
+
+        Raises:
+            EngineError / PeerError: the synchronisation failed.
+            TimeoutError: not done within ``timeout`` seconds.
+        """
+        t = self._engine.config.timeout if timeout is None else timeout
+        deadline = time.monotonic() + t
+        while not self._event.wait(0.05):
+            self._engine._raise_if_failed()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gradient {self.name!r} not synchronised within {t:.1f} s")
+        self._engine._raise_if_failed()
+        return self._tensor
+
+
+def _digest_of(idx: int) -> int:
+    return (idx * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & ((1 << 62) - 1)
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+class Engine:
+    """One rank's CaSync engine over a ``Transport``.
+
+    Args:
+        transport: the collectives (all ranks build an engine over theirs).
+        config: an ``EngineConfig``; keyword overrides are applied on top.
+
+    Example:
+        eng = Engine(transport, EngineConfig(compressor="onebit"))
+        eng.register([(n, tuple(p.shape), p.dtype) for n, p in model.named_parameters()])
+        for n, p in model.named_parameters():
+            eng.submit(n, p.grad)
+        eng.synchronize()   # every p.grad now holds the average over ranks
+    """
+
+    def __init__(self, transport: Transport, config: Optional[EngineConfig] = None,
+                 **overrides: Any):
+        if config is None:
+            config = EngineConfig(**overrides)
+        elif overrides:
+            from dataclasses import replace
+            config = replace(config, **overrides)
+        self.config = config
+        self.transport = transport
+        self.rank, self.size = transport.rank, transport.size
+        if self.size > _KEY_LIMITS["ranks"]:
+            raise ValueError(f"at most {_KEY_LIMITS['ranks']} ranks are supported")
+        self.plan = self._resolve_plan(config.plan)
+        self.compressor = self._build_compressor()
+        self.timeline = Timeline(self.rank)
+        self.timeline.enabled = config.timeline
+        self._states: Dict[str, Dict[str, Any]] = {}
+        self._layout: Dict[str, _GradInfo] = {}
+        self._cv = threading.Condition()
+        self._graph = TaskGraph(self._on_ready)
+        self._exec = ThreadExecutor() if config.threads else SyncExecutor()
+        self._reset_step()
+        self._step = 0
+        self._error: Optional[BaseException] = None
+        self._error_arg = -1
+        self._closed_engine = False
+        self._step_start = threading.Event()
+        self._step_done = threading.Event()
+        self._skipped = False
+        self._comm_thread: Optional[threading.Thread] = None
+        if config.threads:
+            self._comm_thread = threading.Thread(target=self._comm_main, daemon=True,
+                                                 name=f"hipress-comm-{self.rank}")
+            self._comm_thread.start()
+
+    # -- setup -------------------------------------------------------------
+    def _resolve_plan(self, plan: Any) -> Optional[Plan]:
+        if plan is None or plan == "auto":
+            return None
+        if isinstance(plan, Plan):
+            return plan
+        return Plan.load(plan)
+
+    def _build_compressor(self) -> Compressor:
+        cfg = self.config
+        name = cfg.compressor
+        params = dict(cfg.params)
+        if name is None:
+            name = self.plan.compressor if self.plan else "onebit"
+            if self.plan and not params:
+                params = dict(self.plan.params)
+        comp = _comp.get(name, **params)
+        caps = comp.capabilities
+        wrap = cfg.error_feedback
+        if wrap == "auto":
+            wrap = caps.category not in ("none",) and not caps.unbiased and not caps.stateful \
+                and caps.rounds == 1
+        if wrap:
+            from ..compressors.error_feedback import ErrorFeedback
+            comp = ErrorFeedback(comp)
+        if caps.rounds > 1 and not caps.aggregatable:
+            raise ValueError(f"compressor {comp.name!r} has {caps.rounds} rounds but its "
+                             "payloads are not aggregatable; CaSync cannot run it")
+        return comp
+
+    def _decide(self, name: str, nbytes: int) -> GradientPlan:
+        if self.plan is not None:
+            return self.plan.decide(name, nbytes, self.size)
+        return SizeRule().decide(nbytes, self.size)
+
+    def register(self, specs: Sequence[Tuple[str, Sequence[int], torch.dtype]]) -> None:
+        """Declare the gradients (collective; every rank, same list).
+
+        Raises:
+            GradientMismatchError: on every rank, if the ranks' lists differ
+                (the message names the first differing gradient and ranks).
+            ValueError: duplicate names, non-float dtypes, empty tensors.
+        """
+        self._raise_if_failed()
+        specs = [(str(n), tuple(int(s) for s in shape), dt) for n, shape, dt in specs]
+        names = [n for n, _, _ in specs]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"duplicate gradient names: {dup}")
+        if len(specs) >= _KEY_LIMITS["gradients"]:
+            raise ValueError(f"at most {_KEY_LIMITS['gradients'] - 1} gradients are supported")
+        for n, shape, dt in specs:
+            if dt not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+                raise ValueError(f"gradient {n!r} has dtype {dt}; only floating dtypes can be "
+                                 "synchronised")
+        mine = msgpack.packb([[n, list(s), str(d)] for n, s, d in specs])
+        theirs = self.transport.allgather_bytes(mine, self.config.timeout)
+        if any(t != mine for t in theirs):
+            raise GradientMismatchError(self._describe_mismatch(
+                [msgpack.unpackb(t) for t in theirs]))
+        self._build_layout(specs)
+
+    def _describe_mismatch(self, lists: List[list]) -> str:
+        ref = lists[0]
+        for r, lst in enumerate(lists[1:], start=1):
+            if lst == ref:
+                continue
+            if len(lst) != len(ref):
+                a, b = {x[0] for x in ref}, {x[0] for x in lst}
+                return (f"gradient sets differ across ranks: rank 0 has {len(ref)} gradients, "
+                        f"rank {r} has {len(lst)} (only on rank 0: {sorted(a - b)[:5]}, only on "
+                        f"rank {r}: {sorted(b - a)[:5]}); every rank must register the same "
+                        "parameters in the same order")
+            for x, y in zip(ref, lst):
+                if x != y:
+                    return (f"gradient sets differ across ranks: rank 0 has {x[0]!r} "
+                            f"shape {tuple(x[1])} {x[2]}, rank {r} has {y[0]!r} shape "
+                            f"{tuple(y[1])} {y[2]}; every rank must register the same "
+                            "parameters in the same order")
+        return "gradient sets differ across ranks"
+
+    def _build_layout(self, specs) -> None:
+        n = self.size
+        caps = self.compressor.capabilities
+        load = [0] * n
+        layout: Dict[str, _GradInfo] = {}
+        for idx, (name, shape, dt) in enumerate(specs):
+            numel = 1
+            for s in shape:
+                numel *= s
+            if numel == 0:
+                raise ValueError(f"gradient {name!r} is empty (shape {shape})")
+            nbytes = numel * torch.empty((), dtype=dt).element_size()
+            dec = self._decide(name, nbytes)
+            compress = dec.compress
+            k = max(1, min(dec.partitions, numel, _KEY_LIMITS["partitions"] - 1))
+            if compress and caps.rounds > 1:
+                workflow, k = "rounds", 1
+            elif self.config.strategy == "ring" and numel // k >= n and n > 1:
+                workflow = "ring"
+            else:
+                workflow = "ps"
+            parts = []
+            for s, e in chunk_bounds(numel, k):
+                agg = min(range(n), key=lambda r: (load[r], r))
+                load[agg] += e - s
+                parts.append((s, e, agg))
+            layout[name] = _GradInfo(idx, name, shape, dt, numel, compress, workflow, parts)
+        if n >= _KEY_LIMITS["phases"] // 2:
+            raise ValueError(f"ring phases need world size < {_KEY_LIMITS['phases'] // 2}")
+        self._layout = layout
+        _log.debug("rank %d: layout for %d gradients", self.rank, len(layout))
+
+    # -- submission ----------------------------------------------------------
+    def _reset_step(self) -> None:
+        self._unreported: List[Tuple[int, int, int]] = []
+        self._outbox: Dict[Tuple[int, int], Tuple[torch.Tensor, Task]] = {}
+        self._expect: Dict[int, Task] = {}
+        self._early: Dict[int, torch.Tensor] = {}
+        self._handles: List[Handle] = []
+        self._submitted: set = set()
+        self._digest = 0
+        self._closed = False
+        self._nonfinite = False
+        self._active = False
+
+    def submit(self, name: str, tensor: torch.Tensor) -> Handle:
+        """Start synchronising gradient ``name``; the average is written into ``tensor``.
+
+        Raises:
+            KeyError: ``name`` was not registered.
+            ValueError / TypeError: wrong shape or dtype, empty, NaN/Inf
+                (with ``nonfinite="raise"``), submitted twice in one step.
+        """
+        self._raise_if_failed()
+        info = self._layout.get(name)
+        if info is None:
+            raise KeyError(f"gradient {name!r} was not registered; registered: "
+                           f"{list(self._layout)[:10]}{' ...' if len(self._layout) > 10 else ''}")
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"gradient {name!r}: expected a tensor, found {type(tensor).__name__}")
+        if tuple(tensor.shape) != info.shape or tensor.dtype != info.dtype:
+            raise ValueError(f"gradient {name!r}: registered as {info.shape} {info.dtype}, "
+                             f"submitted {tuple(tensor.shape)} {tensor.dtype}")
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("submit() after synchronize() began; call it in the next step")
+            if name in self._submitted:
+                raise ValueError(f"gradient {name!r} submitted twice in one step")
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        if self.config.nonfinite != "ignore" and not bool(torch.isfinite(work).all()):
+            if self.config.nonfinite == "raise":
+                err = ValueError(f"gradient {name!r} contains NaN or Inf (rank {self.rank}); "
+                                 "lower the learning rate, or use nonfinite='skip' to skip such "
+                                 "steps on every rank")
+                self._fail(err, info.idx)
+                raise err
+            work.zero_()  # keep NaN out of compressor state; the step is skipped everywhere
+            self._nonfinite = True
+        check_gradient(work, nonfinite="ignore", name=name)
+        handle = Handle(self, name, tensor, work)
+        with self._cv:
+            self._submitted.add(name)
+            self._digest ^= _digest_of(info.idx)
+            self._handles.append(handle)
+        self._build_tasks(info, work, handle)
+        self._start_step()
+        handle._release()
+        return handle
+
+    def _build_tasks(self, info: _GradInfo, work: torch.Tensor, handle: Handle) -> None:
+        b = _StepBuilder(self, info, handle)
+        flat = work.view(-1)
+        if info.workflow == "rounds":
+            codec = CompressorCodec(self.compressor, self._states, f"{info.name}|0",
+                                    self._seed_of, self.size)
+            rounds_workflow(b, info.idx, work, codec, info.parts[0][2])
+            return
+        for p, (s, e, agg) in enumerate(info.parts):
+            x = flat[s:e]
+            if info.compress:
+                codec = CompressorCodec(self.compressor, self._states, f"{info.name}|{p}",
+                                        self._seed_of, self.size)
+            else:
+                codec = RawCodec(info.dtype)
+            if info.workflow == "ring":
+                ring_workflow(b, info.idx, p, x, codec)
+            else:
+                ps_workflow(b, info.idx, p, x, codec, agg)
+
+    def _seed_of(self, key: str) -> int:
+        return zlib.crc32(f"{self.config.seed}|{self.rank}|{key}".encode()) & 0x7FFFFFFF
+
+    def _start_step(self) -> None:
+        with self._cv:
+            if not self._active:
+                self._active = True
+                self._step_start.set()
+
+    # -- task manager --------------------------------------------------------
+    def _on_ready(self, task: Task) -> None:
+        if task.kind == "send":
+            try:
+                payload = task.fn()
+            except BaseException as e:  # a bug in a workflow: fail loudly everywhere
+                self._fail(e, -1)
+                return
+            key, dst = task.msg
+            task.nbytes = payload.numel()
+            with self._cv:
+                self._outbox[(key, dst)] = (payload, task)
+                self._unreported.append((key, dst, task.nbytes))
+                self._cv.notify_all()
+        elif task.kind == "recv":
+            key = task.msg[0]
+            with self._cv:
+                buf = self._early.pop(key, None)
+                if buf is None:
+                    self._expect[key] = task
+            if buf is not None:
+                self._deliver_to(task, buf)
+        else:
+            self._exec.submit(lambda: self._run(task))
+
+    def _run(self, task: Task) -> None:
+        if self._error is not None:
+            return
+        try:
+            self._graph.start(task)
+            task.fn()
+        except BaseException as e:
+            _log.error("rank %d: task %s failed: %s", self.rank, task.label, e)
+            info = self._layout.get(task.grad)
+            self._fail(e, info.idx if info else -1)
+            return
+        self._graph.finish(task)
+        if task.owner is not None:
+            task.owner._release()
+
+    def _deliver_to(self, task: Task, buf: torch.Tensor) -> None:
+        task.nbytes = buf.numel()
+        task.fn(buf)
+        self._graph.finish(task)
+
+    def _deliver(self, key: int, buf: torch.Tensor) -> None:
+        with self._cv:
+            task = self._expect.pop(key, None)
+            if task is None:
+                self._early[key] = buf
+                return
+        self._deliver_to(task, buf)
+
+    def _fail(self, err: BaseException, grad_idx: int) -> None:
+        with self._cv:
+            if self._error is None:
+                self._error = err
+                self._error_arg = grad_idx
+            self._cv.notify_all()
+        self._step_done.set()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            err = self._error
+            if isinstance(err, EngineError) or not isinstance(err, Exception):
+                raise err
+            raise EngineError(f"synchronisation failed on rank {self.rank}: {err}") from err
+        if self._closed_engine:
+            raise EngineError("the engine is closed")
+
+    # -- communication -------------------------------------------------------
+    def _comm_main(self) -> None:
+        while True:
+            self._step_start.wait()
+            self._step_start.clear()
+            if self._closed_engine:
+                return
+            try:
+                self._skipped = self._comm_step()
+            except BaseException as e:
+                self._fail(e, -1)
+            self._step_done.set()
+
+    def _comm_step(self) -> bool:
+        """Run coordinated bulk rounds until the step is complete on every rank."""
+        cfg, n = self.config, self.size
+        coord = Coordinator(n, cfg.batch_bytes, matching=cfg.matching, batching=cfg.coordinator)
+        idle, last_progress = False, time.monotonic()
+        while True:
+            with self._cv:
+                deadline = time.monotonic() + (cfg.idle_wait if idle else 0.0)
+                while (idle and not self._closed and self._error is None
+                       and sum(m[2] for m in self._unreported) < cfg.batch_bytes):
+                    rest = deadline - time.monotonic()
+                    if rest <= 0:
+                        break
+                    self._cv.wait(rest)
+                msgs = self._unreported[: cfg.report_capacity]
+                del self._unreported[: cfg.report_capacity]
+                flags = (FLAG_CLOSED if self._closed else 0) | \
+                    (FLAG_ERROR if self._error is not None else 0) | \
+                    (FLAG_NONFINITE if self._nonfinite else 0)
+                rep = Report(flags=flags, outstanding=self._graph.outstanding(),
+                             error_arg=self._error_arg, digest=self._digest, msgs=msgs)
+            t0 = time.perf_counter()
+            got = self.transport.allgather(encode_report(rep, cfg.report_capacity), cfg.timeout)
+            reports = [decode_report(t) for t in got]
+            self._check_peer_errors(reports)
+            coord.add_reports(reports)
+            closed = all(r.flags & FLAG_CLOSED for r in reports)
+            if closed and len({r.digest for r in reports}) > 1:
+                self._submitted_mismatch()
+            if closed and coord.empty() and all(r.outstanding == 0 for r in reports):
+                return any(r.flags & FLAG_NONFINITE for r in reports)
+            plan = coord.plan_round()
+            moved = bool(plan.links) or any(r.msgs for r in reports)
+            if plan.links:
+                self._execute(plan, t0)
+            now = time.monotonic()
+            if moved:
+                last_progress = now
+            elif closed and now - last_progress > cfg.timeout:
+                self._graph.check_progress()
+                raise DeadlockError([], f"no progress for {cfg.timeout:.0f} s with every rank "
+                                        "closed; outstanding tasks per rank: "
+                                        f"{[r.outstanding for r in reports]}")
+            idle = not moved
+
+    def _check_peer_errors(self, reports: List[Report]) -> None:
+        bad = [(r, rep) for r, rep in enumerate(reports) if rep.flags & FLAG_ERROR]
+        if not bad:
+            return
+        if self._error is not None:
+            raise self._error
+        names = {i.idx: i.name for i in self._layout.values()}
+        parts = [f"rank {r}" + (f" (gradient {names[rep.error_arg]!r})"
+                                if rep.error_arg in names else "") for r, rep in bad]
+        raise EngineError(f"synchronisation aborted: an error occurred on {', '.join(parts)}; "
+                          "see that rank's log for the cause")
+
+    def _submitted_mismatch(self) -> None:
+        mine = msgpack.packb(sorted(self._submitted))
+        lists = [set(msgpack.unpackb(b)) for b in
+                 self.transport.allgather_bytes(mine, self.config.timeout)]
+        union = set().union(*lists)
+        missing = {r: sorted(union - s)[:5] for r, s in enumerate(lists) if union - s}
+        desc = "; ".join(f"rank {r} did not submit {m}" for r, m in missing.items())
+        raise GradientMismatchError(
+            f"ranks submitted different gradients in step {self._step}: {desc}. Every rank "
+            "must submit the same gradients each step (submit zeros for unused parameters)")
+
+    def _execute(self, plan, t0: float) -> None:
+        me, n = self.rank, self.size
+        send: List[Optional[torch.Tensor]] = [None] * n
+        recv_nbytes = [0] * n
+        sent_tasks: List[Task] = []
+        with self._cv:
+            outgoing = {d: [self._outbox.pop((k, d)) for k, _ in msgs]
+                        for d, msgs in plan.sends_of(me).items()}
+        total = 0
+        for dst, items in outgoing.items():
+            sizes = [p.numel() for p, _ in items]
+            if len(items) == 1 and sizes[0] % 8 == 0:
+                buf = items[0][0].reshape(-1)
+            else:
+                buf = torch.empty(sum(_pad8(s) for s in sizes), dtype=torch.uint8)
+                off = 0
+                for (p, _), s in zip(items, sizes):
+                    buf[off: off + s] = p.reshape(-1)
+                    off += _pad8(s)
+            send[dst] = buf
+            total += buf.numel()
+            sent_tasks.extend(t for _, t in items)
+        recvs = plan.recvs_of(me)
+        for src, msgs in recvs.items():
+            recv_nbytes[src] = sum(_pad8(nb) for _, nb in msgs)
+        out = self.transport.alltoallv(send, recv_nbytes, self.config.timeout)
+        for t in sent_tasks:
+            self._graph.finish(t)
+        for src, msgs in recvs.items():
+            buf, off = out[src], 0
+            if buf is None or buf.numel() != recv_nbytes[src]:
+                raise EngineError(f"rank {src} sent {0 if buf is None else buf.numel()} bytes, "
+                                  f"expected {recv_nbytes[src]}")
+            for key, nb in msgs:
+                self._deliver(key, buf[off: off + nb])
+                off += _pad8(nb)
+        self.timeline.add(Event("round", "", len(plan.links), t0, time.perf_counter(),
+                                total + sum(recv_nbytes), "comm", self._step))
+
+    # -- step boundary -------------------------------------------------------
+    def synchronize(self, timeout: Optional[float] = None) -> bool:
+        """Close this step's submissions and wait until every gradient is averaged.
+
+        Returns:
+            True, or False when the step was skipped because some rank saw
+            NaN/Inf with ``nonfinite="skip"`` (every rank returns False).
+
+        Raises:
+            EngineError, PeerError, GradientMismatchError: on every rank.
+        """
+        self._raise_if_failed()
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._start_step()
+        if self.config.threads:
+            t = self.config.timeout if timeout is None else timeout
+            if not self._step_done.wait(t + 5.0):
+                self._fail(TimeoutError(f"step {self._step} not done within {t:.0f} s"), -1)
+        else:
+            self._step_start.clear()
+            try:
+                self._skipped = self._comm_step()
+            except BaseException as e:
+                self._fail(e, -1)
+        self._raise_if_failed()
+        for h in self._handles:
+            h.wait()
+        done = self._graph.clear_done()
+        if self.timeline.enabled:
+            self.timeline.extend(Event(t.kind, t.grad, t.part, t.start, t.end, t.nbytes, t.queue,
+                                       self._step) for t in done)
+        skipped = self._skipped
+        with self._cv:
+            self._reset_step()
+        self._step_done.clear()
+        self._skipped = False
+        self._step += 1
+        return not skipped
+
+    @property
+    def step(self) -> int:
+        """Number of completed synchronisation steps."""
+        return self._step
+
+    def layout(self) -> Dict[str, Dict[str, Any]]:
+        """Per gradient: compress?, workflow, partitions and their aggregators."""
+        return {n: {"compress": i.compress, "workflow": i.workflow,
+                    "partitions": [(s, e, a) for s, e, a in i.parts]}
+                for n, i in self._layout.items()}
+
+    # -- state -----------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Compressor states (error feedback, warm starts, momenta) and the step count."""
+        return {"format": "hipress-like-engine", "version": 1, "step": self._step,
+                "compressor": repr(self.compressor),
+                "states": {k: dict(v) for k, v in self._states.items()}}
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        """Restore ``state_dict()`` output (same compressor and gradients).
+
+        Raises:
+            ValueError: not an engine state, or saved with another compressor.
+        """
+        if not isinstance(d, Mapping) or d.get("format") != "hipress-like-engine":
+            raise ValueError("not a hipress-like engine state_dict")
+        if d.get("version") != 1:
+            raise ValueError(f"engine state version {d.get('version')!r} is not supported")
+        if d.get("compressor") != repr(self.compressor):
+            raise ValueError(f"state was saved with compressor {d.get('compressor')}, this "
+                             f"engine uses {self.compressor!r}")
+        self._states.clear()
+        self._states.update({k: dict(v) for k, v in d["states"].items()})
+        self._step = int(d.get("step", 0))
+
+    def close(self) -> None:
+        """Stop the background threads (the transport is left open)."""
+        if self._closed_engine:
+            return
+        self._closed_engine = True
+        self._step_start.set()
+        if self._comm_thread is not None:
+            self._comm_thread.join(timeout=5)
+        self._exec.shutdown()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _StepBuilder:
+    """The interface workflows use to add tasks for one gradient."""
+
+    def __init__(self, engine: Engine, info: _GradInfo, handle: Handle):
+        self.engine = engine
+        self.info = info
+        self.handle = handle
+        self.rank, self.size = engine.rank, engine.size
+
+    def _key(self, g: int, p: int, phase: int, src: int) -> int:
+        return (((g << 12) | p) << 12 | phase) << 10 | src
+
+    def compute(self, kind: str, g: int, p: int, fn, deps=()) -> Task:
+        """Add a compute task (encode, decode, merge, write)."""
+        t = Task(kind, self.info.name, p, fn)
+        if kind == "write":
+            t.owner = self.handle
+            with self.handle._lock:
+                self.handle._pending += 1
+        return self.engine._graph.add(t, deps)
+
+    def send(self, g: int, p: int, phase: int, dst: int, get, deps) -> Task:
+        """Add a send of the payload ``get()`` returns, to rank ``dst``."""
+        t = Task("send", self.info.name, p, get, info=f"->{dst} ph{phase}")
+        t.msg = (self._key(g, p, phase, self.rank), dst)
+        return self.engine._graph.add(t, deps)
+
+    def recv(self, g: int, p: int, phase: int, src: int, box: Dict[str, Any], slot: str) -> Task:
+        """Add a receive from ``src``; the bytes land in ``box[slot]``."""
+        t = Task("recv", self.info.name, p, lambda buf: box.__setitem__(slot, buf),
+                 info=f"<-{src} ph{phase}")
+        t.msg = (self._key(g, p, phase, src), src)
+        return self.engine._graph.add(t, ())

@@ -1,0 +1,235 @@
+"""CaSync's primitives as tasks in a dependency graph (HiPress Sec. 3.1, Fig. 2).
+
+A gradient's synchronisation is a small graph of primitive tasks: ``encode``,
+``decode``, ``merge`` run on the *computing* queue; ``send`` and ``recv`` on
+the *communication* queue. Edges are data dependencies (a ``decode`` reads
+the buffer its ``recv`` wrote). The graph keeps every task in exactly one of
+four state sets, like Dask's local scheduler (``dask/local.py``):
+
+    waiting  -- some dependency is not done yet
+    ready    -- all dependencies done; handed to its queue's executor
+    running  -- an executor has started it
+    done     -- finished; its dependents were released
+
+``finish(task)`` is the one place that moves a task to ``done`` and promotes
+dependents whose last dependency it was (step 3 of HiPress Fig. 2). Tasks are
+added after their dependencies, so the graph is acyclic by construction;
+``add_dependency`` on existing tasks checks for a cycle and raises
+``CycleError`` with the path. ``check_progress`` raises ``DeadlockError``
+with the chain of waiting tasks when nothing can run any more.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Callable, Dict, Iterable, List, Optional
+
+__all__ = ["Task", "TaskGraph", "CycleError", "DeadlockError", "COMPUTE_KINDS", "COMM_KINDS"]
+
+COMPUTE_KINDS = frozenset({"encode", "decode", "merge", "write"})
+COMM_KINDS = frozenset({"send", "recv"})
+
+
+class CycleError(RuntimeError):
+    """Adding a dependency would close a cycle; ``path`` lists the tasks."""
+
+    def __init__(self, path: List["Task"]):
+        self.path = path
+        super().__init__("dependency cycle: " + " -> ".join(t.label for t in path))
+
+
+class DeadlockError(RuntimeError):
+    """Tasks wait on dependencies that can never finish; ``path`` shows one chain."""
+
+    def __init__(self, path: List["Task"], detail: str = ""):
+        self.path = path
+        chain = " <- ".join(t.label for t in path)
+        super().__init__(f"deadlock: {chain}" + (f" ({detail})" if detail else ""))
+
+
+class Task:
+    """One primitive: what it does (``fn``), what it waits for, and when it ran.
+
+    Attributes:
+        kind: encode, decode, merge, write, send or recv.
+        grad: gradient name; ``part``: partition index; ``nbytes``: bytes moved.
+        fn: compute tasks: called with no arguments to run. send: called
+            with no arguments, returns the payload. recv: called with the
+            received buffer. (Comm tasks are driven and finished by the
+            communication executor.)
+        start, end: ``time.perf_counter()`` stamps for the timeline.
+    """
+
+    __slots__ = ("id", "kind", "grad", "part", "fn", "nbytes", "info", "deps", "dependents",
+                 "pending", "state", "start", "end", "msg", "owner")
+    _ids = itertools.count()
+
+    def __init__(self, kind: str, grad: str, part: int, fn: Optional[Callable[[], None]],
+                 nbytes: int = 0, info: str = ""):
+        if kind not in COMPUTE_KINDS and kind not in COMM_KINDS:
+            raise ValueError(f"unknown task kind {kind!r}")
+        self.id = next(Task._ids)
+        self.kind = kind
+        self.grad = grad
+        self.part = part
+        self.fn = fn
+        self.nbytes = nbytes
+        self.info = info
+        self.deps: List[Task] = []
+        self.dependents: List[Task] = []
+        self.pending = 0
+        self.state = "new"
+        self.start = 0.0
+        self.end = 0.0
+        self.msg = None  # (key, peer) for send/recv
+        self.owner = None  # the submission handle a write task completes
+
+    @property
+    def queue(self) -> str:
+        """"comm" for send/recv, "compute" otherwise."""
+        return "comm" if self.kind in COMM_KINDS else "compute"
+
+    @property
+    def label(self) -> str:
+        """Short human-readable name used in errors and the timeline."""
+        extra = f" {self.info}" if self.info else ""
+        return f"{self.kind}({self.grad}#{self.part}{extra})"
+
+    def __repr__(self) -> str:
+        return f"<Task {self.label} {self.state}>"
+
+
+class TaskGraph:
+    """The task sets and the dependency bookkeeping; thread-safe.
+
+    Args:
+        on_ready: called (outside the lock) with each task that becomes ready.
+    """
+
+    def __init__(self, on_ready: Callable[[Task], None]):
+        self._on_ready = on_ready
+        self._lock = threading.RLock()
+        self.waiting: Dict[int, Task] = {}
+        self.ready: Dict[int, Task] = {}
+        self.running: Dict[int, Task] = {}
+        self.done: Dict[int, Task] = {}
+
+    def add(self, task: Task, deps: Iterable[Task] = ()) -> Task:
+        """Insert ``task`` after ``deps`` (which must already be in the graph)."""
+        released = False
+        with self._lock:
+            for d in deps:
+                if d.state == "new":
+                    raise ValueError(f"{d.label} must be added before its dependent {task.label}")
+                task.deps.append(d)
+                if d.state != "done":
+                    d.dependents.append(task)
+                    task.pending += 1
+            if task.pending:
+                task.state = "waiting"
+                self.waiting[task.id] = task
+            else:
+                task.state = "ready"
+                self.ready[task.id] = task
+                released = True
+        if released:
+            self._on_ready(task)
+        return task
+
+    def add_dependency(self, task: Task, dep: Task) -> None:
+        """Make waiting ``task`` also wait for ``dep``; raise ``CycleError`` on a cycle."""
+        with self._lock:
+            path = self._path(dep, task)
+            if path is not None:
+                raise CycleError([task] + path)
+            if task.state not in ("waiting", "ready"):
+                raise ValueError(f"cannot add a dependency to {task.label} in state {task.state}")
+            task.deps.append(dep)
+            if dep.state != "done":
+                dep.dependents.append(task)
+                task.pending += 1
+                if task.state == "ready":
+                    del self.ready[task.id]
+                    task.state = "waiting"
+                    self.waiting[task.id] = task
+
+    @staticmethod
+    def _path(src: Task, dst: Task) -> Optional[List[Task]]:
+        """A dependency path src -> ... -> dst following ``deps`` edges, if any."""
+        stack = [(src, [src])]
+        seen = set()
+        while stack:
+            t, p = stack.pop()
+            if t is dst:
+                return p
+            if t.id in seen:
+                continue
+            seen.add(t.id)
+            stack.extend((d, p + [d]) for d in t.deps)
+        return None
+
+    def start(self, task: Task) -> None:
+        """Move ``task`` from ready to running and stamp its start time."""
+        with self._lock:
+            if task.state != "ready":
+                raise RuntimeError(f"{task.label} started in state {task.state}")
+            del self.ready[task.id]
+            task.state = "running"
+            self.running[task.id] = task
+            task.start = time.perf_counter()
+
+    def finish(self, task: Task) -> None:
+        """Mark ``task`` done and release dependents whose last dependency it was.
+
+        Mutates: the four state sets, ``task.state``/``end`` and each
+        dependent's ``pending`` count. Newly ready tasks go to ``on_ready``.
+        """
+        released: List[Task] = []
+        with self._lock:
+            if task.state == "running":
+                del self.running[task.id]
+            elif task.state == "ready":  # comm tasks may finish without a start
+                del self.ready[task.id]
+                task.start = task.start or time.perf_counter()
+            else:
+                raise RuntimeError(f"{task.label} finished in state {task.state}")
+            task.state = "done"
+            task.end = time.perf_counter()
+            self.done[task.id] = task
+            for t in task.dependents:
+                t.pending -= 1
+                if t.pending == 0:
+                    del self.waiting[t.id]
+                    t.state = "ready"
+                    self.ready[t.id] = t
+                    released.append(t)
+            task.dependents = []
+        for t in released:
+            self._on_ready(t)
+
+    def outstanding(self) -> int:
+        """Number of tasks not done."""
+        with self._lock:
+            return len(self.waiting) + len(self.ready) + len(self.running)
+
+    def check_progress(self) -> None:
+        """Raise ``DeadlockError`` if tasks wait but nothing is ready or running."""
+        with self._lock:
+            if self.waiting and not self.ready and not self.running:
+                t = next(iter(self.waiting.values()))
+                path = [t]
+                while True:
+                    blockers = [d for d in t.deps if d.state != "done"]
+                    if not blockers or blockers[0] in path:
+                        break
+                    t = blockers[0]
+                    path.append(t)
+                raise DeadlockError(path, f"{len(self.waiting)} task(s) waiting, none runnable")
+
+    def clear_done(self) -> List[Task]:
+        """Drop finished tasks (end of a step) and return them for the timeline."""
+        with self._lock:
+            done = list(self.done.values())
+            self.done.clear()
+            return done

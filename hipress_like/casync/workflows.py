@@ -1,0 +1,243 @@
+"""CaSync workflows: how one gradient partition becomes tasks (HiPress Sec. 3, Fig. 1).
+
+Each builder takes the engine's task-building interface (``compute``,
+``send``, ``recv``; see ``engine._StepBuilder``) and a *codec*, and adds the
+partition's tasks with their data dependencies:
+
+CaSync-PS, co-located (every rank aggregates a byte-balanced share):
+    worker:      encode -> send(agg)           ...  recv(agg) -> decode -> write
+    aggregator:  recv(each) -> decode(each) -> merge (rank order, own raw)
+                 -> encode -> send(all) ; decode(own copy) -> write
+    aggregatable codecs merge the payloads directly (no decode/encode).
+
+CaSync-Ring, on N chunks of the partition:
+    reduce, N-1 steps:  recv(prev) -> decode -> merge own chunk -> encode -> send(next)
+    gather, N-1 steps:  forward the owner's encoded sum unchanged; decode -> write
+    aggregatable codecs merge payloads; sparsifiers re-select after each merge
+    (HiPress Sec. 5.3) because the merged sum is encoded again.
+
+Multi-round compressors (PowerSGD's P then Q): each round is a PS exchange
+whose payloads are merged by summation; see ``rounds_workflow``.
+
+Every rank's final value is ``decode(the same bytes) / N``: the aggregator
+(PS) or chunk owner (Ring) decodes its own encoded result rather than using
+its raw sum, so all ranks hold bitwise-identical averages.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+
+from ..compressors.base import Compressor, State
+
+__all__ = ["RawCodec", "CompressorCodec", "ps_workflow", "ring_workflow", "rounds_workflow",
+           "chunk_bounds"]
+
+
+def chunk_bounds(n: int, k: int) -> List[tuple]:
+    """Split ``n`` elements into ``k`` contiguous near-equal (start, end) ranges."""
+    base, extra = divmod(n, k)
+    out, start = [], 0
+    for i in range(k):
+        end = start + base + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+class RawCodec:
+    """The uncompressed path: payloads are the values' own bytes (no header, no copy)."""
+
+    aggregatable = True
+    rounds = 1
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+    def encode(self, x: torch.Tensor, site: str) -> torch.Tensor:
+        """A uint8 view of the (contiguous) values."""
+        return x.reshape(-1).view(torch.uint8)
+
+    def decode(self, payload: torch.Tensor) -> torch.Tensor:
+        """A view of the bytes as values."""
+        return payload.view(self.dtype)
+
+    def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
+        """Sum in the given order into a new buffer."""
+        acc = payloads[0].view(self.dtype).clone()
+        for p in payloads[1:]:
+            acc.add_(p.view(self.dtype))
+        return acc.view(torch.uint8)
+
+
+class CompressorCodec:
+    """A compressor plus the explicit states of one partition, keyed by site.
+
+    Sites name each place the partition is encoded ("push", "pull", "hop3",
+    ...), so error-feedback residuals never mix between roles.
+    """
+
+    def __init__(self, comp: Compressor, states: Dict[str, State], key: str,
+                 seed_of: Any, world_size: int):
+        self.comp = comp
+        self.states = states
+        self.key = key
+        self.seed_of = seed_of
+        self.world_size = world_size
+        self.aggregatable = comp.capabilities.aggregatable
+        self.rounds = comp.capabilities.rounds
+
+    def state(self, x: torch.Tensor, site: str) -> State:
+        """The state for ``site``, initialised on first use."""
+        k = f"{self.key}|{site}"
+        st = self.states.get(k)
+        if st is None:
+            st = self.comp.init(x, seed=self.seed_of(k))
+            st["world_size"] = self.world_size
+            self.states[k] = st
+        return st
+
+    def encode(self, x: torch.Tensor, site: str) -> torch.Tensor:
+        """Encode with the site's state, storing the new state."""
+        st = self.state(x, site)
+        payload, self.states[f"{self.key}|{site}"] = self.comp.encode(x, st)
+        return payload
+
+    def decode(self, payload: torch.Tensor) -> torch.Tensor:
+        """Decode to a flat tensor."""
+        return self.comp.decode(payload).reshape(-1)
+
+    def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
+        """Compressed-domain sum (aggregatable compressors)."""
+        return self.comp.merge(payloads)
+
+
+def _sum_in_order(parts: List[torch.Tensor]) -> torch.Tensor:
+    acc = parts[0].clone()
+    for p in parts[1:]:
+        acc.add_(p)
+    return acc
+
+
+def ps_workflow(b, g: int, p: int, x: torch.Tensor, codec, agg: int) -> None:
+    """Add the CaSync-PS tasks of partition ``p`` of gradient ``g`` (flat view ``x``)."""
+    me, n = b.rank, b.size
+    box: Dict[str, Any] = {}
+
+    def write(payload_key: str) -> None:
+        torch.div(codec.decode(box[payload_key]), n, out=x)
+
+    if me != agg:
+        enc = b.compute("encode", g, p, lambda: box.__setitem__("push", codec.encode(x, "push")))
+        b.send(g, p, 0, agg, lambda: box["push"], [enc])
+        rv = b.recv(g, p, 1, agg, box, "pull")
+        b.compute("write", g, p, lambda: write("pull"), [rv])
+        return
+
+    recvs = {s: b.recv(g, p, 0, s, box, f"from{s}") for s in range(n) if s != me}
+    if codec.aggregatable:
+        own = b.compute("encode", g, p,
+                        lambda: box.__setitem__(f"from{me}", codec.encode(x, "own")))
+
+        def merge() -> None:
+            box["pull"] = codec.merge([box[f"from{s}"] for s in range(n)])
+
+        last = b.compute("merge", g, p, merge, [own, *recvs.values()])
+    else:
+        decs = {}
+        for s, rv in recvs.items():
+            def dec(s=s) -> None:
+                box[f"dec{s}"] = codec.decode(box[f"from{s}"])
+            decs[s] = b.compute("decode", g, p, dec, [rv])
+
+        def merge_encode() -> None:
+            total = _sum_in_order([x if s == me else box[f"dec{s}"] for s in range(n)])
+            box["pull"] = codec.encode(total, "pull")
+
+        last = b.compute("merge", g, p, merge_encode, list(decs.values()))
+    for s in range(n):
+        if s != me:
+            b.send(g, p, 1, s, lambda: box["pull"], [last])
+    b.compute("write", g, p, lambda: write("pull"), [last])
+
+
+def ring_workflow(b, g: int, p: int, x: torch.Tensor, codec) -> None:
+    """Add the CaSync-Ring tasks of partition ``p`` (needs ``x.numel() >= N``)."""
+    me, n = b.rank, b.size
+    nxt, prv = (me + 1) % n, (me - 1) % n
+    xs = [x[s:e] for s, e in chunk_bounds(x.numel(), n)]
+    box: Dict[str, Any] = {}
+    dep = b.compute("encode", g, p, lambda: box.__setitem__("send0", codec.encode(xs[me], "own")))
+    for i in range(n - 1):
+        b.send(g, p, i, nxt, lambda i=i: box[f"send{i}"], [dep])
+        rv = b.recv(g, p, i, prv, box, f"recv{i}")
+        c = (me - i - 1) % n
+        out = "final" if i == n - 2 else f"send{i + 1}"
+        if codec.aggregatable:
+            def step(i=i, c=c, out=out) -> None:
+                box[out] = codec.merge([box[f"recv{i}"], codec.encode(xs[c], f"own{i}")])
+        else:
+            def step(i=i, c=c, out=out) -> None:
+                total = _sum_in_order([codec.decode(box[f"recv{i}"]), xs[c]])
+                box[out] = codec.encode(total, "final" if out == "final" else f"hop{i}")
+        dep = b.compute("merge", g, p, step, [rv])
+    own_chunk = (me + 1) % n
+
+    def write_own() -> None:
+        torch.div(codec.decode(box["final"]), n, out=xs[own_chunk])
+
+    b.compute("write", g, p, write_own, [dep])
+    fwd, fwd_dep = "final", dep
+    for j in range(n - 1):
+        b.send(g, p, n - 1 + j, nxt, lambda k=fwd: box[k], [fwd_dep])
+        rv = b.recv(g, p, n - 1 + j, prv, box, f"gather{j}")
+        c = (me - j) % n
+
+        def write(j=j, c=c) -> None:
+            torch.div(codec.decode(box[f"gather{j}"]), n, out=xs[c])
+
+        b.compute("write", g, p, write, [rv])
+        fwd, fwd_dep = f"gather{j}", rv
+
+
+def rounds_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec, agg: int) -> None:
+    """Add a multi-round compressor's tasks (each round a PS exchange merged by sum).
+
+    Round r: every rank encodes ``encode_round(r, grad, state, merged_{r-1})``;
+    aggregator ``agg`` merges the N payloads in rank order and sends the sum
+    to all; after the last round ``decode_rounds`` gives the summed gradient.
+    """
+    me, n = b.rank, b.size
+    comp, site = codec.comp, "rounds"
+    box: Dict[str, Any] = {}
+    dep = []
+    for r in range(codec.rounds):
+        def enc(r=r) -> None:
+            st = codec.state(grad, site)
+            payload, st = comp.encode_round(r, grad, st, box.get(f"agg{r - 1}"))
+            codec.states[f"{codec.key}|{site}"] = st
+            box[f"mine{r}"] = payload
+        e = b.compute("encode", g, 0, enc, dep)
+        if me != agg:
+            b.send(g, 0, 2 * r, agg, lambda r=r: box[f"mine{r}"], [e])
+            dep = [b.recv(g, 0, 2 * r + 1, agg, box, f"agg{r}")]
+            continue
+        rvs = [b.recv(g, 0, 2 * r, s, box, f"r{r}from{s}") for s in range(n) if s != me]
+
+        def merge(r=r) -> None:
+            box[f"agg{r}"] = comp.merge([box[f"mine{r}"] if s == me else box[f"r{r}from{s}"]
+                                         for s in range(n)])
+        m = b.compute("merge", g, 0, merge, [e, *rvs])
+        for s in range(n):
+            if s != me:
+                b.send(g, 0, 2 * r + 1, s, lambda r=r: box[f"agg{r}"], [m])
+        dep = [m]
+
+    def final() -> None:
+        st = codec.state(grad, site)
+        out, st = comp.decode_rounds(grad, st, box[f"agg{codec.rounds - 1}"])
+        codec.states[f"{codec.key}|{site}"] = st
+        torch.div(out.reshape(grad.shape).to(grad.dtype), n, out=grad)
+
+    b.compute("write", g, 0, final, dep)
