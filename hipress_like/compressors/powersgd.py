@@ -1,0 +1,397 @@
+"""PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019): rank-r gradient compression.
+
+The gradient is viewed as a matrix ``M`` (n x m) and approximated by
+``P Q^T`` with ``P`` (n x r) and ``Q`` (m x r), found by one step of subspace
+(power) iteration warm-started from the previous step's ``Q``. ``P`` and
+``Q`` are linear in ``M``, so the payloads of all ranks can be *summed*
+without decoding (``capabilities.aggregatable``), in two rounds.
+
+Matrix view: an ``ndim >= 2`` tensor is ``(shape[0], prod(shape[1:]))``
+(PyTorch's ``powerSGD_hook`` does the same). A 0-d or 1-D tensor of ``L``
+entries becomes a near-square ``rows = ceil(sqrt(L))``,
+``cols = ceil(L / rows)`` matrix, zero-padded at the end (fewer than
+``rows`` padding entries); the padding is dropped on decode. The effective
+rank is ``min(rank, rows, cols)``.
+
+Two-round protocol (Vogels Alg. 1 with the error feedback of Alg. 2; the
+engine runs the rounds, the compressor never communicates):
+
+    round 0  encode_round(0, grad, state, None)
+             M = grad + e                          (Alg. 2: error feedback)
+             Q = orthogonalize(Q_prev)              (warm start, Sec. 3)
+             payload P = M Q                       (Alg. 1 line 2)
+    engine   sums the round-0 payloads of all N ranks with ``merge``
+    round 1  encode_round(1, grad, state, sum_P)
+             P^ = orthogonalize(sum_P)              (line 4; scale is irrelevant)
+             payload Q = M^T P^                     (line 5)
+    engine   sums the round-1 payloads with ``merge``
+    decode   decode_rounds(grad, state, sum_Q)
+             returns P^ sum_Q^T  -- the SUM over ranks; the engine divides by N
+             e   = M - P^ (sum_Q / N)^T             (local error vs. the average)
+             Q_prev = sum_Q / N                     (warm start of the next step)
+
+The error is the local matrix minus the *averaged* approximation, as in the
+reference implementation (epfml/powersgd ``RankKReducer``: ``mem = tensor -
+out``) and PyTorch's ``powerSGD_hook`` (``error = input_tensor_cp -
+input_tensor`` after dividing the summed Q by the world size).
+
+STATE CONTRACT (the engine honours it):
+
+* ``init(grad, seed=0, world_size=None, shared_seed=0)`` returns
+  ``{"error", "q", "step", "seed", "shared_seed", "world_size"}``.
+* ``state["world_size"]`` (int >= 1) must hold the number of ranks whose
+  payloads ``merge`` sums, before ``decode_rounds``; it turns the summed Q
+  into the average for the error and the warm start. ``encode_round(0)``
+  raises if it is missing.
+* ``state["shared_seed"]`` must be equal on every rank (default 0; e.g. a
+  hash of the gradient name): the first ``Q`` is drawn from the counter RNG
+  keyed by it, and every rank must start from the same ``Q`` (Alg. 1 needs
+  one common ``Q``; afterwards the warm start keeps them equal because all
+  ranks receive the same ``sum_Q``). ``seed`` (which may differ per rank)
+  is not used for ``Q``. ``Q`` is created lazily at the first encode, so
+  the engine may set ``shared_seed`` after ``init``.
+* ``error`` has the gradient's shape (float32 for half-precision grads);
+  ``q`` is (m x r); both are checkpointed with the optimizer state.
+* The round-1 and decode calls receive the same ``grad`` as round 0, and
+  rounds of one step are not interleaved with another step of the same
+  state. ``state["p"]`` carries ``P^`` from round 1 to decode.
+
+Single round (``encode``/``decode``): a *local* variant for benchmarks and
+engines without rounds: one power-iteration step on the local ``M`` with
+error feedback; the payload holds both ``P^`` and ``Q``, ``decode`` returns
+``P^ Q^T``. It is not aggregatable (each rank's ``P^`` differs).
+``power_iteration`` exposes the matmuls and orthogonalisation alone.
+
+Payloads hold P and Q in float32 (float64 for float64 gradients), so sums
+over ranks do not lose precision in half types.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .base import (
+    Capabilities,
+    Compressor,
+    Header,
+    PayloadError,
+    State,
+    check_gradient,
+    header_nbytes,
+    pack_payload,
+    unpack_payload,
+)
+from .dgc import accumulator_dtype
+from .ops import matmul, orthogonalize_, uniform
+from .registry import register
+from .sparse import view_as_dtype
+
+__all__ = ["PowerSGD", "matrix_shape", "power_iteration", "ROUND_P", "ROUND_Q", "ROUND_LOCAL"]
+
+ROUND_P, ROUND_Q, ROUND_LOCAL = 0, 1, 255
+_EXTRA = struct.Struct("<QQQQ")  # round, rows, cols, rank
+
+
+def matrix_shape(shape: Sequence[int]) -> Tuple[int, int]:
+    """The (rows, cols) matrix view of a tensor shape (see the module docstring)."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) >= 2:
+        return shape[0], math.prod(shape[1:])
+    n = math.prod(shape)
+    rows = max(1, math.isqrt(n - 1) + 1) if n > 1 else 1  # ceil(sqrt(n))
+    return rows, max(1, -(-n // rows))
+
+
+def power_iteration(matrix: torch.Tensor, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One PowerSGD step on a local matrix: ``P^ = orth(M Q)``, ``Q' = M^T P^``.
+
+    The compute kernel of PowerSGD alone (Vogels Alg. 1 lines 2, 4, 5,
+    without communication), for benchmarks.
+
+    Args:
+        matrix: M (n x m).
+        q: Q (m x r).
+
+    Returns:
+        (P^ with orthonormal columns (n x r), Q' (m x r)).
+    """
+    p = orthogonalize_(matmul(matrix, q))
+    return p, matmul(matrix.t(), p)
+
+
+class _Parsed:
+    __slots__ = ("h", "round", "rows", "cols", "rank", "values")
+
+    def __init__(self, h: Header, rnd: int, rows: int, cols: int, rank: int,
+                 values: torch.Tensor) -> None:
+        self.h, self.round, self.rows, self.cols, self.rank = h, rnd, rows, cols, rank
+        self.values = values
+
+
+@register("powersgd")
+class PowerSGD(Compressor):
+    """Rank-r PowerSGD with warm start and built-in error feedback.
+
+    Args:
+        rank: approximation rank r >= 1 (default 4); clamped to the matrix.
+        warm_start: reuse the previous step's Q (default True, Vogels Sec. 3);
+            otherwise draw a fresh Q each step from (shared_seed, step).
+
+    Raises:
+        ValueError: rank < 1.
+
+    Example (one rank, the engine's role played by hand):
+        >>> c = PowerSGD(rank=2)
+        >>> g = torch.randn(64, 32)
+        >>> st = c.init(g, world_size=1)
+        >>> p0, st = c.encode_round(0, g, st, None)
+        >>> p1, st = c.encode_round(1, g, st, c.merge([p0]))
+        >>> approx_sum, st = c.decode_rounds(g, st, c.merge([p1]))
+    """
+
+    name = "powersgd"
+    algo_id = 30
+    capabilities = Capabilities("lowrank", aggregatable=True, fixed_size=True, rounds=2,
+                                stateful=True)
+
+    def __init__(self, rank: int = 4, warm_start: bool = True) -> None:
+        if isinstance(rank, bool) or int(rank) != rank or rank < 1:
+            raise ValueError(f"powersgd: rank must be an integer >= 1, found {rank!r}")
+        self.rank = int(rank)
+        self.warm_start = bool(warm_start)
+
+    def params(self) -> Dict[str, object]:
+        """Constructor parameters."""
+        return {"rank": self.rank, "warm_start": self.warm_start}
+
+    # -- state ---------------------------------------------------------------
+    def init(self, grad: torch.Tensor, seed: int = 0, world_size: Optional[int] = None,
+             shared_seed: int = 0) -> State:
+        """Zero error, no Q yet (drawn from ``shared_seed`` at the first encode)."""
+        return {"error": torch.zeros(grad.shape, dtype=accumulator_dtype(grad.dtype),
+                                     device=grad.device),
+                "q": None, "step": 0, "seed": int(seed), "shared_seed": int(shared_seed),
+                "world_size": world_size}
+
+    def _dims(self, shape: Sequence[int]) -> Tuple[int, int, int]:
+        rows, cols = matrix_shape(shape)
+        return rows, cols, min(self.rank, rows, cols)
+
+    def _initial_q(self, cols: int, r: int, state: State, dtype, device) -> torch.Tensor:
+        """Q from the counter RNG keyed by the rank-independent ``shared_seed``.
+
+        Centred uniform entries: any start not orthogonal to the top singular
+        subspace converges under power iteration; Q is orthogonalised before use.
+        """
+        offset = 0 if self.warm_start else int(state.get("step", 0)) * cols * r
+        q = uniform(cols * r, int(state.get("shared_seed", 0)), offset, device) - 0.5
+        return q.to(dtype).reshape(cols, r)
+
+    def _matrix(self, grad: torch.Tensor, state: State) -> torch.Tensor:
+        """M = grad + error as a (rows, cols) matrix in the compute dtype."""
+        err = state.get("error")
+        if not isinstance(err, torch.Tensor) or err.shape != grad.shape:
+            raise ValueError(
+                f"powersgd: state['error'] must be a tensor of shape {tuple(grad.shape)}, "
+                f"found {getattr(err, 'shape', type(err).__name__)}; create the state with "
+                "PowerSGD.init(grad) for this gradient (or partition)")
+        acc = accumulator_dtype(grad.dtype)
+        flat = grad.detach().reshape(-1).to(acc) + err.reshape(-1).to(acc)
+        rows, cols, _ = self._dims(grad.shape)
+        pad = rows * cols - flat.numel()
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad)])
+        return flat.reshape(rows, cols)
+
+    def _q(self, state: State, cols: int, r: int, dtype, device) -> torch.Tensor:
+        q = state.get("q")
+        if q is None or not self.warm_start:
+            q = self._initial_q(cols, r, state, dtype, device)
+        elif not isinstance(q, torch.Tensor) or tuple(q.shape) != (cols, r):
+            raise ValueError(f"powersgd: state['q'] must be a ({cols}, {r}) tensor, found "
+                             f"{getattr(q, 'shape', type(q).__name__)}; the rank or the "
+                             "gradient shape changed: create a new state with init()")
+        return orthogonalize_(q.to(dtype).clone())
+
+    @staticmethod
+    def _world_size(state: State) -> int:
+        ws = state.get("world_size")
+        if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
+            raise ValueError(
+                f"powersgd: state['world_size'] must be the number of ranks whose payloads are "
+                f"summed (an int >= 1), found {ws!r}; the engine sets it (init(grad, "
+                "world_size=N) or state['world_size'] = N) before the first round")
+        return ws
+
+    # -- payloads ------------------------------------------------------------
+    def _pack(self, rnd: int, grad: torch.Tensor, rows: int, cols: int, r: int,
+              mats: Sequence[torch.Tensor]) -> torch.Tensor:
+        dt = mats[0].dtype
+        nbytes = sum(m.numel() for m in mats) * mats[0].element_size()
+        payload, body = pack_payload(self.algo_id, grad.dtype, tuple(grad.shape),
+                                     _EXTRA.pack(rnd, rows, cols, r), nbytes, grad.device)
+        view, off = body.view(dt), 0
+        for m in mats:
+            view[off: off + m.numel()].copy_(m.reshape(-1))
+            off += m.numel()
+        return payload
+
+    def _parse(self, payload: torch.Tensor, expect_round: Optional[int] = None,
+               like: Optional[torch.Tensor] = None) -> _Parsed:
+        h = unpack_payload(payload, self.algo_id)
+        if len(h.extra) < _EXTRA.size:
+            raise PayloadError(f"powersgd payload has {len(h.extra)} bytes of fields, "
+                               f"expected {_EXTRA.size}")
+        rnd, rows, cols, r = _EXTRA.unpack(h.extra[: _EXTRA.size])
+        if rnd not in (ROUND_P, ROUND_Q, ROUND_LOCAL):
+            raise PayloadError(f"powersgd payload has unknown round {rnd}")
+        if expect_round is not None and rnd != expect_round:
+            raise PayloadError(f"powersgd payload is of round {rnd}, expected {expect_round}")
+        if like is not None and (tuple(h.shape), h.dtype) != (tuple(like.shape), like.dtype):
+            raise PayloadError(f"powersgd payload is for shape {h.shape} {h.dtype}, expected "
+                               f"{tuple(like.shape)} {like.dtype}")
+        if (rows, cols, r) != self._dims(h.shape):
+            raise PayloadError(f"powersgd payload declares a {rows}x{cols} rank-{r} "
+                               f"factorisation; shape {h.shape} with rank {self.rank} needs "
+                               f"{self._dims(h.shape)} (ranks must use the same rank)")
+        n = {ROUND_P: rows * r, ROUND_Q: cols * r, ROUND_LOCAL: (rows + cols) * r}[rnd]
+        dt = accumulator_dtype(h.dtype)
+        isz = torch.empty((), dtype=dt).element_size()
+        if h.body.numel() != n * isz:
+            raise PayloadError(f"powersgd body has {h.body.numel()} bytes, expected {n * isz}")
+        return _Parsed(h, rnd, rows, cols, r, view_as_dtype(h.body, dt))
+
+    def round_nbytes(self, shape: Sequence[int], rnd: int, itemsize: int = 4) -> int:
+        """Exact payload size of round ``rnd`` (ROUND_P, ROUND_Q or ROUND_LOCAL) for ``shape``."""
+        rows, cols, r = self._dims(shape)
+        n = {ROUND_P: rows * r, ROUND_Q: cols * r, ROUND_LOCAL: (rows + cols) * r}[rnd]
+        return header_nbytes(len(tuple(shape)), _EXTRA.size) + n * itemsize
+
+    def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
+        """Bytes of both rounds for float32, with the near-square matrix view of ``numel``.
+
+        Exact for 1-D tensors; for ``ndim >= 2`` the size depends on
+        ``shape[0]``: use ``round_nbytes(shape, ...)``.
+        """
+        shape = [numel] if ndim <= 1 else list(matrix_shape([numel])) + [1] * (ndim - 2)
+        return self.round_nbytes(shape, ROUND_P) + self.round_nbytes(shape, ROUND_Q)
+
+    def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
+        """Sum same-round payloads (P's or Q's) in the given order.
+
+        Raises:
+            ValueError: no payloads.
+            PayloadError: malformed payloads, or payloads of different rounds/shapes.
+        """
+        if not payloads:
+            raise ValueError("merge needs at least one payload")
+        parsed = [self._parse(p) for p in payloads]
+        p0 = parsed[0]
+        if p0.round == ROUND_LOCAL:
+            raise PayloadError("local single-round powersgd payloads cannot be merged; use the "
+                               "two-round protocol (encode_round) to aggregate")
+        for q in parsed[1:]:
+            if (q.round, q.h.shape, q.h.dtype) != (p0.round, p0.h.shape, p0.h.dtype):
+                raise PayloadError(f"cannot merge powersgd payloads of round/shape/dtype "
+                                   f"{(p0.round, p0.h.shape, p0.h.dtype)} and "
+                                   f"{(q.round, q.h.shape, q.h.dtype)}")
+        out = payloads[0].clone()
+        acc = out[out.numel() - p0.h.body.numel():].view(p0.values.dtype)
+        for q in parsed[1:]:
+            acc.add_(q.values)
+        return out
+
+    # -- two rounds ----------------------------------------------------------
+    def encode_round(self, r: int, grad: torch.Tensor, state: State,
+                     aggregate: Optional[torch.Tensor]) -> Tuple[torch.Tensor, State]:
+        """Round 0: payload ``P = M Q``. Round 1: payload ``Q = M^T orth(sum P)``.
+
+        Args:
+            r: the round, 0 or 1.
+            grad: this rank's gradient (the same tensor in both rounds).
+            state: this gradient's state (not modified; a new dict is returned).
+            aggregate: None for round 0; the merged round-0 payload for round 1.
+
+        Returns:
+            (payload, new state).
+
+        Raises:
+            ValueError: bad round, missing ``world_size``, state of another shape.
+            PayloadError: a malformed or mismatched aggregate.
+        """
+        rows, cols, rk = self._dims(grad.shape)
+        if r == ROUND_P:
+            check_gradient(grad)
+            self._world_size(state)
+            m = self._matrix(grad, state)
+            q = self._q(state, cols, rk, m.dtype, m.device)
+            return self._pack(ROUND_P, grad, rows, cols, rk, [matmul(m, q)]), dict(state)
+        if r == ROUND_Q:
+            if aggregate is None:
+                raise ValueError("powersgd round 1 needs the merged round-0 payload (sum of P)")
+            agg = self._parse(aggregate, ROUND_P, grad)
+            m = self._matrix(grad, state)
+            p = orthogonalize_(agg.values.reshape(rows, rk).to(m.dtype).clone())
+            payload = self._pack(ROUND_Q, grad, rows, cols, rk, [matmul(m.t(), p)])
+            return payload, dict(state, p=p)
+        raise ValueError(f"powersgd has rounds 0 and 1, asked for round {r}")
+
+    def decode_rounds(self, grad: torch.Tensor, state: State,
+                      aggregate: torch.Tensor) -> Tuple[torch.Tensor, State]:
+        """The SUM over ranks ``P^ sum_Q^T`` (the engine divides by N); update e and Q.
+
+        Returns:
+            (summed approximation in ``grad``'s shape and dtype, new state with
+            the new error, ``q = sum_Q / N`` and ``step + 1``).
+
+        Raises:
+            ValueError: round 1 did not run for this state, or no ``world_size``.
+            PayloadError: a malformed or mismatched aggregate.
+        """
+        p = state.get("p")
+        if not isinstance(p, torch.Tensor):
+            raise ValueError("powersgd decode_rounds called before encode_round(1) for this "
+                             "state (state['p'] is missing); run the rounds in order")
+        n_ranks = self._world_size(state)
+        rows, cols, rk = self._dims(grad.shape)
+        agg = self._parse(aggregate, ROUND_Q, grad)
+        m = self._matrix(grad, state)
+        q_sum = agg.values.reshape(cols, rk).to(m.dtype)
+        approx_sum = matmul(p, q_sum.t())
+        err = m - approx_sum / n_ranks  # local error vs. the averaged approximation
+        numel = grad.numel()
+        new_state = {k: v for k, v in state.items() if k != "p"}
+        new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape),
+                         q=q_sum / n_ranks, step=int(state.get("step", 0)) + 1)
+        out = approx_sum.reshape(-1)[:numel].reshape(grad.shape).to(grad.dtype)
+        return out, new_state
+
+    # -- single round (local) -------------------------------------------------
+    def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
+        """Local single-round variant: ``P^ = orth(M Q)``, ``Q' = M^T P^``; send both.
+
+        Error feedback and warm start use the local ``Q'``. Use the two-round
+        protocol to aggregate across ranks.
+        """
+        check_gradient(grad)
+        rows, cols, rk = self._dims(grad.shape)
+        m = self._matrix(grad, state)
+        p, q = power_iteration(m, self._q(state, cols, rk, m.dtype, m.device))
+        payload = self._pack(ROUND_LOCAL, grad, rows, cols, rk, [p, q])
+        err = (m - matmul(p, q.t())).reshape(-1)[: grad.numel()].reshape(grad.shape)
+        return payload, dict(state, error=err, q=q, step=int(state.get("step", 0)) + 1)
+
+    def decode(self, payload: torch.Tensor) -> torch.Tensor:
+        """``P^ Q^T`` of a local single-round payload, in the original shape and dtype.
+
+        Raises:
+            PayloadError: malformed payload, or a round-0/1 payload (use decode_rounds).
+        """
+        x = self._parse(payload, ROUND_LOCAL)
+        p = x.values[: x.rows * x.rank].reshape(x.rows, x.rank)
+        q = x.values[x.rows * x.rank:].reshape(x.cols, x.rank)
+        n = x.h.numel
+        return matmul(p, q.t()).reshape(-1)[:n].reshape(x.h.shape).to(x.h.dtype)
