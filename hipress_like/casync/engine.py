@@ -38,14 +38,27 @@ import torch
 from .. import compressors as _comp
 from ..compressors.base import Compressor, check_gradient
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
-from .coordinator import (FLAG_CLOSED, FLAG_ERROR, FLAG_NONFINITE, Coordinator, Report,
-                          decode_report, encode_report)
+from .coordinator import (
+    FLAG_CLOSED,
+    FLAG_ERROR,
+    FLAG_NONFINITE,
+    Coordinator,
+    Report,
+    decode_report,
+    encode_report,
+)
 from .executors import SyncExecutor, ThreadExecutor
 from .tasks import DeadlockError, Task, TaskGraph
 from .timeline import Event, Timeline
 from .transport.base import DEFAULT_TIMEOUT, Transport
-from .workflows import (CompressorCodec, RawCodec, chunk_bounds, ps_workflow, ring_workflow,
-                        rounds_workflow)
+from .workflows import (
+    CompressorCodec,
+    RawCodec,
+    chunk_bounds,
+    ps_workflow,
+    ring_workflow,
+    rounds_workflow,
+)
 
 __all__ = ["EngineConfig", "Engine", "Handle", "EngineError", "GradientMismatchError"]
 
@@ -232,6 +245,7 @@ class Engine:
         self._error: Optional[BaseException] = None
         self._error_arg = -1
         self._closed_engine = False
+        self._dead = False  # the comm loop failed; the transport is not used again
         self._step_start = threading.Event()
         self._step_done = threading.Event()
         self._skipped = False
@@ -292,7 +306,7 @@ class Engine:
             raise ValueError(f"duplicate gradient names: {dup}")
         if len(specs) >= _KEY_LIMITS["gradients"]:
             raise ValueError(f"at most {_KEY_LIMITS['gradients'] - 1} gradients are supported")
-        for n, shape, dt in specs:
+        for n, _, dt in specs:
             if dt not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
                 raise ValueError(f"gradient {n!r} has dtype {dt}; only floating dtypes can be "
                                  "synchronised")
@@ -397,6 +411,7 @@ class Engine:
                                  "lower the learning rate, or use nonfinite='skip' to skip such "
                                  "steps on every rank")
                 self._fail(err, info.idx)
+                self._flush_error()
                 raise err
             work.zero_()  # keep NaN out of compressor state; the step is skipped everywhere
             self._nonfinite = True
@@ -494,12 +509,24 @@ class Engine:
         self._deliver_to(task, buf)
 
     def _fail(self, err: BaseException, grad_idx: int) -> None:
+        """Record the first error; the next report round tells every peer."""
         with self._cv:
             if self._error is None:
                 self._error = err
                 self._error_arg = grad_idx
             self._cv.notify_all()
-        self._step_done.set()
+        self._start_step()
+
+    def _flush_error(self) -> None:
+        """Run (or wait for) the round that reports this rank's error to its peers."""
+        if self.config.threads:
+            self._step_done.wait(self.config.timeout)
+        elif not self._dead:
+            try:
+                self._comm_step()
+            except BaseException:  # the local error is what the caller raises
+                pass
+            self._dead = True
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -517,10 +544,12 @@ class Engine:
             self._step_start.clear()
             if self._closed_engine:
                 return
-            try:
-                self._skipped = self._comm_step()
-            except BaseException as e:
-                self._fail(e, -1)
+            if not self._dead:  # after a failure the transport is not used again
+                try:
+                    self._skipped = self._comm_step()
+                except BaseException as e:
+                    self._dead = True
+                    self._fail(e, -1)
             self._step_done.set()
 
     def _comm_step(self) -> bool:
@@ -650,11 +679,12 @@ class Engine:
             t = self.config.timeout if timeout is None else timeout
             if not self._step_done.wait(t + 5.0):
                 self._fail(TimeoutError(f"step {self._step} not done within {t:.0f} s"), -1)
-        else:
+        elif not self._dead:
             self._step_start.clear()
             try:
                 self._skipped = self._comm_step()
             except BaseException as e:
+                self._dead = True
                 self._fail(e, -1)
         self._raise_if_failed()
         for h in self._handles:

@@ -1,0 +1,368 @@
+"""The CaSync engine over the in-process transport (ranks as threads).
+
+Pins the contracts of DESIGN.md: identity gives the exact average (fixed
+summation order), every compressor leaves all ranks bitwise identical, K
+from 1 to 2N and awkward sizes work, the coordinator batches small
+gradients, and bad input or a failing rank becomes an error on every rank.
+"""
+import json
+
+import pytest
+import torch
+
+import hipress_like as hp
+from hipress_like.casync.engine import Engine, EngineConfig, EngineError, GradientMismatchError
+from hipress_like.casync.transport.base import PeerError
+from hipress_like.casync.transport.inproc import run_threads
+from hipress_like.casync.workflows import chunk_bounds
+from hipress_like.compressors.base import PayloadError
+from hipress_like.cost_model.plan import GradientPlan, Plan, SizeRule
+
+SIZES = [1, 7, 8, 33, 1001, 4097]
+
+
+def make_grads(rank, sizes=SIZES, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1234 + rank)
+    return {f"g{i}": torch.randn(s, generator=g).to(dtype) for i, s in enumerate(sizes)}
+
+
+def all_compressed(comp="identity", k=1, params=None):
+    return Plan(compressor=comp, params=params or {},
+                rule=SizeRule(min_compress_bytes=0, bytes_per_partition=1,
+                              max_partitions=k), gradients={})
+
+
+def run_engine(n, plan, strategy="ps", threads=True, sizes=SIZES, steps=1, cfg=None, grads=None):
+    def body(tr):
+        eng = Engine(tr, EngineConfig(compressor=None, plan=plan, strategy=strategy,
+                                      threads=threads, timeout=30, **(cfg or {})))
+        try:
+            gs = (grads or make_grads)(tr.rank) if callable(grads) or grads is None else grads
+            gs = make_grads(tr.rank, sizes) if grads is None else gs
+            eng.register([(k, tuple(v.shape), v.dtype) for k, v in gs.items()])
+            outs = []
+            for _ in range(steps):
+                work = {k: v.clone() for k, v in gs.items()}
+                for k, v in work.items():
+                    eng.submit(k, v)
+                eng.synchronize()
+                outs.append(work)
+            return outs, eng.layout(), eng.timeline
+        finally:
+            eng.close()
+    return run_threads(body, n, timeout=120)
+
+
+def exact_ps(all_g, k):
+    return sum(all_g[r][k] for r in range(len(all_g))) / len(all_g)
+
+
+def exact_ring(all_g, k, parts):
+    """The ring's fixed order: chunk c is summed starting at rank c around the ring."""
+    n = len(all_g)
+    out = torch.empty_like(all_g[0][k])
+    for s, e, _ in parts:
+        for c, (cs, ce) in enumerate(chunk_bounds(e - s, n)):
+            acc = all_g[c][k][s + cs: s + ce].clone()
+            for i in range(1, n):
+                acc += all_g[(c + i) % n][k][s + cs: s + ce]
+            out[s + cs: s + ce] = acc / n
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+@pytest.mark.parametrize("compress", [False, True])
+def test_identity_is_the_exact_average(n, strategy, compress):
+    plan = all_compressed("identity", k=2 * n) if compress else Plan(
+        compressor="identity", rule=SizeRule(min_compress_bytes=1 << 40, bytes_per_partition=64,
+                                             max_partitions=2 * n))
+    res = run_engine(n, plan, strategy)
+    all_g = [make_grads(r) for r in range(n)]
+    for k in all_g[0]:
+        info = res[0][1][k]
+        exp = exact_ring(all_g, k, info["partitions"]) if info["workflow"] == "ring" \
+            else exact_ps(all_g, k)
+        for r in range(n):
+            assert torch.equal(res[r][0][0][k], exp), (k, r, info)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 6])
+def test_partition_counts_from_1_to_2n(k):
+    n = 3
+    res = run_engine(n, all_compressed("identity", k=k), "ps", sizes=[1, 10, 1000])
+    all_g = [make_grads(r, [1, 10, 1000]) for r in range(n)]
+    for name in all_g[0]:
+        parts = res[0][1][name]["partitions"]
+        assert len(parts) == min(k, all_g[0][name].numel())
+        for r in range(n):
+            assert torch.equal(res[r][0][0][name], exact_ps(all_g, name))
+
+
+def test_partitions_are_views_and_byte_balanced():
+    res = run_engine(4, all_compressed("identity", k=8), "ps", sizes=[8000, 8000])
+    load = [0] * 4
+    for info in res[0][1].values():
+        for s, e, a in info["partitions"]:
+            load[a] += e - s
+    assert max(load) - min(load) <= 1000
+
+
+@pytest.mark.parametrize("threads", [True, False])
+def test_mixed_plan_and_sync_executor(threads):
+    plan = Plan(compressor="fp16", rule=SizeRule(min_compress_bytes=1 << 40),
+                gradients={"g4": GradientPlan(True, 3), "g5": GradientPlan(True, 2)})
+    res = run_engine(3, plan, "ps", threads=threads)
+    assert res[0][1]["g4"]["compress"] and not res[0][1]["g0"]["compress"]
+    all_g = [make_grads(r) for r in range(3)]
+    for name in all_g[0]:
+        for r in range(3):
+            assert torch.equal(res[r][0][0][name], res[0][0][0][name])
+        tol = 1e-2 if res[0][1][name]["compress"] else 0
+        assert torch.allclose(res[0][0][0][name], exact_ps(all_g, name), atol=tol)
+
+
+def compressor_cases():
+    cases = []
+    for name in hp.compressors.available():
+        if name in ("none", "ef"):
+            continue
+        cases.append(name)
+    return cases
+
+
+@pytest.mark.parametrize("name", compressor_cases())
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_every_compressor_leaves_ranks_bitwise_identical(name, strategy):
+    n = 3
+    sizes = [1, 64, 1000, 4096]
+    res = run_engine(n, all_compressed(name, k=2), strategy, sizes=sizes, steps=2)
+    for step in range(2):
+        for k in res[0][0][step]:
+            v0 = res[0][0][step][k]
+            assert torch.isfinite(v0).all()
+            for r in range(1, n):
+                assert torch.equal(res[r][0][step][k], v0), (name, k, r)
+
+
+def test_hundreds_of_small_gradients_are_batched():
+    sizes = [16] * 300
+    res = run_engine(4, Plan(compressor="identity", rule=SizeRule(min_compress_bytes=1 << 40)),
+                     "ps", sizes=sizes)
+    all_g = [make_grads(r, sizes) for r in range(4)]
+    for k in all_g[0]:
+        assert torch.equal(res[0][0][0][k], exact_ps(all_g, k))
+    rounds = [e for e in res[0][2].events if e.kind == "round"]
+    sends = [e for e in res[0][2].events if e.kind == "send"]
+    assert len(sends) >= 200 and len(rounds) < len(sends) / 4
+
+
+def test_coordinator_off_still_correct():
+    sizes = [16] * 40
+    res = run_engine(3, Plan(compressor="identity", rule=SizeRule(min_compress_bytes=1 << 40)),
+                     "ps", sizes=sizes, cfg={"coordinator": False, "matching": False})
+    all_g = [make_grads(r, sizes) for r in range(3)]
+    for k in all_g[0]:
+        assert torch.equal(res[1][0][0][k], exact_ps(all_g, k))
+
+
+def test_half_precision_and_float64_gradients():
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        res = run_engine(2, all_compressed("identity", k=2), "ring", sizes=[5, 300],
+                         grads=lambda r, dtype=dtype: make_grads(r, [5, 300], dtype))
+        assert res[0][0][0]["g1"].dtype == dtype
+        assert torch.equal(res[0][0][0]["g1"], res[1][0][0]["g1"])
+
+
+def _collect_errors(n, body, timeout=60):
+    """Run body per rank and return each rank's exception (or None)."""
+    def wrapped(tr):
+        try:
+            body(tr)
+        except BaseException as e:  # noqa: B036
+            return e
+        return None
+    return run_threads(wrapped, n, timeout=timeout)
+
+
+def test_registration_mismatch_raises_on_every_rank():
+    def body(tr):
+        eng = Engine(tr, compressor="identity", timeout=10)
+        shape = (3, 4) if tr.rank != 2 else (4, 3)
+        try:
+            eng.register([("w", shape, torch.float32), ("b", (4,), torch.float32)])
+        finally:
+            eng.close()
+    errs = _collect_errors(3, body)
+    for e in errs:
+        assert isinstance(e, GradientMismatchError)
+        assert "rank 2" in str(e) and "'w'" in str(e)
+
+
+def test_submitted_sets_differing_in_a_step_raise_on_every_rank():
+    def body(tr):
+        eng = Engine(tr, compressor="identity", timeout=10)
+        try:
+            eng.register([("a", (4,), torch.float32), ("b", (4,), torch.float32)])
+            eng.submit("a", torch.ones(4))
+            if tr.rank != 1:
+                eng.submit("b", torch.ones(4))
+            eng.synchronize()
+        finally:
+            eng.close()
+    errs = _collect_errors(3, body)
+    for e in errs:
+        assert isinstance(e, GradientMismatchError) and "rank 1 did not submit ['b']" in str(e)
+
+
+@pytest.mark.parametrize("threads", [True, False])
+def test_nan_raises_on_every_rank(threads):
+    def body(tr):
+        eng = Engine(tr, compressor="identity", timeout=10, threads=threads)
+        try:
+            eng.register([("w", (8,), torch.float32)])
+            g = torch.ones(8)
+            if tr.rank == 1:
+                g[3] = float("nan")
+            eng.submit("w", g)
+            eng.synchronize()
+        finally:
+            eng.close()
+    errs = _collect_errors(3, body)
+    assert isinstance(errs[1], ValueError) and "NaN" in str(errs[1])
+    for r in (0, 2):
+        assert isinstance(errs[r], EngineError) and "rank 1" in str(errs[r]) and "'w'" in str(
+            errs[r])
+
+
+def test_nan_skip_skips_the_step_everywhere():
+    def body(tr):
+        eng = Engine(tr, compressor="identity", timeout=10, nonfinite="skip")
+        try:
+            eng.register([("w", (8,), torch.float32)])
+            g = torch.ones(8)
+            if tr.rank == 0:
+                g[0] = float("inf")
+            eng.submit("w", g)
+            first = eng.synchronize()
+            eng.submit("w", torch.ones(8))
+            return first, eng.synchronize()
+        finally:
+            eng.close()
+    assert run_threads(body, 3, timeout=60) == [(False, True)] * 3
+
+
+def test_dead_rank_is_named_by_every_survivor():
+    def body(tr):
+        eng = Engine(tr, compressor="identity", timeout=3)
+        try:
+            eng.register([("w", (8,), torch.float32)])
+            if tr.rank == 2:
+                return  # dies: never submits nor synchronises
+            eng.submit("w", torch.ones(8))
+            eng.synchronize()
+        finally:
+            eng.close()
+    errs = _collect_errors(3, body)
+    for r in (0, 1):
+        assert errs[r] is not None and "rank 2" in str(errs[r])
+        assert isinstance(errs[r], (PeerError, EngineError))
+
+
+class _CorruptingTransport:
+    """Wraps a transport and flips the magic of the first payload rank 0 receives."""
+
+    def __init__(self, inner):
+        self.inner, self.rank, self.size, self.done = inner, inner.rank, inner.size, False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def alltoallv(self, send, recv_nbytes, timeout=30):
+        out = self.inner.alltoallv(send, recv_nbytes, timeout)
+        if self.rank == 0 and not self.done:
+            for t in out:
+                if t is not None and t.numel() > 2:
+                    t[0] ^= 0xFF
+                    self.done = True
+                    break
+        return out
+
+
+def test_corrupted_payload_is_a_decode_error_not_garbage():
+    def body(tr):
+        eng = Engine(_CorruptingTransport(tr), EngineConfig(
+            compressor=None, plan=all_compressed("fp16"), timeout=10))
+        try:
+            eng.register([("w", (64,), torch.float32)])
+            eng.submit("w", torch.ones(64))
+            eng.synchronize()
+        finally:
+            eng.close()
+    errs = _collect_errors(2, body)
+    assert isinstance(errs[0], EngineError) and isinstance(errs[0].__cause__, PayloadError)
+    assert isinstance(errs[1], EngineError) and "rank 0" in str(errs[1])
+
+
+def test_bad_submissions_raise_clearly():
+    def body(tr):
+        eng = Engine(tr, compressor="identity", timeout=10)
+        try:
+            eng.register([("w", (4,), torch.float32)])
+            with pytest.raises(KeyError, match="not registered"):
+                eng.submit("nope", torch.ones(4))
+            with pytest.raises(ValueError, match="registered as"):
+                eng.submit("w", torch.ones(5))
+            with pytest.raises(ValueError, match="registered as"):
+                eng.submit("w", torch.ones(4, dtype=torch.float64))
+            eng.submit("w", torch.ones(4))
+            with pytest.raises(ValueError, match="twice"):
+                eng.submit("w", torch.ones(4))
+            eng.synchronize()
+        finally:
+            eng.close()
+    run_threads(body, 2, timeout=60)
+    with pytest.raises(ValueError, match="strategy"):
+        EngineConfig(strategy="tree")
+    with pytest.raises(TypeError):
+        EngineConfig(compresor="onebit")  # unknown key
+    with pytest.raises(ValueError, match="unknown compressor"):
+        run_threads(lambda tr: Engine(tr, compressor="tpok"), 1)
+
+
+def test_register_rejects_bad_specs():
+    def body(tr):
+        eng = Engine(tr, compressor="identity", timeout=10)
+        try:
+            with pytest.raises(ValueError, match="duplicate"):
+                eng.register([("w", (4,), torch.float32), ("w", (4,), torch.float32)])
+            with pytest.raises(ValueError, match="floating"):
+                eng.register([("w", (4,), torch.int64)])
+            with pytest.raises(ValueError, match="empty"):
+                eng.register([("w", (0,), torch.float32)])
+        finally:
+            eng.close()
+    run_threads(body, 1, timeout=30)
+
+
+def test_state_dict_round_trip_and_timeline_export(tmp_path):
+    def body(tr):
+        eng = Engine(tr, EngineConfig(compressor=None, plan=all_compressed("fp16"), timeout=10))
+        try:
+            eng.register([("w", (100,), torch.float32)])
+            eng.submit("w", torch.randn(100))
+            eng.synchronize()
+            sd = eng.state_dict()
+            eng.load_state_dict(sd)
+            with pytest.raises(ValueError, match="not a hipress-like"):
+                eng.load_state_dict({"x": 1})
+            path = tmp_path / f"trace{tr.rank}.json"
+            eng.timeline.save_chrome_trace(path)
+            return sd["step"], json.loads(path.read_text())
+        finally:
+            eng.close()
+    kinds = set()
+    for step, trace in run_threads(body, 2, timeout=60):
+        assert step == 1
+        kinds |= {e.get("cat") for e in trace["traceEvents"]}
+    assert {"encode", "merge", "send", "recv", "write", "round"} <= kinds
