@@ -1,0 +1,173 @@
+"""Error feedback (memory compensation) as a wrapper around any compressor.
+
+A biased compressor ``C`` (top-k, onebit, ...) loses ``p - decode(C(p))``
+every step; error feedback keeps that loss in a local memory ``m`` and adds
+it to the next gradient, so nothing is lost for good (Seide et al. 2014;
+Stich et al. 2018, "Sparsified SGD with memory"; Karimireddy et al. 2019,
+EF-SGD). With the decay factors of the thesis ("Sparse communication for
+deep learning", Sec. 2.2.2, Memory Compensation, after the GRACE survey of
+Xu et al. 2020, its ref. [15]):
+
+    p_t     = beta * m_t + gamma * g_t          (compensate; thesis: g_t := beta m_t + gamma g_t)
+    payload = C(p_t)
+    m_{t+1} = p_t - decode(payload)             (memorise what was not sent)
+
+The thesis writes the memory update as ``m_{t+1} = m_t + g_t - C(g_t)``
+with ``g_t`` already compensated; read literally that would count ``m_t``
+twice, so we follow GRACE's ``ResidualMemory`` (the implementation the
+thesis evaluates), which stores ``compensated - decompressed``. With
+``beta = gamma = 1`` this is standard error feedback, and
+``g_t + m_t == decode(payload) + m_{t+1}`` holds up to rounding.
+
+Wrapping is the house style (STYLE.md 1: like optax ``chain`` or PyTorch's
+``fp16_compress_wrapper``), so compressors stay free of EF flags. The
+wrapper passes the inner payload through unchanged (same ``algo_id``,
+same ``decode`` and ``merge``). Algorithms that define their own memory
+(GradDrop's residual, DGC's accumulation, PowerSGD's error) should not be
+wrapped; multi-round compressors are rejected.
+
+State is explicit: ``{"error": tensor, "inner": inner_state}``; the memory
+is float32 for half-precision gradients (tiny residuals would vanish in
+fp16), and the inner compressor always sees the gradient's own dtype.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from .base import Compressor, State, check_gradient
+from .dgc import accumulator_dtype
+from .registry import get, register
+
+__all__ = ["ErrorFeedback"]
+
+_log = logging.getLogger(__name__)
+_OWN_MEMORY = ("dgc", "graddrop", "powersgd")
+
+
+def _check_factor(name: str, x: Any) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"ef: {name} must be a positive number, found {x!r}") from e
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"ef: {name} must be a positive finite number (thesis Sec. 2.2.2: "
+                         f"{name} > 0), found {x!r}")
+    return v
+
+
+@register("ef", "error_feedback")
+class ErrorFeedback(Compressor):
+    """Error feedback around ``inner``: send ``C(beta*m + gamma*g)``, keep the rest in ``m``.
+
+    Args:
+        inner: the wrapped compressor, or its registry name.
+        beta: memory decay factor, > 0 (default 1.0).
+        gamma: weight of the new gradient, > 0 (default 1.0).
+        **inner_params: parameters for ``inner`` when it is given by name.
+
+    Raises:
+        ValueError: a bad factor, an unknown inner name or bad inner
+            parameters, or a multi-round inner compressor.
+
+    Example:
+        >>> c = ErrorFeedback("topk", ratio=0.01)          # or get("ef", inner="topk", ratio=0.01)
+        >>> st = c.init(torch.zeros(1000))
+        >>> payload, st = c.encode(torch.randn(1000), st)
+        >>> out = c.decode(payload)
+    """
+
+    name = "ef"
+
+    def __init__(self, inner: Any = "identity", beta: float = 1.0, gamma: float = 1.0,
+                 **inner_params: Any) -> None:
+        if isinstance(inner, Compressor) and inner_params:
+            raise ValueError("ef: inner parameters cannot be given with a compressor instance")
+        self.inner = get(inner, **inner_params)
+        if isinstance(self.inner, ErrorFeedback):
+            raise ValueError("ef: wrapping error feedback in error feedback feeds the error "
+                             "back twice; wrap the inner compressor once")
+        if self.inner.capabilities.rounds != 1:
+            raise ValueError(
+                f"ef: {self.inner.name!r} has {self.inner.capabilities.rounds} communication "
+                "rounds; error feedback wraps single-round compressors only (PowerSGD has its "
+                "own error feedback: use it unwrapped)")
+        if self.inner.name in _OWN_MEMORY:
+            _log.warning("ef: %s keeps its own residual; wrapping it adds a second memory",
+                         self.inner.name)
+        self.beta = _check_factor("beta", beta)
+        self.gamma = _check_factor("gamma", gamma)
+        self.algo_id = self.inner.algo_id  # the payload is the inner one, unchanged
+        self.capabilities = dataclasses.replace(self.inner.capabilities, stateful=True)
+
+    def params(self) -> Dict[str, Any]:
+        """Constructor parameters (the inner compressor's under ``inner_params``)."""
+        return {"inner": self.inner.name, "beta": self.beta, "gamma": self.gamma,
+                "inner_params": self.inner.params()}
+
+    def init(self, grad: torch.Tensor, seed: int = 0) -> State:
+        """A zero memory shaped like ``grad`` (float32 for half types) plus the inner state."""
+        return {"error": torch.zeros(grad.shape, dtype=accumulator_dtype(grad.dtype),
+                                     device=grad.device),
+                "inner": self.inner.init(grad, seed)}
+
+    def compensate(self, grad: torch.Tensor, state: State) -> torch.Tensor:
+        """``beta * m + gamma * g`` (thesis Sec. 2.2.2); the tensor the inner compressor sees."""
+        err = state.get("error")
+        if not isinstance(err, torch.Tensor) or err.shape != grad.shape:
+            raise ValueError(
+                f"ef: state['error'] must be a tensor of shape {tuple(grad.shape)}, found "
+                f"{getattr(err, 'shape', type(err).__name__)}; create the state with "
+                "ErrorFeedback.init(grad) for this gradient (or partition)")
+        acc = accumulator_dtype(grad.dtype)
+        g = grad.detach().to(acc)
+        if self.beta == 1.0 and self.gamma == 1.0:
+            return g + err.to(acc)
+        return self.beta * err.to(acc) + self.gamma * g
+
+    def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
+        """Compensate, compress with the inner compressor, memorise the loss.
+
+        1. ``p = beta * m + gamma * g``;
+        2. ``payload, inner_state = inner.encode(p, inner_state)``;
+        3. ``m = p - inner.decode(payload)``.
+
+        Returns:
+            (the inner payload, {"error": new memory, "inner": new inner state}).
+
+        Raises:
+            TypeError, ValueError: bad gradient or a memory of another shape.
+        """
+        check_gradient(grad)
+        p = self.compensate(grad, state)
+        # the inner compressor sees the gradient's dtype; what that cast
+        # rounds away stays in the (float32 for half types) memory
+        payload, inner_state = self.inner.encode(p.to(grad.dtype), state.get("inner", {}))
+        err = p - self.inner.decode(payload).to(p.dtype)
+        return payload, {"error": err, "inner": inner_state}
+
+    def decode(self, payload: torch.Tensor) -> torch.Tensor:
+        """The inner compressor's decode."""
+        return self.inner.decode(payload)
+
+    def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
+        """The inner compressor's merge (when it is aggregatable)."""
+        return self.inner.merge(payloads)
+
+    def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
+        """The inner compressor's payload size."""
+        return self.inner.payload_nbytes(numel, ndim)
+
+    def reselect(self, grad: torch.Tensor, k: Optional[int] = None) -> torch.Tensor:
+        """Stateless re-encode of a merged tensor, if the inner sparsifier offers it."""
+        fn = getattr(self.inner, "reselect", None)
+        if fn is None:
+            raise TypeError(f"ef: inner compressor {self.inner.name!r} has no reselect")
+        return fn(grad, k)
+
+    def __repr__(self) -> str:
+        return f"ErrorFeedback({self.inner!r}, beta={self.beta!r}, gamma={self.gamma!r})"

@@ -1,0 +1,158 @@
+"""Error feedback wrapper (hipress_like/compressors/error_feedback.py)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from hipress_like.compressors import ErrorFeedback, available, get
+from hipress_like.compressors.sparse import TopK
+
+# Inner compressors built here (plus others' quantizers when registered).
+INNERS = [
+    ("identity", {}),
+    ("fp16", {}),
+    ("topk", {"ratio": 0.05}),
+    ("randomk", {"ratio": 0.1}),
+    ("randomk", {"ratio": 0.1, "unbiased": False}),
+]
+for _name in ("onebit", "terngrad", "tbq", "natural"):
+    if _name in available():
+        INNERS.append((_name, {}))
+IDS = [f"{n}{'-' + '-'.join(f'{k}={v}' for k, v in p.items()) if p else ''}" for n, p in INNERS]
+
+
+def _grads(shape, steps, seed, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=gen, dtype=dtype) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("name,params", INNERS, ids=IDS)
+def test_identity_g_plus_e_equals_decode_plus_new_e(name, params):
+    c = get("ef", inner=name, **params)
+    grads = _grads((30, 40), 5, seed=1)
+    st = c.init(grads[0], seed=3)
+    for g in grads:
+        e_old = st["error"].clone()
+        payload, st = c.encode(g, st)
+        assert torch.allclose(g + e_old, c.decode(payload) + st["error"], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,params", INNERS, ids=IDS)
+def test_decayed_memory_identity(name, params):
+    beta, gamma = 0.5, 2.0
+    c = ErrorFeedback(name, beta=beta, gamma=gamma, **params)
+    grads = _grads((500,), 4, seed=2)
+    st = c.init(grads[0])
+    for g in grads:
+        e_old = st["error"].clone()
+        payload, st = c.encode(g, st)
+        # thesis Sec. 2.2.2: p = beta m + gamma g; m' = p - decode(C(p))
+        assert torch.allclose(beta * e_old + gamma * g, c.decode(payload) + st["error"],
+                              rtol=0, atol=1e-12)
+
+
+def test_nothing_is_lost_over_steps():
+    c = get("ef", inner="topk", ratio=0.01)
+    grads = _grads((2000,), 20, seed=3)
+    st = c.init(grads[0])
+    sent = torch.zeros(2000, dtype=torch.float64)
+    for g in grads:
+        p, st = c.encode(g, st)
+        sent += c.decode(p)
+    assert torch.allclose(sent + st["error"], sum(grads), atol=1e-10)
+
+
+def test_payload_is_the_inner_payload_of_the_compensated_gradient():
+    inner = TopK(ratio=0.1)
+    c = ErrorFeedback(inner)
+    grads = _grads((300,), 3, seed=4)
+    st = c.init(grads[0])
+    for g in grads:
+        want, _ = inner.encode(g + st["error"], {})
+        e_before = st["error"].clone()
+        payload, st2 = c.encode(g, st)
+        assert torch.equal(payload, want)
+        assert torch.equal(st["error"], e_before)  # input state untouched
+        st = st2
+    assert c.algo_id == inner.algo_id
+    assert c.capabilities == type(inner.capabilities)(
+        **{**inner.capabilities.__dict__, "stateful": True})
+    assert c.payload_nbytes(300) == inner.payload_nbytes(300)
+
+
+def test_inner_state_is_threaded_through():
+    c = get("ef", inner="randomk", ratio=0.1)
+    g = torch.randn(100)
+    st = c.init(g, seed=9)
+    assert st["inner"] == {"seed": 9, "step": 0}
+    _, st = c.encode(g, st)
+    _, st = c.encode(g, st)
+    assert st["inner"]["step"] == 2
+
+
+def test_same_seed_same_bytes():
+    grads = _grads((1000,), 3, seed=5, dtype=torch.float32)
+    c1, c2 = get("ef", inner="randomk", ratio=0.05), get("ef", inner="randomk", ratio=0.05)
+    s1, s2 = c1.init(grads[0], seed=1), c2.init(grads[0], seed=1)
+    for g in grads:
+        p1, s1 = c1.encode(g, s1)
+        p2, s2 = c2.encode(g, s2)
+        assert torch.equal(p1, p2)
+
+
+def test_registry_and_constructor():
+    c = get("ef", inner="topk", ratio=0.2)
+    assert isinstance(c, ErrorFeedback) and isinstance(c.inner, TopK) and c.inner.ratio == 0.2
+    assert isinstance(get("error_feedback", inner="fp16"), ErrorFeedback)
+    assert get("ef").inner.name == "identity"
+    assert ErrorFeedback(TopK(0.3)).inner.ratio == 0.3
+    assert "topk" in repr(c) or "TopK" in repr(c)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"inner": "topk", "beta": 0}, {"inner": "topk", "gamma": -1.0},
+    {"inner": "topk", "beta": float("nan")}, {"inner": "tpok"},
+    {"inner": "topk", "ratio": 3.0}, {"inner": "topk", "nonsense": 1},
+    {"inner": "powersgd"}, {"inner": TopK(), "ratio": 0.1},
+    {"inner": ErrorFeedback("topk")},
+])
+def test_invalid_construction_raises(kwargs):
+    with pytest.raises(ValueError):
+        get("ef", **kwargs)
+
+
+def test_unknown_inner_lists_available():
+    with pytest.raises(ValueError, match="available: .*topk"):
+        get("ef", inner="tpok")
+
+
+def test_wrapping_own_memory_compressor_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="hipress_like.compressors.error_feedback"):
+        get("ef", inner="graddrop")
+    assert "own residual" in caplog.text
+
+
+def test_bad_inputs_raise():
+    c = get("ef", inner="topk")
+    st = c.init(torch.zeros(10))
+    with pytest.raises(ValueError, match="init"):
+        c.encode(torch.ones(20), st)
+    with pytest.raises(TypeError):
+        c.encode(torch.ones(10, dtype=torch.int64), st)
+    with pytest.raises(ValueError):
+        c.encode(torch.full((10,), float("inf")), st)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_round_trip_dtypes(dtype):
+    c = get("ef", inner="topk", ratio=0.1)
+    g = torch.randn(7, 9).to(dtype)
+    st = c.init(g)
+    p, st = c.encode(g, st)
+    out = c.decode(p)
+    assert out.shape == g.shape and out.dtype == dtype
+    assert st["error"].dtype == torch.float32  # half-precision memory would lose residuals
+    # the cast to the wire dtype is compensated too
+    assert torch.allclose(g.float(), out.float() + st["error"], atol=1e-6)

@@ -1,0 +1,282 @@
+"""PowerSGD (hipress_like/compressors/powersgd.py): two-round protocol, accuracy, payloads."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+from hipress_like.compressors import PayloadError, get, header_nbytes
+from hipress_like.compressors.ops import orthogonalize_, uniform
+from hipress_like.compressors.powersgd import (
+    ROUND_LOCAL,
+    ROUND_P,
+    ROUND_Q,
+    PowerSGD,
+    matrix_shape,
+    power_iteration,
+)
+
+
+def _run_step(c, grads, states):
+    """Play the engine: round 0, merge, round 1, merge, decode (rank order)."""
+    p0 = []
+    for i, g in enumerate(grads):
+        p, states[i] = c.encode_round(0, g, states[i], None)
+        p0.append(p)
+    agg0 = c.merge(p0)
+    p1 = []
+    for i, g in enumerate(grads):
+        p, states[i] = c.encode_round(1, g, states[i], agg0)
+        p1.append(p)
+    agg1 = c.merge(p1)
+    outs = []
+    for i, g in enumerate(grads):
+        o, states[i] = c.decode_rounds(g, states[i], agg1)
+        outs.append(o)
+    return outs, p0, p1
+
+
+def _low_rank_ish(n, m, seed, decay=0.6, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=dtype))
+    v, _ = torch.linalg.qr(torch.randn(m, m, generator=gen, dtype=dtype))
+    k = min(n, m)
+    s = decay ** torch.arange(k, dtype=dtype)
+    return u[:, :k] @ torch.diag(s) @ v[:, :k].t()
+
+
+def test_matrix_shape_rule():
+    assert matrix_shape((10,)) == (4, 3)  # ceil(sqrt(10)) = 4, ceil(10 / 4) = 3
+    assert matrix_shape((16,)) == (4, 4)
+    assert matrix_shape((17,)) == (5, 4)
+    assert matrix_shape((1,)) == (1, 1)
+    assert matrix_shape(()) == (1, 1)
+    assert matrix_shape((7, 3, 2)) == (7, 6)
+    assert matrix_shape((5, 1)) == (5, 1)
+
+
+@pytest.mark.parametrize("rank", [0, -1, 1.5, True, "2"])
+def test_invalid_rank_raises(rank):
+    with pytest.raises(ValueError):
+        get("powersgd", rank=rank)
+
+
+def test_capabilities():
+    c = PowerSGD()
+    caps = c.capabilities
+    assert (caps.category, caps.aggregatable, caps.rounds, caps.stateful) == (
+        "lowrank", True, 2, True)
+    assert c.algo_id == 30 and c.rank == 4 and c.warm_start
+
+
+def test_two_round_protocol_matches_hand_computation():
+    n_ranks, rank, shared = 3, 2, 1234
+    c = PowerSGD(rank=rank)
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(12, 5, generator=gen, dtype=torch.float64) for _ in range(n_ranks)]
+    # per-rank seeds differ; the shared seed is the same everywhere
+    states = [c.init(g, seed=100 + i, world_size=n_ranks, shared_seed=shared)
+              for i, g in enumerate(grads)]
+    outs, p0, p1 = _run_step(c, grads, states)
+
+    q0 = (uniform(5 * rank, shared, 0) - 0.5).to(torch.float64).reshape(5, rank)
+    q0 = orthogonalize_(q0)
+    ps = [g @ q0 for g in grads]
+    p_hat = orthogonalize_(sum(ps[1:], ps[0].clone()))
+    qs = [g.t() @ p_hat for g in grads]
+    q_sum = sum(qs[1:], qs[0].clone())
+    want = p_hat @ q_sum.t()
+    for i in range(n_ranks):
+        assert torch.allclose(outs[i], want, atol=1e-12)
+        assert torch.equal(outs[i], outs[0])  # bitwise identical on every rank
+        assert torch.allclose(states[i]["error"], grads[i] - want / n_ranks, atol=1e-12)
+        assert torch.allclose(states[i]["q"], q_sum / n_ranks, atol=1e-12)
+        assert states[i]["step"] == 1 and "p" not in states[i]
+    # payload sizes are the declared per-round formula
+    assert all(p.numel() == c.round_nbytes((12, 5), ROUND_P, 8) for p in p0)
+    assert all(p.numel() == c.round_nbytes((12, 5), ROUND_Q, 8) for p in p1)
+    assert p0[0].numel() == header_nbytes(2, 32) + 12 * rank * 8
+
+
+def test_error_feedback_conserves_the_sum():
+    # sum_i e_i(new) + approx_sum == sum_i (g_i + e_i(old))  (Vogels Alg. 2)
+    n_ranks = 4
+    c = PowerSGD(rank=1)
+    gen = torch.Generator().manual_seed(1)
+    shape = (9, 2, 4)
+    states = [c.init(torch.zeros(shape, dtype=torch.float64), world_size=n_ranks)
+              for _ in range(n_ranks)]
+    for _ in range(3):
+        grads = [torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(n_ranks)]
+        before = sum(g + st["error"] for g, st in zip(grads, states))
+        outs, _, _ = _run_step(c, grads, states)
+        after = outs[0] + sum(st["error"] for st in states)
+        assert torch.allclose(after, before, atol=1e-10)
+
+
+def test_single_rank_running_sum_converges_to_gradient():
+    # with one rank, sum of outputs over T steps + final error == T * g exactly
+    c = PowerSGD(rank=1)
+    g = torch.randn(20, 30, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    states = [c.init(g, world_size=1)]
+    total = torch.zeros_like(g)
+    steps = 100
+    for _ in range(steps):
+        outs, _, _ = _run_step(c, [g], states)
+        total += outs[0]
+    assert torch.allclose(total + states[0]["error"], steps * g, atol=1e-8)
+    # the error stays bounded (~12 |g| here for rank 1), so the mean output -> g as 1/T
+    assert float(states[0]["error"].norm()) < 20 * float(g.norm())
+    assert float((total / steps - g).norm()) < 0.2 * float(g.norm())
+
+
+def test_warm_start_approaches_svd_optimum_and_error_shrinks_with_rank():
+    m = _low_rank_ish(48, 40, seed=3)
+    svals = torch.linalg.svdvals(m)
+    errs = []
+    for rank in (1, 2, 4, 8):
+        c = PowerSGD(rank=rank)
+        st = [c.init(m, world_size=1)]
+        for _ in range(30):
+            st[0]["error"] = torch.zeros_like(m)  # isolate the warm-started power iteration
+            outs, _, _ = _run_step(c, [m], st)
+        err = float((m - outs[0]).norm())
+        best = float(svals[rank:].square().sum().sqrt())  # Eckart-Young
+        assert best <= err * (1 + 1e-9)
+        assert err <= 1.05 * best, (rank, err, best)
+        errs.append(err)
+    assert errs == sorted(errs, reverse=True) and errs[-1] < 0.1 * errs[0]
+
+
+def test_power_iteration_helper():
+    m = _low_rank_ish(30, 20, seed=4)
+    q = torch.randn(20, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    for _ in range(40):
+        p, q = power_iteration(m, q)
+    assert torch.allclose(p.t() @ p, torch.eye(3, dtype=torch.float64), atol=1e-10)
+    best = float(torch.linalg.svdvals(m)[3:].square().sum().sqrt())
+    assert float((m - p @ q.t()).norm()) <= 1.01 * best
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(10,), (1,), (6, 4), (3, 4, 5), (7, 1)])
+def test_round_trip_shapes_and_dtypes(dtype, shape):
+    c = PowerSGD(rank=2)
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(6)).to(dtype)
+    outs, _, _ = _run_step(c, [g, g], [c.init(g, world_size=2), c.init(g, world_size=2)])
+    assert outs[0].shape == g.shape and outs[0].dtype == g.dtype
+    st = c.init(g)
+    payload, st = c.encode(g, st)
+    out = c.decode(payload)
+    assert out.shape == g.shape and out.dtype == g.dtype
+    assert payload.numel() == c.round_nbytes(shape, ROUND_LOCAL, 8 if dtype == torch.float64
+                                             else 4)
+
+
+def test_payload_nbytes_one_dimensional_is_both_rounds():
+    c = PowerSGD(rank=4)
+    g = torch.randn(1000)
+    st = [c.init(g, world_size=1)]
+    _, p0, p1 = _run_step(c, [g], st)
+    assert c.payload_nbytes(1000) == p0[0].numel() + p1[0].numel()
+    rows, cols = matrix_shape((1000,))
+    assert c.payload_nbytes(1000) == 2 * header_nbytes(1, 32) + 4 * 4 * (rows + cols)
+
+
+def test_local_single_round_is_one_power_step_with_error_feedback():
+    c = PowerSGD(rank=3)
+    g = _low_rank_ish(16, 12, seed=7)
+    st = c.init(g)
+    payload, st2 = c.encode(g, st)
+    out = c.decode(payload)
+    assert torch.allclose(out + st2["error"], g, atol=1e-12)
+    assert torch.count_nonzero(st["error"]) == 0  # input state untouched
+    with pytest.raises(PayloadError, match="merge"):
+        c.merge([payload, payload])
+
+
+def test_shared_seed_not_rank_seed_decides_initial_q():
+    c = PowerSGD(rank=2)
+    g = torch.randn(8, 6, generator=torch.Generator().manual_seed(8))
+    a, _ = c.encode_round(0, g, c.init(g, seed=1, world_size=2), None)
+    b, _ = c.encode_round(0, g, c.init(g, seed=2, world_size=2), None)
+    d, _ = c.encode_round(0, g, c.init(g, seed=1, world_size=2, shared_seed=9), None)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, d)
+    st = c.init(g, world_size=2)
+    st["shared_seed"] = 9  # the engine may set it after init: Q is drawn lazily
+    assert torch.equal(c.encode_round(0, g, st, None)[0], d)
+
+
+def test_same_seed_same_bytes_over_steps():
+    c = PowerSGD(rank=2)
+    gen = torch.Generator().manual_seed(9)
+    grads = [torch.randn(10, 7, generator=gen) for _ in range(2)]
+    s1 = [c.init(g, world_size=2) for g in grads]
+    s2 = [c.init(g, world_size=2) for g in grads]
+    for _ in range(3):
+        o1, a1, b1 = _run_step(c, grads, s1)
+        o2, a2, b2 = _run_step(c, grads, s2)
+        assert all(torch.equal(x, y) for x, y in zip(a1 + b1, a2 + b2))
+
+
+def test_warm_start_off_draws_a_fresh_q_each_step():
+    c = PowerSGD(rank=1, warm_start=False)
+    g = torch.randn(10, 8, generator=torch.Generator().manual_seed(10))
+    st = [c.init(g, world_size=1)]
+    _, p_first, _ = _run_step(c, [g], st)
+    st[0]["error"] = torch.zeros_like(g)
+    _, p_second, _ = _run_step(c, [g], st)
+    assert not torch.equal(p_first[0], p_second[0])
+
+
+def test_protocol_misuse_raises_clearly():
+    c = PowerSGD(rank=2)
+    g = torch.randn(6, 5)
+    st = c.init(g)  # no world_size
+    with pytest.raises(ValueError, match="world_size"):
+        c.encode_round(0, g, st, None)
+    st = c.init(g, world_size=1)
+    p0, st = c.encode_round(0, g, st, None)
+    with pytest.raises(ValueError, match="encode_round\\(1\\)"):
+        c.decode_rounds(g, st, p0)
+    with pytest.raises(ValueError, match="round 1 needs"):
+        c.encode_round(1, g, st, None)
+    with pytest.raises(ValueError, match="rounds 0 and 1"):
+        c.encode_round(2, g, st, p0)
+    p1, st1 = c.encode_round(1, g, st, c.merge([p0]))
+    with pytest.raises(PayloadError, match="round"):
+        c.encode_round(1, g, st, p1)  # a round-1 payload where a round-0 sum belongs
+    with pytest.raises(PayloadError, match="round"):
+        c.merge([p0, p1])
+    with pytest.raises(PayloadError, match="expected 255"):
+        c.decode(p0)
+    with pytest.raises(PayloadError, match="shape"):
+        c.encode_round(1, torch.randn(5, 6), c.init(torch.randn(5, 6), world_size=1), p0)
+    with pytest.raises(ValueError, match="init"):
+        c.encode_round(0, torch.randn(3, 3), st, None)
+    with pytest.raises(ValueError):
+        get("ef", inner="powersgd")  # PowerSGD has its own error feedback
+
+
+def test_corrupted_payloads_raise_payload_error():
+    c = PowerSGD(rank=2)
+    g = torch.randn(6, 5)
+    p0, _ = c.encode_round(0, g, c.init(g, world_size=1), None)
+    fields = header_nbytes(2, 32) - 32
+    with pytest.raises(PayloadError):
+        c.merge([p0[:-4]])
+    bad = p0.clone()
+    bad[fields: fields + 8] = torch.frombuffer(bytearray(struct.pack("<Q", 7)), dtype=torch.uint8)
+    with pytest.raises(PayloadError, match="unknown round"):
+        c.merge([bad])
+    bad = p0.clone()
+    bad[fields + 24: fields + 32] = torch.frombuffer(bytearray(struct.pack("<Q", 3)),
+                                                     dtype=torch.uint8)
+    with pytest.raises(PayloadError, match="rank"):
+        c.merge([bad])
+    with pytest.raises(PayloadError, match="rank"):
+        PowerSGD(rank=3).merge([p0])  # ranks configured with different ranks
+    with pytest.raises(PayloadError, match="algorithm id"):
+        get("topk").decode(p0)

@@ -1,0 +1,321 @@
+"""Sparsifiers: topk, randomk, dgc, graddrop (hipress_like/compressors/{sparse,dgc,graddrop}.py)."""
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+import torch
+
+from hipress_like.compressors import PayloadError, get, header_nbytes
+from hipress_like.compressors.dgc import DGC
+from hipress_like.compressors.graddrop import GradDrop
+from hipress_like.compressors.sparse import RandomK, TopK, num_selected, sparse_payload_nbytes
+
+CASES = [
+    ("topk", {"ratio": 0.05}),
+    ("randomk", {"ratio": 0.05}),
+    ("randomk", {"ratio": 0.05, "unbiased": False}),
+    ("dgc", {"ratio": 0.05, "warmup_steps": 2}),
+    ("graddrop", {"ratio": 0.05}),
+]
+IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in p.items())}" for n, p in CASES]
+
+
+def _hdr(ndim: int) -> int:
+    return header_nbytes(ndim, 16)
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1,), (1000,), (20, 30), (2, 3, 4, 5)])
+def test_round_trip_keeps_shape_and_dtype(name, params, dtype, shape):
+    c = get(name, **params)
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    st = c.init(g, seed=7)
+    for _ in range(3):
+        payload, st = c.encode(g, st)
+        assert payload.dtype == torch.uint8 and payload.dim() == 1
+        out = c.decode(payload)
+        assert out.shape == g.shape and out.dtype == g.dtype
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+@pytest.mark.parametrize("shape", [(1000,), (40, 25), (3, 7, 11)])
+def test_payload_size_matches_declared(name, params, shape):
+    c = get(name, **params)
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    n, ndim = g.numel(), g.dim()
+    declared = c.payload_nbytes(n, ndim)
+    st = c.init(g, seed=3)
+    for _ in range(5):
+        payload, st = c.encode(g, st)
+        if c.capabilities.fixed_size:
+            k = num_selected(params["ratio"], n)
+            assert payload.numel() == declared == _hdr(ndim) + _pad8(4 * k) + 4 * k
+        else:
+            assert payload.numel() <= declared
+
+
+def test_sparse_payload_formula_int64_indices():
+    # past 2**31 entries the indices widen to int64
+    n = 2**31 + 10
+    assert sparse_payload_nbytes(3, n, 1) == _hdr(1) + _pad8(8 * 3) + 3 * 4
+    assert sparse_payload_nbytes(3, 1000, 1) == _hdr(1) + _pad8(4 * 3) + 3 * 4
+
+
+def test_topk_selects_the_largest_magnitudes_exactly():
+    g = torch.randn(5000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    c = TopK(ratio=0.01)
+    out = c.decode(c.encode(g, c.init(g))[0])
+    want = torch.topk(g.abs(), 50).indices
+    got = torch.nonzero(out).reshape(-1)
+    assert set(got.tolist()) == set(want.tolist())
+    assert torch.equal(out[got], g[got])
+
+
+def test_randomk_picks_k_distinct_indices_reproducibly():
+    c = RandomK(ratio=0.1, unbiased=False)
+    n = 1000
+    a = c.indices(n, seed=5, step=0)
+    assert a.numel() == 100 and torch.unique(a).numel() == 100
+    assert int(a.min()) >= 0 and int(a.max()) < n
+    assert torch.equal(a, c.indices(n, seed=5, step=0))
+    assert not torch.equal(a, c.indices(n, seed=5, step=1))
+    assert not torch.equal(a, c.indices(n, seed=6, step=0))
+    g = torch.randn(n)
+    st = c.init(g, seed=5)
+    p, st2 = c.encode(g, st)
+    out = c.decode(p)
+    assert st2["step"] == 1 and st["step"] == 0
+    assert torch.equal(torch.nonzero(out).reshape(-1), a)
+    assert torch.equal(out[a], g[a])  # unbiased=False sends values as they are
+
+
+def test_randomk_is_unbiased_over_seeds():
+    # Each entry is kept w.p. k/n and scaled by n/k, so the estimator has
+    # variance g_i^2 (n/k - 1). Over T seeds the mean's std is
+    # |g_i| sqrt((n/k - 1) / T); we allow 5 of those per entry (and the max
+    # over 64 entries of a 5-sigma event is still rare: p < 1e-4).
+    n, ratio, trials = 64, 0.25, 4000
+    g = torch.linspace(0.5, 2.0, n, dtype=torch.float64)
+    c = RandomK(ratio=ratio, unbiased=True)
+    assert c.capabilities.unbiased
+    acc = torch.zeros(n, dtype=torch.float64)
+    for seed in range(trials):
+        acc += c.decode(c.encode(g, c.init(g, seed=seed))[0])
+    mean = acc / trials
+    k = num_selected(ratio, n)
+    tol = 5 * g.abs() * math.sqrt((n / k - 1) / trials)
+    assert bool(((mean - g).abs() <= tol).all()), (mean - g).abs().max()
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+def test_same_seed_same_bytes(name, params):
+    g = torch.randn(30_000, generator=torch.Generator().manual_seed(4))
+    c1, c2 = get(name, **params), get(name, **params)
+    s1, s2 = c1.init(g, seed=11), c2.init(g, seed=11)
+    for _ in range(4):
+        p1, s1 = c1.encode(g, s1)
+        p2, s2 = c2.encode(g, s2)
+        assert torch.equal(p1, p2)
+
+
+def test_dgc_warmup_schedule_matches_paper():
+    c = DGC(ratio=0.001, warmup_steps=5)
+    sparsity = [1 - c.density(t) for t in range(7)]
+    paper = [0.75, 0.9375, 0.984375, 0.996, 0.999, 0.999, 0.999]
+    assert sparsity == pytest.approx(paper, abs=2e-3)
+    assert all(a < b for a, b in zip(sparsity[:5], sparsity[1:5]))
+    assert DGC(ratio=0.01).density(0) == 0.01  # no warm-up by default
+
+
+def test_dgc_keeps_declared_fraction_after_warmup():
+    n, ratio = 200_000, 0.001
+    k = num_selected(ratio, n)
+    c = DGC(ratio=ratio, warmup_steps=3, momentum=0.9)
+    gen = torch.Generator().manual_seed(5)
+    st = c.init(torch.zeros(n), seed=1)
+    counts = []
+    for t in range(10):
+        g = torch.randn(n, generator=gen)
+        p, st = c.encode(g, st)
+        nnz = int((c.decode(p) != 0).sum())
+        assert nnz <= num_selected(c.density(t), n)  # never more than the step's k
+        if t >= 3:
+            counts.append(nnz)
+    # sampled threshold: never above k (exact top-k fallback), rarely far below
+    assert all(0.5 * k <= x <= k for x in counts), counts
+    assert sum(counts) / len(counts) >= 0.8 * k
+
+
+def test_dgc_momentum_correction_and_masking_by_hand():
+    n, m = 2000, 0.9
+    c = DGC(ratio=0.01, momentum=m, sample_ratio=1.0)  # sample everything: exact top-k
+    gen = torch.Generator().manual_seed(6)
+    g1, g2 = torch.randn(n, generator=gen, dtype=torch.float64), torch.randn(
+        n, generator=gen, dtype=torch.float64)
+    st0 = c.init(g1)
+    p1, st1 = c.encode(g1, st0)
+    p2, st2 = c.encode(g2, st1)
+    assert torch.count_nonzero(st0["u"]) == 0 and st0["step"] == 0  # input state untouched
+    k = num_selected(0.01, n)
+    u = g1.clone()
+    v = g1.clone()
+    sel = torch.topk(v.abs(), k).indices
+    want1 = torch.zeros(n, dtype=torch.float64)
+    want1[sel] = v[sel]
+    u[sel] = 0
+    v[sel] = 0
+    u = m * u + g2
+    v = v + u
+    sel = torch.topk(v.abs(), k).indices
+    want2 = torch.zeros(n, dtype=torch.float64)
+    want2[sel] = v[sel]
+    u[sel] = 0
+    v[sel] = 0
+    assert torch.equal(c.decode(p1), want1)
+    assert torch.allclose(c.decode(p2), want2, atol=1e-12)
+    assert torch.allclose(st2["u"], u, atol=1e-12) and torch.allclose(st2["v"], v, atol=1e-12)
+    assert st2["step"] == 2
+
+
+def test_dgc_local_gradient_clipping():
+    g = torch.full((5000,), 3.0, dtype=torch.float64)
+    c = DGC(ratio=0.01, momentum=0.0, clip_norm=1.0, sample_ratio=1.0)
+    p, st = c.encode(g, c.init(g))
+    total = c.decode(p) + st["v"]  # everything accumulated this step
+    assert float(torch.linalg.vector_norm(total)) == pytest.approx(1.0, rel=1e-9)
+
+
+def test_graddrop_conserves_mass_and_keeps_fraction():
+    n, ratio = 100_000, 0.01
+    c = GradDrop(ratio=ratio)
+    gen = torch.Generator().manual_seed(7)
+    st = c.init(torch.zeros(n, dtype=torch.float64), seed=2)
+    sent = torch.zeros(n, dtype=torch.float64)
+    total = torch.zeros(n, dtype=torch.float64)
+    k = num_selected(ratio, n)
+    for _ in range(8):
+        g = torch.randn(n, generator=gen, dtype=torch.float64)
+        p, st = c.encode(g, st)
+        out = c.decode(p)
+        nnz = int((out != 0).sum())
+        assert 0.5 * k <= nnz <= num_selected(c.max_ratio, n), nnz
+        assert p.numel() <= c.payload_nbytes(n)
+        sent += out
+        total += g
+    # Aji & Heafield Alg. 1: what is not sent stays in the residual
+    assert torch.allclose(sent + st["residual"], total, atol=1e-10)
+
+
+def test_graddrop_half_precision_keeps_rounding_in_residual():
+    g = torch.randn(4000, generator=torch.Generator().manual_seed(8)).to(torch.float16)
+    c = GradDrop(ratio=0.05)
+    p, st = c.encode(g, c.init(g))
+    assert st["residual"].dtype == torch.float32
+    assert torch.allclose(c.decode(p).float() + st["residual"], g.float(), atol=1e-6)
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+def test_reselect_gives_exact_topk_of_merged_tensor(name, params):
+    c = get(name, **params)
+    merged = torch.randn(3000, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    out = c.decode(c.reselect(merged, k=30))
+    want = torch.topk(merged.abs(), 30).indices
+    assert set(torch.nonzero(out).reshape(-1).tolist()) == set(want.tolist())
+
+
+def _topk_payload(n=100, k=5):
+    g = torch.arange(1, n + 1, dtype=torch.float32)
+    return TopK(ratio=k / n).encode(g, {})[0]
+
+
+def test_decode_accepts_unaligned_payload():
+    p = _topk_payload()
+    buf = torch.zeros(p.numel() + 3, dtype=torch.uint8)
+    buf[3:] = p
+    assert torch.equal(TopK(ratio=0.05).decode(buf[3:]), TopK(ratio=0.05).decode(p))
+
+
+def test_corrupted_payloads_raise_payload_error():
+    c = TopK(ratio=0.05)
+    p = _topk_payload()
+    body = _hdr(1)  # indices start right after the header (1-D, 16 bytes of fields)
+    bad = p.clone()
+    bad[body: body + 4] = torch.frombuffer(bytearray(struct.pack("<i", 1000)), dtype=torch.uint8)
+    with pytest.raises(PayloadError, match="out of range"):
+        c.decode(bad)
+    bad = p.clone()
+    bad[body: body + 4] = torch.frombuffer(bytearray(struct.pack("<i", -1)), dtype=torch.uint8)
+    with pytest.raises(PayloadError, match="out of range"):
+        c.decode(bad)
+    bad = p.clone()  # duplicate: second index := first index
+    bad[body + 4: body + 8] = bad[body: body + 4]
+    with pytest.raises(PayloadError, match="increasing"):
+        c.decode(bad)
+    k_at = _hdr(1) - 16  # the k field
+    bad = p.clone()
+    bad[k_at: k_at + 8] = torch.frombuffer(bytearray(struct.pack("<Q", 6)), dtype=torch.uint8)
+    with pytest.raises(PayloadError, match="body"):
+        c.decode(bad)
+    bad = p.clone()
+    bad[k_at: k_at + 8] = torch.frombuffer(bytearray(struct.pack("<Q", 10**6)),
+                                           dtype=torch.uint8)
+    with pytest.raises(PayloadError, match="k="):
+        c.decode(bad)
+    bad = p.clone()
+    bad[k_at + 8: k_at + 16] = torch.frombuffer(bytearray(struct.pack("<Q", 8)),
+                                                dtype=torch.uint8)
+    with pytest.raises(PayloadError, match="index size"):
+        c.decode(bad)
+    with pytest.raises(PayloadError):
+        c.decode(p[:-3])
+    with pytest.raises(PayloadError, match="algorithm id"):
+        RandomK(ratio=0.05).decode(p)
+    with pytest.raises(PayloadError):
+        c.decode(p.to(torch.int32))
+
+
+@pytest.mark.parametrize("name,params", [
+    ("topk", {"ratio": 0}), ("topk", {"ratio": 1.5}), ("topk", {"ratio": -0.1}),
+    ("topk", {"ratio": "x"}), ("randomk", {"ratio": 0.0}), ("dgc", {"ratio": 2}),
+    ("dgc", {"momentum": 1.0}), ("dgc", {"warmup_steps": -1}), ("dgc", {"clip_norm": 0}),
+    ("dgc", {"sample_ratio": 0}), ("graddrop", {"ratio": 0}),
+    ("graddrop", {"ratio": 0.1, "max_ratio": 0.05}), ("topk", {"bogus": 1}),
+])
+def test_invalid_params_raise(name, params):
+    with pytest.raises(ValueError):
+        get(name, **params)
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+def test_bad_gradients_raise(name, params):
+    c = get(name, **params)
+    g = torch.ones(100)
+    st = c.init(g)
+    with pytest.raises(TypeError):
+        c.encode(torch.ones(100, dtype=torch.int32), st)
+    with pytest.raises(ValueError):
+        c.encode(torch.tensor([1.0, float("nan")] * 50), st)
+
+
+def test_stateful_state_of_wrong_shape_raises():
+    for c in (DGC(), GradDrop()):
+        st = c.init(torch.zeros(10))
+        with pytest.raises(ValueError, match="init"):
+            c.encode(torch.ones(20), st)
+
+
+def test_capabilities_declared():
+    assert TopK().capabilities.fixed_size and not TopK().capabilities.stateful
+    assert RandomK().capabilities.unbiased and not RandomK(unbiased=False).capabilities.unbiased
+    for c in (DGC(), GradDrop()):
+        assert c.capabilities.category == "sparsification"
+        assert not c.capabilities.fixed_size and c.capabilities.stateful
+        assert not c.capabilities.aggregatable
+    assert {TopK.algo_id, RandomK.algo_id, DGC.algo_id, GradDrop.algo_id} == {20, 21, 22, 23}
