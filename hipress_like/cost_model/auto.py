@@ -1,0 +1,207 @@
+"""``plan="auto"``: profile during the first iterations, then fix the plan (as HiPress does).
+
+HiPress profiles its cost curves on the target cluster before planning
+(Sec. 3.3). With ``plan="auto"`` the front end does this at the start of
+training instead of asking for a profile file:
+
+1. While the plan is not fixed, the engine synchronises with the
+   *provisional* plan (by default nothing is compressed; partitions follow
+   the default ``SizeRule``) and reports every gradient it sees with ``observe(name, nbytes)``.
+2. At the end of each iteration every rank calls ``end_iteration(transport)``
+   at the same point (the transport idle). After ``warmup_iterations`` it
+   runs, collectively: a check that every rank saw the same gradients, a
+   quick profile of the compressor's encode/decode at a few sizes spanning
+   the observed ones (all ranks at once, so CPU contention is real), a few
+   link timings over the transport (unless a ``Link`` was given), then the
+   planner on rank 0, whose plan is broadcast as JSON. Every rank returns
+   the identical ``Plan``; from then on the plan is fixed.
+
+Example (what an engine or ``DistributedOptimizer(plan="auto")`` does):
+
+    auto = AutoPlanner("onebit", strategy="ps")
+    plan = auto.provisional_plan
+    for it in range(steps):
+        for name, grad in produced_gradients():
+            if not auto.ready:
+                auto.observe(name, grad.numel() * grad.element_size())
+            engine.submit(name, grad)              # decided by ``plan``
+        engine.synchronize()
+        fixed = auto.end_iteration(transport)      # collective; None until fixed
+        if fixed is not None:
+            plan = fixed
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import torch
+
+from .model import Link
+from .plan import Plan, SizeRule
+from .planner import NEVER, Planner
+from .profiler import Profile, broadcast_bytes, log_sizes, profile_transport
+
+__all__ = ["AutoPlanner"]
+
+_log = logging.getLogger(__name__)
+
+
+class AutoPlanner:
+    """Collects gradient sizes, profiles in-process, and fixes a ``Plan``.
+
+    Args:
+        compressor: registry name of the compressor to plan for.
+        params: its constructor parameters.
+        strategy: the engine's strategy, "ps" or "ring".
+        link: a given ``Link``; ``None`` measures it over the transport.
+        warmup_iterations: iterations observed before the plan is fixed (>= 1).
+        max_partitions: the planner's largest K (default 4 * N).
+        repeats: timed calls per size while profiling (few: it is training time).
+        max_profile_bytes: largest size profiled (larger ones extrapolate).
+        max_link_bytes: largest message timed on the link.
+        timeout: seconds for each collective.
+        provisional: plan used until the plan is fixed (default: no compression).
+
+    Raises:
+        ValueError: bad strategy or warmup_iterations.
+    """
+
+    def __init__(self, compressor: str = "onebit", params: Optional[Mapping[str, Any]] = None,
+                 strategy: str = "ps", *, link: Optional[Link] = None,
+                 warmup_iterations: int = 1, max_partitions: Optional[int] = None,
+                 repeats: int = 3, max_profile_bytes: int = 64 << 20,
+                 max_link_bytes: int = 16 << 20, timeout: float = 300.0,
+                 provisional: Optional[Plan] = None) -> None:
+        if strategy not in ("ps", "ring"):
+            raise ValueError(f"unknown strategy {strategy!r}; expected 'ps' or 'ring'")
+        if not isinstance(warmup_iterations, int) or warmup_iterations < 1:
+            raise ValueError(f"warmup_iterations must be an integer >= 1, found "
+                             f"{warmup_iterations!r}")
+        self.compressor = compressor
+        self.params = dict(params or {})
+        self.strategy = strategy
+        self.link = link
+        self.warmup_iterations = warmup_iterations
+        self.max_partitions = max_partitions
+        self.repeats = repeats
+        self.max_profile_bytes = max_profile_bytes
+        self.max_link_bytes = max_link_bytes
+        self.timeout = timeout
+        self.provisional_plan = provisional or Plan(
+            compressor=compressor, params=self.params, strategy=strategy,
+            rule=SizeRule(min_compress_bytes=NEVER), meta={"auto": "provisional"})
+        self.iterations = 0
+        self.sizes: Dict[str, int] = {}
+        self.profile: Optional[Profile] = None
+        self._plan: Optional[Plan] = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the plan is fixed."""
+        return self._plan is not None
+
+    @property
+    def plan(self) -> Plan:
+        """The fixed plan if ready, else the provisional one."""
+        return self._plan or self.provisional_plan
+
+    def observe(self, name: str, nbytes: int) -> None:
+        """Record a gradient seen in a warm-up iteration.
+
+        Raises:
+            ValueError: a size < 1, or a name seen before with another size.
+        """
+        if not isinstance(nbytes, int) or nbytes < 1:
+            raise ValueError(f"gradient {name!r}: size must be an integer >= 1 byte, found "
+                             f"{nbytes!r}")
+        old = self.sizes.setdefault(str(name), nbytes)
+        if old != nbytes:
+            raise ValueError(f"gradient {name!r} changed size from {old} to {nbytes} bytes "
+                             "between iterations")
+
+    def end_iteration(self, transport: Any) -> Optional[Plan]:
+        """Count an iteration; after the warm-up, fix the plan. Collective.
+
+        Every rank must call this at the same point of the same iteration.
+
+        Returns:
+            The fixed plan (identical on every rank) on the iteration that
+            fixes it, else ``None``.
+
+        Raises:
+            ValueError: no gradient was observed, or ranks observed different
+                gradient sets.
+        """
+        if self.ready:
+            return None
+        self.iterations += 1
+        if self.iterations < self.warmup_iterations:
+            return None
+        self._plan = self.finalize(transport)
+        return self._plan
+
+    def finalize(self, transport: Any, gradients: Optional[Mapping[str, int]] = None) -> Plan:
+        """Profile, plan, and agree on the plan across ranks. Collective.
+
+        Args:
+            transport: the engine's transport (``rank``, ``size``, collectives);
+                ``None`` plans for a single process.
+            gradients: {name: nbytes}; default: the observed ones.
+
+        Returns:
+            The plan, identical on every rank.
+        """
+        sizes = dict(gradients or self.sizes)
+        if not sizes:
+            raise ValueError("plan='auto' observed no gradient; call observe(name, nbytes) for "
+                             "each gradient of the first iteration")
+        n = 1 if transport is None else transport.size
+        if transport is not None and n > 1:
+            _check_same_gradients(transport, sizes, self.timeout)
+        t0 = time.perf_counter()
+        big = max(sizes.values())
+        prof_sizes = log_sizes(4096, max(4096, min(big, self.max_profile_bytes)), 0.5)
+        # A single process never communicates: the link is irrelevant (alpha = 0).
+        link = self.link or (Link(0.0, 1.0) if n == 1 else None)
+        if transport is None or n == 1:
+            from .profiler import profile_compressor
+            comp = profile_compressor(self.compressor, self.params, prof_sizes,
+                                      repeats=self.repeats, min_time=0.0)
+            self.profile = Profile(link=link, compressors={self.compressor: comp},
+                                   meta={"ranks": n, "link_source": "given"})
+        else:
+            link_sizes = log_sizes(4096, max(8192, min(big, self.max_link_bytes)), 0.5)
+            self.profile = profile_transport(
+                transport, {self.compressor: self.params}, sizes=prof_sizes,
+                link_sizes=link_sizes, link=link, repeats=self.repeats, timeout=self.timeout)
+        rank = 0 if transport is None else transport.rank
+        data = b""
+        if rank == 0:
+            planner = Planner(self.profile, self.compressor, n, self.strategy,
+                              max_partitions=self.max_partitions)
+            plan = planner.plan(sizes, meta={"auto": "fixed", "profile": self.profile.to_dict(),
+                                             "profiling_s": time.perf_counter() - t0})
+            data = json.dumps(plan.to_dict()).encode()
+        if transport is not None and n > 1:
+            data = broadcast_bytes(transport, data, self.timeout)
+        plan = Plan.from_dict(json.loads(data))
+        _log.info("plan='auto' fixed after %d iteration(s): threshold %s bytes, %d of %d "
+                  "gradients compressed", self.iterations, plan.rule.min_compress_bytes,
+                  sum(g.compress for g in plan.gradients.values()), len(plan.gradients))
+        return plan
+
+
+def _check_same_gradients(transport: Any, sizes: Mapping[str, int], timeout: float) -> None:
+    """Raise on every rank if the ranks observed different gradient sets."""
+    digest = hashlib.sha256(json.dumps(sorted(sizes.items())).encode()).digest()[:8]
+    mine = torch.tensor([int.from_bytes(digest, "little", signed=True)], dtype=torch.int64)
+    all_ = [int(t.item()) for t in transport.allgather(mine, timeout)]
+    if len(set(all_)) > 1:
+        odd: Sequence[int] = [r for r, h in enumerate(all_) if h != all_[0]]
+        raise ValueError(f"plan='auto': ranks observed different gradients (ranks {list(odd)} "
+                         f"differ from rank 0); every rank must register the same "
+                         "names and sizes")

@@ -1,0 +1,490 @@
+"""``hipress-profile``: measure costs, plan a model, draw the model against measurements.
+
+Three subcommands (HiPress Sec. 3.3, Table 7, Fig. 14):
+
+    # 1. profile: encode/decode curves per compressor, and the link
+    hipress-profile profile --compressors onebit,fp16 --bandwidth 1gbit --latency 50us
+    hipress-profile profile --compressors onebit --nprocs 4          # link timed over gloo
+    run_ns.sh 4 python -m hipress_like.cost_model profile --from-env  # ranks already launched
+
+    # 2. plan: <compress?, K> per gradient, printed like HiPress Table 7
+    hipress-profile plan --profile profile.json --model vgg19 --nodes 4 --strategy ps
+    hipress-profile plan --profile profile.json --model 4MB,16MB,392MB --nodes 16
+    hipress-profile plan --profile profile.json --model torchvision.models:resnet50 --nodes 4
+
+    # 3. report: PNG plots of predicted (and measured) sync time and chosen K
+    hipress-profile report --profile profile.json --nodes 4 --measured bench.json
+
+Sizes take binary units as the paper does (``4KB`` = 4096 bytes, ``MB`` =
+MiB); bandwidths take bits (``1gbit``, ``10gbps``) or bytes per second
+(``125MB/s``), decimal as ``tc`` does; latencies take ``s``, ``ms``, ``us``.
+Bad input prints one line ``hipress-profile: error: ...`` and exits with 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import sys
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .model import Link
+from .plan import PlanError
+from .planner import NEVER, Planner
+from .presets import PRESETS, from_json, from_module, preset
+from .profiler import Profile, ProfileError, log_sizes
+
+__all__ = ["main", "parse_bytes", "parse_bandwidth", "parse_seconds", "MEASUREMENTS_FORMAT"]
+
+PROG = "hipress-profile"
+MEASUREMENTS_FORMAT = "hipress-like-sync-measurements"
+
+
+class CLIError(ValueError):
+    """Bad command-line input; printed as one line, exit code 2."""
+
+
+# -- units ------------------------------------------------------------------
+_NUM = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
+_BYTES = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
+          "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+_BW = {"": 1.0, "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9,
+       "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
+       "bps": 1 / 8, "kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8}
+_SECONDS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def _parse(text: str, units: Dict[str, float], what: str, example: str) -> float:
+    m = re.fullmatch(_NUM + r"\s*([a-zµ/]*)", str(text).strip().lower())
+    if not m or m.group(2) not in units:
+        raise CLIError(f"cannot read {what} {text!r}; expected a number with a unit like "
+                       f"{example}")
+    return float(m.group(1)) * units[m.group(2)]
+
+
+def parse_bytes(text: str) -> int:
+    """``"4KB"`` -> 4096 (binary units, as HiPress writes sizes)."""
+    v = _parse(text, _BYTES, "a size", "4KB, 16MB, 1.5GB")
+    if v < 1:
+        raise CLIError(f"a size must be at least 1 byte, found {text!r}")
+    return int(round(v))
+
+
+def parse_bandwidth(text: str) -> float:
+    """``"1gbit"`` -> 1.25e8 bytes/s; ``"125MB/s"`` -> 1.25e8; a bare number is bytes/s."""
+    v = _parse(text, _BW, "a bandwidth", "1gbit, 10gbps, 125MB/s")
+    if v <= 0:
+        raise CLIError(f"bandwidth must be > 0, found {text!r}")
+    return v
+
+
+def parse_seconds(text: str) -> float:
+    """``"50us"`` -> 5e-05; a bare number is seconds."""
+    return _parse(text, _SECONDS, "a latency", "50us, 1ms, 0.002s")
+
+
+def format_bytes(n: float) -> str:
+    """4096 -> '4 KB', 5.5 * 2**20 -> '5.5 MB'."""
+    for unit, f in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= f:
+            return f"{n / f:.4g} {unit}"
+    return f"{int(n)} B"
+
+
+# -- argument helpers -------------------------------------------------------
+def _compressor_specs(text: str) -> Dict[str, Dict[str, Any]]:
+    """``"onebit,topk:ratio=0.01"`` -> {"onebit": {}, "topk": {"ratio": 0.01}}."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, *kvs = item.split(":")
+        params: Dict[str, Any] = {}
+        for kv in kvs:
+            k, eq, v = kv.partition("=")
+            if not eq or not k:
+                raise CLIError(f"compressor parameter {kv!r} must look like key=value "
+                               f"(e.g. topk:ratio=0.01)")
+            try:
+                params[k] = json.loads(v)
+            except json.JSONDecodeError:
+                params[k] = v
+        out[name.strip().lower()] = params
+    if not out:
+        raise CLIError("no compressor given; e.g. --compressors onebit,fp16")
+    return out
+
+
+def _check_compressors(specs: Dict[str, Dict[str, Any]]) -> None:
+    from .. import compressors
+
+    for name, params in specs.items():
+        try:
+            compressors.get(name, **params)
+        except (ValueError, TypeError) as e:
+            raise CLIError(str(e)) from e
+
+
+def _model_sizes(spec: str, scale: float) -> List[Tuple[str, int]]:
+    """Resolve --model: a preset, a size list, a JSON file or ``module:attr``."""
+    s = spec.strip()
+    if s.lower() in PRESETS:
+        return preset(s, scale)
+    if os.path.isfile(s):
+        sizes = from_json(s)
+    elif re.fullmatch(r"[0-9.eE+\-a-zA-Z\s]+(,[0-9.eE+\-a-zA-Z\s]+)*", s) and s[0].isdigit():
+        sizes = [(f"grad{i}", parse_bytes(t)) for i, t in enumerate(s.split(","))]
+    elif ":" in s:
+        sizes = from_module(s)
+    else:
+        raise CLIError(f"--model {spec!r} is not a preset ({', '.join(sorted(PRESETS))}), a "
+                       "size list (e.g. 4MB,16MB), a JSON file, or package.module:attr")
+    if scale != 1.0:
+        sizes = [(n, max(4, int(round(b * scale / 4)) * 4)) for n, b in sizes]
+    return sizes
+
+
+def _progress(quiet: bool):
+    def wrap(items: Iterable[Any], desc: str, total: int) -> Iterable[Any]:
+        from tqdm import tqdm
+
+        return tqdm(items, desc=desc, total=total, file=sys.stderr, disable=quiet,
+                    unit="size", leave=True)
+    return wrap
+
+
+def _pick_compressor(profile: Profile, name: Optional[str]) -> str:
+    if name:
+        profile.compressor(name)  # raises ProfileError naming what exists
+        return name
+    names = sorted(profile.compressors)
+    if len(names) != 1:
+        raise CLIError(f"the profile has {len(names)} compressors ({', '.join(names) or 'none'});"
+                       " choose one with --compressor")
+    return names[0]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, found {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, found {v}")
+    return v
+
+
+# -- profile ------------------------------------------------------------------
+def _profile_worker(ctx: Any, specs: Dict[str, Dict[str, Any]], sizes: List[int],
+                    link_sizes: List[int], repeats: int, link: Optional[Tuple[float, float]],
+                    quiet: bool, error_feedback: Any = "auto") -> Optional[Dict[str, Any]]:
+    """One rank of ``profile --nprocs``: the collective profile; rank 0 returns it."""
+    from .profiler import profile_transport
+
+    lk = Link(*link) if link else None
+    prof = profile_transport(ctx.transport, specs, sizes=sizes, link_sizes=link_sizes, link=lk,
+                             repeats=repeats, progress=_progress(quiet),
+                             error_feedback=error_feedback)
+    return prof.to_dict() if ctx.rank == 0 else None
+
+
+def _cmd_profile(a: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    specs = _compressor_specs(a.compressors)
+    _check_compressors(specs)
+    lo, hi = parse_bytes(a.min_size), parse_bytes(a.max_size)
+    if lo > hi:
+        raise CLIError(f"--min-size {a.min_size} is larger than --max-size {a.max_size}")
+    sizes = log_sizes(max(4, lo), hi, a.per_octave)
+    link_sizes = log_sizes(4096, max(8192, parse_bytes(a.link_max_size)), 0.5)
+    given = None
+    if (a.bandwidth is None) != (a.latency is None):
+        raise CLIError("give both --bandwidth and --latency (or neither, to measure the link)")
+    if a.bandwidth is not None:
+        given = (parse_seconds(a.latency), parse_bandwidth(a.bandwidth))
+    ef = {"auto": "auto", "on": True, "off": False}[a.error_feedback]
+    if a.nprocs and a.from_env:
+        raise CLIError("--nprocs and --from-env exclude each other")
+    if a.nprocs:
+        from ..casync.launch import run_workers
+
+        res = run_workers(_profile_worker, a.nprocs, a.backend,
+                          args=(specs, sizes, link_sizes, a.repeats, given, a.quiet, ef),
+                          timeout=a.timeout)
+        prof = Profile.from_dict(res[0])
+    elif a.from_env:
+        prof = _profile_from_env(specs, sizes, link_sizes, a.repeats, given, a.quiet, ef)
+        if prof is None:  # not rank 0: rank 0 writes the file
+            return 0
+    else:
+        if given is None:
+            raise CLIError("the link is unknown: give --bandwidth and --latency, or measure it "
+                           "with --nprocs N (or --from-env under a launcher)")
+        from .profiler import profile_compressor
+
+        comps = {n: profile_compressor(n, p, sizes, repeats=a.repeats, error_feedback=ef,
+                                       progress=_progress(a.quiet)) for n, p in specs.items()}
+        prof = Profile(link=Link(*given), compressors=comps,
+                       meta={"ranks": 1, "link_source": "given"})
+    prof.save(a.output)
+    lk = prof.link
+    print(f"link: {lk.latency * 1e6:.1f} us + bytes / {lk.bandwidth * 8 / 1e9:.3f} Gbit/s "
+          f"({prof.meta.get('link_source', 'given')})")
+    for name, c in sorted(prof.compressors.items()):
+        tag = " with error feedback" if c.error_feedback else ""
+        print(f"{name}{tag}: {c.category}, r = {c.ratio:.4g} (+{c.header_bytes} B header), "
+              f"encode {format_bytes(c.encode.sizes[-1])} in {c.encode.times[-1] * 1e3:.2f} ms")
+    print(f"wrote {a.output}")
+    return 0
+
+
+def _profile_from_env(specs, sizes, link_sizes, repeats, given, quiet, ef) -> Optional[Profile]:
+    import torch.distributed as dist
+
+    from ..casync.transport.torch_dist import TorchDistTransport
+    from .profiler import profile_transport
+
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise CLIError("--from-env needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+                       "(set by torchrun or run_ns.sh)")
+    dist.init_process_group("gloo")
+    try:
+        t = TorchDistTransport()
+        prof = profile_transport(t, specs, sizes=sizes, link_sizes=link_sizes,
+                                 link=Link(*given) if given else None, repeats=repeats,
+                                 progress=_progress(quiet), error_feedback=ef)
+        rank = t.rank
+        t.barrier()
+        t.close()
+    finally:
+        dist.destroy_process_group()
+    return prof if rank == 0 else None
+
+
+# -- plan ---------------------------------------------------------------------
+def _cmd_plan(a: argparse.Namespace) -> int:
+    prof = Profile.load(a.profile)
+    name = _pick_compressor(prof, a.compressor)
+    sizes = _model_sizes(a.model, a.scale)
+    planner = Planner(prof, name, a.nodes, a.strategy, max_partitions=a.max_partitions)
+    plan = planner.plan(sizes, meta={"model": a.model, "profile": os.fspath(a.profile),
+                                     "scale": a.scale})
+    p = planner.params
+    print(f"plan: {name} on CaSync-{a.strategy.upper()} ({planner.model_strategy}: "
+          f"alpha={p.alpha}, beta={p.beta}, gamma={p.gamma}; {p.source}), N={a.nodes}, "
+          f"{len(sizes)} gradients, {format_bytes(sum(s for _, s in sizes))}")
+    counts: Dict[int, int] = {}
+    for _, s in sizes:
+        counts[s] = counts.get(s, 0) + 1
+    rows = planner.table(list(counts))
+    print(f"{'gradient size':>14} {'count':>6}  {'<compress, K>':<14}{'T_orig ms':>11}"
+          f"{'T_cpr ms':>11}{'speedup':>9}")
+    for c in rows:
+        tup = f"<{'yes' if c.compress else 'no'}, {c.partitions}>"
+        print(f"{format_bytes(c.nbytes):>14} {counts[c.nbytes]:>6}  {tup:<14}"
+              f"{c.t_orig * 1e3:>11.3f}{c.t_cpr * 1e3:>11.3f}{c.speedup:>8.2f}x")
+    r = plan.rule
+    thr = "never" if r.min_compress_bytes >= NEVER else f">= {format_bytes(r.min_compress_bytes)}"
+    print(f"compress gradients {thr}; other sizes: one partition per "
+          f"{format_bytes(r.bytes_per_partition)}, at most {r.max_partitions}")
+    tot = plan.meta["predicted_total_s"]
+    print(f"predicted sync time per iteration (no overlap): {tot['plan'] * 1e3:.1f} ms "
+          f"(no compression {tot['no_compression'] * 1e3:.1f} ms, compress all "
+          f"{tot['compress_all'] * 1e3:.1f} ms)")
+    plan.save(a.output)
+    print(f"wrote {a.output}")
+    return 0
+
+
+# -- report -------------------------------------------------------------------
+def load_measurements(path: str) -> Dict[str, Any]:
+    """Read a measurements file written by ``bench/cost_model.py``.
+
+    Format: ``{"format": "hipress-like-sync-measurements", "version": 1,
+    "nodes": N, "strategy": "ps", "compressor": "onebit", "rows": [{"nbytes":
+    int, "compress": bool, "partitions": K, "measured_s": float}, ...]}``.
+
+    Raises:
+        CLIError: unreadable or invalid file.
+    """
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise CLIError(f"cannot read measurements {path!r}: {e}") from e
+    if not isinstance(d, dict) or d.get("format") != MEASUREMENTS_FORMAT or d.get("version") != 1:
+        raise CLIError(f"{path}: not a version-1 {MEASUREMENTS_FORMAT!r} file")
+    rows = d.get("rows")
+    need = {"nbytes", "compress", "partitions", "measured_s"}
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and need <= set(r)
+                                             for r in rows):
+        raise CLIError(f"{path}: 'rows' must be a list of objects with keys {sorted(need)}")
+    return d
+
+
+def _cmd_report(a: argparse.Namespace) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prof = Profile.load(a.profile)
+    meas = load_measurements(a.measured) if a.measured else None
+    if meas and a.nodes != meas.get("nodes", a.nodes):
+        raise CLIError(f"--nodes {a.nodes} differs from the measurements' nodes "
+                       f"{meas.get('nodes')}")
+    name = _pick_compressor(prof, a.compressor or (meas or {}).get("compressor"))
+    planner = Planner(prof, name, a.nodes, a.strategy, max_partitions=a.max_partitions)
+    lo, hi = parse_bytes(a.min_size), parse_bytes(a.max_size)
+    if lo > hi:
+        raise CLIError(f"--min-size {a.min_size} is larger than --max-size {a.max_size}")
+    sizes = [1 << e for e in range(max(2, math.ceil(math.log2(lo))), int(math.log2(hi)) + 1)]
+    if not sizes:
+        raise CLIError("no power-of-two size between --min-size and --max-size")
+    choices = planner.table(sizes)
+    os.makedirs(a.out_dir, exist_ok=True)
+    xs = [s / 2**20 for s in sizes]
+    title = f"{name}, CaSync-{a.strategy.upper()}, N={a.nodes}"
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(xs, [planner.t_orig(s, 1) * 1e3 for s in sizes], "b-",
+            label="predicted, no compression, K=1")
+    ax.plot(xs, [planner.t_cpr(s, 1) * 1e3 for s in sizes], "r-",
+            label=f"predicted, {name}, K=1")
+    ax.plot(xs, [c.time * 1e3 for c in choices], "k--", label="predicted, plan's <compress?, K>")
+    errors = []
+    if meas:
+        for compress, colour in ((False, "b"), (True, "r")):
+            pts = [(r["nbytes"], r["measured_s"]) for r in meas["rows"]
+                   if bool(r["compress"]) == compress and int(r["partitions"]) == 1]
+            if pts:
+                ax.plot([p / 2**20 for p, _ in pts], [t * 1e3 for _, t in pts], colour + "o",
+                        label=f"measured, {'compressed' if compress else 'uncompressed'}, K=1")
+        for r in meas["rows"]:
+            f = planner.t_cpr if r["compress"] else planner.t_orig
+            errors.append(abs(f(r["nbytes"], int(r["partitions"])) / r["measured_s"] - 1))
+    ax.set(xscale="log", yscale="log", xlabel="gradient size (MB)",
+           ylabel="synchronisation time (ms)", title=f"Predicted vs measured sync time: {title}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    p1 = os.path.join(a.out_dir, "sync_time.png")
+    fig.tight_layout()
+    fig.savefig(p1, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(xs, [c.k_cpr for c in choices], "rs-", label="model: best K with compression")
+    if meas:
+        best = _measured_best_k(meas["rows"])
+        if best:
+            ax.plot([s / 2**20 for s in best], list(best.values()), "ko",
+                    label="measured: best K with compression")
+    ax.set(xscale="log", xlabel="gradient size (MB)", ylabel="partitions K",
+           title=f"Chosen number of partitions: {title}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    p2 = os.path.join(a.out_dir, "partitions.png")
+    fig.tight_layout()
+    fig.savefig(p2, dpi=120)
+    plt.close(fig)
+    print(f"wrote {p1}")
+    print(f"wrote {p2}")
+    if errors:
+        print(f"median |predicted/measured - 1| over {len(errors)} measurements: "
+              f"{statistics.median(errors) * 100:.1f}%")
+    return 0
+
+
+def _measured_best_k(rows: Sequence[Dict[str, Any]]) -> Dict[int, int]:
+    best: Dict[int, Tuple[float, int]] = {}
+    for r in rows:
+        if r["compress"]:
+            s, t, k = int(r["nbytes"]), float(r["measured_s"]), int(r["partitions"])
+            if s not in best or t < best[s][0]:
+                best[s] = (t, k)
+    return {s: k for s, (_, k) in sorted(best.items())}
+
+
+# -- entry point ----------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of ``hipress-profile``."""
+    ap = argparse.ArgumentParser(prog=PROG, description="HiPress-style cost model: profile "
+                                 "compressors and links, plan <compress?, K> per gradient, "
+                                 "and report predictions against measurements.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("profile", help="measure encode/decode curves and the link")
+    p.add_argument("--compressors", default="onebit",
+                   help="comma-separated names, parameters as name:key=value (default onebit)")
+    p.add_argument("--min-size", default="4KB", help="smallest gradient (default 4KB)")
+    p.add_argument("--max-size", default="256MB", help="largest gradient (default 256MB; "
+                   "sizes that do not fit in memory are skipped)")
+    p.add_argument("--per-octave", type=float, default=0.5,
+                   help="sizes per doubling (default 0.5: every factor of 4)")
+    p.add_argument("--repeats", type=_positive_int, default=5, help="timed calls per size")
+    p.add_argument("--bandwidth", help="given link bandwidth, e.g. 1gbit, 125MB/s")
+    p.add_argument("--latency", help="given link latency, e.g. 50us")
+    p.add_argument("--nprocs", type=_positive_int, help="measure over this many local ranks")
+    p.add_argument("--backend", default="gloo", choices=("gloo", "mpi"))
+    p.add_argument("--from-env", action="store_true",
+                   help="this process is one rank of a launched job (torchrun, run_ns.sh)")
+    p.add_argument("--link-max-size", default="16MB", help="largest message timed on the link")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds for --nprocs runs")
+    p.add_argument("--error-feedback", choices=("auto", "on", "off"), default="auto",
+                   help="time compressors inside error feedback: auto = as the engine runs "
+                   "them (biased single-round compressors are wrapped)")
+    p.add_argument("--threads", type=_positive_int, default=1,
+                   help="torch threads while timing (default 1, as launched ranks run)")
+    p.add_argument("-o", "--output", default="profile.json")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("plan", help="plan <compress?, K> per gradient of a model")
+    p.add_argument("--profile", required=True, help="profile.json from 'profile'")
+    p.add_argument("--model", required=True, help=f"a preset ({', '.join(sorted(PRESETS))}), "
+                   "sizes like 4MB,16MB, a JSON file, or package.module:attr (a torch module)")
+    p.add_argument("--nodes", "-N", type=_positive_int, required=True, help="number of nodes N")
+    p.add_argument("--strategy", default="ps", choices=("ps", "ring"))
+    p.add_argument("--compressor", help="compressor in the profile (default: the only one)")
+    p.add_argument("--max-partitions", type=_positive_int, help="largest K (default 4N)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every gradient size")
+    p.add_argument("-o", "--output", default="plan.json")
+    p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("report", help="plot predicted (and measured) sync time and K per size")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--nodes", "-N", type=_positive_int, required=True)
+    p.add_argument("--strategy", default="ps", choices=("ps", "ring"))
+    p.add_argument("--compressor")
+    p.add_argument("--measured", help="measurements JSON from bench/cost_model.py")
+    p.add_argument("--max-partitions", type=_positive_int)
+    p.add_argument("--min-size", default="32KB")
+    p.add_argument("--max-size", default="128MB")
+    p.add_argument("--out-dir", default=".")
+    p.set_defaults(func=_cmd_report)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the CLI; returns the exit code (2 on bad input, with a one-line message)."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "scale", 1.0) <= 0:
+        return _fail("--scale must be > 0")
+    try:
+        return args.func(args)
+    except (CLIError, PlanError, ProfileError, ValueError, OSError, ImportError) as e:
+        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except KeyboardInterrupt:
+        return _fail("interrupted")
+
+
+def _fail(msg: str) -> int:
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

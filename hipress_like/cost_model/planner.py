@@ -1,0 +1,265 @@
+"""Selective compression and partitioning: per gradient, <compress?, K> (HiPress Sec. 3.3).
+
+The planner evaluates HiPress Eq. 1 (no compression) and Eq. 2 (compression)
+for every partition count ``K = 1 .. max_partitions`` with the measured
+curves of a ``Profile``, and keeps the cheapest: compress if the best Eq. 2
+time beats the best Eq. 1 time, with the ``K`` that achieves it. Both
+expressions are convex in K (Sec. 3.3), so the scan finds the optimum; among
+near-equal times (``k_tolerance``) the smaller K wins, because fewer
+partitions mean fewer tasks and messages the model does not charge for.
+
+The result is a ``Plan`` (plan.py) with an explicit entry per gradient and a
+``SizeRule`` derived from the model, for gradients the plan does not name:
+
+1. the compression threshold is the smallest size from which compression
+   wins at every larger size (a log-spaced scan refined by bisection);
+2. ``bytes_per_partition`` is the candidate (``m / K`` of an optimal choice)
+   whose rule ``K = ceil(m / bytes_per_partition)`` loses the least predicted
+   time over a log-spaced range of sizes.
+
+Example:
+    >>> from hipress_like.cost_model import Profile, Planner      # doctest: +SKIP
+    >>> planner = Planner(Profile.load("profile.json"), "onebit", n=4, strategy="ps")
+    >>> plan = planner.plan({"fc.weight": 64 << 20, "fc.bias": 4096})
+    >>> plan.save("plan.json")
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .model import SyncParams, sync_params, t_sync_cpr, t_sync_orig
+from .plan import STRATEGIES, GradientPlan, Plan, SizeRule
+from .profiler import CompressorProfile, Profile
+
+__all__ = ["ENGINE_TO_MODEL", "Choice", "Planner", "NEVER"]
+
+_log = logging.getLogger(__name__)
+
+# The engine's PS co-locates aggregators with workers: HiPress evaluates that
+# with the Sec. 6.1 values, not Table 3's.
+ENGINE_TO_MODEL = {"ps": "ps-colocated", "ring": "ring"}
+
+# Threshold meaning "never compress" (JSON-safe integer beyond any tensor).
+NEVER = 1 << 62
+
+Gradients = Union[Mapping[str, int], Iterable[Tuple[str, int]]]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The planner's decision for one gradient size, with the predictions behind it.
+
+    Attributes:
+        nbytes: gradient size m.
+        compress: whether to compress.
+        partitions: the chosen K.
+        t_orig: best Eq. 1 time (seconds), reached at ``k_orig``.
+        k_orig: K minimising Eq. 1.
+        t_cpr: best Eq. 2 time (seconds), reached at ``k_cpr``.
+        k_cpr: K minimising Eq. 2.
+    """
+
+    nbytes: int
+    compress: bool
+    partitions: int
+    t_orig: float
+    k_orig: int
+    t_cpr: float
+    k_cpr: int
+
+    @property
+    def time(self) -> float:
+        """Predicted seconds of the chosen option."""
+        return self.t_cpr if self.compress else self.t_orig
+
+    @property
+    def speedup(self) -> float:
+        """Best uncompressed time over the chosen time (>= 1)."""
+        return self.t_orig / self.time if self.time > 0 else 1.0
+
+    def gradient_plan(self) -> GradientPlan:
+        """The plan entry for this choice."""
+        return GradientPlan(compress=self.compress, partitions=self.partitions)
+
+
+class Planner:
+    """HiPress Eq. 1/2 for one compressor, strategy and world size, and the plans they imply.
+
+    Args:
+        profile: measured link and compressor curves.
+        compressor: name of a compressor in ``profile``.
+        n: number of nodes N (>= 1).
+        strategy: the engine's strategy, "ps" (co-located) or "ring".
+        max_partitions: largest K considered (default ``4 * N``; beyond N,
+            partitions are batched, Sec. 3.3).
+        model_strategy: cost-model row of alpha/beta/gamma ("ps",
+            "ps-colocated", "ring"); default from ``ENGINE_TO_MODEL``.
+        k_tolerance: relative time within which a smaller K is preferred.
+
+    Raises:
+        ValueError: bad N, strategy or max_partitions; ``ProfileError``:
+            the profile lacks the compressor.
+    """
+
+    def __init__(self, profile: Profile, compressor: str, n: int, strategy: str = "ps", *,
+                 max_partitions: Optional[int] = None, model_strategy: Optional[str] = None,
+                 k_tolerance: float = 0.01) -> None:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"the number of nodes N must be an integer >= 1, found {n!r}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+        if max_partitions is not None and (not isinstance(max_partitions, int)
+                                           or max_partitions < 1):
+            raise ValueError(f"max_partitions must be an integer >= 1, found {max_partitions!r}")
+        if not 0 <= k_tolerance < 1:
+            raise ValueError(f"k_tolerance must be in [0, 1), found {k_tolerance!r}")
+        self.profile = profile
+        self.cp: CompressorProfile = profile.compressor(compressor)
+        self.n = n
+        self.strategy = strategy
+        self.model_strategy = model_strategy or ENGINE_TO_MODEL[strategy]
+        self.params: SyncParams = sync_params(self.model_strategy, self.cp.category)
+        self.max_partitions = max_partitions or 4 * n
+        self.k_tolerance = k_tolerance
+
+    # -- the two equations ---------------------------------------------------
+    def t_orig(self, m: float, k: int) -> float:
+        """HiPress Eq. 1 with the profile's link (seconds)."""
+        return t_sync_orig(m, k, self.n, self.profile.link, self.params)
+
+    def t_cpr(self, m: float, k: int) -> float:
+        """HiPress Eq. 2 with the profile's curves (seconds); r includes the payload header."""
+        return t_sync_cpr(m, k, self.n, self.cp.rate(m / k), self.profile.link,
+                          self.cp.encode, self.cp.decode, self.params)
+
+    def _best_k(self, f, m: float) -> Tuple[int, float]:
+        times = [(k, f(m, k)) for k in range(1, self.max_partitions + 1)]
+        t_min = min(t for _, t in times)
+        for k, t in times:  # smallest K within tolerance of the optimum
+            if t <= t_min * (1 + self.k_tolerance):
+                return k, t
+        raise AssertionError("unreachable")
+
+    def choose(self, nbytes: int) -> Choice:
+        """The best <compress?, K> for an ``nbytes`` gradient.
+
+        Raises:
+            ValueError: ``nbytes`` < 1.
+        """
+        if not isinstance(nbytes, int) or nbytes < 1:
+            raise ValueError(f"gradient size must be an integer >= 1 byte, found {nbytes!r}")
+        k_o, t_o = self._best_k(self.t_orig, nbytes)
+        k_c, t_c = self._best_k(self.t_cpr, nbytes)
+        compress = t_c < t_o
+        return Choice(nbytes, compress, k_c if compress else k_o, t_o, k_o, t_c, k_c)
+
+    # -- derived size rule ----------------------------------------------------
+    def threshold(self, lo: int = 1 << 10, hi: int = 1 << 30) -> int:
+        """Smallest size from which compression wins at every larger size in [lo, hi].
+
+        Returns:
+            Bytes; ``lo`` if compression always wins, ``NEVER`` if it never
+            wins at ``hi``.
+        """
+        grid = _grid(lo, hi, 4)
+        wins = [self.choose(s).compress for s in grid]
+        if not wins[-1]:
+            return NEVER
+        i = len(wins) - 1
+        while i > 0 and wins[i - 1]:
+            i -= 1
+        if i == 0:
+            return lo
+        a, b = grid[i - 1], grid[i]  # loses at a, wins at b: bisect
+        while b - a > max(4, a // 256):
+            mid = (a + b) // 2
+            if self.choose(mid).compress:
+                b = mid
+            else:
+                a = mid
+        return b
+
+    def size_rule(self, lo: int = 1 << 10, hi: int = 1 << 30) -> SizeRule:
+        """The ``SizeRule`` that best imitates the model over [lo, hi] (see module doc)."""
+        thr = self.threshold(lo, hi)
+        grid = _grid(lo, hi, 2)
+        choices = [self.choose(s) for s in grid]
+        cands = sorted({max(1, math.ceil(c.nbytes / c.partitions)) for c in choices}
+                       | {hi})
+        cap = self.max_partitions
+
+        def loss(bpp: int) -> float:
+            total = 0.0
+            for c in choices:
+                k = max(1, min(cap, math.ceil(c.nbytes / bpp)))
+                t = self.t_cpr(c.nbytes, k) if c.nbytes >= thr else self.t_orig(c.nbytes, k)
+                total += t / c.time - 1.0 if c.time > 0 else 0.0
+            return total
+
+        best = min(cands, key=lambda b: (loss(b), -b))
+        return SizeRule(min_compress_bytes=int(thr), bytes_per_partition=int(best),
+                        max_partitions=cap)
+
+    # -- plans ------------------------------------------------------------------
+    def plan(self, gradients: Gradients, *, meta: Optional[Mapping[str, object]] = None
+             ) -> Plan:
+        """A ``Plan`` with one entry per gradient and the derived size rule.
+
+        Args:
+            gradients: {name: nbytes} or (name, nbytes) pairs.
+            meta: extra provenance stored in the plan.
+
+        Raises:
+            ValueError: an empty model, a duplicate name or a size < 1.
+        """
+        items = list(gradients.items() if isinstance(gradients, Mapping) else gradients)
+        if not items:
+            raise ValueError("the model has no gradients to plan")
+        names = [n for n, _ in items]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"duplicate gradient names: {dup[:5]}")
+        cache: Dict[int, Choice] = {}
+        entries, predicted = {}, {}
+        for name, nbytes in items:
+            if nbytes not in cache:
+                cache[nbytes] = self.choose(nbytes)
+            c = cache[nbytes]
+            entries[str(name)] = c.gradient_plan()
+            predicted[str(name)] = round(c.time, 9)
+        rule = self.size_rule()
+        a, b, g = self.params.alpha, self.params.beta, self.params.gamma
+        info = {
+            "model_strategy": self.model_strategy,
+            "sync_params": {"alpha": str(a), "beta": str(b), "gamma": str(g),
+                            "source": self.params.source},
+            "link": {"latency": self.profile.link.latency,
+                     "bandwidth": self.profile.link.bandwidth},
+            "threshold_bytes": rule.min_compress_bytes,
+            "predicted_total_s": {
+                "plan": sum(cache[s].time for _, s in items),
+                "no_compression": sum(cache[s].t_orig for _, s in items),
+                "compress_all": sum(cache[s].t_cpr for _, s in items),
+            },
+            "predicted_s": predicted,
+        }
+        info.update(meta or {})
+        return Plan(compressor=self.cp.name, params=dict(self.cp.params), strategy=self.strategy,
+                    world_size=self.n, rule=rule, gradients=entries, meta=info)
+
+    def table(self, sizes: Sequence[int]) -> List[Choice]:
+        """Choices for distinct sizes, ascending (rows of a HiPress Table 7-like table)."""
+        return [self.choose(int(s)) for s in sorted(set(sizes))]
+
+
+def _grid(lo: int, hi: int, per_octave: int) -> List[int]:
+    steps = max(1, round(math.log2(hi / lo) * per_octave))
+    out: List[int] = []
+    for i in range(steps + 1):
+        s = int(round(lo * (hi / lo) ** (i / steps)))
+        if not out or s > out[-1]:
+            out.append(s)
+    return out

@@ -1,0 +1,241 @@
+"""Planner: choices equal a brute-force minimum of Eq. 1/2, HiPress's plan shape, plan files."""
+import json
+
+import pytest
+
+from hipress_like.casync.transport.inproc import run_threads
+from hipress_like.cost_model import (
+    AutoPlanner,
+    CompressorProfile,
+    Curve,
+    GradientPlan,
+    Link,
+    Plan,
+    PlanError,
+    Planner,
+    Profile,
+    ProfileError,
+    SizeRule,
+)
+from hipress_like.cost_model.model import sync_params, t_sync_cpr, t_sync_orig
+from hipress_like.cost_model.planner import NEVER
+
+SIZES = [4 << e for e in range(8, 28)]  # 1 KB .. 512 MB
+
+
+def make_profile(category="quantization", ratio=1 / 32, header=0):
+    pts = [float(4 << e) for e in range(10, 30, 2)]
+    cp = CompressorProfile(name="q", category=category, ratio=ratio, header_bytes=header,
+                           encode=Curve.linear(2e-5, 1e-9, pts),
+                           decode=Curve.linear(1e-5, 5e-10, pts))
+    # 100 us + bytes / 1 Gbit/s
+    return Profile(link=Link(latency=1e-4, bandwidth=1.25e8), compressors={"q": cp})
+
+
+@pytest.fixture
+def profile():
+    return make_profile()
+
+
+@pytest.mark.parametrize("strategy, model", [("ps", "ps-colocated"), ("ring", "ring")])
+def test_choice_is_brute_force_minimum(profile, strategy, model):
+    pl = Planner(profile, "q", 4, strategy, k_tolerance=0.0)
+    cp, p = profile.compressor("q"), sync_params(model, "quantization")
+    for m in (4096, 1 << 20, 64 << 20):
+        orig = {k: t_sync_orig(m, k, 4, profile.link, p) for k in range(1, 17)}
+        cpr = {k: t_sync_cpr(m, k, 4, cp.rate(m / k), profile.link, cp.encode, cp.decode, p)
+               for k in range(1, 17)}
+        c = pl.choose(m)
+        assert c.t_orig == pytest.approx(min(orig.values()))
+        assert c.t_cpr == pytest.approx(min(cpr.values()))
+        assert c.compress == (min(cpr.values()) < min(orig.values()))
+        best = cpr if c.compress else orig
+        assert best[c.partitions] == pytest.approx(min(best.values()))
+
+
+def test_hand_computed_choice():
+    # N = 2, co-located PS: alpha = 2, beta = K, gamma = 2; K <= 2 only.
+    pts = (1e3, 1e9)
+    cp = CompressorProfile(name="q", category="quantization", ratio=0.25, header_bytes=0,
+                           encode=Curve.linear(0.0, 1e-9, pts), decode=Curve.linear(0.0, 1e-9, pts))
+    prof = Profile(link=Link(latency=1e-3, bandwidth=1e9), compressors={"q": cp})
+    pl = Planner(prof, "q", 2, "ps", max_partitions=2, k_tolerance=0.0)
+    # m = 8e6: orig K=1: 2*(1+8) = 18 ms, K=2: 2*(1+4) = 10 ms
+    #          cpr K=1: 2*(1+2) + 1*8 + 2*2 = 18 ms; K=2: 2*(1+1) + 2*4 + 2*1 = 14 ms
+    c = pl.choose(8_000_000)
+    assert (c.t_orig, c.k_orig) == (pytest.approx(10e-3), 2)
+    assert (c.t_cpr, c.k_cpr) == (pytest.approx(14e-3), 2)
+    assert not c.compress and c.partitions == 2 and c.time == pytest.approx(10e-3)
+
+
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_plan_shape_threshold_then_growing_k(profile, strategy):
+    pl = Planner(profile, "q", 4, strategy)
+    choices = [pl.choose(s) for s in SIZES]
+    flags = [c.compress for c in choices]
+    # no compression below a threshold, compression from it on
+    first = flags.index(True)
+    assert first > 0 and all(flags[first:]) and not any(flags[:first])
+    ks = [c.partitions for c in choices if c.compress]
+    assert ks == sorted(ks), ks  # K non-decreasing with size
+    assert ks[-1] > ks[0]
+    thr = pl.threshold()
+    assert SIZES[first - 1] < thr <= SIZES[first]
+    assert pl.choose(thr).compress and not pl.choose(thr - 64).compress
+
+
+def test_threshold_never_and_always():
+    # compression that does not shrink anything never pays
+    pl = Planner(make_profile(ratio=1.0), "q", 4, "ps")
+    assert pl.threshold() == NEVER
+    assert not any(pl.choose(s).compress for s in SIZES)
+    # a single node never communicates: nothing to gain
+    assert Planner(make_profile(), "q", 1, "ps").threshold() == NEVER
+
+
+def test_lowrank_uses_table3_counts():
+    pl = Planner(make_profile("lowrank"), "q", 4, "ring")
+    assert pl.params.values(4, 2) == (6, 1, 1)
+    pl = Planner(make_profile(), "q", 4, "ps", model_strategy="ps")
+    assert pl.params.values(4, 2) == (8, 3, 5)
+
+
+def test_plan_entries_rule_and_meta(profile, tmp_path):
+    pl = Planner(profile, "q", 4, "ps")
+    grads = {"small.bias": 1024, "mid.weight": 1 << 20, "big.weight": 64 << 20}
+    plan = pl.plan(grads, meta={"model": "test"})
+    for name, nbytes in grads.items():
+        c = pl.choose(nbytes)
+        assert plan.gradients[name] == GradientPlan(c.compress, c.partitions)
+        assert plan.decide(name, nbytes) == plan.gradients[name]
+    assert plan.compressor == "q" and plan.strategy == "ps" and plan.world_size == 4
+    assert plan.rule.min_compress_bytes == pl.threshold()
+    assert plan.rule.max_partitions == 16
+    assert plan.meta["model"] == "test" and plan.meta["model_strategy"] == "ps-colocated"
+    tot = plan.meta["predicted_total_s"]
+    assert tot["plan"] <= min(tot["no_compression"], tot["compress_all"]) + 1e-12
+    # the rule follows the model for unnamed gradients far from the threshold
+    for s in (1024, 64 << 20):
+        assert plan.decide("unnamed", s).compress == pl.choose(s).compress
+    # round trip through JSON
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert Plan.load(path) == plan
+    assert json.loads(path.read_text())["format"] == "hipress-like-plan"
+
+
+def test_size_rule_is_close_to_the_model(profile):
+    pl = Planner(profile, "q", 4, "ps")
+    rule = pl.size_rule()
+    worst = 0.0
+    for s in SIZES:
+        d = rule.decide(s, 4)
+        t = pl.t_cpr(s, d.partitions) if d.compress else pl.t_orig(s, d.partitions)
+        worst = max(worst, t / pl.choose(s).time - 1)
+    assert worst < 0.5, worst
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(version=2), "version 2 is not supported"),
+    (lambda d: d.update(format="nope"), "not a plan file"),
+    (lambda d: d.update(surprise=1), "unknown plan keys"),
+    (lambda d: d.update(strategy="tree"), "strategy"),
+    (lambda d: d["gradients"].update(x={"compress": True, "partitions": 0}), "partitions"),
+    (lambda d: d["gradients"].update(x={"compress": "yes", "partitions": 1}), "compress"),
+    (lambda d: d["rule"].update(bytes_per_partition=0), "bytes_per_partition"),
+    (lambda d: d["gradients"].update(x={"compress": True, "k": 2}), "invalid plan entry"),
+])
+def test_plan_validation_errors(profile, tmp_path, mutate, message):
+    d = Planner(profile, "q", 4, "ps").plan({"a": 4096}).to_dict()
+    mutate(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(PlanError, match=message):
+        Plan.load(path)
+
+
+def test_plan_load_unreadable(tmp_path):
+    with pytest.raises(PlanError, match="cannot read plan"):
+        Plan.load(tmp_path / "missing.json")
+
+
+def test_planner_errors(profile):
+    with pytest.raises(ValueError, match="N must be an integer >= 1"):
+        Planner(profile, "q", 0)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        Planner(profile, "q", 4, "tree")
+    with pytest.raises(ProfileError, match="no compressor 'onebit'"):
+        Planner(profile, "onebit", 4)
+    with pytest.raises(ValueError, match="max_partitions"):
+        Planner(profile, "q", 4, max_partitions=0)
+    pl = Planner(profile, "q", 4)
+    with pytest.raises(ValueError, match="no gradients"):
+        pl.plan({})
+    with pytest.raises(ValueError, match="duplicate"):
+        pl.plan([("a", 4), ("a", 8)])
+    with pytest.raises(ValueError, match=">= 1 byte"):
+        pl.choose(0)
+
+
+def test_plan_table_rows(profile):
+    rows = Planner(profile, "q", 4).table([64 << 20, 4096, 4096])
+    assert [r.nbytes for r in rows] == [4096, 64 << 20]
+    assert rows[1].speedup > 1
+
+
+# -- plan="auto" --------------------------------------------------------------------
+def test_auto_planner_single_process():
+    auto = AutoPlanner("fp16", strategy="ring", warmup_iterations=2, link=Link(1e-4, 1.25e8),
+                       repeats=1)
+    assert not auto.ready and auto.plan is auto.provisional_plan
+    assert not auto.provisional_plan.decide("x", 1 << 30, 4).compress
+    auto.observe("w", 1 << 16)
+    auto.observe("b", 64)
+    assert auto.end_iteration(None) is None  # first warm-up iteration
+    plan = auto.end_iteration(None)
+    assert plan is not None and auto.ready and auto.plan is plan
+    assert set(plan.gradients) == {"w", "b"} and plan.compressor == "fp16"
+    assert plan.strategy == "ring" and plan.world_size == 1
+    assert auto.end_iteration(None) is None  # fixed: nothing more to do
+    with pytest.raises(ValueError, match="changed size"):
+        auto.observe("w", 8)
+
+
+def test_auto_planner_ranks_agree():
+    def rank(t):
+        auto = AutoPlanner("fp16", strategy="ps", repeats=1, max_profile_bytes=1 << 16,
+                           max_link_bytes=1 << 14)
+        auto.observe("w", 1 << 16)
+        auto.observe("b", 256)
+        return auto.end_iteration(t).to_dict()
+
+    plans = run_threads(rank, 3, timeout=120)
+    assert plans[0] == plans[1] == plans[2]
+    assert plans[0]["world_size"] == 3 and set(plans[0]["gradients"]) == {"w", "b"}
+
+
+def test_auto_planner_detects_different_gradients():
+    def rank(t):
+        auto = AutoPlanner("fp16", link=Link(1e-4, 1.25e8), repeats=1)
+        auto.observe("w", 4096 if t.rank == 0 else 8192)
+        return auto.end_iteration(t)
+
+    with pytest.raises(ValueError, match="ranks observed different gradients"):
+        run_threads(rank, 2, timeout=60)
+
+
+def test_auto_planner_errors():
+    with pytest.raises(ValueError, match="strategy"):
+        AutoPlanner(strategy="tree")
+    with pytest.raises(ValueError, match="warmup_iterations"):
+        AutoPlanner(warmup_iterations=0)
+    with pytest.raises(ValueError, match="observed no gradient"):
+        AutoPlanner("fp16").end_iteration(None)
+    with pytest.raises(ValueError, match=">= 1 byte"):
+        AutoPlanner().observe("x", 0)
+
+
+def test_engine_default_rule_is_a_size_rule():
+    # the provisional plan of plan="auto" keeps the plan format the engine reads
+    p = AutoPlanner("fp16").provisional_plan
+    assert isinstance(p.rule, SizeRule) and Plan.from_dict(p.to_dict()) == p
