@@ -1,0 +1,502 @@
+"""Horovod's functional collectives over torch.distributed's default group.
+
+``allreduce``, ``allgather``, ``broadcast`` (plus ``_`` in-place and
+``_async`` forms with ``synchronize(handle)`` / ``poll(handle)``),
+``broadcast_object`` / ``allgather_object``, ``broadcast_parameters`` and
+``broadcast_optimizer_state``. These are the small, blocking-by-default
+operations training scripts use around the optimizer (metric averaging,
+initial state); gradients go through the engine instead.
+
+Objects cross the wire as ``torch.save`` bytes and are read back with
+``torch.load(weights_only=True)``: tensors, numbers, strings, lists, tuples
+and dicts (optimizer state dicts included) travel; arbitrary classes are
+refused on the root before anything is sent, never unpickled on receipt.
+"""
+from __future__ import annotations
+
+import io
+import logging
+from datetime import timedelta
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+from .torch_compression import Compression, CompressionSpec
+from .torch_runtime import _require, default_timeout
+
+__all__ = [
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "allgather", "allgather_async", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "broadcast_object", "allgather_object",
+    "broadcast_parameters", "broadcast_optimizer_state", "synchronize", "poll",
+]
+
+log = logging.getLogger(__name__)
+
+# Reduction ops, as Horovod names them.
+Average, Sum, Adasum, Min, Max, Product = "average", "sum", "adasum", "min", "max", "product"
+
+
+class _Handle:
+    """An in-flight collective; ``synchronize(handle)`` returns its result."""
+
+    def __init__(self, works: List[Any], finish: Callable[[], torch.Tensor], what: str):
+        self._works = works
+        self._finish = finish
+        self._what = what
+        self._result: Optional[torch.Tensor] = None
+        self._done = False
+
+    def poll(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def wait(self) -> torch.Tensor:
+        if not self._done:
+            t = timedelta(seconds=default_timeout())
+            try:
+                for w in self._works:
+                    w.wait(timeout=t)
+            except RuntimeError as e:
+                from ..casync.transport import TransportError
+
+                raise TransportError(
+                    f"{self._what} failed: {e}; a peer rank may have crashed or stalled "
+                    f"(timeout {default_timeout():.0f}s, see HIPRESS_TIMEOUT)") from e
+            self._result = self._finish()
+            self._done = True
+        return self._result
+
+
+def synchronize(handle: _Handle) -> torch.Tensor:
+    """Wait for an ``*_async`` operation and return its output tensor."""
+    return handle.wait()
+
+
+def poll(handle: _Handle) -> bool:
+    """True when an ``*_async`` operation has finished (``synchronize`` will not block)."""
+    return handle.poll()
+
+
+def _dist():
+    import torch.distributed as dist
+
+    _require()
+    return dist
+
+
+def _check_tensor(tensor: Any, what: str) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what} expects a torch.Tensor, found {type(tensor).__name__}")
+    if tensor.is_sparse:
+        raise TypeError(f"{what} does not take sparse tensors; use allgather on its "
+                        "indices and values, or .to_dense()")
+    return tensor
+
+
+def _resolve_op(op: Optional[str], average: Optional[bool]) -> str:
+    if op is not None and average is not None:
+        raise ValueError("pass either op= or the deprecated average=, not both")
+    if op is None:
+        op = Average if average is None or average else Sum
+    if op == Adasum:
+        raise NotImplementedError(
+            "Adasum is not implemented by hipress-like; use op=hpt.Average (the default)")
+    if op not in (Average, Sum, Min, Max, Product):
+        raise ValueError(f"unknown reduction op {op!r}; expected one of "
+                         "Average, Sum, Min, Max, Product")
+    return op
+
+
+def _spec(compression: Any) -> CompressionSpec:
+    if compression is None:
+        return Compression.none
+    if isinstance(compression, str):
+        return CompressionSpec(compression.lower())
+    if isinstance(compression, CompressionSpec):
+        return compression
+    raise TypeError(f"compression must be a Compression.<name> spec, found {compression!r}")
+
+
+def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
+                     name: Optional[str] = None, op: Optional[str] = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: Any = None, compression: Any = None) -> _Handle:
+    """Start an in-place allreduce; ``synchronize(handle)`` returns ``tensor``.
+
+    Args:
+        tensor: dense tensor, reduced in place.
+        average: deprecated Horovod flag (True: Average, False: Sum).
+        name: label used in error messages.
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor: multiply before reducing.
+        postscale_factor: multiply after reducing.
+        process_set: only ``None`` (all ranks).
+        compression: ``Compression.none`` or ``Compression.fp16`` (the wire
+            type); other compressors are for gradients, see ``allreduce``.
+    """
+    dist = _dist()
+    _check_tensor(tensor, "allreduce")
+    _no_process_set(process_set)
+    op = _resolve_op(op, average)
+    spec = _spec(compression)
+    if spec.name not in ("identity", "fp16"):
+        raise ValueError(f"allreduce_async_ supports Compression.none and Compression.fp16, "
+                         f"found {spec!r}; use the blocking allreduce() for other compressors")
+    what = f"allreduce {name!r}" if name else "allreduce"
+    wire, ctx = spec.compress(tensor)
+    if wire is tensor:
+        wire = tensor if tensor.is_contiguous() else tensor.contiguous()
+    if prescale_factor != 1.0:
+        wire.mul_(prescale_factor)
+    reduce_op = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
+                 Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}[op]
+    work = dist.all_reduce(wire, op=reduce_op, async_op=True)
+    n = dist.get_world_size()
+
+    def finish() -> torch.Tensor:
+        out = spec.decompress(wire, ctx)
+        scale = postscale_factor / n if op == Average else postscale_factor
+        with torch.no_grad():
+            if scale != 1.0:
+                if out.dtype.is_floating_point:
+                    out.mul_(scale)
+                else:  # Horovod averages integers by truncating division
+                    out = (out.double() * scale).to(out.dtype)
+            if out is not tensor:
+                tensor.copy_(out)
+        return tensor
+
+    return _Handle([work], finish, what)
+
+
+def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+               op: Optional[str] = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, process_set: Any = None,
+               compression: Any = None) -> torch.Tensor:
+    """In-place allreduce (blocking); returns ``tensor``."""
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                            process_set, compression).wait()
+
+
+def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
+                    name: Optional[str] = None, op: Optional[str] = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: Any = None, compression: Any = None) -> _Handle:
+    """Start an allreduce into a new tensor; ``synchronize(handle)`` returns it."""
+    return allreduce_async_(tensor.detach().clone(), average, name, op, prescale_factor,
+                            postscale_factor, process_set, compression)
+
+
+def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+              compression: Any = None, op: Optional[str] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: Any = None) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks into a new tensor (default: average).
+
+    With ``Compression.none``/``fp16`` this is one torch.distributed
+    allreduce. With a CompLL compressor (``Compression.onebit``, ...) each
+    rank encodes once, the payloads are allgathered, and every rank decodes
+    and sums them in rank order, so all ranks get bitwise-identical results.
+    Stateful compressors run from a fresh state here; use
+    ``DistributedOptimizer`` for error feedback and pipelining.
+
+    Example:
+        >>> hpt.allreduce(torch.tensor([float(hpt.rank())]))   # 4 ranks
+        tensor([1.5000])
+
+    Raises:
+        ValueError: a multi-round compressor (PowerSGD), or min/max/product
+            with a lossy compressor.
+    """
+    spec = _spec(compression)
+    _check_tensor(tensor, "allreduce")
+    if spec.name in ("identity", "fp16"):
+        return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                               process_set, spec).wait()
+    op = _resolve_op(op, average)
+    if op not in (Average, Sum):
+        raise ValueError(f"op {op!r} cannot be combined with lossy compression {spec!r}")
+    c = spec.build()
+    if c.capabilities.rounds > 1:
+        raise ValueError(f"{spec!r} needs {c.capabilities.rounds} communication rounds; "
+                         "use it through DistributedOptimizer (the engine runs the rounds)")
+    x = tensor.detach() * prescale_factor if prescale_factor != 1.0 else tensor.detach()
+    payload, _ = c.encode(x.contiguous(), c.init(x))
+    parts = _allgather_uint8(payload, f"allreduce {name!r}" if name else "allreduce")
+    total = None
+    for p in parts:  # rank order: identical sums everywhere
+        d = c.decode(p)
+        total = d.clone() if total is None else total.add_(d)
+    scale = postscale_factor / len(parts) if op == Average else postscale_factor
+    return (total * scale).to(tensor.dtype) if scale != 1.0 else total.to(tensor.dtype)
+
+
+def grouped_allreduce(tensors: List[torch.Tensor], average: Optional[bool] = None,
+                      name: Optional[str] = None, compression: Any = None,
+                      op: Optional[str] = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: Any = None
+                      ) -> List[torch.Tensor]:
+    """Allreduce a list of tensors (all in flight together); returns new tensors."""
+    handles = [allreduce_async(t, average, name, op, prescale_factor, postscale_factor,
+                               process_set, compression) for t in tensors]
+    return [h.wait() for h in handles]
+
+
+def _no_process_set(process_set: Any) -> None:
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        raise ValueError("process sets are not supported; operations span all ranks")
+
+
+def _allgather_uint8(data: torch.Tensor, what: str) -> List[torch.Tensor]:
+    """Allgather 1-D uint8 tensors of any lengths; list index = rank."""
+    dist = _dist()
+    n = dist.get_world_size()
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    _Handle([dist.all_gather(sizes, size, async_op=True)], lambda: size, what).wait()
+    m = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(max(m, 1), dtype=torch.uint8)
+    buf[: data.numel()] = data
+    outs = [torch.empty_like(buf) for _ in range(n)]
+    _Handle([dist.all_gather(outs, buf, async_op=True)], lambda: buf, what).wait()
+    return [o[: int(s.item())] for o, s in zip(outs, sizes)]  # noqa: B905
+
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
+                    process_set: Any = None) -> _Handle:
+    """Start an allgather; ``synchronize(handle)`` returns the concatenation."""
+    dist = _dist()
+    _check_tensor(tensor, "allgather")
+    _no_process_set(process_set)
+    what = f"allgather {name!r}" if name else "allgather"
+    t = tensor.detach()
+    if t.dim() == 0:
+        t = t.reshape(1)
+    t = t.contiguous()
+    n = dist.get_world_size()
+    rows = torch.tensor([t.shape[0]], dtype=torch.int64)
+    all_rows = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    _Handle([dist.all_gather(all_rows, rows, async_op=True)], lambda: rows, what).wait()
+    counts = [int(r.item()) for r in all_rows]
+    m = max(counts)
+    padded = t
+    if t.shape[0] < m:
+        padded = torch.cat([t, t.new_zeros((m - t.shape[0],) + tuple(t.shape[1:]))])
+    outs = [torch.empty_like(padded) for _ in range(n)]
+    work = dist.all_gather(outs, padded, async_op=True)
+    return _Handle([work], lambda: torch.cat([o[:c] for o, c in zip(outs, counts)]),  # noqa: B905
+                   what)
+
+
+def allgather(tensor: torch.Tensor, name: Optional[str] = None,
+              process_set: Any = None) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0 (first dims may differ).
+
+    Example:
+        >>> hpt.allgather(torch.tensor([hpt.rank()]))   # 4 ranks
+        tensor([0, 1, 2, 3])
+    """
+    return allgather_async(tensor, name, process_set).wait()
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                     process_set: Any = None) -> _Handle:
+    """Start an in-place broadcast from ``root_rank``."""
+    dist = _dist()
+    _check_tensor(tensor, "broadcast")
+    _no_process_set(process_set)
+    n = dist.get_world_size()
+    if not 0 <= root_rank < n:
+        raise ValueError(f"root_rank must be in [0, {n}), found {root_rank}")
+    wire = tensor.data if tensor.is_contiguous() else tensor.detach().contiguous()
+    work = dist.broadcast(wire, src=root_rank, async_op=True)
+
+    def finish() -> torch.Tensor:
+        if wire is not tensor.data:
+            with torch.no_grad():
+                tensor.copy_(wire)
+        return tensor
+
+    return _Handle([work], finish, f"broadcast {name!r}" if name else "broadcast")
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+               process_set: Any = None) -> torch.Tensor:
+    """Overwrite ``tensor`` with ``root_rank``'s value; returns it."""
+    return broadcast_async_(tensor, root_rank, name, process_set).wait()
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: Any = None) -> _Handle:
+    """Start a broadcast into a new tensor."""
+    return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+              process_set: Any = None) -> torch.Tensor:
+    """Return a new tensor holding ``root_rank``'s value of ``tensor``."""
+    return broadcast_async(tensor, root_rank, name, process_set).wait()
+
+
+# -- objects ------------------------------------------------------------------------
+
+def _dumps(obj: Any) -> bytes:
+    """Serialise with torch.save and prove it reads back under ``weights_only=True``."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if "Unsupported global" in ln]
+        reason = lines[0] if lines else str(e).splitlines()[0]
+        raise TypeError(
+            f"cannot send a {type(obj).__name__}: only tensors, numbers, strings, None, "
+            "lists, tuples and dicts of them cross the wire (they are read back with "
+            f"torch.load(weights_only=True), never unpickled); convert it first ({reason})"
+        ) from e
+    return data
+
+
+def _loads(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: Any = None) -> Any:
+    """Send a plain-data object from ``root_rank`` to every rank; return it.
+
+    The root serialises it and checks that it loads under
+    ``torch.load(weights_only=True)``; if not, every rank raises (the root with
+    the reason) instead of waiting.
+
+    Example:
+        >>> state = hpt.broadcast_object({"epoch": 3} if hpt.rank() == 0 else None)
+
+    Raises:
+        TypeError: the object holds something other than tensors, numbers,
+            strings, None, lists, tuples and dicts.
+    """
+    dist = _dist()
+    _no_process_set(process_set)
+    what = f"broadcast_object {name!r}" if name else "broadcast_object"
+    error: Optional[BaseException] = None
+    if dist.get_rank() == root_rank:
+        try:
+            data = _dumps(obj)
+        except TypeError as e:
+            error, data = e, str(e).encode()
+        length = torch.tensor([-len(data) - 1 if error else len(data)], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, what)
+    n = int(length.item())
+    buf = torch.empty(max(abs(n) - (1 if n < 0 else 0), 1), dtype=torch.uint8)
+    if dist.get_rank() == root_rank:
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    broadcast_(buf, root_rank, what)
+    if n < 0:
+        if error is not None:
+            raise error
+        raise TypeError(f"{what}: rank {root_rank} could not serialise its object: "
+                        f"{buf[: -n - 1].numpy().tobytes().decode(errors='replace')}")
+    return obj if dist.get_rank() == root_rank else _loads(buf[:n].numpy().tobytes())
+
+
+def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = None
+                     ) -> List[Any]:
+    """Gather a plain-data object from every rank; list index = rank."""
+    _no_process_set(process_set)
+    what = f"allgather_object {name!r}" if name else "allgather_object"
+    try:
+        data, bad = _dumps(obj), ""
+    except TypeError as e:
+        data, bad = b"", str(e)
+    flag = torch.tensor([1 if bad else 0], dtype=torch.int64)
+    allreduce_(flag, op=Sum, name=what)
+    if int(flag.item()):
+        raise TypeError(f"{what}: {bad}" if bad else f"{what}: another rank could not "
+                        "serialise its object (see its error)")
+    parts = _allgather_uint8(torch.frombuffer(bytearray(data), dtype=torch.uint8), what)
+    return [_loads(p.numpy().tobytes()) for p in parts]
+
+
+# -- model and optimizer state -----------------------------------------------------------
+
+def _named_tensors(params: Any) -> List[Tuple[str, torch.Tensor]]:
+    if isinstance(params, dict):
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    elif isinstance(params, Iterable):
+        items = list(params)
+        if items and not isinstance(items[0], tuple):
+            items = [(str(i), p) for i, p in enumerate(items)]
+    else:
+        raise ValueError(f"invalid params of type {type(params).__name__}: expected a dict "
+                         "(model.state_dict()) or a list of (name, tensor) "
+                         "(model.named_parameters())")
+    out = []
+    for k, v in items:
+        if v is None:
+            continue
+        if not isinstance(v, torch.Tensor):
+            raise ValueError(f"broadcast_parameters: entry {k!r} is a {type(v).__name__}, "
+                             "not a tensor; broadcast it with broadcast_object")
+        out.append((str(k), v))
+    return out
+
+
+def broadcast_parameters(params: Any, root_rank: int = 0, process_set: Any = None) -> None:
+    """Overwrite every rank's parameters/buffers in place with ``root_rank``'s.
+
+    Tensors are packed by dtype into one flat buffer each, so a model costs a
+    few broadcasts, not one per tensor.
+
+    Args:
+        params: ``model.state_dict()``, ``model.named_parameters()`` or a
+            list of tensors (same order on every rank).
+        root_rank: the rank whose values win.
+
+    Example:
+        >>> hpt.broadcast_parameters(model.state_dict(), root_rank=0)
+    """
+    _dist()
+    _no_process_set(process_set)
+    tensors = _named_tensors(params)
+    groups: Dict[Tuple[torch.dtype, torch.device], List[torch.Tensor]] = {}
+    for _, t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for (dtype, _), ts in groups.items():
+            flat = torch.cat([t.detach().reshape(-1) for t in ts]) if ts else None
+            broadcast_(flat, root_rank, f"broadcast_parameters[{dtype}]")
+            off = 0
+            for t in ts:
+                n = t.numel()
+                t.copy_(flat[off: off + n].view_as(t))
+                off += n
+
+
+def broadcast_optimizer_state(optimizer: Any, root_rank: int = 0, model: Any = None,
+                              process_set: Any = None) -> None:
+    """Make every rank's optimizer state (and hyper-parameters) equal ``root_rank``'s.
+
+    Works on a plain ``torch.optim`` optimizer or a ``DistributedOptimizer``;
+    the wrapped optimizer's ``state_dict`` travels through
+    ``broadcast_object``. Per-rank compressor state (error-feedback
+    residuals) is not broadcast: it is each rank's own.
+
+    Example:
+        >>> hpt.broadcast_optimizer_state(optimizer, root_rank=0)
+    """
+    from torch.optim import Optimizer
+
+    _dist()
+    _no_process_set(process_set)
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"expected a torch.optim.Optimizer, found {type(optimizer).__name__}")
+    is_root = _require().rank == root_rank
+    sd = Optimizer.state_dict(optimizer) if is_root else None
+    sd = broadcast_object(sd, root_rank, "broadcast_optimizer_state")
+    if not is_root:
+        Optimizer.load_state_dict(optimizer, sd)

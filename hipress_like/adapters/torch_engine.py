@@ -1,0 +1,134 @@
+"""Building a CaSync engine for the PyTorch front ends (optimizer and DDP hook).
+
+One place turns the user's ``compression=``, ``strategy=`` and ``plan=``
+into an ``EngineConfig``, opens a transport of its own and registers the
+gradients. It also decides each gradient's wire dtype: fp16/bf16 gradients
+are reduced in float32 (the compressors' maths and the averaging are done
+at full precision, then cast back), float32/float64 go as they are, and
+anything else is refused with a message.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from .torch_compression import resolve_compression
+from .torch_runtime import _require, default_timeout
+
+__all__ = ["build_engine", "wire_dtype", "resolve_plan", "STRATEGIES"]
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("ps", "ring")
+
+# Tests may swap the engine class (``factory(transport, config)``); None: the real one.
+_engine_factory: Optional[Callable[[Any, Any], Any]] = None
+
+
+def wire_dtype(dtype: torch.dtype, name: str) -> torch.dtype:
+    """The dtype gradient ``name`` is reduced in.
+
+    Raises:
+        TypeError: a non-floating or complex parameter.
+    """
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32  # reduce and compress at full precision, cast back after
+    if dtype in (torch.float32, torch.float64):
+        return dtype
+    raise TypeError(f"parameter {name!r} has dtype {dtype}; DistributedOptimizer reduces "
+                    "float32/float64 gradients (fp16/bf16 are reduced in float32). "
+                    "Keep complex or integer tensors out of the optimizer's param groups, or "
+                    "store complex parameters as real views (torch.view_as_real)")
+
+
+def resolve_plan(plan: Any) -> Any:
+    """``"auto"``, ``None``, a ``Plan`` or a path to a plan JSON file -> engine argument.
+
+    Raises:
+        hipress_like.cost_model.PlanError: an unreadable or invalid plan file.
+        TypeError: anything else.
+    """
+    from ..cost_model import Plan
+
+    if plan is None or plan == "auto" or isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, (str, os.PathLike)):
+        return Plan.load(plan)
+    raise TypeError(f"plan must be 'auto', None, a Plan or a path to a plan file, "
+                    f"found {type(plan).__name__}")
+
+
+def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
+                 compression: Any, strategy: str, plan: Any, nonfinite: str,
+                 timeout: Optional[float], seed: int) -> Any:
+    """Open a transport, build an engine and register ``specs`` (collective).
+
+    Args:
+        specs: (name, shape, wire dtype) for every gradient, in the same
+            order on every rank.
+        compression: what the user passed (name, spec, Compressor or None);
+            None means the plan's compressor if a ``Plan`` is given, else none.
+        strategy: "ps" or "ring".
+        plan: "auto", None, a ``Plan`` or a path.
+        nonfinite: "raise" or "skip".
+        timeout: seconds for any wait (default: ``init``'s timeout).
+        seed: compressor RNG seed (identical on every rank).
+
+    Returns:
+        The registered engine.
+    """
+    from ..cost_model import Plan
+
+    _require()
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, found {strategy!r}")
+    if nonfinite not in ("raise", "skip"):
+        raise ValueError(f"nonfinite must be 'raise' or 'skip', found {nonfinite!r}")
+    plan = resolve_plan(plan)
+    if compression is None and isinstance(plan, Plan):
+        name, params = plan.compressor, dict(plan.params)
+    else:
+        name, params = resolve_compression(compression)
+    timeout = float(timeout if timeout is not None else default_timeout())
+    if _engine_factory is not None:
+        factory, config_cls = _engine_factory, None
+    else:
+        from ..casync.engine import Engine, EngineConfig
+
+        factory, config_cls = Engine, EngineConfig
+    cfg_kwargs = dict(compressor=name, params=params, strategy=strategy, plan=plan,
+                      timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed))
+    cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
+    transport = make_transport()
+    try:
+        engine = factory(transport, cfg)
+        engine.register(list(specs))
+    except BaseException:
+        transport.close()
+        raise
+    log.info("engine: %d gradients, compressor=%s%s, strategy=%s, plan=%s", len(specs), name,
+             params or "", strategy, plan if not isinstance(plan, Plan) else "Plan")
+    return engine
+
+
+def make_transport() -> Any:
+    """A fresh transport for one engine (``HIPRESS_TRANSPORT``: torch (default) or mpi)."""
+    kind = os.environ.get("HIPRESS_TRANSPORT", "torch")
+    if kind == "mpi":
+        from ..casync.transport.mpi import MPITransport
+
+        return MPITransport()
+    if kind != "torch":
+        raise ValueError(f"HIPRESS_TRANSPORT must be 'torch' or 'mpi', found {kind!r}")
+    from ..casync.transport.torch_dist import TorchDistTransport
+
+    return TorchDistTransport(group_timeout=default_timeout())
+
+
+def specs_of(named: List[Tuple[str, torch.Tensor]]
+             ) -> List[Tuple[str, Tuple[int, ...], torch.dtype]]:
+    """(name, shape, wire dtype) per parameter, sorted by name (the same on every rank)."""
+    return sorted((n, tuple(p.shape), wire_dtype(p.dtype, n)) for n, p in named)

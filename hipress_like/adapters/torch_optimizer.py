@@ -1,0 +1,493 @@
+"""``DistributedOptimizer``: any ``torch.optim`` optimizer, synchronised by CaSync.
+
+The wrapper is an instance of a class derived from the user's optimizer
+class (``isinstance(opt, torch.optim.SGD)`` still holds), sharing its param
+groups and state. One training step:
+
+1. ``loss.backward()``: a post-accumulate-grad hook on every parameter
+   hands the gradient to the engine as soon as it is final
+   (``engine.submit(name, p.grad)``), so compression and communication of
+   late layers overlap the backward pass of early ones (HiPress Fig. 8b).
+   With ``backward_passes_per_step = k`` the k-th hook call submits.
+2. ``step()`` calls ``synchronize()``: parameters that require a gradient
+   but produced none on this rank are submitted as zeros (another rank may
+   have one; every rank must submit the same set), then the engine finishes
+   the step and the averaged gradients are in ``p.grad``.
+3. The wrapped optimizer's ``step`` runs.
+
+Ordering is checked like Horovod: ``zero_grad()`` with gradients in flight
+raises; a gradient computed more than ``backward_passes_per_step`` times
+before ``step()`` raises; ``step()`` right after an explicit
+``synchronize()`` warns unless inside ``skip_synchronize()``.
+
+Parameters whose ``requires_grad`` is off (a frozen or alternating
+sub-network, GAN-style) are not synchronised in that step; the set per step
+is every parameter with ``requires_grad`` on, evaluated at ``synchronize``
+time, which is the same on every rank when ranks run the same program.
+Sparse gradients (``nn.Embedding(sparse=True)``) are allgathered at
+``synchronize`` time, or densified with ``sparse_as_dense=True``.
+
+``state_dict()`` adds the compressor state (error-feedback residuals,
+PowerSGD's Q, DGC's momentum) under ``"hipress"``; it is this rank's own,
+so for an exact resume every rank saves and loads its own state dict (or
+rank 0 saves ``state_dict(all_ranks=True)``, a collective call).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+import weakref
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+from .torch_collectives import Average, Sum, _allgather_uint8
+from .torch_engine import build_engine, specs_of
+from .torch_runtime import _require, _track
+
+__all__ = ["DistributedOptimizer", "OrderingError"]
+
+log = logging.getLogger(__name__)
+
+_STATE_FORMAT = "hipress-like-optimizer-state"
+_STATE_VERSION = 1
+
+
+class OrderingError(AssertionError, RuntimeError):
+    """Calls in the wrong order (Horovod raises AssertionError; this is both)."""
+
+
+class _Step:
+    """Per-step bookkeeping (what is in flight, what was synchronised)."""
+
+    def __init__(self) -> None:
+        # id(p) -> (p, handle, wire buffer or None when p.grad itself was submitted)
+        self.handles: Dict[int, Tuple[torch.Tensor, Any, Optional[torch.Tensor]]] = {}
+        self.sparse: Dict[int, torch.Tensor] = {}
+        self.synchronized = False  # synchronize() ran and nothing was submitted since
+        self.last_ok = True
+
+
+class _DistributedOptimizerMixin:
+    """Methods placed in front of the user's optimizer class in the MRO."""
+
+    # -- set-up -----------------------------------------------------------------------
+    def _hp_setup(self, named_parameters: Any, compression: Any, strategy: str, plan: Any,
+                  backward_passes_per_step: int, op: str, sparse_as_dense: bool,
+                  nonfinite: str, timeout: Optional[float], seed: int) -> None:
+        rt = _require()
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be an int >= 1, found "
+                             f"{backward_passes_per_step!r}")
+        if op == "adasum":
+            raise NotImplementedError("op=Adasum is not implemented by hipress-like; "
+                                      "use op=hpt.Average (the default) or hpt.Sum")
+        if op not in (Average, Sum):
+            raise ValueError(f"op must be hpt.Average or hpt.Sum, found {op!r}")
+        params = [p for g in self.param_groups for p in g["params"]]
+        self._hp_names = _resolve_names(params, named_parameters, self.param_groups)
+        self._hp_params = list({id(p): p for p in params}.values())
+        self._hp_bpps = backward_passes_per_step
+        self._hp_op = op
+        self._hp_size = rt.size
+        self._hp_rank = rt.rank
+        self._hp_sparse_as_dense = bool(sparse_as_dense)
+        self._hp_delay = {id(p): backward_passes_per_step for p in self._hp_params}
+        self._hp_wire: Dict[int, torch.Tensor] = {}
+        self._hp_step = _Step()
+        self._hp_should_sync = True
+        self._hp_hooks: Dict[int, Any] = {}
+        self._hp_engine = None
+        specs = specs_of([(self._hp_names[id(p)], p) for p in self._hp_params])
+        self._hp_engine = build_engine(specs, compression=compression, strategy=strategy,
+                                       plan=plan, nonfinite=nonfinite, timeout=timeout,
+                                       seed=seed)
+        self._hp_ensure_hooks()
+        _track(self)
+
+    def _hp_ensure_hooks(self) -> None:
+        """Hook every parameter that requires a gradient now (and was not hooked yet).
+
+        Hooks can only be registered on tensors that require grad, so a
+        parameter switched on later (GAN-style alternation) is hooked at the
+        next ``synchronize``; until then it is submitted there.
+        """
+        ref = weakref.ref(self)
+        for p in self._hp_params:
+            if p.requires_grad and id(p) not in self._hp_hooks:
+                def hook(t: torch.Tensor, _ref: Any = ref) -> None:
+                    opt = _ref()
+                    if opt is not None and opt._hp_engine is not None:
+                        opt._hp_on_grad(t)
+                self._hp_hooks[id(p)] = p.register_post_accumulate_grad_hook(hook)
+
+    # -- gradient path -------------------------------------------------------------------
+    def _hp_on_grad(self, p: torch.Tensor) -> None:
+        st = self._hp_step
+        key = id(p)
+        if key not in self._hp_delay:
+            return
+        if key in st.handles or key in st.sparse:
+            raise OrderingError(
+                f"the gradient of {self._hp_names[key]!r} was computed more than "
+                f"backward_passes_per_step={self._hp_bpps} time(s) before step(); increase "
+                "backward_passes_per_step to accumulate gradients locally, or call "
+                "optimizer.step() (or synchronize()) after each backward pass")
+        self._hp_delay[key] -= 1
+        if self._hp_delay[key] == 0:
+            self._hp_submit(p)
+
+    def _hp_submit(self, p: torch.Tensor) -> None:
+        st = self._hp_step
+        key = id(p)
+        name = self._hp_names[key]
+        if p.grad is None:
+            # Horovod's rule: other ranks may have computed this gradient (dynamic
+            # graphs), and every rank must submit the same set, so send zeros.
+            p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        grad = p.grad
+        if grad.is_sparse:
+            if not self._hp_sparse_as_dense:
+                st.sparse[key] = p
+                st.synchronized = False
+                return
+            grad = p.grad = grad.to_dense()
+        wire = None
+        if grad.dtype != self._hp_wire_dtype(p) or not grad.is_contiguous():
+            wire = self._hp_wire.get(key)
+            if wire is None:
+                wire = self._hp_wire[key] = torch.empty(grad.shape, dtype=self._hp_wire_dtype(p),
+                                                        device=grad.device)
+            wire.copy_(grad)
+        handle = self._hp_engine.submit(name, grad if wire is None else wire)
+        st.handles[key] = (p, handle, wire)
+        st.synchronized = False
+
+    def _hp_wire_dtype(self, p: torch.Tensor) -> torch.dtype:
+        return torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+
+    def synchronize(self) -> bool:
+        """Finish this step's gradient averaging; ``p.grad`` then holds the average.
+
+        Returns:
+            False when the engine skipped the step (``nonfinite="skip"`` and a
+            NaN/Inf gradient on some rank; all ranks agree), else True.
+        """
+        st = self._hp_step
+        if st.synchronized and not st.handles and not st.sparse:
+            return st.last_ok  # already averaged; averaging again would re-compress
+        self._hp_ensure_hooks()
+        try:
+            for p in self._hp_params:
+                key = id(p)
+                if p.requires_grad and key not in st.handles and key not in st.sparse:
+                    self._hp_submit(p)
+            ok = bool(self._hp_engine.synchronize())
+            for p, handle, wire in st.handles.values():
+                handle.wait()
+                with torch.no_grad():
+                    if wire is not None:
+                        p.grad.copy_(wire)
+                    if self._hp_op == Sum and self._hp_size > 1:
+                        p.grad.mul_(self._hp_size)
+            for p in st.sparse.values():
+                p.grad = _sparse_average(p.grad, self._hp_names[id(p)],
+                                         self._hp_op == Average)
+        finally:
+            st.handles.clear()
+            st.sparse.clear()
+            for k in self._hp_delay:
+                self._hp_delay[k] = self._hp_bpps
+        st.synchronized = True
+        st.last_ok = ok
+        return ok
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this context ``step()`` does not synchronize (you already did).
+
+        Example:
+            >>> loss.backward()
+            >>> optimizer.synchronize()
+            >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            >>> with optimizer.skip_synchronize():
+            ...     optimizer.step()
+        """
+        self._hp_should_sync = False
+        try:
+            yield
+        finally:
+            self._hp_should_sync = True
+
+    def step(self, closure: Any = None) -> Any:
+        """Synchronize (unless skipped), then step the wrapped optimizer.
+
+        With a ``closure`` (LBFGS and friends), every evaluation of it is
+        synchronised too, and its loss is averaged over ranks, so line
+        searches take the same branches on every rank.
+        """
+        st = self._hp_step
+        if closure is not None:
+            closure = self._hp_wrap_closure(closure)
+        ok = st.last_ok
+        if self._hp_should_sync:
+            if st.synchronized and not st.handles and not st.sparse:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context "
+                    "after optimizer.synchronize(). The gradients are already averaged, so "
+                    "this step does not synchronize again; wrap step() in "
+                    "`with optimizer.skip_synchronize():` to say so", stacklevel=2)
+            elif closure is None or st.handles or st.sparse:
+                ok = self.synchronize()
+        st.synchronized = False
+        if not ok:
+            log.warning("step skipped on every rank: a gradient was NaN/Inf "
+                        "(nonfinite='skip')")
+            return None
+        return super().step(closure)
+
+    def _hp_wrap_closure(self, closure: Any) -> Any:
+        def synced_closure() -> Any:
+            loss = closure()
+            self.synchronize()
+            self._hp_step.synchronized = False
+            if isinstance(loss, torch.Tensor) and self._hp_size > 1:
+                from .torch_collectives import allreduce
+
+                avg = allreduce(loss.detach().reshape(1).float(), name="closure loss")
+                loss = avg.reshape(loss.shape).to(loss.dtype)
+            return loss
+        return synced_closure
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Like the wrapped optimizer's, but refuses while gradients are in flight.
+
+        Raises:
+            OrderingError: called between ``backward()`` and ``step()`` /
+                ``synchronize()`` (the engine is still writing into ``p.grad``).
+        """
+        st = self._hp_step
+        if st.handles or st.sparse:
+            raise OrderingError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(). This is prohibited: the "
+                "gradients are still being averaged in the background. Call zero_grad() "
+                "before backward() or after step()")
+        for k in self._hp_delay:  # accumulated gradients are discarded: start counting anew
+            self._hp_delay[k] = self._hp_bpps
+        return super().zero_grad(set_to_none=set_to_none)
+
+    # -- checkpoints --------------------------------------------------------------------
+    def state_dict(self, all_ranks: bool = False) -> Dict[str, Any]:
+        """The wrapped optimizer's state dict plus the compressor state.
+
+        Args:
+            all_ranks: collective; gather every rank's compressor state so
+                that rank 0 alone can save one file that resumes every rank.
+
+        Raises:
+            OrderingError: gradients are in flight (call after ``step()``).
+        """
+        st = self._hp_step
+        if st.handles or st.sparse:
+            raise OrderingError("state_dict() was called while gradients are being averaged; "
+                                "call it after optimizer.step()")
+        sd = super().state_dict()
+        local = self._hp_engine.state_dict() if self._hp_engine is not None else {}
+        hip: Dict[str, Any] = {"format": _STATE_FORMAT, "version": _STATE_VERSION,
+                               "world_size": self._hp_size}
+        if all_ranks:
+            from .torch_collectives import allgather_object
+
+            hip["engines"] = allgather_object(local, name="optimizer.state_dict")
+        else:
+            hip["rank"] = self._hp_rank
+            hip["engine"] = local
+        sd["hipress"] = hip
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Load the wrapped optimizer's state and, when it is ours, the compressor state.
+
+        Compressor state saved by another rank or another world size is not
+        loaded (residuals are per rank); that rank starts its compressor
+        state fresh and a warning says how to resume exactly.
+        """
+        state_dict = dict(state_dict)
+        hip = state_dict.pop("hipress", None)
+        super().load_state_dict(state_dict)
+        if hip is None or self._hp_engine is None:
+            return
+        if hip.get("format") != _STATE_FORMAT or hip.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported compressor state: format {hip.get('format')!r} "
+                             f"version {hip.get('version')!r}; expected {_STATE_FORMAT!r} "
+                             f"version {_STATE_VERSION}")
+        if hip.get("world_size") != self._hp_size:
+            warnings.warn(f"compressor state was saved with {hip.get('world_size')} ranks, this "
+                          f"run has {self._hp_size}; starting compressor state fresh",
+                          stacklevel=2)
+            return
+        if "engines" in hip:
+            self._hp_engine.load_state_dict(hip["engines"][self._hp_rank])
+        elif hip.get("rank") == self._hp_rank:
+            self._hp_engine.load_state_dict(hip["engine"])
+        else:
+            warnings.warn(
+                f"compressor state in this state dict belongs to rank {hip.get('rank')}, not "
+                f"rank {self._hp_rank}; rank {self._hp_rank} starts its compressor state "
+                "fresh. For an exact resume save each rank's optimizer.state_dict(), or "
+                "optimizer.state_dict(all_ranks=True) on every rank", stacklevel=2)
+
+    # -- teardown ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Remove the hooks and close the engine (also done by ``hpt.shutdown()``)."""
+        for h in self._hp_hooks.values():
+            h.remove()
+        self._hp_hooks.clear()
+        eng, self._hp_engine = self._hp_engine, None
+        if eng is not None:
+            eng.close()
+            eng.transport.close()
+
+    @property
+    def engine(self) -> Any:
+        """The CaSync engine (for introspection: plan, timeline)."""
+        return self._hp_engine
+
+
+def _sparse_average(grad: torch.Tensor, name: str, average: bool) -> torch.Tensor:
+    """Allgather a sparse gradient's indices and values; sum (and average) them."""
+    import torch.distributed as dist
+
+    g = grad.coalesce()
+    idx = _allgather_uint8(_as_bytes(g.indices()), f"sparse gradient {name!r}")
+    val = _allgather_uint8(_as_bytes(g.values()), f"sparse gradient {name!r}")
+    indices = torch.cat([_from_bytes(b, g.indices().dtype, (g.indices().shape[0], -1))
+                         for b in idx], dim=1)
+    values = torch.cat([_from_bytes(b, g.values().dtype, (-1,) + tuple(g.values().shape[1:]))
+                        for b in val])
+    out = torch.sparse_coo_tensor(indices, values, g.shape, check_invariants=False).coalesce()
+    return out / dist.get_world_size() if average else out
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def _from_bytes(b: torch.Tensor, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
+    return b.clone().view(dtype).reshape(shape)
+
+
+def _resolve_names(params: List[torch.Tensor], named_parameters: Any,
+                   param_groups: List[Dict[str, Any]]) -> Dict[int, str]:
+    """id(p) -> name, validated like Horovod."""
+    if named_parameters is None:
+        return {id(v): f"allreduce.noname.{i}.{j}" for i, g in enumerate(param_groups)
+                for j, v in enumerate(g["params"])}
+    named = list(named_parameters)
+    if any(not isinstance(t, tuple) or len(t) != 2 for t in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters()")
+    seen, dups = set(), []
+    for k, _ in named:
+        if k in seen:
+            dups.append(str(k))
+        seen.add(k)
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found "
+                         f"duplicates: {', '.join(sorted(set(dups)))}")
+    names = {id(v): str(k) for k, v in named}
+    unnamed = [p for p in params if id(p) not in names]
+    if unnamed:
+        raise ValueError(
+            "named_parameters was specified, but one or more model parameters were not "
+            f"named ({len(unnamed)} of {len(params)}, shapes "
+            f"{[tuple(p.shape) for p in unnamed[:5]]}). Pass model.named_parameters() of the "
+            "model the optimizer was built from, or named_parameters=None")
+    return names
+
+
+_classes: Dict[type, type] = {}
+
+
+def _wrapped_class(cls: type) -> type:
+    if cls not in _classes:
+        _classes[cls] = type(cls.__name__, (_DistributedOptimizerMixin, cls),
+                             {"__module__": cls.__module__,
+                              "__doc__": f"{cls.__name__} synchronised by hipress-like CaSync."})
+    return _classes[cls]
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
+                         compression: Any = None, backward_passes_per_step: int = 1,
+                         op: str = Average, gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: Any = None, *, strategy: str = "ps", plan: Any = "auto",
+                         nonfinite: str = "raise", timeout: Optional[float] = None,
+                         seed: int = 0) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that ``step()`` applies gradients averaged by CaSync.
+
+    A collective call: every rank constructs it at the same point, with the
+    same parameters (the engine checks the gradient sets match).
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer`` (SGD, Adam, LBFGS, ...).
+            The wrapper shares its param groups and state; use the wrapper.
+        named_parameters: ``model.named_parameters()``; names identify
+            gradients in plans, logs and errors. ``None``: positional names.
+        compression: ``hpt.Compression.<name>`` (or a registry name or a
+            ``Compressor``). ``None``: no compression, or the plan's
+            compressor when ``plan`` is a ``Plan``.
+        backward_passes_per_step: backward passes accumulated locally
+            before the gradients are averaged.
+        op: ``hpt.Average`` (default) or ``hpt.Sum``.
+        gradient_predivide_factor: Horovod option for fp16 overflow; the
+            engine averages in float32, so it does not change the result.
+        num_groups, groups: Horovod's fusion options; CaSync batches small
+            gradients itself, so they are accepted and ignored.
+        sparse_as_dense: densify sparse gradients and send them through the
+            engine instead of allgathering them.
+        process_set: only ``None`` (all ranks).
+        strategy: "ps" (co-located parameter servers) or "ring".
+        plan: "auto" (the cost model decides per gradient), a ``Plan``, a
+            plan file path, or ``None`` (the engine's default size rule:
+            gradients from 1 MB up are compressed, partitioned by size).
+        nonfinite: "raise" on NaN/Inf gradients, or "skip" the step on every rank.
+        timeout: seconds before a stalled or dead peer becomes an error.
+        seed: seed of the compressors' random streams (same on all ranks).
+
+    Returns:
+        The distributed optimizer (an instance of a subclass of
+        ``type(optimizer)``).
+
+    Raises:
+        ValueError: duplicate or partial ``named_parameters``, bad options.
+        TypeError: a parameter with a dtype that cannot be reduced.
+
+    Example:
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.01 * hpt.size())
+        >>> opt = hpt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+        ...                                compression=hpt.Compression.onebit)
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"expected a torch.optim.Optimizer, found {type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedOptimizerMixin):
+        raise ValueError("this optimizer is already a DistributedOptimizer")
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        raise ValueError("process sets are not supported; every rank trains together")
+    if num_groups or groups:
+        log.info("num_groups/groups ignored: CaSync batches small gradients itself")
+    if gradient_predivide_factor != 1.0:
+        log.info("gradient_predivide_factor=%s has no effect: averaging is done in float32",
+                 gradient_predivide_factor)
+    cls = _wrapped_class(type(optimizer))
+    opt = cls.__new__(cls)
+    # Share everything but per-instance callables (an LR scheduler patches
+    # ``optimizer.step`` on the instance; copying it would bypass our step).
+    opt.__dict__.update({k: v for k, v in optimizer.__dict__.items()
+                         if not callable(getattr(type(optimizer), k, None))})
+    opt._hp_engine = None
+    opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step, op,
+                  sparse_as_dense, nonfinite, timeout, seed)
+    return opt

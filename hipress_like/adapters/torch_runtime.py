@@ -1,0 +1,327 @@
+"""Process setup for the PyTorch front end: ``init``, ``rank``, ``size`` (like horovod.torch).
+
+``init()`` finds out how the job was launched and joins the other ranks
+through torch.distributed, trying in order:
+
+1. already initialised (``run_workers``, or the user called
+   ``dist.init_process_group``): adopt the default group;
+2. ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``):
+   ``env://``;
+3. ``mpirun`` (Open MPI, MPICH or PMIx variables): rank 0 opens a TCPStore
+   on a free port and shares ``host:port`` over MPI (mpi4py); every rank
+   joins that store, so MPI is only used for the rendezvous;
+4. none of these: one process (size 1) on a private in-memory store, so a
+   Horovod script still runs unchanged with ``python train.py``.
+
+The default group carries the user-facing collectives (``allreduce``,
+``broadcast_parameters``, ...). Every ``DistributedOptimizer`` and DDP hook
+state gets its own engine with its own transport (and process group), so
+the engine's communication thread never interleaves with them.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import weakref
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Optional
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "barrier", "mpi_built", "mpi_enabled", "gloo_built",
+    "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "mpi_threads_supported",
+    "default_timeout",
+]
+
+log = logging.getLogger(__name__)
+
+# Matches the transports' DEFAULT_TIMEOUT: a dead peer is reported within
+# minutes, while a 1 GB exchange over a slow link still fits.
+_DEFAULT_TIMEOUT = 300.0
+
+_MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+
+
+@dataclass
+class _Runtime:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    launcher: str  # "adopted", "torchrun", "mpirun", "single"
+    owns_group: bool
+    timeout: float
+
+
+_rt: Optional[_Runtime] = None
+_closables: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def default_timeout() -> float:
+    """Seconds every blocking wait may take (``HIPRESS_TIMEOUT``, default 300)."""
+    if _rt is not None:
+        return _rt.timeout
+    return float(os.environ.get("HIPRESS_TIMEOUT", _DEFAULT_TIMEOUT))
+
+
+def _backend() -> str:
+    b = os.environ.get("HIPRESS_BACKEND")
+    if b:
+        return b
+    import torch
+
+    # gloo carries the CPU tensors (all our metadata); NCCL the CUDA ones.
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _env_int(*names: str, default: Optional[int] = None) -> Optional[int]:
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            return int(v)
+    return default
+
+
+def _under_mpirun() -> bool:
+    return any(v in os.environ for v in _MPI_RANK_VARS)
+
+
+def _init_mpi(timeout: float) -> _Runtime:
+    """Rendezvous through MPI: rank 0's TCPStore address travels by ``MPI.bcast``."""
+    import torch.distributed as dist
+
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise RuntimeError(
+            "this process was started by mpirun but mpi4py is not installed; "
+            "pip install mpi4py (or launch with torchrun)") from e
+    comm = MPI.COMM_WORLD
+    r, n = comm.Get_rank(), comm.Get_size()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=r)
+    lr, ls = local.Get_rank(), local.Get_size()
+    local.Free()
+    hosts = comm.allgather(socket.gethostname())
+    if r == 0:
+        addr = os.environ.get("MASTER_ADDR")
+        if not addr:
+            addr = ("127.0.0.1" if len(set(hosts)) == 1
+                    else socket.gethostbyname(socket.gethostname()))
+        try:
+            # port 0: the OS picks a free port, no race with other jobs.
+            store = dist.TCPStore(addr, int(os.environ.get("MASTER_PORT", 0)), n, True,
+                                  timedelta(seconds=timeout), wait_for_workers=False)
+            info = (addr, store.port, "")
+        except Exception as e:  # tell the other ranks instead of leaving them in bcast
+            info = (addr, 0, f"{type(e).__name__}: {e}")
+        comm.bcast(info, root=0)
+    else:
+        info = comm.bcast(None, root=0)
+    addr, port, err = info
+    if err:
+        raise RuntimeError(f"rank 0 could not open the rendezvous store on {addr}: {err}")
+    if r != 0:
+        store = dist.TCPStore(addr, port, n, False, timedelta(seconds=timeout))
+    dist.init_process_group(_backend(), store=store, rank=r, world_size=n,
+                            timeout=timedelta(seconds=timeout))
+    return _Runtime(r, n, lr, ls, "mpirun", True, timeout)
+
+
+def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = None) -> None:
+    """Join the other ranks (idempotent), like ``horovod.torch.init``.
+
+    Args:
+        comm: accepted for Horovod compatibility; only ``None`` (all ranks,
+            or ``MPI.COMM_WORLD``) is supported.
+        process_sets: accepted for compatibility; only ``None``.
+        timeout: seconds any collective may block before failing (default
+            ``HIPRESS_TIMEOUT`` or 300).
+
+    Raises:
+        ValueError: a sub-communicator or process sets were requested.
+        RuntimeError: started by mpirun without mpi4py, or the rendezvous failed.
+
+    Example:
+        >>> import hipress_like.torch as hpt
+        >>> hpt.init(); hpt.rank(), hpt.size()
+        (0, 1)
+    """
+    global _rt
+    if _rt is not None:
+        return
+    if comm is not None:
+        try:
+            from mpi4py import MPI
+            whole = comm == MPI.COMM_WORLD or comm == [] or comm == list(range(comm.Get_size()))
+        except Exception:
+            whole = isinstance(comm, list) and not comm
+        if not whole:
+            raise ValueError("init(comm=...) with a sub-communicator is not supported; "
+                             "start only the ranks that train, or pass comm=None")
+    if process_sets:
+        raise ValueError("process sets are not supported; every rank trains together")
+    import torch.distributed as dist
+
+    t = float(timeout if timeout is not None else os.environ.get("HIPRESS_TIMEOUT",
+                                                                 _DEFAULT_TIMEOUT))
+    if dist.is_initialized():
+        n, r = dist.get_world_size(), dist.get_rank()
+        _rt = _Runtime(r, n, _env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default=0),
+                       _env_int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=n),
+                       "adopted", False, t)
+    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(_backend(), init_method="env://", timeout=timedelta(seconds=t))
+        n, r = dist.get_world_size(), dist.get_rank()
+        _rt = _Runtime(r, n, _env_int("LOCAL_RANK", default=0),
+                       _env_int("LOCAL_WORLD_SIZE", default=n), "torchrun", True, t)
+    elif _under_mpirun():
+        _rt = _init_mpi(t)
+    else:
+        dist.init_process_group(_backend(), store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timedelta(seconds=t))
+        _rt = _Runtime(0, 1, 0, 1, "single", True, t)
+    log.info("hipress_like.torch: rank %d of %d (local %d of %d) via %s",
+             _rt.rank, _rt.size, _rt.local_rank, _rt.local_size, _rt.launcher)
+
+
+def _require() -> _Runtime:
+    if _rt is None:
+        raise ValueError("hipress_like.torch has not been initialized; "
+                         "call hipress_like.torch.init() first")
+    return _rt
+
+
+def _track(obj: Any) -> None:
+    """Close ``obj`` (an optimizer or hook state owning an engine) at shutdown."""
+    _closables.add(obj)
+
+
+def shutdown() -> None:
+    """Close every engine, then leave the process group if ``init`` created it."""
+    global _rt
+    for obj in list(_closables):
+        try:
+            obj.close()
+        except Exception as e:  # shutting down: report, keep going
+            log.warning("closing %r failed: %s", obj, e)
+    _closables.clear()
+    if _rt is None:
+        return
+    rt, _rt = _rt, None
+    if rt.owns_group:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _close_engines_at_exit() -> None:
+    for obj in list(_closables):
+        try:
+            obj.close()
+        except Exception:  # noqa: S110 - the interpreter is exiting
+            pass
+
+
+atexit.register(_close_engines_at_exit)
+
+
+def is_initialized() -> bool:
+    """True after ``init()`` (and before ``shutdown()``)."""
+    return _rt is not None
+
+
+def rank() -> int:
+    """This process's rank in ``[0, size())``."""
+    return _require().rank
+
+
+def size() -> int:
+    """Number of ranks."""
+    return _require().size
+
+
+def local_rank() -> int:
+    """Rank among the processes on this host (pick the GPU with it)."""
+    return _require().local_rank
+
+
+def local_size() -> int:
+    """Number of ranks on this host."""
+    return _require().local_size
+
+
+def cross_rank() -> int:
+    """Index of this host (rank // local_size on a homogeneous cluster)."""
+    rt = _require()
+    return rt.rank // max(1, rt.local_size)
+
+
+def cross_size() -> int:
+    """Number of hosts."""
+    rt = _require()
+    return max(1, rt.size // max(1, rt.local_size))
+
+
+def barrier() -> None:
+    """Wait until every rank arrives (times out after ``default_timeout()``)."""
+    import torch.distributed as dist
+
+    _require()
+    work = dist.barrier(async_op=True)
+    work.wait(timeout=timedelta(seconds=default_timeout()))
+
+
+def mpi_built() -> bool:
+    """True when mpi4py is importable (used only for the mpirun rendezvous)."""
+    import importlib.util
+
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def mpi_enabled() -> bool:
+    """True when this job was started by mpirun."""
+    return _rt is not None and _rt.launcher == "mpirun"
+
+
+def gloo_built() -> bool:
+    """Always True: gloo ships with torch."""
+    return True
+
+
+def gloo_enabled() -> bool:
+    """True when the default group uses gloo (CPU tensors)."""
+    return True
+
+
+def nccl_built() -> bool:
+    """True when this torch build has NCCL."""
+    import torch.distributed as dist
+
+    return bool(dist.is_nccl_available())
+
+
+def cuda_built() -> bool:
+    """True when this torch build has CUDA."""
+    import torch
+
+    return torch.backends.cuda.is_built()
+
+
+def rocm_built() -> bool:
+    """True when this torch build targets ROCm."""
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None
+
+
+def mpi_threads_supported() -> bool:
+    """Horovod compatibility: whether MPI was initialised with thread support."""
+    if not mpi_built():
+        return False
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
