@@ -1,0 +1,313 @@
+"""Transport over torch.distributed (gloo on CPU, NCCL on GPU).
+
+The engine's communication thread must never interleave with collectives
+the user issues on the default group from the main thread, so the
+transport runs on its OWN process group (``dist.new_group``, a collective
+call: every rank constructs its transport at the same point). Tensors live
+on the group's device (CPU for gloo, the current CUDA device for NCCL).
+
+Bulk exchange: ``alltoallv`` is one ``dist.all_to_all_single`` with uneven
+split sizes: one call instead of ``2(N-1)`` tagged point-to-point
+operations (``batch_isend_irecv``).
+
+Timeouts and naming the culprit:
+
+1. Every collective is issued with ``async_op=True`` and waited on with
+   ``work.wait(timeout)``.
+2. A daemon heartbeat thread publishes, every ``heartbeat_interval``
+   seconds, two counters per rank in the rendezvous store (the default
+   group's TCPStore): ``hb`` (+1 each beat) and ``seq`` (how many
+   collectives this rank has entered). Counters are ``store.add`` keys, so
+   reading them never blocks and no clocks are compared.
+3. When a wait fails (timeout or closed connection) the rank diagnoses:
+   ranks that posted a ``closed`` key left on purpose; ranks whose ``hb``
+   did not advance over a few intervals are dead (or frozen); ranks whose
+   ``seq`` is behind ours never entered this collective (stalled). It
+   raises ``PeerError`` naming them. If the store itself is unreachable,
+   its host (global rank 0) is gone and the error says so.
+4. The transport is then unusable: the failed collective may still be
+   pending inside the backend, so later calls raise ``TransportError``.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import threading
+import time
+import weakref
+from datetime import timedelta
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
+
+__all__ = ["TorchDistTransport"]
+
+log = logging.getLogger(__name__)
+
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+# Transports are created collectively in the same order on every rank, so
+# this per-process counter gives the same store key prefix on every rank.
+_instances = itertools.count()
+
+
+class TorchDistTransport(Transport):
+    """``Transport`` over a dedicated torch.distributed process group.
+
+    Args:
+        group: a process group reserved for this transport. ``None`` (the
+            usual case) creates one over all ranks with ``dist.new_group``;
+            that is a collective call, so every rank must construct its
+            transport at the same point of the program.
+        group_timeout: seconds the backend itself waits inside one
+            operation (the new group's timeout); per-call timeouts shorter
+            than this are enforced by ``work.wait``.
+        heartbeat_interval: seconds between heartbeats in the store; a dead
+            peer is named after about three intervals.
+        store: the store for heartbeats; default: the default group's store.
+
+    Raises:
+        TransportError: torch.distributed is not initialised.
+
+    Example:
+        >>> dist.init_process_group("gloo")          # env:// from torchrun
+        >>> t = TorchDistTransport()
+        >>> t.allreduce(torch.ones(3))
+    """
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None, *,
+                 group_timeout: float = DEFAULT_TIMEOUT, heartbeat_interval: float = 0.25,
+                 store: Optional[dist.Store] = None):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise TransportError(
+                "TorchDistTransport needs an initialised default process group; call "
+                "torch.distributed.init_process_group(...) first (torchrun sets the env:// "
+                "variables), or use hipress_like.casync.launch.run_workers")
+        self.backend = str(dist.get_backend())
+        if group is None:
+            group = dist.new_group(timeout=timedelta(seconds=group_timeout))
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        if self.rank < 0:
+            raise TransportError("this process is not a member of the given group")
+        self._global = [dist.get_global_rank(group, r) for r in range(self.size)]
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if self.backend == "nccl" else torch.device("cpu"))
+        self._store = store if store is not None else dist.distributed_c10d._get_default_store()
+        self._prefix = f"hipress/transport/{next(_instances)}"
+        self._interval = float(heartbeat_interval)
+        self._seq = 0
+        self._broken: Optional[str] = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._store_error: Optional[str] = None
+        self._beat()  # first heartbeat before any collective, so peers see us
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                           name=f"hipress-heartbeat-r{self.rank}")
+        self._hb_thread.start()
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # -- heartbeat and diagnosis -------------------------------------------------
+
+    def _key(self, kind: str, rank: int) -> str:
+        return f"{self._prefix}/{kind}/{rank}"
+
+    def _beat(self, published: List[int] = None) -> None:
+        self._store.add(self._key("hb", self.rank), 1)
+        if published is not None:
+            seq = self._seq
+            if seq != published[0]:
+                self._store.add(self._key("seq", self.rank), seq - published[0])
+                published[0] = seq
+
+    def _heartbeat_loop(self) -> None:
+        published = [0]
+        while not self._stop.wait(self._interval):
+            try:
+                self._beat(published)
+            except Exception as e:  # store host gone: remember it for the diagnosis
+                self._store_error = f"{type(e).__name__}: {e}"
+                log.debug("heartbeat to the store failed: %s", self._store_error)
+                return
+
+    def _read_counters(self, kind: str) -> Dict[int, int]:
+        return {r: int(self._store.add(self._key(kind, r), 0)) for r in range(self.size)}
+
+    def _diagnose(self, op: str, seq: int, cause: str) -> TransportError:
+        """Find which peers made collective ``seq`` fail; return the error to raise."""
+        where = f"rank {self.rank}: {op} (call #{seq}) failed ({cause})"
+        found: Dict[str, object] = {}
+
+        def probe() -> None:
+            try:
+                closed = [r for r, v in self._read_counters("closed").items()
+                          if v and r != self.rank]
+                hb0 = self._read_counters("hb")
+                time.sleep(3 * self._interval + 0.05)  # also lets peers publish their seq
+                hb1 = self._read_counters("hb")
+                seqs = self._read_counters("seq")
+                found.update(closed=closed, hb0=hb0, hb1=hb1, seqs=seqs)
+            except Exception as e:
+                found["store_error"] = f"{type(e).__name__}: {e}"
+
+        t = threading.Thread(target=probe, daemon=True, name="hipress-diagnose")
+        t.start()
+        t.join(3 * self._interval + 5.0)
+        store_error = found.get("store_error") or self._store_error
+        if t.is_alive() or store_error:
+            store_rank = self._group_rank_of_global(0)
+            why = store_error or "no answer within 5s"
+            ranks = [store_rank] if store_rank is not None and store_rank != self.rank else []
+            return PeerError(
+                f"{where}; the rendezvous store is unreachable ({why}): its host, global "
+                "rank 0, has died or stalled", ranks=ranks)
+        closed = found["closed"]
+        dead = [r for r in range(self.size) if r != self.rank and r not in closed
+                and found["hb1"][r] == found["hb0"][r]]
+        behind = [r for r in range(self.size) if r != self.rank and r not in closed
+                  and r not in dead and found["seqs"][r] <= seq]
+        parts = []
+        if closed:
+            parts.append(f"rank(s) {closed} closed their transport or exited")
+        if dead:
+            parts.append(f"rank(s) {dead} stopped heartbeating (process died or froze)")
+        if behind:
+            parts.append(f"rank(s) {behind} never entered this collective (stalled; they are "
+                         f"at call(s) {[found['seqs'][r] for r in behind]})")
+        if parts:
+            return PeerError(f"{where}: " + "; ".join(parts), ranks=sorted(closed + dead + behind))
+        return TransportError(
+            f"{where}; every peer is alive and inside this collective, so the exchange is "
+            "slower than the timeout: raise the timeout or shrink the message")
+
+    def _group_rank_of_global(self, global_rank: int) -> Optional[int]:
+        try:
+            return self._global.index(global_rank)
+        except ValueError:
+            return None
+
+    # -- running one collective --------------------------------------------------
+
+    def _run(self, op: str, start, timeout: float) -> None:
+        """Issue ``start()`` (returns async work) and wait for it with ``timeout``."""
+        if self._broken is not None:
+            raise TransportError(f"rank {self.rank}: transport unusable: {self._broken}")
+        if timeout is None or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        seq = self._seq
+        self._seq += 1
+        try:
+            work = start()
+            if work is not None:
+                work.wait(timeout=timedelta(seconds=timeout))
+        except Exception as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            cause = (f"timed out after {timeout:.3g}s" if "timed out" in msg.lower()
+                     else f"{type(e).__name__}: {msg[:300]}")
+            err = self._diagnose(op, seq, cause)
+            self._broken = f"{op} (call #{seq}) failed: {err}"
+            raise err from e
+
+    def _on_device(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device == self.device and t.is_contiguous():
+            return t
+        return t.to(self.device).contiguous()
+
+    # -- the collectives ---------------------------------------------------------
+
+    def alltoallv(self, send: Sequence[Optional[torch.Tensor]], recv_nbytes: Sequence[int],
+                  timeout: float = DEFAULT_TIMEOUT) -> List[Optional[torch.Tensor]]:
+        if len(send) != self.size or len(recv_nbytes) != self.size:
+            raise ValueError(f"alltoallv needs {self.size} send entries and recv sizes, got "
+                             f"{len(send)} and {len(recv_nbytes)}")
+        in_splits, parts = [], []
+        for p, t in enumerate(send):
+            if t is not None and (t.dtype != torch.uint8 or t.dim() != 1):
+                raise TypeError(f"alltoallv send[{p}] must be a 1-D torch.uint8 tensor, got "
+                                f"{t.dtype} with shape {tuple(t.shape)}")
+            n = 0 if t is None or p == self.rank else t.numel()
+            in_splits.append(n)
+            if n:
+                parts.append(t)
+        out_splits = [0 if p == self.rank else int(n) for p, n in enumerate(recv_nbytes)]
+        if any(n < 0 for n in out_splits):
+            raise ValueError(f"recv_nbytes must be >= 0, got {list(recv_nbytes)}")
+        inp = (torch.cat([self._on_device(t) for t in parts]) if parts
+               else torch.empty(0, dtype=torch.uint8, device=self.device))
+        out = torch.empty(sum(out_splits), dtype=torch.uint8, device=self.device)
+        with self._lock:
+            self._run("alltoallv", lambda: dist.all_to_all_single(
+                out, inp, out_splits, in_splits, group=self.group, async_op=True), timeout)
+        result: List[Optional[torch.Tensor]] = []
+        offset = 0
+        for p, n in enumerate(out_splits):
+            if p == self.rank:
+                own = send[p]
+                result.append(None if own is None or own.numel() == 0 else own)
+            else:
+                result.append(out[offset:offset + n] if n else None)
+            offset += n
+        return result
+
+    def allgather(self, tensor: torch.Tensor, timeout: float = DEFAULT_TIMEOUT
+                  ) -> List[torch.Tensor]:
+        src = self._on_device(tensor)
+        outs = [torch.empty_like(src) for _ in range(self.size)]
+        with self._lock:
+            self._run("allgather", lambda: dist.all_gather(
+                outs, src, group=self.group, async_op=True), timeout)
+        return outs
+
+    def broadcast(self, tensor: torch.Tensor, root: int, timeout: float = DEFAULT_TIMEOUT
+                  ) -> torch.Tensor:
+        if not 0 <= root < self.size:
+            raise ValueError(f"broadcast root must be in [0, {self.size}), got {root}")
+        buf = self._on_device(tensor)
+        with self._lock:
+            self._run(f"broadcast(root={root})", lambda: dist.broadcast(
+                buf, src=self._global[root], group=self.group, async_op=True), timeout)
+        if buf is not tensor:
+            tensor.copy_(buf)
+        return tensor
+
+    def allreduce(self, tensor: torch.Tensor, op: str = "sum", timeout: float = DEFAULT_TIMEOUT
+                  ) -> torch.Tensor:
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {op!r}; available: {', '.join(_REDUCE_OPS)}")
+        buf = self._on_device(tensor)
+        with self._lock:
+            self._run(f"allreduce({op})", lambda: dist.all_reduce(
+                buf, op=_REDUCE_OPS[op], group=self.group, async_op=True), timeout)
+        if buf is not tensor:
+            tensor.copy_(buf)
+        return tensor
+
+    def barrier(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        # A one-element allreduce rather than dist.barrier: the same code path
+        # (and the same failure diagnosis) as every other collective.
+        one = torch.zeros(1, device=self.device)
+        with self._lock:
+            self._run("barrier", lambda: dist.all_reduce(
+                one, group=self.group, async_op=True), timeout)
+
+    def close(self) -> None:
+        """Stop the heartbeat and tell peers this rank left on purpose."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._broken is None:
+            self._broken = "closed"
+        try:
+            self._store.add(self._key("closed", self.rank), 1)
+        except Exception as e:  # the store host may be gone already
+            log.debug("could not post the closed key: %s", e)
+
+
+def _close_at_exit(ref: "weakref.ref[TorchDistTransport]") -> None:
+    transport = ref()
+    if transport is not None:
+        transport.close()

@@ -1,0 +1,148 @@
+"""TorchDistTransport over gloo with real ranks on loopback (2, 3 and 4 ranks).
+
+Each test is one ``run_workers`` call that checks many things inside the
+workers, because starting ranks (importing torch) dominates the runtime.
+"""
+import os
+
+import pytest
+import torch
+
+from hipress_like.casync.launch import WorkerError, run_workers
+from hipress_like.casync.transport import PeerError, TransportError
+
+
+def _payload(src: int, dst: int) -> torch.Tensor:
+    # uneven per-peer sizes with zero-length messages (src == dst + 1) and a large one
+    if src == dst + 1:
+        return torch.empty(0, dtype=torch.uint8)
+    n = 100_003 if (src, dst) == (0, 1) else (src * 3 + dst * 5) % 7 + 1
+    return torch.arange(n, dtype=torch.int64).add(src * 10 + dst).to(torch.uint8)
+
+
+def _collectives(ctx):
+    t, r, n = ctx.transport, ctx.rank, ctx.size
+    assert (t.rank, t.size) == (r, n)
+    for _ in range(2):  # twice: repeated calls on the same group must keep matching
+        send = [_payload(r, p) for p in range(n)]
+        out = t.alltoallv(send, [_payload(p, r).numel() for p in range(n)], timeout=30)
+        for p in range(n):
+            want = _payload(p, r)
+            if want.numel() == 0:
+                assert out[p] is None, (p, out[p])
+            else:
+                assert out[p].dtype == torch.uint8 and torch.equal(out[p], want), p
+    nothing = t.alltoallv([None] * n, [0] * n, timeout=30)
+    assert nothing == [None] * n
+    g = t.allgather(torch.tensor([r, 2 * r], dtype=torch.int64), timeout=30)
+    assert [x.tolist() for x in g] == [[p, 2 * p] for p in range(n)]
+    assert t.allgather_bytes(b"ab" * r, timeout=30) == [b"ab" * p for p in range(n)]
+    b = torch.full((5,), float(r)) if r == n - 1 else torch.zeros(5)
+    t.broadcast(b, root=n - 1, timeout=30)
+    assert b.tolist() == [float(n - 1)] * 5
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)[:, :2] * (r + 1)  # non-contiguous
+    t.allreduce(x, timeout=30)
+    assert torch.equal(x, torch.tensor([[0.0, 1.0], [3.0, 4.0]]) * (n * (n + 1) / 2))
+    assert t.allreduce(torch.tensor([r]), op="max", timeout=30).item() == n - 1
+    assert t.allreduce(torch.tensor([r]), op="min", timeout=30).item() == 0
+    t.barrier(timeout=30)
+    return r
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_gloo_collectives(nprocs):
+    assert run_workers(_collectives, nprocs, timeout=120) == list(range(nprocs))
+
+
+def _user_collectives_do_not_interleave(ctx):
+    # The transport has its own group: a default-group all_reduce between
+    # transport calls must not be matched with the transport's traffic.
+    import torch.distributed as dist
+
+    t = ctx.transport
+    a = torch.ones(3)
+    dist.all_reduce(a)
+    b = t.allreduce(torch.full((2,), 2.0), timeout=30)
+    return a.tolist(), b.tolist()
+
+
+def test_own_process_group():
+    res = run_workers(_user_collectives_do_not_interleave, 2, timeout=120)
+    assert res == [([2.0] * 3, [4.0] * 2)] * 2
+
+
+def _one_rank_leaves(ctx, leaver, how):
+    t = ctx.transport
+    t.barrier(timeout=30)
+    if ctx.rank == leaver:
+        if how == "crash":
+            os._exit(7)
+        return "left"
+    try:
+        t.alltoallv([torch.ones(4, dtype=torch.uint8)] * ctx.size, [4] * ctx.size, timeout=2)
+    except PeerError as e:
+        msg = str(e)
+        try:
+            t.barrier(timeout=5)
+        except TransportError as again:
+            assert "unusable" in str(again)
+        else:
+            raise AssertionError("transport still usable after a PeerError")
+        return list(e.ranks), msg
+    raise AssertionError("alltoallv completed without the leaving rank")
+
+
+@pytest.mark.parametrize("how", ["return", "crash"])
+def test_rank_leaving_early_is_named(how):
+    leaver = 1
+    try:
+        res = run_workers(_one_rank_leaves, 3, args=(leaver, how), timeout=120)
+    except WorkerError as e:
+        assert how == "crash" and set(e.failures) == {leaver}, e
+        res = [e.results.get(r) for r in range(3)]
+    for r in (0, 2):
+        ranks, msg = res[r]
+        assert ranks == [leaver], msg
+        assert f"[{leaver}]" in msg or f"rank {leaver}" in msg, msg
+
+
+def _stalls(ctx):
+    import time
+
+    if ctx.rank == 0:
+        time.sleep(3.5)  # alive and heartbeating, but never joins the barrier
+        return None
+    try:
+        ctx.transport.barrier(timeout=1.0)
+    except PeerError as e:
+        return list(e.ranks), str(e)
+
+
+def test_stalled_rank_is_named():
+    res = run_workers(_stalls, 2, timeout=120)
+    ranks, msg = res[1]
+    assert ranks == [0] and "rank(s) [0]" in msg and "never entered" in msg, msg
+
+
+def _raises(ctx):
+    if ctx.rank == 1:
+        raise ValueError("worker 1 broke")
+    ctx.transport.barrier(timeout=30)
+
+
+def test_worker_error_carries_traceback():
+    with pytest.raises(WorkerError) as info:
+        run_workers(_raises, 2, timeout=120, grace=3)
+    assert "ValueError: worker 1 broke" in info.value.failures[1]
+    assert "first to fail was rank 1" in str(info.value)
+
+
+def _sleep_forever(ctx):
+    import time
+
+    time.sleep(600)
+
+
+def test_global_timeout_kills_everything():
+    with pytest.raises(TimeoutError, match="timeout"):
+        run_workers(_sleep_forever, 2, timeout=5)
