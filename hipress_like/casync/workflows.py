@@ -25,6 +25,7 @@ its raw sum, so all ranks hold bitwise-identical averages.
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any, Dict, List
 
 import torch
@@ -95,6 +96,8 @@ class CompressorCodec:
         if st is None:
             st = self.comp.init(x, seed=self.seed_of(k))
             st["world_size"] = self.world_size
+            if "shared_seed" in st:  # e.g. PowerSGD's first Q must be equal on every rank
+                st["shared_seed"] = zlib.crc32(k.encode()) & 0x7FFFFFFF
             self.states[k] = st
         return st
 

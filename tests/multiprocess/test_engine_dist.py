@@ -1,0 +1,218 @@
+"""The CaSync engine across real processes: gloo over loopback, and MPI.
+
+Each test launches real ranks with ``run_workers``; the workers below are
+module-level so the launcher can import them in the child processes.
+"""
+import os
+import re
+import shutil
+
+import pytest
+import torch
+
+import hipress_like as hp
+from hipress_like.casync.engine import Engine, EngineConfig
+from hipress_like.casync.launch import WorkerError, run_workers
+from hipress_like.casync.workflows import chunk_bounds
+from hipress_like.cost_model.plan import Plan, SizeRule
+
+SIZES = [1, 7, 8, 1001, 65537, 250_003]
+
+
+def _grads(rank, sizes):
+    g = torch.Generator().manual_seed(99 + rank)
+    return {f"g{i}": torch.randn(s, generator=g) for i, s in enumerate(sizes)}
+
+
+def _plan(comp, k, min_bytes=0):
+    return Plan(compressor=comp, rule=SizeRule(min_compress_bytes=min_bytes,
+                                               bytes_per_partition=1, max_partitions=k))
+
+
+def _sync(ctx, comp, strategy, sizes, k, steps=1, min_bytes=0, coordinator=True):
+    eng = Engine(ctx.transport, EngineConfig(compressor=None, plan=_plan(comp, k, min_bytes),
+                                             strategy=strategy, timeout=60,
+                                             coordinator=coordinator))
+    try:
+        gs = _grads(ctx.rank, sizes)
+        eng.register([(n, tuple(v.shape), v.dtype) for n, v in gs.items()])
+        out = []
+        for _ in range(steps):
+            work = {n: v.clone() for n, v in gs.items()}
+            for n, v in work.items():
+                eng.submit(n, v)
+            eng.synchronize()
+            out.append(work)
+        return out[-1], eng.layout()
+    finally:
+        eng.close()
+
+
+def _expected(all_g, name, info, n):
+    if info["workflow"] != "ring":
+        return sum(all_g[r][name] for r in range(n)) / n
+    out = torch.empty_like(all_g[0][name])
+    for s, e, _ in info["partitions"]:
+        for c, (cs, ce) in enumerate(chunk_bounds(e - s, n)):
+            acc = all_g[c][name][s + cs: s + ce].clone()
+            for i in range(1, n):
+                acc += all_g[(c + i) % n][name][s + cs: s + ce]
+            out[s + cs: s + ce] = acc / n
+    return out
+
+
+@pytest.mark.parametrize("n,strategy,k", [(2, "ps", 1), (3, "ring", 2), (4, "ps", 8),
+                                          (4, "ring", 3)])
+def test_identity_exact_average_gloo(n, strategy, k):
+    res = run_workers(_sync, n, args=("identity", strategy, SIZES, k), timeout=180)
+    all_g = [_grads(r, SIZES) for r in range(n)]
+    for name in all_g[0]:
+        exp = _expected(all_g, name, res[0][1][name], n)
+        for r in range(n):
+            assert torch.equal(res[r][0][name], exp), (name, r)
+
+
+def _all_compressors(ctx, names, strategy):
+    """Every compressor, two steps each, in one launch (process start-up is costly)."""
+    sizes = [1, 100, 4099, 70_000]
+    out = {}
+    for name in names:
+        eng = Engine(ctx.transport, EngineConfig(compressor=None, plan=_plan(name, 3),
+                                                 strategy=strategy, timeout=60))
+        try:
+            gs = _grads(ctx.rank, sizes)
+            eng.register([(n, tuple(v.shape), v.dtype) for n, v in gs.items()])
+            for _ in range(2):
+                for n, v in gs.items():
+                    eng.submit(n, v)
+                eng.synchronize()
+            out[name] = gs
+        finally:
+            eng.close()
+    return out
+
+
+def _compressor_names():
+    return [c for c in hp.compressors.available() if c not in ("none", "ef", "error_feedback")]
+
+
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_every_compressor_bitwise_identical_gloo(strategy):
+    names = _compressor_names()
+    res = run_workers(_all_compressors, 4, args=(names, strategy), timeout=300)
+    for name in names:
+        for g in res[0][name]:
+            assert torch.isfinite(res[0][name][g]).all()
+            for r in range(1, 4):
+                assert torch.equal(res[r][name][g], res[0][name][g]), (name, g, r)
+
+
+def _big(ctx, strategy):
+    n = 16 << 20  # 64 MB of float32
+    g = torch.full((n,), float(ctx.rank + 1))
+    g[::1000] = -1.0
+    eng = Engine(ctx.transport, EngineConfig(compressor=None, plan=_plan("identity", 4, 1 << 40),
+                                             strategy=strategy, timeout=120))
+    try:
+        eng.register([("big", (n,), torch.float32)])
+        eng.submit("big", g)
+        eng.synchronize()
+        mean = sum(range(1, ctx.size + 1)) / ctx.size
+        return bool(torch.all(g[1:1000] == mean)) and bool(torch.all(g[::1000] == -1.0))
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_64mb_gradient(strategy):
+    assert run_workers(_big, 3, args=(strategy,), timeout=300) == [True] * 3
+
+
+def _dies(ctx):
+    eng = Engine(ctx.transport, compressor="identity", timeout=8)
+    eng.register([("w", (1000,), torch.float32)])
+    eng.submit("w", torch.ones(1000))
+    eng.synchronize()
+    if ctx.rank == 1:
+        os._exit(3)  # a crash between steps: no teardown, no goodbye
+    eng.submit("w", torch.ones(1000))
+    eng.synchronize()
+
+
+def test_dead_rank_fails_everyone_with_its_name():
+    with pytest.raises(WorkerError) as e:
+        run_workers(_dies, 3, timeout=120, grace=30)
+    failures = e.value.failures
+    for r in (0, 2):
+        assert r in failures, failures
+        assert re.search(r"rank(\(s\))? \[?1\b", failures[r]), failures[r]
+
+
+def _mismatch(ctx):
+    eng = Engine(ctx.transport, compressor="identity", timeout=20)
+    shape = (10,) if ctx.rank == 0 else (11,)
+    eng.register([("w", shape, torch.float32)])
+
+
+def test_gradient_mismatch_reported_on_every_rank():
+    with pytest.raises(WorkerError) as e:
+        run_workers(_mismatch, 2, timeout=120)
+    assert set(e.value.failures) == {0, 1}
+    for tb in e.value.failures.values():
+        assert "GradientMismatchError" in tb and "shape (11,)" in tb
+
+
+def _have_mpi():
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("mpirun") is not None
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not _have_mpi(), reason="needs mpi4py and mpirun (./test.sh installs them)")
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_identity_and_compressors_over_mpi(strategy):
+    res = run_workers(_sync, 3, backend="mpi", args=("identity", strategy, SIZES, 2),
+                      timeout=180)
+    all_g = [_grads(r, SIZES) for r in range(3)]
+    for name in all_g[0]:
+        exp = _expected(all_g, name, res[0][1][name], 3)
+        for r in range(3):
+            assert torch.equal(res[r][0][name], exp)
+    names = _compressor_names()
+    res = run_workers(_all_compressors, 3, backend="mpi", args=(names, strategy), timeout=300)
+    for name in names:
+        for g in res[0][name]:
+            for r in range(1, 3):
+                assert torch.equal(res[r][name][g], res[0][name][g]), (name, g, r)
+
+
+def _many_small(ctx, coordinator):
+    sizes = [64] * 200 + [10_000] * 5
+    eng = Engine(ctx.transport, EngineConfig(compressor=None,
+                                             plan=_plan("identity", 1, 1 << 40),
+                                             timeout=60, coordinator=coordinator))
+    try:
+        gs = _grads(ctx.rank, sizes)
+        eng.register([(n, tuple(v.shape), v.dtype) for n, v in gs.items()])
+        for n, v in gs.items():
+            eng.submit(n, v)
+        eng.synchronize()
+        rounds = sum(1 for e in eng.timeline.events if e.kind == "round")
+        return gs, rounds
+    finally:
+        eng.close()
+
+
+def test_coordinator_batches_hundreds_of_small_gradients():
+    on = run_workers(_many_small, 4, args=(True,), timeout=180)
+    off = run_workers(_many_small, 4, args=(False,), timeout=180)
+    sizes = [64] * 200 + [10_000] * 5
+    all_g = [_grads(r, sizes) for r in range(4)]
+    for name in all_g[0]:
+        exp = sum(all_g[r][name] for r in range(4)) / 4
+        for r in range(4):
+            assert torch.equal(on[r][0][name], exp) and torch.equal(off[r][0][name], exp)
+    assert on[0][1] < off[0][1] / 5  # batching: far fewer rounds for the same messages
