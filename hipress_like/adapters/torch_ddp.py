@@ -98,7 +98,9 @@ class CaSyncHookState:
             eng.transport.close()
 
 
-def casync_hook(state: CaSyncHookState, bucket: Any) -> torch.futures.Future:
+# No annotations on purpose: DDP rejects a hook whose annotations are not exactly
+# dist.GradBucket / Future[Tensor] (strings under postponed evaluation never are).
+def casync_hook(state, bucket):  # noqa: ANN001
     """DDP comm hook: average the bucket's gradients with CaSync.
 
     Args:

@@ -1,0 +1,311 @@
+"""DistributedOptimizer and the DDP hook on real ranks (gloo on loopback, run_workers).
+
+Reference checks: after every step all ranks hold bitwise-identical
+parameters (every compressor, PS and Ring); with no compression the
+averaged gradient equals an exact allreduce average; a checkpointed run
+resumed at step k reproduces the uninterrupted losses exactly; a rank that
+dies makes the others fail with an error naming it.
+"""
+import hashlib
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hipress_like as hp
+import hipress_like.torch as hpt
+from hipress_like.casync.launch import WorkerError, run_workers
+from hipress_like.cost_model import Plan, SizeRule
+
+_ALIASES = {"none", "ef", "error_feedback"}
+
+
+def _compressors():
+    return [n for n in hp.compressors.available() if n not in _ALIASES]
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 6 * 6, 24), nn.ReLU(), nn.Linear(24, 3))
+
+
+def _batch(rank, step, n=6):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, 1, 6, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _plan(name, strategy):
+    # Compress every gradient, in several partitions, so every code path runs.
+    return Plan(compressor=name, strategy=strategy,
+                rule=SizeRule(min_compress_bytes=0, bytes_per_partition=256))
+
+
+def _digest(model):
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+
+
+def _build(name, strategy="ps", **kw):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = hpt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=name, strategy=strategy,
+                                   plan=_plan(name, strategy), **kw)
+    return model, opt
+
+
+def _train(model, opt, rank, steps, start=0):
+    losses = []
+    for step in range(start, start + steps):
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(hpt.allreduce(loss.detach(), name="loss").item())
+    return losses
+
+
+# -- workers (module level: run_workers imports them by name) ----------------------------
+
+def identical_worker(ctx, names):
+    hpt.init()
+    out = {}
+    init = _digest(_model())
+    for name in names:
+        for strategy in ("ps", "ring"):
+            model, opt = _build(name, strategy)
+            _train(model, opt, ctx.rank, steps=3)
+            out[f"{name}/{strategy}"] = _digest(model)
+            assert out[f"{name}/{strategy}"] != init, f"{name}/{strategy}: nothing was learned"
+            opt.close()
+    return out
+
+
+def exact_average_worker(ctx):
+    """Identity compression: p.grad equals the exact allreduce average of local grads."""
+    import torch.distributed as dist
+
+    hpt.init()
+    model, opt = _build("identity", "ring")
+    ref = _model()
+    for step in range(2):
+        x, y = _batch(ctx.rank, step)
+        ref.load_state_dict(model.state_dict())
+        ref.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        expected = []
+        for p in ref.parameters():
+            g = p.grad.clone()
+            dist.all_reduce(g)
+            expected.append(g / ctx.size)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        for p, e in zip(model.parameters(), expected):
+            torch.testing.assert_close(p.grad, e, rtol=1e-6, atol=1e-7)
+        with opt.skip_synchronize():
+            opt.step()
+    opt.close()
+    return _digest(model)
+
+
+def scenarios_worker(ctx):
+    """Accumulation, rank-dependent unused branches, requires_grad toggling, LBFGS."""
+    hpt.init()
+    r = ctx.rank
+    out = {}
+    # 1. gradient accumulation over 2 passes
+    model, opt = _build("topk", backward_passes_per_step=2)
+    for step in range(3):
+        opt.zero_grad()
+        for k in range(2):
+            x, y = _batch(r, 10 * step + k)
+            F.cross_entropy(model(x), y).backward()
+        opt.step()
+    out["accumulate"] = _digest(model)
+    opt.close()
+
+    # 2. a branch only rank 0 uses: the others submit zeros for it
+    torch.manual_seed(0)
+    trunk, branch = nn.Linear(4, 4), nn.Linear(4, 4)
+    named = [("trunk." + n, p) for n, p in trunk.named_parameters()] + \
+            [("branch." + n, p) for n, p in branch.named_parameters()]
+    opt = hpt.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1),
+                                   named_parameters=named, compression="identity")
+    before = branch.weight.detach().clone()
+    for step in range(2):
+        opt.zero_grad()
+        h = trunk(torch.randn(3, 4, generator=torch.Generator().manual_seed(step * 7 + r)))
+        if r == 0:
+            h = branch(h)
+        h.sum().backward()
+        opt.step()
+    assert not torch.equal(branch.weight, before)  # rank 0's gradient reached everyone
+    out["branch"] = hashlib.sha256(torch.cat([trunk.weight.reshape(-1),
+                                              branch.weight.reshape(-1)]).detach()
+                                   .numpy().tobytes()).hexdigest()
+    opt.close()
+
+    # 3. GAN-style: two optimizers, alternating requires_grad
+    torch.manual_seed(0)
+    gen, disc = nn.Linear(4, 4), nn.Linear(4, 1)
+    g_opt = hpt.DistributedOptimizer(torch.optim.Adam(gen.parameters(), lr=0.01),
+                                     named_parameters=gen.named_parameters(),
+                                     compression="dgc")
+    d_opt = hpt.DistributedOptimizer(torch.optim.Adam(disc.parameters(), lr=0.01),
+                                     named_parameters=disc.named_parameters(),
+                                     compression="topk")
+    for step in range(3):
+        z = torch.randn(5, 4, generator=torch.Generator().manual_seed(step * 11 + r))
+        for p in disc.parameters():
+            p.requires_grad_(True)
+        d_opt.zero_grad()
+        disc(gen(z).detach()).mean().backward()
+        d_opt.step()
+        for p in disc.parameters():
+            p.requires_grad_(False)
+        g_opt.zero_grad()
+        (-disc(gen(z)).mean()).backward()
+        g_opt.step()
+    out["gan"] = hashlib.sha256(torch.cat([p.detach().reshape(-1) for p in
+                                           [*gen.parameters(), *disc.parameters()]])
+                                .numpy().tobytes()).hexdigest()
+    g_opt.close()
+    d_opt.close()
+
+    # 4. LBFGS: closures synchronised and losses averaged, so line searches agree
+    model = _model()
+    opt = hpt.DistributedOptimizer(torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5),
+                                   named_parameters=model.named_parameters())
+    x, y = _batch(r, 0)
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+    for _ in range(2):
+        opt.step(closure)
+    out["lbfgs"] = _digest(model)
+    opt.close()
+    return out
+
+
+def resume_worker(ctx, name, tmpdir, k, n):
+    hpt.init()
+    r = ctx.rank
+    model, opt = _build(name)
+    uninterrupted = _train(model, opt, r, k)
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()},
+               os.path.join(tmpdir, f"{name}.rank{r}.pt"))
+    everyone = opt.state_dict(all_ranks=True)  # collective: one file resumes every rank
+    if r == 0:
+        torch.save({"model": model.state_dict(), "opt": everyone},
+                   os.path.join(tmpdir, f"{name}.all.pt"))
+    uninterrupted += _train(model, opt, r, n - k, start=k)
+    opt.close()
+    resumed = {}
+    for kind in ("rank", "all"):
+        hpt.barrier()
+        path = os.path.join(tmpdir, f"{name}.rank{r}.pt" if kind == "rank" else f"{name}.all.pt")
+        ck = torch.load(path, weights_only=True)
+        model, opt = _build(name)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        resumed[kind] = _train(model, opt, r, n - k, start=k)
+        opt.close()
+    return uninterrupted[k:], resumed
+
+
+def crash_worker(ctx):
+    hpt.init()
+    model, opt = _build("onebit" if "onebit" in hp.compressors.available() else "topk",
+                        timeout=20.0)
+    for step in range(100):
+        if ctx.rank == 1 and step == 3:
+            os._exit(7)  # a hard crash: no exception, no goodbye
+        _train(model, opt, ctx.rank, 1, start=step)
+    return "finished"
+
+
+def ddp_worker(ctx, names):
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    hpt.init()
+    out = {}
+    for name in [None, *names]:
+        model = _model()
+        ddp = DDP(model)
+        state = None
+        if name is not None:
+            state = hpt.CaSyncHookState(ddp, compression=name, plan=_plan(name, "ps"))
+            ddp.register_comm_hook(state, hpt.casync_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        for step in range(3):
+            x, y = _batch(ctx.rank, step)
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        out[str(name)] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        if state is not None:
+            state.close()
+        del ddp
+        gc.collect()
+    return out
+
+
+# -- tests -------------------------------------------------------------------------------
+
+def test_replicas_bitwise_identical_every_compressor():
+    names = _compressors()
+    res = run_workers(identical_worker, 3, args=(names,), timeout=300)
+    for key in res[0]:
+        assert len({r[key] for r in res}) == 1, f"{key}: replicas diverged"
+    assert len(res[0]) == 2 * len(names)
+
+
+def test_identity_equals_exact_average():
+    res = run_workers(exact_average_worker, 3, timeout=120)
+    assert len(set(res)) == 1
+
+
+def test_accumulation_unused_branches_requires_grad_toggling_lbfgs():
+    res = run_workers(scenarios_worker, 3, timeout=180)
+    for key in res[0]:
+        assert len({r[key] for r in res}) == 1, f"{key}: replicas diverged"
+
+
+@pytest.mark.parametrize("name", ["onebit", "terngrad", "dgc", "powersgd"])
+def test_checkpoint_resume_reproduces_losses(name, tmp_path):
+    if name not in hp.compressors.available():
+        pytest.skip(f"compressor {name} is not registered in this build")
+    res = run_workers(resume_worker, 2, args=(name, str(tmp_path), 3, 6), timeout=180)
+    for uninterrupted, resumed in res:
+        assert resumed["rank"] == uninterrupted, "per-rank checkpoint"
+        assert resumed["all"] == uninterrupted, "state_dict(all_ranks=True) checkpoint"
+
+
+def test_crashing_rank_fails_the_others_with_a_clear_error():
+    with pytest.raises(WorkerError) as info:
+        run_workers(crash_worker, 3, timeout=120, grace=60)
+    failures = info.value.failures
+    assert "rank 1" in failures[1] or "exit" in failures[1]
+    for r in (0, 2):
+        text = failures[r]
+        assert "[1]" in text or "rank 1" in text, text  # the culprit is named
+        assert any(w in text for w in ("PeerError", "EngineError", "TransportError")), text
+
+
+def test_ddp_hook_matches_ddp_and_keeps_replicas_identical():
+    names = [n for n in ("identity", "topk", "dgc", "powersgd", "onebit")
+             if n in hp.compressors.available()]
+    res = run_workers(ddp_worker, 3, args=(names,), timeout=240)
+    for key in res[0]:
+        assert all(torch.equal(res[0][key], r[key]) for r in res), f"{key}: replicas diverged"
+    torch.testing.assert_close(res[0]["identity"], res[0]["None"], rtol=1e-5, atol=1e-6)
