@@ -20,8 +20,12 @@ def _payload(src: int, dst: int) -> torch.Tensor:
     return torch.arange(n, dtype=torch.int64).add(src * 10 + dst).to(torch.uint8)
 
 
-def _collectives(ctx):
+def _collectives(ctx, bulk):
+    from hipress_like.casync.transport import TorchDistTransport
+
     t, r, n = ctx.transport, ctx.rank, ctx.size
+    if bulk != t.bulk:
+        t = TorchDistTransport(bulk=bulk)
     assert (t.rank, t.size) == (r, n)
     for _ in range(2):  # twice: repeated calls on the same group must keep matching
         send = [_payload(r, p) for p in range(n)]
@@ -49,9 +53,9 @@ def _collectives(ctx):
     return r
 
 
-@pytest.mark.parametrize("nprocs", [2, 3, 4])
-def test_gloo_collectives(nprocs):
-    assert run_workers(_collectives, nprocs, timeout=120) == list(range(nprocs))
+@pytest.mark.parametrize("nprocs,bulk", [(2, "p2p"), (3, "p2p"), (4, "p2p"), (3, "a2a")])
+def test_gloo_collectives(nprocs, bulk):
+    assert run_workers(_collectives, nprocs, args=(bulk,), timeout=120) == list(range(nprocs))
 
 
 def _user_collectives_do_not_interleave(ctx):

@@ -6,9 +6,16 @@ transport runs on its OWN process group (``dist.new_group``, a collective
 call: every rank constructs its transport at the same point). Tensors live
 on the group's device (CPU for gloo, the current CUDA device for NCCL).
 
-Bulk exchange: ``alltoallv`` is one ``dist.all_to_all_single`` with uneven
-split sizes: one call instead of ``2(N-1)`` tagged point-to-point
-operations (``batch_isend_irecv``).
+Bulk exchange: ``alltoallv`` posts one ``batch_isend_irecv`` of the
+non-empty messages only (tag = call number, since gloo matches
+point-to-point messages by tag). Measured against one
+``dist.all_to_all_single`` with uneven splits (``bulk="a2a"``, kept for
+comparison) on gloo, 2-4 ranks on this 2-core machine, every rank sending
+4 KB-16 MB to every peer, medians of 15: point-to-point took 0.2-0.7x the
+time of all_to_all_single (e.g. 4 ranks x 4 MB: 22 ms vs 66-152 ms;
+16 MB: 166-207 ms vs 439-655 ms), the two being level only at 4 KB. It also
+suits CaSync's rounds, where each node sends to one peer and receives from
+one: absent messages cost nothing instead of a full all-to-all.
 
 Timeouts and naming the culprit:
 
@@ -68,6 +75,9 @@ class TorchDistTransport(Transport):
         heartbeat_interval: seconds between heartbeats in the store; a dead
             peer is named after about three intervals.
         store: the store for heartbeats; default: the default group's store.
+        bulk: how ``alltoallv`` moves data: ``"p2p"`` (``batch_isend_irecv``
+            of the non-empty messages; the default, measured faster on
+            gloo) or ``"a2a"`` (one ``all_to_all_single``).
 
     Raises:
         TransportError: torch.distributed is not initialised.
@@ -80,12 +90,15 @@ class TorchDistTransport(Transport):
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *,
                  group_timeout: float = DEFAULT_TIMEOUT, heartbeat_interval: float = 0.25,
-                 store: Optional[dist.Store] = None):
+                 store: Optional[dist.Store] = None, bulk: str = "p2p"):
         if not (dist.is_available() and dist.is_initialized()):
             raise TransportError(
                 "TorchDistTransport needs an initialised default process group; call "
                 "torch.distributed.init_process_group(...) first (torchrun sets the env:// "
                 "variables), or use hipress_like.casync.launch.run_workers")
+        if bulk not in ("p2p", "a2a"):
+            raise ValueError(f"bulk must be 'p2p' or 'a2a', got {bulk!r}")
+        self.bulk = bulk
         self.backend = str(dist.get_backend())
         if group is None:
             group = dist.new_group(timeout=timedelta(seconds=group_timeout))
@@ -110,6 +123,10 @@ class TorchDistTransport(Transport):
                                            name=f"hipress-heartbeat-r{self.rank}")
         self._hb_thread.start()
         atexit.register(_close_at_exit, weakref.ref(self))
+        # One collective over the new group up front: NCCL creates its
+        # communicator lazily and requires the first operation (before any
+        # point-to-point) to involve every rank; on gloo it checks the group.
+        self.barrier(timeout=group_timeout)
 
     # -- heartbeat and diagnosis -------------------------------------------------
 
@@ -193,17 +210,19 @@ class TorchDistTransport(Transport):
     # -- running one collective --------------------------------------------------
 
     def _run(self, op: str, start, timeout: float) -> None:
-        """Issue ``start()`` (returns async work) and wait for it with ``timeout``."""
+        """Issue ``start(seq)`` (async work or a list of them); wait for all with ``timeout``."""
         if self._broken is not None:
             raise TransportError(f"rank {self.rank}: transport unusable: {self._broken}")
         if timeout is None or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         seq = self._seq
         self._seq += 1
+        deadline = time.monotonic() + timeout
         try:
-            work = start()
-            if work is not None:
-                work.wait(timeout=timedelta(seconds=timeout))
+            works = start(seq)
+            for work in works if isinstance(works, list) else [works]:
+                remaining = max(deadline - time.monotonic(), 0.001)
+                work.wait(timeout=timedelta(seconds=remaining))
         except Exception as e:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             cause = (f"timed out after {timeout:.3g}s" if "timed out" in msg.lower()
@@ -224,41 +243,66 @@ class TorchDistTransport(Transport):
         if len(send) != self.size or len(recv_nbytes) != self.size:
             raise ValueError(f"alltoallv needs {self.size} send entries and recv sizes, got "
                              f"{len(send)} and {len(recv_nbytes)}")
-        in_splits, parts = [], []
+        in_splits = []
         for p, t in enumerate(send):
             if t is not None and (t.dtype != torch.uint8 or t.dim() != 1):
                 raise TypeError(f"alltoallv send[{p}] must be a 1-D torch.uint8 tensor, got "
                                 f"{t.dtype} with shape {tuple(t.shape)}")
-            n = 0 if t is None or p == self.rank else t.numel()
-            in_splits.append(n)
-            if n:
-                parts.append(t)
+            in_splits.append(0 if t is None or p == self.rank else t.numel())
         out_splits = [0 if p == self.rank else int(n) for p, n in enumerate(recv_nbytes)]
         if any(n < 0 for n in out_splits):
             raise ValueError(f"recv_nbytes must be >= 0, got {list(recv_nbytes)}")
-        inp = (torch.cat([self._on_device(t) for t in parts]) if parts
+        if self.bulk == "p2p":
+            received = self._alltoallv_p2p(send, in_splits, out_splits, timeout)
+        else:
+            received = self._alltoallv_a2a(send, in_splits, out_splits, timeout)
+        own = send[self.rank]
+        received[self.rank] = None if own is None or own.numel() == 0 else own
+        return received
+
+    def _alltoallv_p2p(self, send, in_splits, out_splits, timeout) -> List[Optional[torch.Tensor]]:
+        # Only non-empty messages become operations; both sides know the sizes.
+        # gloo matches point-to-point messages by tag: the call number keeps
+        # consecutive exchanges between the same pair apart.
+        received: List[Optional[torch.Tensor]] = [None] * self.size
+        sends = {p: self._on_device(send[p]) for p in range(self.size) if in_splits[p]}
+        for p in range(self.size):
+            if out_splits[p]:
+                received[p] = torch.empty(out_splits[p], dtype=torch.uint8, device=self.device)
+
+        def start(seq: int) -> list:
+            tag = seq % (1 << 30)
+            ops = [dist.P2POp(dist.isend, t, self._global[p], self.group, tag)
+                   for p, t in sends.items()]
+            ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group, tag)
+                    for p, t in enumerate(received) if t is not None]
+            return dist.batch_isend_irecv(ops) if ops else []
+
+        with self._lock:
+            self._run("alltoallv", start, timeout)
+        return received
+
+    def _alltoallv_a2a(self, send, in_splits, out_splits, timeout) -> List[Optional[torch.Tensor]]:
+        parts = [self._on_device(send[p]) for p in range(self.size) if in_splits[p]]
+        inp = (torch.cat(parts) if parts
                else torch.empty(0, dtype=torch.uint8, device=self.device))
         out = torch.empty(sum(out_splits), dtype=torch.uint8, device=self.device)
         with self._lock:
-            self._run("alltoallv", lambda: dist.all_to_all_single(
+            self._run("alltoallv", lambda seq: dist.all_to_all_single(
                 out, inp, out_splits, in_splits, group=self.group, async_op=True), timeout)
-        result: List[Optional[torch.Tensor]] = []
+        received: List[Optional[torch.Tensor]] = []
         offset = 0
-        for p, n in enumerate(out_splits):
-            if p == self.rank:
-                own = send[p]
-                result.append(None if own is None or own.numel() == 0 else own)
-            else:
-                result.append(out[offset:offset + n] if n else None)
+        for n in out_splits:
+            received.append(out[offset:offset + n] if n else None)
             offset += n
-        return result
+        return received
 
     def allgather(self, tensor: torch.Tensor, timeout: float = DEFAULT_TIMEOUT
                   ) -> List[torch.Tensor]:
         src = self._on_device(tensor)
         outs = [torch.empty_like(src) for _ in range(self.size)]
         with self._lock:
-            self._run("allgather", lambda: dist.all_gather(
+            self._run("allgather", lambda seq: dist.all_gather(
                 outs, src, group=self.group, async_op=True), timeout)
         return outs
 
@@ -268,7 +312,7 @@ class TorchDistTransport(Transport):
             raise ValueError(f"broadcast root must be in [0, {self.size}), got {root}")
         buf = self._on_device(tensor)
         with self._lock:
-            self._run(f"broadcast(root={root})", lambda: dist.broadcast(
+            self._run(f"broadcast(root={root})", lambda seq: dist.broadcast(
                 buf, src=self._global[root], group=self.group, async_op=True), timeout)
         if buf is not tensor:
             tensor.copy_(buf)
@@ -280,7 +324,7 @@ class TorchDistTransport(Transport):
             raise ValueError(f"unknown reduce op {op!r}; available: {', '.join(_REDUCE_OPS)}")
         buf = self._on_device(tensor)
         with self._lock:
-            self._run(f"allreduce({op})", lambda: dist.all_reduce(
+            self._run(f"allreduce({op})", lambda seq: dist.all_reduce(
                 buf, op=_REDUCE_OPS[op], group=self.group, async_op=True), timeout)
         if buf is not tensor:
             tensor.copy_(buf)
@@ -291,7 +335,7 @@ class TorchDistTransport(Transport):
         # (and the same failure diagnosis) as every other collective.
         one = torch.zeros(1, device=self.device)
         with self._lock:
-            self._run("barrier", lambda: dist.all_reduce(
+            self._run("barrier", lambda seq: dist.all_reduce(
                 one, group=self.group, async_op=True), timeout)
 
     def close(self) -> None:
