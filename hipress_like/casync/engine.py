@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 import zlib
@@ -102,6 +103,8 @@ class EngineConfig:
         threads: run compute and communication on background threads
             (overlap); False runs everything inside ``synchronize``
             (deterministic, for tests and debugging).
+        pipeline: plan round r+1 while round r executes (needs threads and
+            a transport with ``split``; otherwise rounds run back to back).
         timeline: record task and round times (``Engine.timeline``).
     """
 
@@ -122,6 +125,9 @@ class EngineConfig:
     nonfinite: str = "raise"
     seed: int = 0
     threads: bool = True
+    # Exchange round r+1's metadata while round r's data moves (HiPress Sec.
+    # 3.2), on a second channel from ``transport.split()`` when it has one.
+    pipeline: bool = True
     timeline: bool = True
 
     def __post_init__(self) -> None:
@@ -250,6 +256,19 @@ class Engine:
         self._step_done = threading.Event()
         self._skipped = False
         self._comm_thread: Optional[threading.Thread] = None
+        self._data: Optional[Transport] = None
+        self._round_thread: Optional[threading.Thread] = None
+        if config.threads and config.pipeline:
+            try:
+                self._data = transport.split()
+            except NotImplementedError:
+                _log.info("transport %s has no split(); rounds are planned and executed "
+                          "back to back", type(transport).__name__)
+        if self._data is not None:
+            self._round_q: "queue.Queue" = queue.Queue(maxsize=1)  # plan one round ahead
+            self._round_thread = threading.Thread(target=self._round_main, daemon=True,
+                                                  name=f"hipress-rounds-{self.rank}")
+            self._round_thread.start()
         if config.threads:
             self._comm_thread = threading.Thread(target=self._comm_main, daemon=True,
                                                  name=f"hipress-comm-{self.rank}")
@@ -582,11 +601,18 @@ class Engine:
             if closed and len({r.digest for r in reports}) > 1:
                 self._submitted_mismatch()
             if closed and coord.empty() and all(r.outstanding == 0 for r in reports):
+                if self._data is not None:  # let the executor finish its bookkeeping
+                    fence = threading.Event()
+                    self._hand_over(("fence", fence))
+                    fence.wait(cfg.timeout)
                 return any(r.flags & FLAG_NONFINITE for r in reports)
             plan = coord.plan_round()
             moved = bool(plan.links) or any(r.msgs for r in reports)
             if plan.links:
-                self._execute(plan, t0)
+                if self._data is None:
+                    self._execute(plan, t0, self.transport)
+                else:
+                    self._hand_over(("round", plan))
             now = time.monotonic()
             if moved:
                 last_progress = now
@@ -596,6 +622,31 @@ class Engine:
                                         "closed; outstanding tasks per rank: "
                                         f"{[r.outstanding for r in reports]}")
             idle = not moved
+
+    def _hand_over(self, item: Tuple[str, Any]) -> None:
+        """Queue work for the round executor; at most one round waits (backpressure)."""
+        while True:
+            try:
+                self._round_q.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                if self._error is not None:
+                    raise self._error from None
+
+    def _round_main(self) -> None:
+        """The round executor: runs planned rounds in order on the data channel."""
+        while True:
+            item = self._round_q.get()
+            if item is None:
+                return
+            kind, arg = item
+            if kind == "fence":
+                arg.set()
+            elif self._error is None:
+                try:
+                    self._execute(arg, time.perf_counter(), self._data)
+                except BaseException as e:
+                    self._fail(e, -1)
 
     def _check_peer_errors(self, reports: List[Report]) -> None:
         bad = [(r, rep) for r, rep in enumerate(reports) if rep.flags & FLAG_ERROR]
@@ -620,7 +671,7 @@ class Engine:
             f"ranks submitted different gradients in step {self._step}: {desc}. Every rank "
             "must submit the same gradients each step (submit zeros for unused parameters)")
 
-    def _execute(self, plan, t0: float) -> None:
+    def _execute(self, plan, t0: float, channel: Transport) -> None:
         me, n = self.rank, self.size
         send: List[Optional[torch.Tensor]] = [None] * n
         recv_nbytes = [0] * n
@@ -645,7 +696,7 @@ class Engine:
         recvs = plan.recvs_of(me)
         for src, msgs in recvs.items():
             recv_nbytes[src] = sum(_pad8(nb) for _, nb in msgs)
-        out = self.transport.alltoallv(send, recv_nbytes, self.config.timeout)
+        out = channel.alltoallv(send, recv_nbytes, self.config.timeout)
         for t in sent_tasks:
             self._graph.finish(t)
         for src, msgs in recvs.items():
@@ -744,6 +795,9 @@ class Engine:
         self._step_start.set()
         if self._comm_thread is not None:
             self._comm_thread.join(timeout=5)
+        if self._round_thread is not None:
+            self._round_q.put(None)
+            self._round_thread.join(timeout=5)
         self._exec.shutdown()
 
     def __enter__(self) -> "Engine":

@@ -278,6 +278,9 @@ class _CorruptingTransport:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
+    def split(self):
+        return _CorruptingTransport(self.inner.split())
+
     def alltoallv(self, send, recv_nbytes, timeout=30):
         out = self.inner.alltoallv(send, recv_nbytes, timeout)
         if self.rank == 0 and not self.done:

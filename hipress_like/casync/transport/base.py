@@ -89,5 +89,16 @@ class Transport(ABC):
     def barrier(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Wait until every rank arrives."""
 
-    def close(self) -> None:
+    def split(self) -> "Transport":
+        """A new, independent channel over the same ranks (collective: every rank calls it).
+
+        The engine exchanges round metadata on one channel while the bulk data
+        of the previous round moves on another (HiPress Sec. 3.2: planning
+        round r+1 overlaps executing round r). Transports that cannot open a
+        second channel raise ``NotImplementedError`` and the engine runs the
+        two phases one after the other.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot open a second channel")
+
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release resources; further calls raise ``TransportError``."""

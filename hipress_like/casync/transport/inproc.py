@@ -63,16 +63,26 @@ class InProcGroup:
         >>> t0, t1 = group.transports
     """
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, _parent: Optional["InProcGroup"] = None):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"InProcGroup size must be an int >= 1, got {size!r}")
         self.size = size
-        self._cond = threading.Condition()
         self._slots: Dict[int, _Slot] = {}
-        # rank -> reason; a rank in either dict will never deposit again.
-        self.failed: Dict[int, str] = {}
-        self.exited: Dict[int, str] = {}
+        if _parent is None:
+            self._cond = threading.Condition()
+            # rank -> reason; a rank in either dict will never deposit again.
+            self.failed: Dict[int, str] = {}
+            self.exited: Dict[int, str] = {}
+        else:  # a split channel: the same ranks, so the same liveness and wake-ups
+            self._cond, self.failed, self.exited = _parent._cond, _parent.failed, _parent.exited
+        self._children: Dict[int, "InProcGroup"] = {}
         self.transports = [InProcTransport(self, r) for r in range(size)]
+
+    def _child(self, index: int) -> "InProcGroup":
+        with self._cond:
+            if index not in self._children:
+                self._children[index] = InProcGroup(self.size, _parent=self)
+            return self._children[index]
 
     def __getitem__(self, rank: int) -> "InProcTransport":
         return self.transports[rank]
@@ -235,6 +245,11 @@ class InProcTransport(Transport):
 
     def barrier(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         self._call("barrier", None, timeout)
+
+    def split(self) -> "InProcTransport":
+        """An independent channel: this rank's transport in the group's next child group."""
+        self._splits = getattr(self, "_splits", 0) + 1
+        return self.group._child(self._splits - 1).transports[self.rank]
 
     def close(self) -> None:
         if self._closed is None:
