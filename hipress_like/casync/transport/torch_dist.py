@@ -99,6 +99,7 @@ class TorchDistTransport(Transport):
         if bulk not in ("p2p", "a2a"):
             raise ValueError(f"bulk must be 'p2p' or 'a2a', got {bulk!r}")
         self.bulk = bulk
+        self._group_timeout = float(group_timeout)
         self.backend = str(dist.get_backend())
         if group is None:
             group = dist.new_group(timeout=timedelta(seconds=group_timeout))
@@ -337,6 +338,14 @@ class TorchDistTransport(Transport):
         with self._lock:
             self._run("barrier", lambda seq: dist.all_reduce(
                 one, group=self.group, async_op=True), timeout)
+
+    def split(self) -> "TorchDistTransport":
+        """An independent channel: a new process group over the same ranks (collective)."""
+        ranks = list(self._global)
+        group = dist.new_group(ranks=ranks, timeout=timedelta(seconds=self._group_timeout))
+        return TorchDistTransport(group, group_timeout=self._group_timeout,
+                                  heartbeat_interval=self._interval, store=self._store,
+                                  bulk=self.bulk)
 
     def close(self) -> None:
         """Stop the heartbeat and tell peers this rank left on purpose."""
