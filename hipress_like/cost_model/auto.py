@@ -65,6 +65,8 @@ class AutoPlanner:
         max_link_bytes: largest message timed on the link.
         timeout: seconds for each collective.
         provisional: plan used until the plan is fixed (default: no compression).
+        round_meta_bytes: bytes the engine allgathers before each bulk round
+            (its coordinator reports), timed with the link; 0 times bare links.
 
     Raises:
         ValueError: bad strategy or warmup_iterations.
@@ -75,7 +77,7 @@ class AutoPlanner:
                  warmup_iterations: int = 1, max_partitions: Optional[int] = None,
                  repeats: int = 3, max_profile_bytes: int = 64 << 20,
                  max_link_bytes: int = 16 << 20, timeout: float = 300.0,
-                 provisional: Optional[Plan] = None) -> None:
+                 provisional: Optional[Plan] = None, round_meta_bytes: int = 0) -> None:
         if strategy not in ("ps", "ring"):
             raise ValueError(f"unknown strategy {strategy!r}; expected 'ps' or 'ring'")
         if not isinstance(warmup_iterations, int) or warmup_iterations < 1:
@@ -91,6 +93,7 @@ class AutoPlanner:
         self.max_profile_bytes = max_profile_bytes
         self.max_link_bytes = max_link_bytes
         self.timeout = timeout
+        self.round_meta_bytes = round_meta_bytes
         self.provisional_plan = provisional or Plan(
             compressor=compressor, params=self.params, strategy=strategy,
             rule=SizeRule(min_compress_bytes=NEVER), meta={"auto": "provisional"})
@@ -177,7 +180,8 @@ class AutoPlanner:
             link_sizes = log_sizes(4096, max(8192, min(big, self.max_link_bytes)), 0.5)
             self.profile = profile_transport(
                 transport, {self.compressor: self.params}, sizes=prof_sizes,
-                link_sizes=link_sizes, link=link, repeats=self.repeats, timeout=self.timeout)
+                link_sizes=link_sizes, link=link, repeats=self.repeats, timeout=self.timeout,
+                round_meta_bytes=self.round_meta_bytes)
         rank = 0 if transport is None else transport.rank
         data = b""
         if rank == 0:

@@ -178,15 +178,47 @@ def _positive_int(text: str) -> int:
 # -- profile ------------------------------------------------------------------
 def _profile_worker(ctx: Any, specs: Dict[str, Dict[str, Any]], sizes: List[int],
                     link_sizes: List[int], repeats: int, link: Optional[Tuple[float, float]],
-                    quiet: bool, error_feedback: Any = "auto") -> Optional[Dict[str, Any]]:
+                    quiet: bool, opts: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """One rank of ``profile --nprocs``: the collective profile; rank 0 returns it."""
+    prof = _collective_profile(ctx.transport, specs, sizes, link_sizes, repeats, link, quiet,
+                               opts)
+    return prof.to_dict() if ctx.rank == 0 else None
+
+
+def _collective_profile(transport, specs, sizes, link_sizes, repeats, link, quiet, opts
+                        ) -> Profile:
     from .profiler import profile_transport
 
-    lk = Link(*link) if link else None
-    prof = profile_transport(ctx.transport, specs, sizes=sizes, link_sizes=link_sizes, link=lk,
-                             repeats=repeats, progress=_progress(quiet),
-                             error_feedback=error_feedback)
-    return prof.to_dict() if ctx.rank == 0 else None
+    _import_compressors(specs)
+    return profile_transport(transport, specs, sizes=sizes, link_sizes=link_sizes,
+                             link=Link(*link) if link else None, repeats=repeats,
+                             progress=_progress(quiet), **opts)
+
+
+def _import_compressors(specs: Dict[str, Dict[str, Any]]) -> None:
+    """Import compressor modules the package does not import yet (new algorithms)."""
+    import importlib
+
+    from .. import compressors
+
+    for name in specs:
+        if name not in compressors.available():
+            try:
+                importlib.import_module(f"{compressors.__name__}.{name}")
+            except ImportError:
+                pass
+
+
+def _engine_opts(a: argparse.Namespace, ef: Any) -> Dict[str, Any]:
+    """How to time rounds and overheads as the CaSync engine runs them."""
+    opts: Dict[str, Any] = {"error_feedback": ef}
+    if a.engine:
+        from ..casync.coordinator import report_len
+        from ..casync.engine import EngineConfig
+
+        opts["round_meta_bytes"] = 8 * report_len(EngineConfig().report_capacity)
+        opts["engine_overhead"] = a.strategy
+    return opts
 
 
 def _cmd_profile(a: argparse.Namespace) -> int:
@@ -194,6 +226,7 @@ def _cmd_profile(a: argparse.Namespace) -> int:
 
     torch.set_num_threads(a.threads)
     specs = _compressor_specs(a.compressors)
+    _import_compressors(specs)
     _check_compressors(specs)
     lo, hi = parse_bytes(a.min_size), parse_bytes(a.max_size)
     if lo > hi:
@@ -212,11 +245,13 @@ def _cmd_profile(a: argparse.Namespace) -> int:
         from ..casync.launch import run_workers
 
         res = run_workers(_profile_worker, a.nprocs, a.backend,
-                          args=(specs, sizes, link_sizes, a.repeats, given, a.quiet, ef),
+                          args=(specs, sizes, link_sizes, a.repeats, given, a.quiet,
+                                _engine_opts(a, ef)),
                           timeout=a.timeout)
         prof = Profile.from_dict(res[0])
     elif a.from_env:
-        prof = _profile_from_env(specs, sizes, link_sizes, a.repeats, given, a.quiet, ef)
+        prof = _profile_from_env(specs, sizes, link_sizes, a.repeats, given, a.quiet,
+                                 _engine_opts(a, ef))
         if prof is None:  # not rank 0: rank 0 writes the file
             return 0
     else:
@@ -232,7 +267,12 @@ def _cmd_profile(a: argparse.Namespace) -> int:
     prof.save(a.output)
     lk = prof.link
     print(f"link: {lk.latency * 1e6:.1f} us + bytes / {lk.bandwidth * 8 / 1e9:.3f} Gbit/s "
-          f"({prof.meta.get('link_source', 'given')})")
+          f"({prof.meta.get('link_source', 'given')}, all links busy)")
+    if prof.link_one is not None:
+        print(f"one link: {prof.link_one.latency * 1e6:.1f} us + bytes / "
+              f"{prof.link_one.bandwidth * 8 / 1e9:.3f} Gbit/s")
+    if prof.sync_overhead:
+        print(f"engine overhead per synchronisation: {prof.sync_overhead * 1e3:.2f} ms")
     for name, c in sorted(prof.compressors.items()):
         tag = " with error feedback" if c.error_feedback else ""
         print(f"{name}{tag}: {c.category}, r = {c.ratio:.4g} (+{c.header_bytes} B header), "
@@ -241,11 +281,11 @@ def _cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
-def _profile_from_env(specs, sizes, link_sizes, repeats, given, quiet, ef) -> Optional[Profile]:
+def _profile_from_env(specs, sizes, link_sizes, repeats, given, quiet, opts
+                      ) -> Optional[Profile]:
     import torch.distributed as dist
 
     from ..casync.transport.torch_dist import TorchDistTransport
-    from .profiler import profile_transport
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise CLIError("--from-env needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
@@ -253,9 +293,7 @@ def _profile_from_env(specs, sizes, link_sizes, repeats, given, quiet, ef) -> Op
     dist.init_process_group("gloo")
     try:
         t = TorchDistTransport()
-        prof = profile_transport(t, specs, sizes=sizes, link_sizes=link_sizes,
-                                 link=Link(*given) if given else None, repeats=repeats,
-                                 progress=_progress(quiet), error_feedback=ef)
+        prof = _collective_profile(t, specs, sizes, link_sizes, repeats, given, quiet, opts)
         rank = t.rank
         t.barrier()
         t.close()
@@ -409,9 +447,16 @@ def _measured_best_k(rows: Sequence[Dict[str, Any]]) -> Dict[int, int]:
 
 
 # -- entry point ----------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump), exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``hipress-profile``."""
-    ap = argparse.ArgumentParser(prog=PROG, description="HiPress-style cost model: profile "
+    ap = _Parser(prog=PROG, description="HiPress-style cost model: profile "
                                  "compressors and links, plan <compress?, K> per gradient, "
                                  "and report predictions against measurements.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -432,6 +477,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-env", action="store_true",
                    help="this process is one rank of a launched job (torchrun, run_ns.sh)")
     p.add_argument("--link-max-size", default="16MB", help="largest message timed on the link")
+    p.add_argument("--strategy", default="ps", choices=("ps", "ring"),
+                   help="strategy whose engine overhead is measured (with --nprocs/--from-env)")
+    p.add_argument("--no-engine", dest="engine", action="store_false",
+                   help="time bare links (no coordinator metadata, no engine overhead): "
+                   "HiPress's Eq. 1/2 exactly")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds for --nprocs runs")
     p.add_argument("--error-feedback", choices=("auto", "on", "off"), default="auto",
                    help="time compressors inside error feedback: auto = as the engine runs "

@@ -44,6 +44,7 @@ __all__ = [
     "Link",
     "Curve",
     "fit_link",
+    "concurrent_link",
 ]
 
 TimeFn = Callable[[float], float]
@@ -278,6 +279,32 @@ class Link:
     def beta(self) -> float:
         """Seconds per byte (Table I's beta)."""
         return 1.0 / self.bandwidth
+
+
+def concurrent_link(one: Link, every: Link, n: int, c: int) -> Link:
+    """``T_send`` of one link while ``c`` of the ``n`` links are busy at once.
+
+    Not in HiPress, which assumes dedicated links (``one == every``). When
+    links share a bottleneck (the CPU moving loopback bytes, a switch), the
+    aggregate throughput ``n * every.bandwidth`` is split among the ``c``
+    busy links, and no link is faster than it is alone:
+    ``bandwidth = min(one.bandwidth, every.bandwidth * n / c)``. With dedicated
+    links this is ``every`` for any ``c``.
+
+    Args:
+        one: fit with a single busy link.
+        every: fit with all ``n`` links busy.
+        n: number of nodes.
+        c: busy links (1..n).
+
+    Example:
+        >>> concurrent_link(Link(1e-3, 4e9), Link(2e-3, 1e9), 4, 2).bandwidth
+        2000000000.0
+    """
+    if c <= 1:
+        return one
+    return Link(latency=every.latency,
+                bandwidth=min(one.bandwidth, every.bandwidth * n / min(c, n)))
 
 
 def fit_link(sizes: Sequence[float], times: Sequence[float]) -> Link:

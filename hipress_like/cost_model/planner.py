@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .model import SyncParams, sync_params, t_sync_cpr, t_sync_orig
+from .model import Link, SyncParams, concurrent_link, sync_params, t_sync_cpr, t_sync_orig
 from .plan import STRATEGIES, GradientPlan, Plan, SizeRule
 from .profiler import CompressorProfile, Profile
 
@@ -124,16 +124,36 @@ class Planner:
         self.params: SyncParams = sync_params(self.model_strategy, self.cp.category)
         self.max_partitions = max_partitions or 4 * n
         self.k_tolerance = k_tolerance
+        # Not in HiPress: the engine's measured fixed cost per synchronisation
+        # (0 unless profiled), the same with or without compression.
+        self._overhead = profile.sync_overhead
 
     # -- the two equations ---------------------------------------------------
+    def busy_links(self, k: int) -> int:
+        """Links busy at once with K partitions: PS keeps min(K, N) aggregators
+        receiving (one sender each per round); Ring keeps all N."""
+        return self.n if self.model_strategy == "ring" else min(k, self.n)
+
+    def link(self, k: int) -> Link:
+        """The ``T_send`` fit for K partitions (``model.concurrent_link``)."""
+        prof = self.profile
+        if prof.link_one is None:
+            return prof.link
+        return concurrent_link(prof.link_one, prof.link, self.n, self.busy_links(k))
+
     def t_orig(self, m: float, k: int) -> float:
-        """HiPress Eq. 1 with the profile's link (seconds)."""
-        return t_sync_orig(m, k, self.n, self.profile.link, self.params)
+        """HiPress Eq. 1 with the profile's link, plus its measured sync overhead (seconds)."""
+        t = t_sync_orig(m, k, self.n, self.link(k), self.params)
+        return t + self._overhead if self.n > 1 else t
 
     def t_cpr(self, m: float, k: int) -> float:
-        """HiPress Eq. 2 with the profile's curves (seconds); r includes the payload header."""
-        return t_sync_cpr(m, k, self.n, self.cp.rate(m / k), self.profile.link,
-                          self.cp.encode, self.cp.decode, self.params)
+        """HiPress Eq. 2 with the profile's curves, plus its sync overhead (seconds).
+
+        ``r`` includes the payload header.
+        """
+        t = t_sync_cpr(m, k, self.n, self.cp.rate(m / k), self.link(k),
+                       self.cp.encode, self.cp.decode, self.params)
+        return t + self._overhead if self.n > 1 else t
 
     def _best_k(self, f, m: float) -> Tuple[int, float]:
         times = [(k, f(m, k)) for k in range(1, self.max_partitions + 1)]

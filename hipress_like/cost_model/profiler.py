@@ -10,13 +10,19 @@ gradient sizes to fit the compression and network cost curves"). A
   ``T_dec`` by payload bytes, timed over log-spaced sizes (4 KB .. 256 MB by
   default, bounded by free memory);
 - the link: ``Link(latency, bandwidth)``, either given or fitted to timed
-  transfers over a transport (every rank sends to its ring successor in one
-  ``alltoallv``, so all links are busy at once, as in CaSync's bulk rounds).
+  bulk rounds over a transport: every rank sends to its ring successor in
+  one ``alltoallv`` (all links busy at once), optionally preceded by the
+  small ``allgather`` of metadata CaSync's coordinator runs before each
+  round. A second fit, ``link_one``, times one busy link (rank 0 to 1): when
+  the links share a bottleneck (the CPU on loopback, a switch) one link
+  alone is faster than N at once, and the planner uses the fit matching the
+  number of links a synchronisation keeps busy (``model.concurrent_link``).
 
 Profiles are versioned JSON, validated on load:
 
     {"format": "hipress-like-profile", "version": 1,
      "link": {"latency": 5e-05, "bandwidth": 1.25e8, "samples": [[4096, 8.1e-05], ...]},
+     "link_one": {"latency": 4e-05, "bandwidth": 1.2e8, "samples": [...]},   (optional)
      "compressors": {"onebit": {"params": {}, "category": "quantization",
                                 "aggregatable": false, "ratio": 0.03125,
                                 "header_bytes": 32,
@@ -50,6 +56,7 @@ __all__ = [
     "profile_compressor",
     "measure_link",
     "profile_transport",
+    "measure_sync_overhead",
     "broadcast_bytes",
 ]
 
@@ -147,10 +154,15 @@ class Profile:
     """Everything the cost model measures: link and compressor curves.
 
     Attributes:
-        link: T_send's alpha-beta fit.
+        link: T_send's alpha-beta fit with every link busy.
         compressors: profiles by registry name.
-        link_samples: the (bytes, seconds) transfers the link was fitted to
+        link_samples: the (bytes, seconds) rounds the link was fitted to
             (empty when the link was given).
+        link_one: T_send with a single busy link (None: same as ``link``).
+        link_one_samples: its samples.
+        sync_overhead: seconds every synchronisation costs beyond Eq. 1/2 (the
+            engine's coordination rounds that carry no gradient bytes),
+            measured by ``measure_sync_overhead``; 0 is the paper's model.
         meta: provenance (host, transport, world size, date).
     """
 
@@ -158,6 +170,14 @@ class Profile:
     compressors: Mapping[str, CompressorProfile] = field(default_factory=dict)
     link_samples: Tuple[Tuple[int, float], ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict)
+    link_one: Optional[Link] = None
+    link_one_samples: Tuple[Tuple[int, float], ...] = ()
+    sync_overhead: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.sync_overhead, (int, float)) and self.sync_overhead >= 0):
+            raise ProfileError(f"sync_overhead must be a number >= 0 seconds, found "
+                               f"{self.sync_overhead!r}")
 
     def compressor(self, name: str) -> CompressorProfile:
         """The profile of compressor ``name``.
@@ -173,14 +193,18 @@ class Profile:
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready dict with format and version tags."""
-        return {
+        d = {
             "format": PROFILE_FORMAT,
             "version": PROFILE_VERSION,
-            "link": {"latency": self.link.latency, "bandwidth": self.link.bandwidth,
-                     "samples": [list(s) for s in self.link_samples]},
+            "link": _link_dict(self.link, self.link_samples),
             "compressors": {k: v.to_dict() for k, v in sorted(self.compressors.items())},
             "meta": dict(self.meta),
         }
+        if self.link_one is not None:
+            d["link_one"] = _link_dict(self.link_one, self.link_one_samples)
+        if self.sync_overhead:
+            d["sync_overhead"] = self.sync_overhead
+        return d
 
     @classmethod
     def from_dict(cls, d: Any) -> "Profile":
@@ -197,25 +221,21 @@ class Profile:
         if d.get("version") != PROFILE_VERSION:
             raise ProfileError(f"profile version {d.get('version')!r} is not supported "
                                f"(expected {PROFILE_VERSION}); re-run hipress-profile profile")
-        known = {"format", "version", "link", "compressors", "meta"}
+        known = {"format", "version", "link", "link_one", "sync_overhead", "compressors", "meta"}
         if set(d) - known:
             raise ProfileError(f"unknown profile keys: {sorted(set(d) - known)}; known: "
                                f"{sorted(known)}")
-        link = d.get("link")
-        if not isinstance(link, Mapping) or not {"latency", "bandwidth"} <= set(link):
-            raise ProfileError("profile 'link' must be {'latency': s, 'bandwidth': B/s, ...}")
         comps = d.get("compressors", {})
         if not isinstance(comps, Mapping):
             raise ProfileError("profile 'compressors' must be an object keyed by name")
-        try:
-            samples = tuple((int(s), float(t)) for s, t in link.get("samples", []))
-            lk = Link(latency=link["latency"], bandwidth=link["bandwidth"])
-        except (TypeError, ValueError) as e:
-            raise ProfileError(f"invalid profile link: {e}") from e
+        lk, samples = _link_from(d.get("link"), "link")
+        one, one_samples = (_link_from(d["link_one"], "link_one") if "link_one" in d
+                            else (None, ()))
         return cls(link=lk,
                    compressors={str(k): CompressorProfile.from_dict(str(k), v)
                                 for k, v in comps.items()},
-                   link_samples=samples, meta=dict(d.get("meta", {})))
+                   link_samples=samples, meta=dict(d.get("meta", {})), link_one=one,
+                   link_one_samples=one_samples, sync_overhead=d.get("sync_overhead", 0.0))
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the profile as indented JSON."""
@@ -239,6 +259,21 @@ class Profile:
             return cls.from_dict(d)
         except ProfileError as e:
             raise ProfileError(f"{os.fspath(path)}: {e}") from e
+
+
+def _link_dict(link: Link, samples: Sequence[Tuple[int, float]]) -> Dict[str, Any]:
+    return {"latency": link.latency, "bandwidth": link.bandwidth,
+            "samples": [list(x) for x in samples]}
+
+
+def _link_from(d: Any, key: str) -> Tuple[Link, Tuple[Tuple[int, float], ...]]:
+    if not isinstance(d, Mapping) or not {"latency", "bandwidth"} <= set(d):
+        raise ProfileError(f"profile {key!r} must be {{'latency': s, 'bandwidth': B/s, ...}}")
+    try:
+        samples = tuple((int(s), float(t)) for s, t in d.get("samples", []))
+        return Link(latency=d["latency"], bandwidth=d["bandwidth"]), samples
+    except (TypeError, ValueError) as e:
+        raise ProfileError(f"invalid profile {key}: {e}") from e
 
 
 # -- measuring ---------------------------------------------------------------
@@ -398,45 +433,60 @@ def measure_link(
     repeats: int = 5,
     timeout: float = 300.0,
     progress: Progress = None,
+    pattern: str = "all",
+    round_meta_bytes: int = 0,
 ) -> Tuple[Link, Tuple[Tuple[int, float], ...]]:
     """Fit ``T_send`` over a transport. Collective: every rank must call it.
 
-    1. For each size, every rank sends ``size`` bytes to its ring successor
-       and receives from its predecessor in one ``alltoallv`` (all links busy,
-       as in CaSync's bulk rounds); the slowest rank's time counts.
+    1. For each size, one bulk round: an ``allgather`` of ``round_meta_bytes``
+       (CaSync's coordinator reports; 0 skips it), then one ``alltoallv`` in
+       which every rank sends ``size`` bytes to its ring successor
+       (``pattern="all"``, every link busy) or only rank 0 sends to rank 1
+       (``pattern="one"``). The slowest rank's time counts.
     2. Medians over ``repeats`` are fitted to ``latency + bytes/bandwidth``.
     3. Rank 0's fit is broadcast, so every rank returns identical numbers.
 
     Args:
-        transport: a ``Transport`` (rank, size, alltoallv, allreduce, broadcast).
+        transport: a ``Transport`` (rank, size, alltoallv, allgather, allreduce,
+            broadcast, barrier).
         sizes: message sizes in bytes (default 4 KB .. 16 MB).
-        repeats: timed exchanges per size.
+        repeats: timed rounds per size.
         timeout: seconds for each collective.
         progress: ``progress(iterable, desc, total)`` wrapper (rank 0 only).
+        pattern: "all" or "one" busy link(s).
+        round_meta_bytes: metadata allgathered before each round.
 
     Returns:
         (link, samples) where samples are (bytes, seconds) medians.
 
     Raises:
-        ValueError: a single rank (no link to measure).
+        ValueError: a single rank (no link to measure) or an unknown pattern.
     """
     n, rank = transport.size, transport.rank
     if n < 2:
         raise ValueError("measuring a link needs at least 2 ranks; pass latency and "
                          "bandwidth instead")
+    if pattern not in ("all", "one"):
+        raise ValueError(f"pattern must be 'all' or 'one', found {pattern!r}")
     sizes = list(sizes or log_sizes(4 << 10, 16 << 20))
     dst, src = (rank + 1) % n, (rank - 1) % n
+    if pattern == "one":
+        dst, src = (1 if rank == 0 else -1), (0 if rank == 1 else -1)
+    meta = torch.zeros(max(1, round_meta_bytes // 8), dtype=torch.int64)
     samples: List[Tuple[int, float]] = []
-    items = _iterate(sizes, progress if rank == 0 else None, "link")
-    for nbytes in items:
-        buf = torch.zeros(nbytes, dtype=torch.uint8)
+    for nbytes in _iterate(sizes, progress if rank == 0 else None, f"link ({pattern})"):
         send: List[Optional[torch.Tensor]] = [None] * n
         recv = [0] * n
-        send[dst], recv[src] = buf, nbytes
+        if dst >= 0:
+            send[dst] = torch.zeros(nbytes, dtype=torch.uint8)
+        if src >= 0:
+            recv[src] = nbytes
         ts = []
         for i in range(repeats + 1):
             transport.barrier(timeout)
             t0 = time.perf_counter()
+            if round_meta_bytes:
+                transport.allgather(meta, timeout)
             transport.alltoallv(send, recv, timeout)
             dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
             transport.allreduce(dt, "max", timeout)
@@ -447,6 +497,59 @@ def measure_link(
     agreed = torch.tensor([link.latency, link.bandwidth], dtype=torch.float64)
     transport.broadcast(agreed, 0, timeout)
     return Link(latency=float(agreed[0]), bandwidth=float(agreed[1])), tuple(samples)
+
+
+def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
+                          repeats: int = 10, timeout: float = 300.0,
+                          engine_config: Optional[Mapping[str, Any]] = None) -> float:
+    """The engine's fixed cost per synchronisation, beyond Eq. 1. Collective.
+
+    HiPress's Eq. 1/2 count the rounds that move gradient bytes. The CaSync
+    engine also runs coordination rounds that carry none (a step opens and
+    closes with a round of reports). This synchronises a one-element
+    gradient, uncompressed, through the engine ``repeats`` times and returns
+    the slowest rank's median time minus Eq. 1's prediction for it (>= 0),
+    agreed from rank 0.
+
+    Args:
+        transport: the transport every rank uses.
+        link: the fitted link (Eq. 1's T_send).
+        strategy: the engine's strategy.
+        repeats: timed synchronisations.
+        timeout: seconds for each collective.
+        engine_config: extra ``EngineConfig`` fields (as the engine will run).
+    """
+    from ..casync.engine import Engine, EngineConfig
+    from .model import sync_params, t_sync_orig
+    from .plan import GradientPlan, Plan
+    from .planner import ENGINE_TO_MODEL
+
+    plan = Plan(compressor="identity", strategy=strategy,
+                gradients={"_probe": GradientPlan(compress=False, partitions=1)})
+    cfg = dict(engine_config or {})
+    cfg.update(plan=plan, strategy=strategy, timeline=False, timeout=timeout,
+               compressor="identity")
+    eng = Engine(transport, EngineConfig(**cfg))
+    try:
+        eng.register([("_probe", (1,), torch.float32)])
+        grad = torch.zeros(1)
+        ts = []
+        for i in range(repeats + 1):
+            transport.barrier(timeout)
+            t0 = time.perf_counter()
+            eng.submit("_probe", grad)
+            eng.synchronize()
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            transport.allreduce(dt, "max", timeout)
+            if i:
+                ts.append(float(dt.item()))
+    finally:
+        eng.close()
+    params = sync_params(ENGINE_TO_MODEL[strategy], "none")
+    extra = max(0.0, statistics.median(ts) - t_sync_orig(4, 1, transport.size, link, params))
+    agreed = torch.tensor([extra], dtype=torch.float64)
+    transport.broadcast(agreed, 0, timeout)
+    return float(agreed.item())
 
 
 def profile_transport(
@@ -460,12 +563,15 @@ def profile_transport(
     timeout: float = 300.0,
     progress: Progress = None,
     error_feedback: Union[bool, str] = "auto",
+    round_meta_bytes: int = 0,
+    engine_overhead: Optional[str] = None,
 ) -> Profile:
     """A full profile on every rank of a transport. Collective.
 
     Every rank times the compressors at the same moments (so the timings see
-    the CPU contention of ``size`` ranks on one host) and the link (unless
-    ``link`` is given); rank 0's measurements are what every rank returns.
+    the CPU contention of ``size`` ranks on one host) and the link with all
+    links and with one link busy (unless ``link`` is given); rank 0's
+    measurements are what every rank returns.
 
     Args:
         transport: the transport every rank uses.
@@ -477,23 +583,37 @@ def profile_transport(
         timeout: seconds for each collective.
         progress: ``progress(iterable, desc, total)`` wrapper (rank 0 only).
         error_feedback: see ``profile_compressor`` (default: as the engine runs it).
+        round_meta_bytes: see ``measure_link``.
+        engine_overhead: a strategy ("ps", "ring") to also measure the
+            engine's fixed cost per synchronisation (``measure_sync_overhead``);
+            None leaves it 0 (HiPress's Eq. 1/2 as published).
 
     Returns:
         The same ``Profile`` on every rank.
     """
     prog = progress if transport.rank == 0 else None
     samples: Tuple[Tuple[int, float], ...] = ()
+    one, one_samples = None, ()
     if link is None:
         link, samples = measure_link(transport, link_sizes, repeats=repeats, timeout=timeout,
-                                     progress=prog)
+                                     progress=prog, round_meta_bytes=round_meta_bytes)
+        one, one_samples = measure_link(transport, link_sizes, repeats=repeats,
+                                        timeout=timeout, progress=prog, pattern="one",
+                                        round_meta_bytes=round_meta_bytes)
+    overhead = 0.0
+    if engine_overhead and transport.size > 1:
+        overhead = measure_sync_overhead(transport, one or link, engine_overhead,
+                                         repeats=2 * repeats, timeout=timeout)
     profs = {}
     for name, params in compressors.items():
         profs[name] = profile_compressor(name, params, sizes, repeats=repeats, progress=prog,
                                          barrier=lambda: transport.barrier(timeout),
                                          error_feedback=error_feedback)
-    prof = Profile(link=link, compressors=profs, link_samples=samples,
+    prof = Profile(link=link, compressors=profs, link_samples=samples, link_one=one,
+                   link_one_samples=one_samples, sync_overhead=overhead,
                    meta={"ranks": transport.size, "transport": type(transport).__name__,
                          "link_source": "measured" if samples else "given",
+                         "round_meta_bytes": round_meta_bytes,
                          "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     data = json.dumps(prof.to_dict()).encode() if transport.rank == 0 else b""
     return Profile.from_dict(json.loads(broadcast_bytes(transport, data, timeout)))

@@ -14,6 +14,7 @@ from hipress_like.cost_model.model import (
     Count,
     Curve,
     Link,
+    concurrent_link,
     fit_link,
     n_batches,
     sync_params,
@@ -233,7 +234,9 @@ def _profile():
                            encode=Curve.linear(2e-5, 1e-9, sizes),
                            decode=Curve.linear(1e-5, 5e-10, sizes))
     return Profile(link=Link(1e-4, 1.25e8), compressors={"q": cp},
-                   link_samples=((4096, 1.3e-4), (1 << 20, 8.5e-3)), meta={"ranks": 4})
+                   link_samples=((4096, 1.3e-4), (1 << 20, 8.5e-3)), meta={"ranks": 4},
+                   link_one=Link(8e-5, 1.3e8), link_one_samples=((4096, 1.1e-4),),
+                   sync_overhead=2e-3)
 
 
 def test_profile_json_round_trip(tmp_path):
@@ -255,6 +258,8 @@ def test_profile_json_round_trip(tmp_path):
     (lambda d: d["compressors"]["q"].update(ratio=0), "ratio"),
     (lambda d: d["compressors"]["q"]["encode"].update(sizes=[2, 1, 3]), "increasing"),
     (lambda d: d["compressors"]["q"].pop("decode"), "missing keys"),
+    (lambda d: d["link_one"].pop("latency"), "link_one"),
+    (lambda d: d.update(sync_overhead=-1), "sync_overhead"),
 ])
 def test_profile_validation(tmp_path, mutate, message):
     d = _profile().to_dict()
@@ -318,6 +323,28 @@ def test_measure_link_inproc_agrees_on_every_rank():
     assert all(lk == links[0] for lk in links)
     assert [s for s, _ in res[0][1]] == [4096, 65536]
     assert links[0].bandwidth > 0 and links[0].latency >= 0
+
+
+def test_measure_link_one_busy_link_with_round_metadata():
+    from hipress_like.casync.transport.inproc import run_threads
+
+    res = run_threads(lambda t: measure_link(t, [4096, 65536], repeats=1, pattern="one",
+                                             round_meta_bytes=1024), 3, timeout=60)
+    assert all(lk == res[0][0] for lk, _ in res)
+    with pytest.raises(ValueError, match="pattern"):
+        run_threads(lambda t: measure_link(t, [4096], pattern="some"), 2, timeout=30)
+
+
+def test_concurrent_link():
+    one, every = Link(1e-3, 4e9), Link(2e-3, 1e9)
+    assert concurrent_link(one, every, 4, 1) == one
+    # 4 links at 1 GB/s = 4 GB/s in aggregate, split over c busy links, capped at one's 4 GB/s
+    assert concurrent_link(one, every, 4, 2) == Link(2e-3, 2e9)
+    assert concurrent_link(one, every, 4, 4) == Link(2e-3, 1e9)
+    assert concurrent_link(one, every, 4, 8) == Link(2e-3, 1e9)  # never more than N busy
+    # dedicated links: same bandwidth however many are busy
+    same = Link(2e-3, 1e9)
+    assert concurrent_link(same, same, 4, 3).bandwidth == 1e9
 
 
 def test_measure_link_needs_two_ranks():

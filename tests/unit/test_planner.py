@@ -84,6 +84,23 @@ def test_plan_shape_threshold_then_growing_k(profile, strategy):
     assert pl.choose(thr).compress and not pl.choose(thr - 64).compress
 
 
+def test_link_concurrency_and_overhead():
+    base = make_profile()
+    prof = Profile(link=Link(1e-4, 1.25e8), compressors=base.compressors,
+                   link_one=Link(1e-4, 5e8), sync_overhead=3e-3)
+    pl = Planner(prof, "q", 4, "ps", k_tolerance=0.0)
+    p = sync_params("ps-colocated", "quantization")
+    # K = 1: one aggregator, one busy link -> link_one; plus the measured overhead
+    assert pl.t_orig(1e6, 1) == pytest.approx(6 * (1e-4 + 1e6 / 5e8) + 3e-3)
+    # K = 2: two busy links share 4 * 1.25e8 = 5e8 B/s -> 2.5e8 each
+    assert pl.t_orig(1e6, 2) == pytest.approx(6 * (1e-4 + 5e5 / 2.5e8) + 3e-3)
+    assert pl.t_orig(1e6, 4) == pytest.approx(t_sync_orig(1e6, 4, 4, prof.link, p) + 3e-3)
+    # Ring keeps every link busy whatever K
+    assert Planner(prof, "q", 4, "ring").link(1) == prof.link
+    # a single node has nothing to synchronise: no overhead either
+    assert Planner(prof, "q", 1, "ps").t_orig(1e6, 1) == 0.0
+
+
 def test_threshold_never_and_always():
     # compression that does not shrink anything never pays
     pl = Planner(make_profile(ratio=1.0), "q", 4, "ps")

@@ -27,8 +27,8 @@ def assert_clean_error(proc, fragment):
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert "Traceback" not in proc.stderr
-    # our errors: "hipress-profile: error: ..."; argparse's: usage line, then "... error: ..."
-    assert "error:" in lines[-1] and len(lines) <= 2, lines
+    assert len(lines) == 1 and lines[0].startswith("hipress-profile"), lines
+    assert "error:" in lines[0]
     assert fragment in proc.stderr, proc.stderr
 
 
@@ -50,6 +50,19 @@ def test_profile_writes_a_valid_profile(profile_path):
     assert prof.link.latency == pytest.approx(1e-4)
     assert prof.compressors["fp16"].ratio == pytest.approx(0.5)
     assert prof.compressors["fp16"].encode.sizes == (4096.0, 16384.0, 65536.0)
+
+
+def test_profile_over_local_ranks(tmp_path):
+    # the collective path: link fits over gloo, engine overhead, compressors timed on all ranks
+    p = run_cli("profile", "--compressors", "fp16", "--nprocs", "2", "--min-size", "4KB",
+                "--max-size", "16KB", "--link-max-size", "16KB", "--repeats", "1", "-q",
+                "-o", tmp_path / "p.json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    prof = Profile.load(tmp_path / "p.json")
+    assert prof.meta["ranks"] == 2 and prof.meta["link_source"] == "measured"
+    assert prof.link_one is not None and len(prof.link_samples) == 2
+    assert prof.compressors["fp16"].error_feedback  # as the engine runs it
+    assert prof.sync_overhead >= 0
 
 
 def test_plan_prints_table_and_writes_plan(profile_path, tmp_path):
@@ -158,13 +171,14 @@ def test_bad_input_in_process(profile_path, tmp_path, capsys, args, fragment):
     assert fragment in err[0]
 
 
-def test_argparse_errors_exit_2(capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["plan", "--model", "vgg19"])  # --profile and --nodes missing
-    assert e.value.code == 2
-    with pytest.raises(SystemExit) as e:
-        main(["frobnicate"])
-    assert e.value.code == 2
+def test_argparse_errors_exit_2_with_one_line(capsys):
+    for argv in (["plan", "--model", "vgg19"],  # --profile and --nodes missing
+                 ["frobnicate"], ["report", "--profile", "p.json", "-N", "x"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("hipress-profile") and "error:" in err[0]
 
 
 # -- units ------------------------------------------------------------------------------
