@@ -179,3 +179,25 @@ def test_package_import_is_lazy():
             "assert 'mpi4py' not in sys.modules and 'horovod' not in sys.modules; "
             "t.InProcGroup; assert 'mpi4py' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_horovod_absent_gives_clear_import_error():
+    import importlib.util
+
+    if importlib.util.find_spec("horovod") is not None:
+        pytest.skip("horovod is installed here")
+    from hipress_like.casync.transport import HorovodTransport
+
+    with pytest.raises(ImportError, match="HOROVOD_WITH_PYTORCH=1"):
+        HorovodTransport()
+    with pytest.raises(ImportError, match="make_transport\\('gloo'\\)"):
+        make_transport("horovod")
+
+
+def test_torch_backend_needs_initialised_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a default process group exists in this process")
+    with pytest.raises(TransportError, match="init_process_group"):
+        make_transport("gloo")

@@ -1,0 +1,220 @@
+"""Transport over Horovod (``horovod.torch``), for jobs run by ``horovodrun``.
+
+A thin mapping: ``alltoallv`` -> ``hvd.alltoall_async`` with ``splits``,
+``allgather`` -> ``hvd.allgather_async`` (on a leading axis of 1),
+``broadcast`` -> ``hvd.broadcast_async_``, ``allreduce`` ->
+``hvd.allreduce_async_`` (op Sum/Max/Min), ``barrier`` -> a one-element
+allreduce. Horovod is imported when the transport is constructed, never when
+this module is imported, and is an optional extra (``pip install
+'hipress-like[horovod]'``; see ENVIRONMENT.md for building it against torch 2.x).
+
+Timeouts: every call is asynchronous and polled (``hvd.poll``) against a
+deadline. Horovod names operations, and equal names must meet on every
+rank, so each call is named by its call number
+(``hipress_like.<op>.<k>``). Horovod itself cannot say which rank is
+missing (its stall inspector only logs it on rank 0), so:
+
+- with a ``store`` (any ``torch.distributed.Store``, e.g. a ``TCPStore``),
+  every call first bumps this rank's counter in the store, and a timeout
+  names the ranks whose counter shows they never entered the call;
+- without one, the ``PeerError`` says the culprit is unknown and points to
+  ``HOROVOD_STALL_CHECK_TIME_SECONDS``.
+
+A ``HorovodInternalError`` (a peer died) becomes ``PeerError`` too. After
+any failure the transport is unusable.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, List, Optional, Sequence
+
+import torch
+
+from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
+
+__all__ = ["HorovodTransport"]
+
+log = logging.getLogger(__name__)
+
+_SPIN_SECONDS = 0.002
+_MAX_SLEEP = 1e-3  # Horovod's background thread makes progress; polling is cheap
+
+
+def _import_horovod():
+    try:
+        import horovod.torch as hvd
+    except ImportError as e:
+        raise ImportError(
+            "HorovodTransport needs Horovod built with PyTorch support, which is not "
+            "installed in this environment. Install it with HOROVOD_WITH_PYTORCH=1 pip install "
+            "--no-build-isolation horovod==0.28.1 (with torch 2.x it also needs cmake<4 and a "
+            "C++17 compiler wrapper: see ENVIRONMENT.md), or choose another backend: "
+            "make_transport('gloo') or make_transport('mpi')") from e
+    return hvd
+
+
+class HorovodTransport(Transport):
+    """``Transport`` over horovod.torch's collectives.
+
+    Args:
+        store: optional ``torch.distributed.Store`` shared by all ranks; lets
+            a timeout name the ranks that never entered the call.
+        key_prefix: namespace for this transport's keys in ``store``.
+
+    Raises:
+        ImportError: Horovod is not installed (the message says how to get it).
+
+    Example:
+        >>> t = HorovodTransport()          # under horovodrun -np 4
+        >>> t.allreduce(torch.ones(3))
+    """
+
+    def __init__(self, store: Any = None, *, key_prefix: str = "hipress/horovod"):
+        hvd = _import_horovod()
+        if not hvd.is_initialized():
+            hvd.init()
+        self._hvd = hvd
+        self.rank = hvd.rank()
+        self.size = hvd.size()
+        self._store = store
+        self._prefix = key_prefix
+        self._seq = 0
+        self._broken: Optional[str] = None
+        self._ops = {"sum": hvd.Sum, "max": getattr(hvd, "Max", None),
+                     "min": getattr(hvd, "Min", None)}
+
+    def _name(self, op: str, seq: int) -> str:
+        return f"hipress_like.{op}.{seq}"
+
+    def _run(self, op: str, start, timeout: float) -> Any:
+        """``start(name)`` returns a Horovod handle; poll it until done or ``timeout``."""
+        if self._broken is not None:
+            raise TransportError(f"rank {self.rank}: transport unusable: {self._broken}")
+        if timeout is None or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        seq = self._seq
+        self._seq += 1
+        if self._store is not None:
+            self._store.add(f"{self._prefix}/seq/{self.rank}", 1)
+        hvd = self._hvd
+        t0 = time.monotonic()
+        try:
+            handle = start(self._name(op, seq))
+            sleep = 0.0
+            while not hvd.poll(handle):
+                if time.monotonic() - t0 > timeout:
+                    err = self._diagnose(op, seq, f"timed out after {timeout:.3g}s")
+                    self._broken = f"{op} (call #{seq}) failed: {err}"
+                    raise err
+                if time.monotonic() - t0 > _SPIN_SECONDS:
+                    sleep = min(_MAX_SLEEP, sleep * 2 or 5e-5)
+                time.sleep(sleep)
+            return hvd.synchronize(handle)
+        except TransportError:
+            raise
+        except Exception as e:  # HorovodInternalError: a peer failed mid-operation
+            err = self._diagnose(op, seq, f"{type(e).__name__}: {str(e)[:300]}")
+            self._broken = f"{op} (call #{seq}) failed: {err}"
+            raise err from e
+
+    def _diagnose(self, op: str, seq: int, cause: str) -> TransportError:
+        where = f"rank {self.rank}: {op} (call #{seq}) failed ({cause})"
+        if self._store is None:
+            return PeerError(
+                f"{where}; Horovod cannot tell which rank is missing. Pass a store to "
+                "HorovodTransport to name it, or set HOROVOD_STALL_CHECK_TIME_SECONDS so "
+                "Horovod's stall inspector logs the missing ranks on rank 0", ranks=())
+        try:
+            counts = {r: int(self._store.add(f"{self._prefix}/seq/{r}", 0))
+                      for r in range(self.size)}
+        except Exception as e:
+            return PeerError(f"{where}; the store is unreachable too ({e}): its host has died",
+                             ranks=())
+        behind = [r for r, c in counts.items() if r != self.rank and c <= seq]
+        if behind:
+            return PeerError(f"{where}: rank(s) {behind} never entered this collective "
+                             f"(they entered {[counts[r] for r in behind]} so far)", ranks=behind)
+        return TransportError(f"{where}; every peer entered it: the exchange is slower than "
+                              "the timeout, or a peer failed inside Horovod")
+
+    @staticmethod
+    def _contiguous(t: torch.Tensor) -> torch.Tensor:
+        return t if t.is_contiguous() else t.contiguous()
+
+    def alltoallv(self, send: Sequence[Optional[torch.Tensor]], recv_nbytes: Sequence[int],
+                  timeout: float = DEFAULT_TIMEOUT) -> List[Optional[torch.Tensor]]:
+        if len(send) != self.size or len(recv_nbytes) != self.size:
+            raise ValueError(f"alltoallv needs {self.size} send entries and recv sizes, got "
+                             f"{len(send)} and {len(recv_nbytes)}")
+        counts, parts = [], []
+        device = next((t.device for t in send if t is not None), torch.device("cpu"))
+        for p, t in enumerate(send):
+            if t is not None and (t.dtype != torch.uint8 or t.dim() != 1):
+                raise TypeError(f"alltoallv send[{p}] must be a 1-D torch.uint8 tensor, got "
+                                f"{t.dtype} with shape {tuple(t.shape)}")
+            n = 0 if t is None or p == self.rank else t.numel()
+            counts.append(n)
+            if n:
+                parts.append(t.to(device))
+        inp = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
+        splits = torch.tensor(counts, dtype=torch.int32)
+        res = self._run("alltoallv", lambda name: self._hvd.alltoall_async(
+            inp, splits=splits, name=name), timeout)
+        out, got = res if isinstance(res, tuple) else (res, None)
+        rcounts = [0 if p == self.rank else int(n) for p, n in enumerate(recv_nbytes)]
+        if got is not None and [int(x) for x in got] != rcounts:
+            raise TransportError(f"rank {self.rank}: alltoallv expected {rcounts} bytes from the "
+                                 f"ranks but received {[int(x) for x in got]}")
+        result: List[Optional[torch.Tensor]] = []
+        offset = 0
+        for p, n in enumerate(rcounts):
+            if p == self.rank:
+                own = send[p]
+                result.append(None if own is None or own.numel() == 0 else own)
+            else:
+                result.append(out[offset:offset + n] if n else None)
+            offset += n
+        return result
+
+    def allgather(self, tensor: torch.Tensor, timeout: float = DEFAULT_TIMEOUT
+                  ) -> List[torch.Tensor]:
+        src = self._contiguous(tensor).unsqueeze(0)  # Horovod concatenates on dim 0
+        out = self._run("allgather", lambda name: self._hvd.allgather_async(src, name=name),
+                        timeout)
+        return [out[r] for r in range(self.size)]
+
+    def broadcast(self, tensor: torch.Tensor, root: int, timeout: float = DEFAULT_TIMEOUT
+                  ) -> torch.Tensor:
+        if not 0 <= root < self.size:
+            raise ValueError(f"broadcast root must be in [0, {self.size}), got {root}")
+        buf = self._contiguous(tensor)
+        self._run(f"broadcast{root}", lambda name: self._hvd.broadcast_async_(
+            buf, root, name=name), timeout)
+        if buf is not tensor:
+            tensor.copy_(buf)
+        return tensor
+
+    def allreduce(self, tensor: torch.Tensor, op: str = "sum", timeout: float = DEFAULT_TIMEOUT
+                  ) -> torch.Tensor:
+        if op not in self._ops:
+            raise ValueError(f"unknown reduce op {op!r}; available: {', '.join(self._ops)}")
+        if self._ops[op] is None:
+            raise TransportError(f"this Horovod version has no {op!r} reduction; upgrade to "
+                                 "horovod>=0.26")
+        buf = self._contiguous(tensor)
+        self._run(f"allreduce_{op}", lambda name: self._hvd.allreduce_async_(
+            buf, name=name, op=self._ops[op]), timeout)
+        if buf is not tensor:
+            tensor.copy_(buf)
+        return tensor
+
+    def barrier(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        one = torch.zeros(1)
+        self._run("barrier", lambda name: self._hvd.allreduce_async_(
+            one, name=name, op=self._hvd.Sum), timeout)
+
+    def close(self) -> None:
+        """Mark the transport closed (Horovod itself is left running)."""
+        if self._broken is None:
+            self._broken = "closed"
