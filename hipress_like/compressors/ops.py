@@ -34,6 +34,7 @@ __all__ = [
     "reduce",
     "uniform",
     "hash32",
+    "mix_seed",
     "concat",
     "extract",
     "orthogonalize_",
@@ -83,32 +84,89 @@ def reduce(x: torch.Tensor, op: str) -> torch.Tensor:
     raise ValueError(f"unknown reduce op {op!r}; expected sum, max, min, absmax, mean, norm")
 
 
+def _fmix32(x: int) -> int:
+    """MurmurHash3 ``fmix32`` on a Python int (for mixing scalar seeds on the host)."""
+    x &= _M32
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & _M32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & _M32
+    x ^= x >> 16
+    return x
+
+
+# fmix32's multipliers as two's-complement int32 (int32 products wrap modulo 2**32).
+_C1_I32 = 0x85EBCA6B - (1 << 32)
+_C2_I32 = 0xC2B2AE35 - (1 << 32)
+
+
+def _as_i32(x: int) -> int:
+    """The low 32 bits of ``x`` as a two's-complement int32 value."""
+    x &= _M32
+    return x - (1 << 32) if x >= (1 << 31) else x
+
+
+def _fmix32_i32(h: torch.Tensor) -> torch.Tensor:
+    """``fmix32`` on an int32 tensor, bit for bit equal to the 32-bit definition.
+
+    Works in int32 (half the memory traffic of int64, and it vectorises and
+    fuses under ``torch.compile``): products wrap modulo 2**32 and the logical
+    right shifts of the reference are arithmetic shifts with the sign bits
+    masked off.
+    """
+    h = h ^ ((h >> 16) & 0xFFFF)
+    h = h * _C1_I32
+    h = h ^ ((h >> 13) & 0x7FFFF)
+    h = h * _C2_I32
+    h = h ^ ((h >> 16) & 0xFFFF)
+    return h
+
+
+def _uniform_from_counter(counter_i32: torch.Tensor, seed_mixed: int) -> torch.Tensor:
+    """The ``uniform`` stream at the given int32 counters (low 32 bits of the index).
+
+    ``seed_mixed`` is ``_fmix32(seed ^ 0x9E3779B9)`` as produced by ``uniform``;
+    it may be an int or a 0-d int32 tensor (the fused kernels pass a tensor so
+    one compiled kernel serves every seed).
+    """
+    if not isinstance(seed_mixed, torch.Tensor):
+        seed_mixed = _as_i32(seed_mixed)
+    h = _fmix32_i32(counter_i32 ^ seed_mixed)
+    # top 24 bits -> exactly representable float32 in [0, 1)
+    return ((h >> 8) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def mix_seed(seed: int) -> int:
+    """The per-stream key ``uniform`` derives from ``seed`` (fmix32 of seed ^ golden ratio)."""
+    return _fmix32((seed & _M32) ^ 0x9E3779B9)
+
+
 def hash32(counter: torch.Tensor, seed: int) -> torch.Tensor:
     """A 32-bit integer hash of ``counter`` (int64 tensor) keyed by ``seed``.
 
     The murmur3 finaliser (Appleby, MurmurHash3 ``fmix32``) applied to
-    ``counter ^ seed``, computed in int64 and masked to 32 bits so it runs
-    identically on every backend without unsigned types.
+    ``counter ^ seed``. Returns int64 values in [0, 2**32). Computed in int32
+    with wrapping products (``_fmix32_i32``), which equals the 32-bit
+    definition bit for bit on every backend.
     """
-    h = (counter ^ (seed & _M32)) & _M32
-    h = h ^ (h >> 16)
-    h = (h * 0x85EBCA6B) & _M32
-    h = h ^ (h >> 13)
-    h = (h * 0xC2B2AE35) & _M32
-    h = h ^ (h >> 16)
-    return h
+    c = (counter.to(torch.int64) & _M32).to(torch.int32)  # low 32 bits, wrapped into int32
+    h = _fmix32_i32(c ^ _as_i32(seed))
+    return h.to(torch.int64) & _M32
 
 
 def uniform(n: int, seed: int, offset: int = 0, device="cpu") -> torch.Tensor:
     """``n`` float32 numbers uniform in [0, 1) from a counter-based hash RNG.
 
-    Element i is ``hash32(offset + i, seed) / 2**32``, so any slice of the
-    stream can be regenerated from (seed, offset) alone.
+    Element i is ``(hash32(offset + i, mix_seed(seed)) >> 8) / 2**24``, so any
+    slice of the stream can be regenerated from (seed, offset) alone. Only the
+    low 32 bits of the counter enter the hash, so the stream repeats after
+    2**32 elements.
     """
-    c = torch.arange(offset, offset + n, dtype=torch.int64, device=device)
-    seed_mixed = int(hash32(torch.tensor([seed & _M32]), 0x9E3779B9).item())
-    # top 24 bits -> exactly representable float32 in [0, 1)
-    return (hash32(c, seed_mixed) >> 8).to(torch.float32) * (1.0 / (1 << 24))
+    lo = _as_i32(offset)
+    c = torch.arange(n, dtype=torch.int32, device=device)
+    if lo:
+        c = c + lo  # int32 addition wraps, i.e. counters are taken modulo 2**32
+    return _uniform_from_counter(c, mix_seed(seed))
 
 
 def concat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -144,41 +202,103 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def packed_nbytes(n: int, bits: int) -> int:
     """Bytes needed to store ``n`` codes of ``bits`` bits each."""
-    if bits not in VALID_BITS:
-        raise ValueError(f"bits must be one of {VALID_BITS}, found {bits!r}")
+    _check_bits(bits)
     per = 8 // bits
     return (n + per - 1) // per
+
+
+def _pack_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack a ``(m, 8 // bits)`` uint8 code matrix into ``m`` bytes.
+
+    Unrolled shifts and ORs over the columns instead of a reduction: each
+    output byte is one fused pointwise expression, which vectorises (eager)
+    and fuses into the producer of the codes (``torch.compile``).
+    """
+    per = 8 // bits
+    out = codes[:, 0]
+    for j in range(1, per):
+        out = out | (codes[:, j] << (j * bits))
+    return out
+
+
+def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of ``_pack_rows``: ``m`` bytes -> ``(m, 8 // bits)`` uint8 codes."""
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    return torch.stack([(packed >> (j * bits)) & mask for j in range(per)], dim=1)
+
+
+def _pack_planes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack a ``(8 // bits, m)`` matrix of codes (floats in [0, 2**bits)) into ``m`` bytes.
+
+    Byte j holds ``codes[k, j]`` at bit offset ``k * bits``: a bit-sliced
+    ("planar") layout, so every plane is a contiguous stream and the packing
+    vectorises (the row layout of ``pack_bits`` needs strided loads). The
+    quantizers' payloads use it; ``pack_bits`` keeps the row layout. The
+    fields are combined as ``sum_k code_k * 2**(k * bits)`` in float32 (exact,
+    < 256): float lanes vectorise on every CPU, 8-bit shifts do not.
+    """
+    out = codes[0]
+    for k in range(1, 8 // bits):
+        out = out + codes[k] * float(1 << (k * bits))
+    return out.to(torch.uint8)
+
+
+def _plane_codes(packed: torch.Tensor, bits: int, k) -> torch.Tensor:
+    """Field ``k`` of every byte of ``packed`` (the codes of plane ``k``), as int32."""
+    return (packed.to(torch.int32) >> (k * bits)) & ((1 << bits) - 1)
+
+
+def _check_bits(bits: int) -> None:
+    if bits not in VALID_BITS:
+        raise ValueError(f"bits must be one of {VALID_BITS}, found {bits!r}")
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack integer codes in [0, 2**bits) into bytes, little-endian within a byte.
 
-    Code i sits in byte i // (8/bits), at bit offset (i % (8/bits)) * bits.
+    Code i sits in byte i // (8/bits), at bit offset (i % (8/bits)) * bits
+    (the compact layout of CompLL, HiPress Sec. 4.3: consecutive bits, zero
+    padding only in the last byte).
+
+    Args:
+        codes: integer tensor of codes (any shape, read in flat order).
+        bits: code width, one of 1, 2, 4, 8.
+
+    Returns:
+        1-D uint8 tensor of ``packed_nbytes(codes.numel(), bits)`` bytes.
+
+    Raises:
+        ValueError: ``bits`` not in ``VALID_BITS``.
     """
-    if bits not in VALID_BITS:
-        raise ValueError(f"bits must be one of {VALID_BITS}, found {bits!r}")
+    _check_bits(bits)
     c = codes.reshape(-1).to(torch.uint8)
     if bits == 8:
         return c.clone()
     per = 8 // bits
     n = c.numel()
-    pad = (-n) % per
-    if pad:
-        c = torch.cat([c, c.new_zeros(pad)])
-    c = c.view(-1, per).to(torch.int32)
-    shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=c.device)
-    return (c << shifts).sum(dim=1).to(torch.uint8)
+    m = n // per
+    out = torch.empty(packed_nbytes(n, bits), dtype=torch.uint8, device=c.device)
+    if m:
+        out[:m] = _pack_rows(c[: m * per].view(m, per), bits)
+    if n > m * per:  # zero-pad only the last, partial byte (never copy the whole tensor)
+        tail = c.new_zeros(per)
+        tail[: n - m * per] = c[m * per:]
+        out[m:] = _pack_rows(tail.view(1, per), bits)
+    return out
 
 
 def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """Inverse of ``pack_bits``: the first ``n`` codes as uint8."""
-    if bits not in VALID_BITS:
-        raise ValueError(f"bits must be one of {VALID_BITS}, found {bits!r}")
+    """Inverse of ``pack_bits``: the first ``n`` codes as a 1-D uint8 tensor.
+
+    Raises:
+        ValueError: invalid ``bits``, or fewer bytes than ``n`` codes need.
+    """
+    _check_bits(bits)
     if packed.numel() < packed_nbytes(n, bits):
         raise ValueError(f"packed data has {packed.numel()} bytes, {n} codes of {bits} bits "
                          f"need {packed_nbytes(n, bits)}")
     if bits == 8:
         return packed[:n].clone()
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
-    mask = (1 << bits) - 1
-    return ((packed.view(-1, 1) >> shifts) & mask).reshape(-1)[:n]
+    nb = packed_nbytes(n, bits)
+    return _unpack_rows(packed[:nb], bits).reshape(-1)[:n]

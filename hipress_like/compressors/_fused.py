@@ -1,0 +1,426 @@
+"""Fused encode/decode kernels for the quantizers (onebit, TBQ, TernGrad).
+
+Idea: a quantizer is memory-bound, so its speed is set by how many times it
+sweeps the gradient. Written as a chain of eager torch ops it sweeps (and
+allocates) once per op; here each hot body is one pure torch function that
+``torch.compile`` (inductor, CPU or GPU) turns into one or two loops, as
+CompLL generates one CUDA kernel per operator chain (HiPress Sec. 4.3, 5).
+
+Rules every kernel follows, so the compiled and the eager version give the
+same payload bytes bit for bit:
+
+1. Codes of the first ``m * per`` elements (``per = 8 // bits``) are
+   computed on a ``(per, m)`` view and packed plane by plane
+   (``ops._pack_planes``): byte j holds elements j, m + j, 2m + j, ... in
+   its bit fields 0, 1, 2, ... Each plane is a contiguous stream, so the
+   loop vectorises; the row layout of ``ops.pack_bits`` needs strided
+   loads and ran ~5x slower here. The last ``n - m * per`` elements go
+   into one extra byte (fields 0, 1, ...), computed eagerly by the same
+   function on a padded copy.
+2. Reductions are order independent: min/max, integer counts, and sums of
+   integer-valued float64 numbers (exact below 2**53). Inductor runs with
+   floating-point contraction off, so pointwise float maths rounds the same.
+3. Randomness is the counter-based hash of ``ops.uniform`` in int32 ops,
+   which fuses (``torch.rand`` does not; ENVIRONMENT.md).
+
+``Kernel`` compiles lazily, once per (function, specialisation, input
+dtype), with ``dynamic=True`` so one compilation serves every size. Tensors
+smaller than ``MIN_COMPILE_NUMEL`` run eagerly (the compiled call's fixed
+overhead would dominate). ``HIPRESS_NO_COMPILE=1`` forces eager; a failed
+compilation logs one warning and falls back to eager for good.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import types
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+
+from .base import header_nbytes
+from .ops import _as_i32, _pack_planes, _plane_codes, _uniform_from_counter
+
+__all__ = [
+    "Kernel",
+    "MIN_COMPILE_NUMEL",
+    "compile_enabled",
+    "onebit_encode",
+    "onebit_decode",
+    "tbq_encode",
+    "tbq_decode",
+    "minmax",
+    "terngrad_encode",
+    "affine_decode",
+    "compute_dtype",
+    "write_extra_f64",
+    "output_like",
+]
+
+_log = logging.getLogger(__name__)
+
+#: Below this many elements the eager path is used (the compiled call costs
+#: tens of microseconds of guards and dispatch; eager is as fast there).
+MIN_COMPILE_NUMEL = 1 << 16
+
+_warned = False
+_broken = False
+_lock = threading.Lock()
+
+
+def compile_enabled() -> bool:
+    """True unless ``HIPRESS_NO_COMPILE=1`` or a compilation already failed."""
+    return not _broken and os.environ.get("HIPRESS_NO_COMPILE", "0") != "1"
+
+
+def _fail(name: str, err: BaseException) -> None:
+    global _warned, _broken
+    with _lock:
+        _broken = True
+        if not _warned:
+            _warned = True
+            _log.warning("torch.compile of %s failed (%s: %s); using eager kernels from now "
+                         "on (same results, slower)", name, type(err).__name__, err)
+
+
+def _clone(fn: Callable, tag: str) -> Callable:
+    """A copy of ``fn`` with its own code object, hence its own dynamo cache.
+
+    Dynamo keys its cache (and its recompile limit) by code object; one copy
+    per specialisation keeps, e.g., four TernGrad bitwidths times four dtypes
+    from exhausting the limit of a single function.
+    """
+    code = fn.__code__.replace(co_name=f"{fn.__name__}__{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__,
+                              fn.__closure__)
+
+
+class Kernel:
+    """A family of pure torch functions, run compiled (lazily, cached) or eagerly.
+
+    ``factory(*spec)`` returns the function for the Python constants in
+    ``spec`` (e.g. the bitwidth): constants must be closed over, not passed,
+    so inductor sees fixed row widths and vectorises.
+
+    Args:
+        factory: ``factory(*spec) -> fn``; ``fn``'s first argument is the
+            tensor whose size decides compiled vs eager.
+        name: for logs.
+
+    Example:
+        >>> k = Kernel(lambda c: (lambda x: x * c), "scale")
+        >>> k(torch.ones(3), spec=(2.0,)).tolist()
+        [2.0, 2.0, 2.0]
+    """
+
+    def __init__(self, factory: Callable[..., Callable], name: str) -> None:
+        self.factory = factory
+        self.name = name
+        self._eager: Dict[Tuple[Any, ...], Callable] = {}
+        self._compiled: Dict[Tuple[Any, ...], Callable] = {}
+
+    def eager(self, spec: Tuple[Any, ...]) -> Callable:
+        """The uncompiled function for ``spec``."""
+        f = self._eager.get(spec)
+        if f is None:
+            f = self._eager[spec] = self.factory(*spec)
+        return f
+
+    def compiled(self, spec: Tuple[Any, ...], dtype: torch.dtype) -> Callable:
+        """The compiled function for ``spec`` and ``dtype`` (compiled on first use)."""
+        key = (spec, dtype)
+        f = self._compiled.get(key)
+        if f is None:
+            with _lock:
+                f = self._compiled.get(key)
+                if f is None:
+                    tag = "_".join(str(s).split(".")[-1] for s in (*spec, dtype))
+                    f = torch.compile(_clone(self.eager(spec), tag), dynamic=True,
+                                      fullgraph=True)
+                    self._compiled[key] = f
+        return f
+
+    def __call__(self, *args: Any, spec: Tuple[Any, ...] = (), numel: int = -1) -> Any:
+        """Run on ``args``; compiled when ``numel`` (default: ``args[0].numel()``) is large."""
+        if numel < 0:
+            numel = args[0].numel()
+        if numel >= MIN_COMPILE_NUMEL and compile_enabled():
+            dtype = spec[-1] if spec and isinstance(spec[-1], torch.dtype) else args[0].dtype
+            try:
+                return self.compiled(spec, dtype)(*args)
+            except Exception as e:  # inductor/toolchain problems must not break training
+                _fail(self.name, e)
+        return self.eager(spec)(*args)
+
+
+# --------------------------------------------------------------------------
+# Kernel bodies. Encoders take a flat tensor of m * per elements, view it as
+# (per, m) planes with a constant ``per`` and write m bytes into ``out``.
+# Decoders fill one plane (m contiguous outputs) per call from the codes in
+# bit field k of the m bytes: a single-output kernel writes straight into the
+# caller's buffer (a multi-plane one would go through a temporary).
+# --------------------------------------------------------------------------
+
+def _onebit_pack_fn() -> Callable:
+    def onebit_pack(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Sign bits of x (1 for x >= 0: 1-bit SGD's threshold 0, Seide et al. 2014,
+        Sec. 2) into ``out``; returns max|x| (NaN/Inf propagate)."""
+        out.copy_(_pack_planes(torch.where(x.view(8, -1) >= 0, 1.0, 0.0), 1))
+        return x.abs().amax()
+    return onebit_pack
+
+
+def _onebit_sums_fn() -> Callable:
+    def onebit_sums(x: torch.Tensor, scale: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Exact, order-independent sums for 1-bit SGD's two reconstruction values.
+
+        Each value becomes a fixed-point integer ``rint(x * scale)`` in float64
+        (|.| <= 2**20), so the sums are exact for up to 2**33 elements whatever
+        the reduction order. Returns (sum over x >= 0, sum over all, #(x >= 0)).
+        """
+        q = torch.round(x.to(torch.float64) * scale)
+        pos = x >= 0
+        return torch.where(pos, q, 0.0).sum(), q.sum(), pos.sum()
+    return onebit_sums
+
+
+def _onebit_unpack_fn(out_dtype: torch.dtype) -> Callable:
+    def onebit_unpack(packed: torch.Tensor, out: torch.Tensor, pos: torch.Tensor,
+                      neg: torch.Tensor, k: int) -> None:
+        """Plane k: ``pos`` where bit k of the byte is 1, ``neg`` where it is 0."""
+        out.copy_(torch.where(_plane_codes(packed, 1, k) != 0, pos, neg))
+    return onebit_unpack
+
+
+def _tbq_pack_fn() -> Callable:
+    def tbq_pack(x: torch.Tensor, out: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+        """TBQ codes (Strom 2015, Sec. 3): 1 for x > tau, 2 for x < -tau, else 0.
+
+        Packs 2-bit codes into ``out``; returns max|x| so the caller can reject
+        NaN/Inf without another sweep.
+        """
+        xc = x.view(4, -1).to(tau.dtype)
+        codes = torch.where(xc > tau, 1.0, torch.where(xc < -tau, 2.0, 0.0))
+        out.copy_(_pack_planes(codes, 2))
+        return x.abs().amax()
+    return tbq_pack
+
+
+def _tbq_unpack_fn(out_dtype: torch.dtype) -> Callable:
+    def tbq_unpack(packed: torch.Tensor, out: torch.Tensor, tau: torch.Tensor, k: int) -> None:
+        """Plane k: 2-bit codes -> {0, +tau, -tau} (code 3 is never produced; it gives 0)."""
+        c = _plane_codes(packed, 2, k)
+        zero = torch.zeros_like(tau)
+        out.copy_(torch.where(c == 1, tau, torch.where(c == 2, -tau, zero)))
+    return tbq_unpack
+
+
+def _minmax_fn() -> Callable:
+    def minmax(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(min, max) of x; NaN propagates (HiPress Fig. 5 lines 11-12)."""
+        return x.amin(), x.amax()
+    return minmax
+
+
+def _terngrad_pack_fn(bits: int) -> Callable:
+    per = 8 // bits
+    top = float((1 << bits) - 1)
+
+    def terngrad_pack(x: torch.Tensor, out: torch.Tensor, lo: torch.Tensor, gap: torch.Tensor,
+                      seed: torch.Tensor, base: torch.Tensor) -> None:
+        """Stochastic rounding to 2**bits levels (HiPress Fig. 5, ``floatToUint``).
+
+        Fig. 5 lines 6-7: ``r = (g - min) / gap``; ``code = floor(r + u)``, u ~
+        U[0, 1). Computed as ``floor(r) + (u < r - floor(r))``: the same random
+        variable, but the fraction stays exact (``r + u`` would round), so
+        E[code] = r up to u's 2**-24 resolution and decode is unbiased. u is
+        ``ops.uniform``'s number ``base + i`` of the stream keyed by ``seed``.
+        """
+        xv = x.view(per, -1)
+        r = ((xv.to(lo.dtype) - lo) / gap).clamp(0.0, top)
+        fl = torch.floor(r)
+        cnt = torch.arange(x.numel(), dtype=torch.int32, device=x.device).view(per, -1) + base
+        u = _uniform_from_counter(cnt, seed)
+        codes = fl.to(torch.float32) + torch.where(u < (r - fl), 1.0, 0.0)
+        out.copy_(_pack_planes(codes, bits))
+    return terngrad_pack
+
+
+def _affine_unpack_fn(bits: int, out_dtype: torch.dtype) -> Callable:
+    def affine_unpack(packed: torch.Tensor, out: torch.Tensor, lo: torch.Tensor,
+                      gap: torch.Tensor, k: int) -> None:
+        """Plane k: ``min + code * gap`` (the decode of Fig. 5's encode), in ``out``'s dtype."""
+        out.copy_(lo + _plane_codes(packed, bits, k).to(lo.dtype) * gap)
+    return affine_unpack
+
+
+_K_ONEBIT_PACK = Kernel(_onebit_pack_fn, "onebit encode")
+_K_ONEBIT_SUMS = Kernel(_onebit_sums_fn, "onebit sums")
+_K_ONEBIT_UNPACK = Kernel(_onebit_unpack_fn, "onebit decode")
+_K_TBQ_PACK = Kernel(_tbq_pack_fn, "tbq encode")
+_K_TBQ_UNPACK = Kernel(_tbq_unpack_fn, "tbq decode")
+_K_MINMAX = Kernel(_minmax_fn, "minmax")
+_K_TERN_PACK = Kernel(_terngrad_pack_fn, "terngrad encode")
+_K_AFFINE_UNPACK = Kernel(_affine_unpack_fn, "affine decode")
+
+
+# --------------------------------------------------------------------------
+# Drivers: split the flat tensor into full bytes (kernel) and the tail.
+# --------------------------------------------------------------------------
+
+def _split(x: torch.Tensor, per: int, pad: Any = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Flat ``x`` -> (its first m*per elements, a padded (per,) copy of the rest or empty)."""
+    n = x.numel()
+    m = n // per
+    t = n - m * per
+    if t == 0:
+        return x, x.new_empty((0,))
+    tail = torch.full((per,), pad, dtype=x.dtype, device=x.device)
+    tail[:t] = x[m * per:]
+    return x[: m * per], tail
+
+
+def _run_pack(kernel: Kernel, x: torch.Tensor, body: torch.Tensor, per: int,
+              args: Tuple[Any, ...], tail_args: Tuple[Any, ...], spec: Tuple[Any, ...] = (),
+              pad: Any = 0.0) -> Tuple[Any, Any]:
+    """Run an encode kernel on the full bytes and (eagerly) on the padded tail byte."""
+    main, tail = _split(x, per, pad)
+    m = main.numel() // per
+    r_main = kernel(main, body[:m], *args, spec=spec) if m else None
+    r_tail = kernel.eager(spec)(tail, body[m:], *tail_args) if tail.numel() else None
+    return r_main, r_tail
+
+
+def _run_unpack(kernel: Kernel, body: torch.Tensor, out: torch.Tensor, per: int,
+                args: Tuple[Any, ...], spec: Tuple[Any, ...] = ()) -> None:
+    """Fill flat ``out`` plane by plane from the full bytes, then the last partial byte."""
+    n = out.numel()
+    m = n // per
+    spec = spec + (out.dtype,)
+    if m:
+        for k in range(per):
+            kernel(body[:m], out[k * m: (k + 1) * m], *args, k, spec=spec, numel=n)
+    t = n - m * per
+    if t:
+        fn = kernel.eager(spec)
+        tmp = out.new_empty((1,))
+        for k in range(t):  # the last byte holds the tail elements in fields 0, 1, ...
+            fn(body[m: m + 1], tmp, *args, k)
+            out[m * per + k] = tmp[0]
+
+
+def _max2(a: Any, b: Any) -> torch.Tensor:
+    return a if b is None else b if a is None else torch.maximum(a, b)
+
+
+def onebit_encode(x: torch.Tensor, body: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor,
+                                                                 torch.Tensor]:
+    """Pack sign bits of flat ``x`` into ``body``; return (value for 1, value for 0, max|x|).
+
+    The values are 1-bit SGD's reconstruction (Seide et al. 2014, Sec. 2):
+    the means of the x >= 0 and the x < 0 parts, as float64 0-d tensors (0
+    for an empty part), from exact fixed-point sums.
+    """
+    amax = _max2(*_run_pack(_K_ONEBIT_PACK, x, body, 8, (), ()))
+    # Fixed-point unit: the power of two with max|x| * scale in [2**19, 2**20], so the
+    # sums of rint(x * scale) are exact up to 2**33 elements (float64 has 53 bits) and
+    # dividing by scale is exact. (0 -> 2**20; tiny inputs are capped at 2**1000.)
+    exp = torch.frexp(amax.to(torch.float64)).exponent
+    scale = torch.ldexp(torch.ones((), dtype=torch.float64, device=x.device),
+                        (20 - exp).clamp(max=1000))
+    ps, ts, cnt = _K_ONEBIT_SUMS(x, scale)
+    n = x.numel()
+    cnt_f = cnt.to(torch.float64)
+    zero = torch.zeros_like(ps)
+    pos = torch.where(cnt > 0, ps / cnt_f.clamp(min=1) / scale, zero)
+    neg = torch.where(cnt < n, (ts - ps) / (n - cnt_f).clamp(min=1) / scale, zero)
+    return pos, neg, amax
+
+
+def onebit_decode(body: torch.Tensor, out: torch.Tensor, pos: torch.Tensor,
+                  neg: torch.Tensor) -> None:
+    """Write ``pos`` where the bit is 1 and ``neg`` where it is 0 into flat ``out``."""
+    _run_unpack(_K_ONEBIT_UNPACK, body, out, 8, (pos, neg))
+
+
+def tbq_encode(x: torch.Tensor, body: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """Pack TBQ 2-bit codes of flat ``x`` into ``body``; return max|x|."""
+    return _max2(*_run_pack(_K_TBQ_PACK, x, body, 4, (tau,), (tau,)))
+
+
+def tbq_decode(body: torch.Tensor, out: torch.Tensor, tau: torch.Tensor) -> None:
+    """Decode TBQ codes into flat ``out`` (``tau`` in ``out``'s dtype)."""
+    _run_unpack(_K_TBQ_UNPACK, body, out, 4, (tau,))
+
+
+def minmax(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of flat ``x`` in one sweep (NaN propagates)."""
+    return _K_MINMAX(x)
+
+
+def terngrad_encode(x: torch.Tensor, body: torch.Tensor, lo: torch.Tensor, gap: torch.Tensor,
+                    seed_mixed: int, bits: int) -> None:
+    """Stochastically round flat ``x`` to ``lo + k * gap`` and pack the k into ``body``.
+
+    Args:
+        x: flat gradient.
+        body: output bytes, ``ops.packed_nbytes(x.numel(), bits)`` of them.
+        lo, gap: 0-d tensors in the compute dtype; ``gap > 0``.
+        seed_mixed: ``ops.mix_seed(seed)``; element i uses number i of
+            ``ops.uniform(n, seed)``.
+        bits: code width (1, 2, 4 or 8).
+    """
+    per = 8 // bits
+    dev = x.device
+    s = torch.tensor(_as_i32(seed_mixed), dtype=torch.int32, device=dev)
+    m = x.numel() // per
+    base0 = torch.zeros((), dtype=torch.int32, device=dev)
+    base1 = torch.tensor(_as_i32(m * per), dtype=torch.int32, device=dev)
+    # padding with lo gives r = 0, i.e. code 0, for the unused fields of the last byte
+    _run_pack(_K_TERN_PACK, x, body, per, (lo, gap, s, base0), (lo, gap, s, base1),
+              spec=(bits,), pad=float(lo))
+
+
+def affine_decode(body: torch.Tensor, out: torch.Tensor, lo: torch.Tensor, gap: torch.Tensor,
+                  bits: int) -> None:
+    """Write ``lo + k * gap`` for the packed codes k into flat ``out``."""
+    _run_unpack(_K_AFFINE_UNPACK, body, out, 8 // bits, (lo, gap), spec=(bits,))
+
+
+# --------------------------------------------------------------------------
+# Payload helpers shared by the quantizers.
+# --------------------------------------------------------------------------
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Arithmetic dtype of the quantizers: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def write_extra_f64(payload: torch.Tensor, ndim: int, offset: int,
+                    values: Tuple[torch.Tensor, ...]) -> None:
+    """Store 0-d tensors as float64 into the header's extra field, on the device.
+
+    The extra field starts at ``header_nbytes(ndim, 0)`` (base.py layout) and
+    is 8-byte aligned, so it can be viewed as float64 without a host round trip.
+    """
+    start = header_nbytes(ndim, 0) + offset
+    dst = payload[start: start + 8 * len(values)].view(torch.float64)
+    dst.copy_(torch.stack([v.to(torch.float64) for v in values]))
+
+
+def output_like(h: Any, out: Optional[torch.Tensor], device: Any) -> torch.Tensor:
+    """The decode result buffer: ``out`` checked against header ``h``, or a new tensor.
+
+    Raises:
+        ValueError: ``out`` has another shape, dtype or device, or is not contiguous.
+    """
+    if out is None:
+        return torch.empty(h.shape, dtype=h.dtype, device=device)
+    if tuple(out.shape) != tuple(h.shape) or out.dtype != h.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {h.dtype} tensor of shape {tuple(h.shape)}, "
+                         f"found {out.dtype} {tuple(out.shape)}"
+                         f"{'' if out.is_contiguous() else ' (not contiguous)'}")
+    if out.device != torch.device(device):
+        raise ValueError(f"out is on {out.device}, the payload on {device}")
+    return out
