@@ -1,0 +1,345 @@
+"""Emulated network for benchmarks: N hosts as network namespaces on one machine.
+
+Each "host" is a network namespace ``h0..h{N-1}`` whose ``eth0`` (address
+``10.77.0.{i+1}/24``) is a veth into a bridge ``br0`` inside namespace
+``hsw``. Every link is shaped with ``tc tbf`` in both directions (switch ->
+host on the bridge port, host -> switch on ``eth0``), so each host gets a
+full-duplex link of the given rate. Nothing is added to the root namespace
+and only addresses inside 10.77.0.0/24, which exist only in these
+namespaces, are used: no traffic leaves the machine.
+
+Facts (ENVIRONMENT.md, ../shared/netem): ``tbf`` reaches ~0.95 Gbit/s on a
+1gbit link; this kernel has no ``sch_netem``, so ``delay`` works only on
+kernels that have it (the error says so otherwise); gloo needs
+``GLOO_SOCKET_IFNAME=eth0`` and ``lo`` up in every namespace. Needs root.
+
+Library::
+
+    import netem                      # with bench/ on sys.path
+    netem.up(4, "1gbit")
+    rc = netem.run_in_namespaces(4, [sys.executable, "train.py"], env={...})
+    netem.down()
+
+CLI::
+
+    python bench/netem.py up 4 1gbit [DELAY]
+    python bench/netem.py status
+    python bench/netem.py selfcheck [--nprocs 4] [--rate 1gbit] [--mb 64]
+    python bench/netem.py down [N]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Dict, List, Mapping, Optional, Sequence
+
+__all__ = ["SUBNET", "MASTER_ADDR", "up", "down", "status", "run_in_namespaces",
+           "host_address", "NetemError"]
+
+log = logging.getLogger(__name__)
+
+SUBNET = "10.77.0"  # /24; host i is SUBNET.{i+1}. Never any other address.
+MASTER_ADDR = f"{SUBNET}.1"
+SWITCH = "hsw"
+MAX_HOSTS = 250
+DEFAULT_PORT = 29700
+_NS_RE = re.compile(r"^(h\d+|hsw)$")
+
+
+class NetemError(RuntimeError):
+    """Setting up, using or tearing down the emulated network failed."""
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise PermissionError("network emulation needs root (ip netns / tc); run as root, "
+                              "e.g. sudo python bench/netem.py up 4 1gbit")
+
+
+def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    log.debug("+ %s", " ".join(cmd))
+    try:
+        res = subprocess.run(list(cmd), capture_output=True, text=True)
+    except FileNotFoundError as e:
+        raise NetemError(f"{cmd[0]} not found; install iproute2 (apt-get install -y iproute2)"
+                         ) from e
+    if check and res.returncode != 0:
+        raise NetemError(f"`{' '.join(cmd)}` failed ({res.returncode}): {res.stderr.strip()}")
+    return res
+
+
+def _ip(*args: str, ns: Optional[str] = None, check: bool = True) -> subprocess.CompletedProcess:
+    return _run(["ip"] + (["-n", ns] if ns else []) + list(args), check=check)
+
+
+def _tc(ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return _run(["ip", "netns", "exec", ns, "tc"] + list(args), check=check)
+
+
+def _rate_bits(rate: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(gbit|mbit|kbit|bit)", rate.strip().lower())
+    if not m:
+        raise ValueError(f"rate must look like 1gbit, 100mbit, 500kbit; got {rate!r}")
+    scale = {"gbit": 10**9, "mbit": 10**6, "kbit": 10**3, "bit": 1}[m.group(2)]
+    return int(float(m.group(1)) * scale)
+
+
+def _burst_bytes(rate: str) -> int:
+    # 2 ms worth of the rate, at least 32 KB: smaller buckets starve TCP at Gbit rates.
+    return max(_rate_bits(rate) // 4000, 32768)
+
+
+def host_address(rank: int) -> str:
+    """Address of host ``h{rank}`` (``10.77.0.{rank+1}``)."""
+    if not 0 <= rank < MAX_HOSTS:
+        raise ValueError(f"host index must be in [0, {MAX_HOSTS}), got {rank}")
+    return f"{SUBNET}.{rank + 1}"
+
+
+def _namespaces() -> List[str]:
+    out = _ip("netns", "list", check=False).stdout
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [n for n in names if _NS_RE.match(n)]
+
+
+def _have_netem() -> bool:
+    probe = f"netemprobe{os.getpid()}"
+    _ip("netns", "add", probe)
+    try:
+        return _tc(probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms",
+                   check=False).returncode == 0
+    finally:
+        _ip("netns", "del", probe, check=False)
+
+
+def _tbf(ns: str, dev: str, rate: str, parent: Sequence[str] = ("root",)) -> None:
+    _tc(ns, "qdisc", "replace", "dev", dev, *parent, "tbf", "rate", rate,
+        "burst", str(_burst_bytes(rate)), "latency", "20ms")
+
+
+def up(n: int, rate: str = "1gbit", delay: Optional[str] = None, *, mtu: int = 1500) -> None:
+    """Create hosts ``h0..h{n-1}`` on a switch, each link shaped to ``rate``.
+
+    Args:
+        n: number of hosts (1..250).
+        rate: link rate in tc syntax (``1gbit``, ``100mbit``).
+        delay: optional one-way delay added host -> switch (tc syntax, ``1ms``);
+            needs ``sch_netem`` in the kernel.
+        mtu: MTU of every link.
+
+    Raises:
+        PermissionError: not root.
+        NetemError: namespaces already exist (run ``down`` first), the kernel
+            lacks netem for ``delay``, or an ``ip``/``tc`` command failed (the
+            partial setup is removed).
+    """
+    _require_root()
+    if not 1 <= n <= MAX_HOSTS:
+        raise ValueError(f"n must be in [1, {MAX_HOSTS}], got {n}")
+    _rate_bits(rate)
+    existing = _namespaces()
+    if existing:
+        raise NetemError(f"namespaces {existing} already exist (another run, or a leftover); "
+                         "tear them down first: python bench/netem.py down")
+    if delay and not _have_netem():
+        raise NetemError(f"delay={delay!r} needs sch_netem, which this kernel lacks; run without "
+                         "delay (tbf rate shaping works), or use ../shared/netem's NFQUEUE "
+                         "fallback for experiments")
+    try:
+        _ip("netns", "add", SWITCH)
+        _ip("link", "set", "lo", "up", ns=SWITCH)
+        _ip("link", "add", "br0", "mtu", str(mtu), "type", "bridge", ns=SWITCH)
+        _ip("link", "set", "br0", "up", ns=SWITCH)
+        for i in range(n):
+            h = f"h{i}"
+            _ip("netns", "add", h)
+            _ip("link", "set", "lo", "up", ns=h)  # gloo needs lo inside each namespace
+            _ip("link", "add", "eth0", "netns", h, "mtu", str(mtu), "type", "veth",
+                "peer", "name", f"p{i}", "netns", SWITCH, "mtu", str(mtu))
+            _ip("link", "set", f"p{i}", "master", "br0", ns=SWITCH)
+            _ip("link", "set", f"p{i}", "up", ns=SWITCH)
+            _ip("addr", "add", f"{host_address(i)}/24", "dev", "eth0", ns=h)
+            _ip("link", "set", "eth0", "up", ns=h)
+            _tbf(SWITCH, f"p{i}", rate)  # switch -> host
+            if delay:  # host -> switch: delay, then the rate limit under it
+                _tc(h, "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "netem",
+                    "delay", delay, "limit", "100000")
+                _tbf(h, "eth0", rate, parent=("parent", "1:1", "handle", "10:"))
+            else:
+                _tbf(h, "eth0", rate)
+    except BaseException:
+        down()
+        raise
+    log.info("netem up: h0..h%d at %s-%s, rate %s, delay %s", n - 1, host_address(0),
+             host_address(n - 1), rate, delay or "none")
+
+
+def down(n: Optional[int] = None) -> None:
+    """Delete the hosts and the switch (their veths and bridge go with them).
+
+    Args:
+        n: accepted for symmetry with ``up``; every ``h<i>`` and ``hsw`` is
+            removed regardless.
+    """
+    _require_root()
+    for ns in _namespaces():
+        _ip("netns", "del", ns, check=False)
+    del n
+
+
+def status() -> str:
+    """Human-readable addresses and qdiscs of every namespace (empty if down)."""
+    lines = []
+    for ns in _namespaces():
+        lines.append(f"== {ns}")
+        lines.append(_ip("-br", "addr", ns=ns, check=False).stdout.rstrip())
+        qd = _tc(ns, "qdisc", "show", check=False).stdout
+        lines.extend(q for q in qd.splitlines() if "noqueue" not in q)
+    return "\n".join(lines)
+
+
+def run_in_namespaces(n: int, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
+                      *, port: int = DEFAULT_PORT, timeout: Optional[float] = None) -> int:
+    """Run ``argv`` as rank i inside namespace ``h{i}`` for i < n; wait for all.
+
+    Each rank gets ``RANK``, ``LOCAL_RANK=0``, ``WORLD_SIZE``,
+    ``MASTER_ADDR=10.77.0.1`` (h0), ``MASTER_PORT``, ``GLOO_SOCKET_IFNAME=eth0``
+    and ``OMP_NUM_THREADS=1`` on top of this process's environment and ``env``
+    (``env`` wins). stdout/stderr are inherited.
+
+    Args:
+        n: number of ranks (namespaces h0..h{n-1} must exist: ``up(n)``).
+        argv: the command, e.g. ``[sys.executable, "train.py", "--steps", "8"]``.
+        env: extra environment variables.
+        port: rendezvous port on h0.
+        timeout: seconds before every rank is killed (``None``: wait forever).
+
+    Returns:
+        0 if every rank exited with 0, else the first non-zero exit code
+        (in rank order); -9 for ranks killed at the timeout.
+
+    Raises:
+        NetemError: the namespaces are missing.
+    """
+    _require_root()
+    missing = [f"h{i}" for i in range(n) if f"h{i}" not in _namespaces()]
+    if missing:
+        raise NetemError(f"namespaces {missing} do not exist; create them with "
+                         f"python bench/netem.py up {n} 1gbit")
+    procs = []
+    for i in range(n):
+        e: Dict[str, str] = dict(os.environ)
+        e.update(RANK=str(i), LOCAL_RANK="0", WORLD_SIZE=str(n), LOCAL_WORLD_SIZE="1",
+                 MASTER_ADDR=MASTER_ADDR, MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="eth0",
+                 OMP_NUM_THREADS="1")
+        e.update(env or {})
+        procs.append(subprocess.Popen(["ip", "netns", "exec", f"h{i}", *argv], env=e,
+                                      start_new_session=True))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    rcs: List[Optional[int]] = [None] * n
+    while any(rc is None for rc in rcs):
+        rcs = [p.poll() for p in procs]
+        if deadline is not None and time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+            rcs = [p.wait() for p in procs]
+            log.warning("run_in_namespaces: killed after %ss", timeout)
+            break
+        time.sleep(0.05)
+    return next((rc for rc in rcs if rc), 0)
+
+
+# -- self-check: gloo all_reduce bus bandwidth across the namespaces ----------------
+
+def _allreduce_worker(mb: int, iters: int) -> None:
+    """Run inside each namespace: time gloo all_reduce of ``mb`` MB (rank 0 prints)."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(mb * (1 << 20) // 4)
+    dist.all_reduce(x)  # warm-up: connections, allocator
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    if rank == 0:
+        busbw = 2 * (n - 1) / n * x.numel() * 4 * 8 / med / 1e9  # nccl-tests' bus bandwidth
+        print(f"gloo all_reduce {mb} MB x {n} ranks: median {med * 1e3:.0f} ms, "
+              f"bus bandwidth {busbw:.3f} Gbit/s", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _selfcheck(n: int, rate: str, mb: int, iters: int, timeout: float) -> int:
+    created = not _namespaces()
+    if created:
+        up(n, rate)
+    elif any(f"h{i}" not in _namespaces() for i in range(n)):
+        raise NetemError("namespaces exist but fewer than --nprocs; run down first")
+    print(f"self-check: {n} namespaces at {rate}" + ("" if created else " (already up)"),
+          flush=True)
+    try:
+        return run_in_namespaces(
+            n, [sys.executable, os.path.abspath(__file__), "_worker", str(mb), str(iters)],
+            timeout=timeout)
+    finally:
+        if created:
+            down()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """CLI entry point; see the module docstring."""
+    ap = argparse.ArgumentParser(description="Network namespaces shaped with tc tbf.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("up", help="create h0..h{N-1}")
+    p.add_argument("n", type=int)
+    p.add_argument("rate", nargs="?", default="1gbit")
+    p.add_argument("delay", nargs="?", default=None)
+    p = sub.add_parser("down", help="delete every h<i> and hsw")
+    p.add_argument("n", type=int, nargs="?")
+    sub.add_parser("status", help="show addresses and qdiscs")
+    p = sub.add_parser("selfcheck", help="measure gloo all_reduce bus bandwidth")
+    p.add_argument("--nprocs", type=int, default=4)
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--mb", type=int, default=64)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p = sub.add_parser("_worker", help=argparse.SUPPRESS)
+    p.add_argument("mb", type=int)
+    p.add_argument("iters", type=int)
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "up":
+            up(a.n, a.rate, a.delay)
+            print(f"up: h0..h{a.n - 1} {host_address(0)}-{host_address(a.n - 1)} rate={a.rate}"
+                  f" delay={a.delay or 0}")
+        elif a.cmd == "down":
+            down(a.n)
+            print("down")
+        elif a.cmd == "status":
+            print(status() or "(no namespaces)")
+        elif a.cmd == "selfcheck":
+            return _selfcheck(a.nprocs, a.rate, a.mb, a.iters, a.timeout)
+        else:
+            _allreduce_worker(a.mb, a.iters)
+    except (NetemError, PermissionError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
