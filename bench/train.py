@@ -1,0 +1,321 @@
+"""End-to-end training benchmark: this project vs. PyTorch DDP (and its hooks) vs. the floor.
+
+Every configuration runs the same job: 4 ranks train a model on
+scikit-learn's digits (upsampled to 32x32, a disjoint random batch per rank
+and step, SGD with momentum) for a fixed number of steps. Reported per
+configuration: the median step time over the timed steps (after warm-up),
+its ratio to the no-communication floor and to the DDP baselines, and the
+test accuracy reached after the fixed budget.
+
+Configurations:
+  floor            each rank steps its own optimizer, no communication
+  ddp              DistributedDataParallel, no hook (25 MB buckets)
+  ddp-fp16         DDP + fp16_compress_hook
+  ddp-powersgd1/4  DDP + powerSGD_hook rank 1 / 4 (one 512 MB bucket: several
+                   buckets in flight abort on gloo in torch 2.13)
+  hp-<strategy>-<compressor>  hipress_like.torch.DistributedOptimizer, PS or
+                   Ring x onebit, terngrad, dgc, powersgd (engine default plan)
+  hp-<strategy>-auto          the same with plan="auto" (onebit)
+
+Links: loopback by default; ``--netem`` runs rank i inside network namespace
+``h<i>`` over emulated 1 Gbit/s links (bench/netem.py; created and removed
+by this script unless they already exist; needs root).
+
+    python bench/train.py --model vgg --netem            # the headline run
+    python bench/train.py --model resnet18 --steps 20 --configs floor,ddp,hp-ps-onebit
+
+Writes results/train_<model>.json. Timing lives here, never in tests.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, HERE)  # netem.py
+
+HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd")
+DDP_CONFIGS = ("ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4")
+
+
+def all_configs():
+    cfgs = ["floor", *DDP_CONFIGS]
+    for s in ("ps", "ring"):
+        cfgs += [f"hp-{s}-{c}" for c in HP_COMPRESSORS] + [f"hp-{s}-auto"]
+    return cfgs
+
+
+# -- one rank ------------------------------------------------------------------------------
+
+def _digits(seed=0):
+    import torch
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = torch.from_numpy(d.images.astype("float32") / 16.0).unsqueeze(1)
+    x = F.interpolate(x, size=32, mode="bilinear", align_corners=False)
+    y = torch.from_numpy(d.target).long()
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=seed,
+                                          stratify=d.target)
+    return xtr, ytr, xte, yte
+
+
+def worker(cfg):
+    """Run one configuration on this rank (env:// rendezvous); rank 0 writes the result."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from models import MODELS
+
+    import hipress_like.torch as hpt
+
+    torch.set_num_threads(1)
+    hpt.init()
+    rank, size = hpt.rank(), hpt.size()
+    name = cfg["config"]
+    xtr, ytr, xte, yte = _digits()
+    torch.manual_seed(0)
+    model = MODELS[cfg["model"]](num_classes=10, in_channels=1)
+    hpt.broadcast_parameters(model.state_dict(), root_rank=0)
+    net, hook_state, opt = model, None, None
+    base = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
+    if name.startswith("ddp"):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        cap = 512 if "powersgd" in name else 25
+        net = DDP(model, bucket_cap_mb=cap)
+        if name == "ddp-fp16":
+            net.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif name.startswith("ddp-powersgd"):
+            hook_state = psgd.PowerSGDState(process_group=None,
+                                            matrix_approximation_rank=int(name[-1]),
+                                            start_powerSGD_iter=2)
+            net.register_comm_hook(hook_state, psgd.powerSGD_hook)
+        opt = base
+    elif name.startswith("hp-"):
+        _, strategy, comp = name.split("-", 2)
+        plan = "auto" if comp == "auto" else None
+        comp = "onebit" if comp == "auto" else comp
+        opt = hpt.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                       compression=comp, strategy=strategy, plan=plan)
+    else:  # floor: the same compute, no communication at all
+        opt = base
+    times, losses = [], []
+    total = cfg["warmup"] + cfg["steps"]
+    for step in range(total):
+        g = torch.Generator().manual_seed(cfg["seed"] * 100003 + step * size + rank)
+        idx = torch.randint(0, len(xtr), (cfg["batch"],), generator=g)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = F.cross_entropy(net(xtr[idx]), ytr[idx])
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    model.eval()
+    with torch.no_grad():
+        acc = sum((model(xte[i:i + 120]).argmax(1) == yte[i:i + 120]).sum().item()
+                  for i in range(0, len(xte), 120)) / len(xte) * 100
+    timed = times[cfg["warmup"]:]
+    result = {"config": name, "model": cfg["model"], "rank": rank, "size": size,
+              "ms_per_step": statistics.median(timed) * 1e3,
+              "ms_steps": [t * 1e3 for t in timed], "accuracy": acc,
+              "final_loss": statistics.mean(losses[-5:]),
+              "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+    if name.startswith("hp-"):
+        layout = opt.engine.layout()
+        result["compressed"] = sorted(n for n, v in layout.items() if v["compress"])
+        opt.close()
+    if rank == 0:
+        with open(cfg["result"], "w") as f:
+            json.dump(result, f)
+    # DDP teardown gotcha (ENVIRONMENT.md): drop DDP, collect, barrier, destroy.
+    del net, opt
+    gc.collect()
+    dist.barrier()
+    hpt.shutdown()
+
+
+# -- the parent ----------------------------------------------------------------------------
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cfg, nprocs, netem, timeout):
+    """Start ``nprocs`` ranks of ``worker(cfg)``; return rank 0's result dict.
+
+    Loopback: plain subprocesses with env:// variables. ``netem``: rank i in
+    namespace h<i> through ``bench/netem.py``'s ``run_in_namespaces``.
+    """
+    fd, path = tempfile.mkstemp(prefix="hp-train-", suffix=".json")
+    os.close(fd)
+    cfg = dict(cfg, result=path)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg)]
+    pypath = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    try:
+        if netem:
+            import netem as nm
+
+            rcs = [nm.run_in_namespaces(nprocs, cmd, env={"PYTHONPATH": pypath},
+                                        port=_free_port(), timeout=timeout)]
+        else:
+            rcs = _run_local(cmd, nprocs, pypath, timeout)
+        with open(path) as f:
+            text = f.read()
+        if not text:
+            raise RuntimeError(f"{cfg['config']}: ranks exited with {rcs} and no result")
+        return json.loads(text)
+    finally:
+        os.unlink(path)
+
+
+def _run_local(cmd, nprocs, pypath, timeout):
+    port = str(_free_port())
+    procs = []
+    for r in range(nprocs):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                   OMP_NUM_THREADS="1", PYTHONPATH=pypath)
+        procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs):
+        failed = any(p.returncode not in (None, 0) for p in procs)
+        if time.monotonic() > deadline or failed:
+            time.sleep(5 if failed else 0)  # let the others report their own errors
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.2)
+    return [p.wait() for p in procs]
+
+
+def _ensure_netem(nprocs, rate):
+    import netem as nm
+
+    have = [subprocess.run(["ip", "netns", "exec", f"h{i}", "true"],
+                           capture_output=True).returncode == 0 for i in range(nprocs)]
+    if all(have):
+        return False
+    nm.up(nprocs, rate)
+    return True
+
+
+def _report(model, rows, budget):
+    by = {r["config"]: r for r in rows}
+    floor = by.get("floor", {}).get("ms_per_step")
+    ddp = by.get("ddp", {}).get("ms_per_step")
+    hooks = [by[c] for c in DDP_CONFIGS[1:] if c in by]
+    best_hook = min(hooks, key=lambda r: r["ms_per_step"]) if hooks else None
+    hp = [r for r in rows if r["config"].startswith("hp-")]
+    best_hp = min(hp, key=lambda r: r["ms_per_step"]) if hp else None
+    acc_ref = by.get("ddp", {}).get("accuracy")
+    print(f"\n{model}: {rows[0]['params_m']:.1f}M parameters, {budget}")
+    print(f"{'configuration':<20} {'ms/step':>9} {'x floor':>8} {'DDP/this':>9} "
+          f"{'best hook/this':>15} {'test acc %':>11}")
+    for r in rows:
+        ms = r["ms_per_step"]
+        xf = f"{ms / floor:.2f}" if floor else "-"
+        vd = f"{ddp / ms:.2f}" if ddp else "-"
+        vh = f"{best_hook['ms_per_step'] / ms:.2f}" if best_hook else "-"
+        acc = "-" if r["config"] == "floor" else f"{r['accuracy']:.1f}"
+        print(f"{r['config']:<20} {ms:9.0f} {xf:>8} {vd:>9} {vh:>15} {acc:>11}")
+    if best_hp and floor and ddp and best_hook:
+        ms = best_hp["ms_per_step"]
+        print(f"\nbest of this project: {best_hp['config']} ({ms:.0f} ms/step); best DDP hook: "
+              f"{best_hook['config']} ({best_hook['ms_per_step']:.0f} ms/step)")
+        goals = [
+            ("vs best DDP hook >= 1.3x", best_hook["ms_per_step"] / ms, 1.3, True),
+            ("vs DDP without hook >= 3x", ddp / ms, 3.0, True),
+            ("within 1.3x of the floor", ms / floor, 1.3, False),
+        ]
+        for label, v, target, higher in goals:
+            met = v >= target if higher else v <= target
+            print(f"  {label:<28} {v:5.2f}  {'met' if met else 'NOT met'}")
+        if acc_ref is not None:
+            d = acc_ref - best_hp["accuracy"]
+            print(f"  {'accuracy loss vs DDP <= 1pt':<28} {d:5.1f}  "
+                  f"{'met' if d <= 1.0 else 'NOT met'}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="vgg", choices=["vgg", "resnet18"])
+    ap.add_argument("--configs", default="all",
+                    help=f"comma-separated subset of: {', '.join(all_configs())}")
+    ap.add_argument("--nprocs", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=40, help="timed steps (the accuracy budget "
+                    "is warmup + steps)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=8, help="images per rank per step")
+    ap.add_argument("--lr", type=float, default=0.02)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--netem", nargs="?", const="1gbit", default=None,
+                    help="run in namespaces h0..h{N-1} over emulated links (default 1gbit)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
+    ap.add_argument("--out", default=None)
+    ns = ap.parse_args(argv)
+    if ns.worker:
+        worker(json.loads(ns.worker))
+        return 0
+    configs = all_configs() if ns.configs == "all" else ns.configs.split(",")
+    unknown = set(configs) - set(all_configs())
+    if unknown:
+        ap.error(f"unknown configs {sorted(unknown)}; known: {', '.join(all_configs())}")
+    created = _ensure_netem(ns.nprocs, ns.netem) if ns.netem else False
+    link = f"namespaces over {ns.netem} links" if ns.netem else "loopback"
+    budget = (f"{ns.nprocs} ranks on {link}, batch {ns.batch}/rank, {ns.warmup} warm-up + "
+              f"{ns.steps} timed steps (median), accuracy after {ns.warmup + ns.steps} steps")
+    print(f"bench/train.py: {ns.model}, {budget}", flush=True)
+    rows = []
+    try:
+        for c in configs:
+            cfg = dict(config=c, model=ns.model, steps=ns.steps, warmup=ns.warmup,
+                       batch=ns.batch, lr=ns.lr, seed=ns.seed)
+            t0 = time.perf_counter()
+            try:
+                r = launch(cfg, ns.nprocs, bool(ns.netem), ns.timeout)
+            except Exception as e:  # keep going: one failing config must not hide the others
+                print(f"  {c:<20} FAILED: {e}", flush=True)
+                continue
+            rows.append(r)
+            print(f"  {c:<20} {r['ms_per_step']:8.0f} ms/step  acc {r['accuracy']:5.1f}%  "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    finally:
+        if created:
+            import netem as nm
+
+            nm.down(ns.nprocs)
+    if rows:
+        _report(ns.model, rows, budget)
+        out = ns.out or os.path.join(ROOT, "results", f"train_{ns.model}"
+                                     f"{'_netem' if ns.netem else ''}.json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({"model": ns.model, "budget": budget, "rows": rows}, f, indent=1)
+        print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

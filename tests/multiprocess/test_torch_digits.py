@@ -1,0 +1,44 @@
+"""Accuracy on real data: compressed training reaches uncompressed accuracy on digits.
+
+The main job's training function (``hipress_like.demo.train_digits``) runs
+on 4 ranks for the same epochs with and without compression; the test
+accuracy (360 held-out images) must be within 1 point. One compressor runs
+in the default suite; the rest are marked slow.
+"""
+import functools
+from dataclasses import asdict
+
+import pytest
+
+import hipress_like as hp
+from hipress_like.casync.launch import run_workers
+from hipress_like.demo import DigitsConfig, train_digits
+
+EPOCHS = 8
+
+
+@functools.lru_cache(maxsize=None)
+def _accuracy(compressor, strategy="ps"):
+    cfg = DigitsConfig(compressor=compressor, strategy=strategy, plan=None, epochs=EPOCHS,
+                       progress=False)
+    res = run_workers(train_digits, 4, args=(asdict(cfg),), timeout=900)
+    assert len({r["param_digest"] for r in res}) == 1, "replicas diverged"
+    return res[0]["acc"]
+
+
+def _check(compressor, strategy="ps"):
+    if compressor not in hp.compressors.available():
+        pytest.skip(f"compressor {compressor} is not registered in this build")
+    base = _accuracy("identity", strategy)
+    acc = _accuracy(compressor, strategy)
+    assert acc >= base - 1.0, f"{compressor}: {acc:.1f}% vs {base:.1f}% uncompressed"
+
+
+def test_digits_accuracy_dgc():
+    _check("dgc")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compressor", ["onebit", "terngrad", "powersgd"])
+def test_digits_accuracy(compressor):
+    _check(compressor)
