@@ -354,10 +354,17 @@ class TorchDistTransport(Transport):
         self._stop.set()
         if self._broken is None:
             self._broken = "closed"
-        try:
-            self._store.add(self._key("closed", self.rank), 1)
-        except Exception as e:  # the store host may be gone already
-            log.debug("could not post the closed key: %s", e)
+
+        def post() -> None:
+            try:
+                self._store.add(self._key("closed", self.rank), 1)
+            except Exception as e:  # the store host may be gone already
+                log.debug("could not post the closed key: %s", e)
+
+        # Bounded: a frozen store host must not hang close() (or interpreter exit).
+        t = threading.Thread(target=post, daemon=True, name="hipress-close")
+        t.start()
+        t.join(2.0)
 
 
 def _close_at_exit(ref: "weakref.ref[TorchDistTransport]") -> None:
