@@ -257,6 +257,10 @@ class MPITransport(Transport):
     def barrier(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         self._run("barrier", [self._data.Ibarrier], timeout)
 
+    def split(self) -> "MPITransport":
+        """An independent channel: new duplicated communicators (collective)."""
+        return MPITransport(self._data, diagnose_wait=self._diagnose_wait)
+
     def close(self) -> None:
         """Mark the transport closed (the communicators are freed at MPI finalize)."""
         if self._broken is None:
