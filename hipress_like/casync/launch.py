@@ -218,7 +218,9 @@ def run_workers(fn: Callable[..., Any], nprocs: int, backend: str = "gloo",
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _kill(procs: Sequence[subprocess.Popen]) -> None:
+def _kill(procs: Sequence[subprocess.Popen]) -> List[bool]:
+    """SIGKILL every process (group) still running; return which ones were running."""
+    alive = [p.poll() is None for p in procs]
     for p in procs:
         if p.poll() is None:
             try:
@@ -230,6 +232,7 @@ def _kill(procs: Sequence[subprocess.Popen]) -> None:
             p.wait(5)
         except subprocess.TimeoutExpired:
             log.warning("worker pid %s did not die after SIGKILL", p.pid)
+    return alive
 
 
 def _mtime(path: Optional[str]) -> float:
@@ -291,7 +294,7 @@ def _supervise(procs: List[subprocess.Popen], nprocs: int, backend: str, workdir
         end = min(deadline, time.monotonic() + 30.0)
         while any(p.poll() is None for p in procs) and time.monotonic() < end:
             time.sleep(_POLL)
-    _kill(procs)
+    killed = _kill(procs)
     done, failed = files("result"), files("error")
     results: Dict[int, Any] = {}
     for r, path in done.items():
@@ -301,15 +304,19 @@ def _supervise(procs: List[subprocess.Popen], nprocs: int, backend: str, workdir
     for r, path in failed.items():
         with open(path, encoding="utf-8", errors="replace") as f:
             failures[r] = f.read()
+    first = failure_order[0] if failure_order else None
     for r in range(nprocs):
-        if r not in results and r not in failures:
-            rc = procs[r].returncode if backend == "gloo" else procs[0].returncode
-            how = _describe_exit(rc) if backend == "gloo" else f"mpirun {_describe_exit(rc)}"
-            failures[r] = (f"rank {r} reported no result ({how}); killed after another rank "
-                           "failed" if first_failure is not None else
-                           f"rank {r} reported no result ({how})")
+        if r in results or r in failures:
+            continue
+        if backend == "gloo":
+            why = (f"killed after rank {first} failed" if killed[r] and first is not None
+                   else _describe_exit(procs[r].returncode))
+        else:  # mpirun ends the whole job when one rank exits abnormally
+            why = f"mpirun {_describe_exit(procs[0].returncode)}" + (
+                f" after rank {first} failed" if first is not None and first != r else "")
+        failures[r] = f"rank {r} reported no result: {why}"
     if failures:
-        first = failure_order[0] if failure_order else min(failures)
+        first = first if first is not None else min(failures)
         raise WorkerError(f"{len(failures)} of {nprocs} {backend} worker(s) failed; the first "
                           f"to fail was rank {first}", failures, results)
     return [results[r] for r in range(nprocs)]
