@@ -14,8 +14,9 @@ For each compressor, on N ranks (default 4):
    and the measured cost of the planner's choice against the best measured
    choice at that size.
 
-Prints two ratios per compressor and writes a JSON report (rows in the
-``hipress-profile report --measured`` format, per compressor).
+Prints two ratios per compressor and writes a JSON report, plus, next to
+it, ``<stem>.profile.json`` and ``<stem>.<compressor>.json`` for
+``hipress-profile report --profile ... --measured ...``.
 
     # loopback, 4 local ranks
     python bench/cost_model.py --compressors onebit,tbq -o bench_loopback.json
@@ -101,7 +102,7 @@ def run(transport: Any, compressors: Sequence[str], sizes: Sequence[int], ks: Se
     t_start = time.perf_counter()
     prof = profile_transport(transport, {c: {} for c in compressors},
                              sizes=log_sizes(4096, max(sizes), 1.0),
-                             link_sizes=log_sizes(4096, 16 << 20, 0.5), repeats=7,
+                             link_sizes=log_sizes(4096, max(sizes), 0.5), repeats=7,
                              timeout=timeout, round_meta_bytes=engine_round_meta_bytes(),
                              engine_overhead=strategy)
     one = prof.link_one or prof.link
@@ -219,8 +220,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         dist.init_process_group("gloo")
         t = TorchDistTransport()
         report = run(t, *args)
+        # ENVIRONMENT.md: collect, barrier, then destroy, or gloo may abort at exit.
+        import gc
+
+        gc.collect()
         t.barrier()
         t.close()
+        dist.barrier()
         dist.destroy_process_group()
         if report is None:
             return 0
@@ -233,6 +239,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report["network"] = "loopback"
     with open(a.output, "w") as f:
         json.dump(report, f, indent=1)
+    stem = a.output[:-5] if a.output.endswith(".json") else a.output
+    for comp, res in report["results"].items():  # for hipress-profile report --measured
+        with open(f"{stem}.{comp}.json", "w") as f:
+            json.dump(res, f, indent=1)
+    with open(f"{stem}.profile.json", "w") as f:
+        json.dump(report["profile"], f, indent=1)
     for comp, res in report["results"].items():
         s = res["summary"]
         print(f"{comp}: median |pred/meas-1|: uncompressed K=1 "

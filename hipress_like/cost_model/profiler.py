@@ -58,6 +58,7 @@ __all__ = [
     "profile_transport",
     "measure_sync_overhead",
     "broadcast_bytes",
+    "monotone",
 ]
 
 _log = logging.getLogger(__name__)
@@ -399,11 +400,36 @@ def profile_compressor(
         dec_t.append(_time(lambda p=payload: c.decode(p), repeats, min_time))
         del grad, payload
     ratio, header = _fit_payload(sizes, pay)
+    enc_t, dec_t = monotone(enc_t), monotone(dec_t)
     return CompressorProfile(
         name=name, params=dict(params or {}), category=c.capabilities.category,
         aggregatable=c.capabilities.aggregatable, ratio=ratio, header_bytes=header,
         error_feedback=bool(error_feedback), encode=Curve(tuple(sizes), tuple(enc_t)),
         decode=_curve_by_payload(pay, dec_t))
+
+
+def monotone(times: Sequence[float]) -> List[float]:
+    """The closest non-decreasing sequence (least squares in log time; pool adjacent violators).
+
+    Encoding more bytes never takes less time, so a sample below a smaller
+    size's is noise (a descheduled run, a warm cache); pooling keeps one
+    stray sample from bending the curve and the planner's K with it.
+
+    Example:
+        >>> [round(t, 6) for t in monotone([1.0, 4.0, 1.0, 8.0])]
+        [1.0, 2.0, 2.0, 8.0]
+    """
+    blocks: List[List[float]] = []  # [sum of log times, count]
+    for t in times:
+        blocks.append([math.log(t), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    out: List[float] = []
+    for s, c in blocks:
+        out += [math.exp(s / c)] * int(c)
+    return out
 
 
 def _fit_payload(sizes: Sequence[int], payloads: Sequence[int]) -> Tuple[float, int]:

@@ -280,6 +280,15 @@ def test_profile_load_errors(tmp_path):
         _profile().compressor("onebit")
 
 
+def test_monotone_pools_violators():
+    from hipress_like.cost_model.profiler import monotone
+
+    assert monotone([1.0, 2.0, 3.0]) == pytest.approx([1.0, 2.0, 3.0])
+    # 4 then 1: pooled to their geometric mean 2
+    assert monotone([1.0, 4.0, 1.0, 8.0]) == pytest.approx([1.0, 2.0, 2.0, 8.0])
+    assert monotone([8.0, 1.0, 1.0]) == pytest.approx([2.0, 2.0, 2.0])
+
+
 def test_log_sizes():
     assert log_sizes(4096, 65536) == [4096, 16384, 65536]
     assert log_sizes(4096, 4096) == [4096]
