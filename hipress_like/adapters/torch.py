@@ -9,7 +9,8 @@ What is here, by module:
 - ``torch_runtime``: ``init`` (torchrun's env://, mpirun, or a single
   process), ``rank``, ``size``, ``local_rank``, ``shutdown``, ...
 - ``torch_collectives``: ``allreduce``, ``allgather``, ``broadcast`` (plus
-  in-place and async forms), ``broadcast_object``,
+  in-place and async forms).
+- ``torch_objects``: ``broadcast_object``, ``allgather_object``,
   ``broadcast_parameters``, ``broadcast_optimizer_state``.
 - ``torch_compression``: the ``Compression`` namespace.
 - ``torch_optimizer``: ``DistributedOptimizer`` (gradients go to the CaSync
@@ -26,7 +27,6 @@ from .torch_collectives import (
     Sum,
     allgather,
     allgather_async,
-    allgather_object,
     allreduce,
     allreduce_,
     allreduce_async,
@@ -35,15 +35,18 @@ from .torch_collectives import (
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
     grouped_allreduce,
     poll,
     synchronize,
 )
 from .torch_compression import Compression, CompressionSpec
 from .torch_ddp import CaSyncHookState, casync_hook
+from .torch_objects import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from .torch_optimizer import DistributedOptimizer, OrderingError
 from .torch_runtime import (
     barrier,

@@ -38,12 +38,13 @@ import contextlib
 import logging
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from .torch_collectives import Average, Sum, _allgather_uint8
+from .torch_collectives import Average, Sum
 from .torch_engine import build_engine, specs_of
+from .torch_gradients import resolve_names, sparse_average
 from .torch_runtime import _require, _track
 
 __all__ = ["DistributedOptimizer", "OrderingError"]
@@ -86,7 +87,7 @@ class _DistributedOptimizerMixin:
         if op not in (Average, Sum):
             raise ValueError(f"op must be hpt.Average or hpt.Sum, found {op!r}")
         params = [p for g in self.param_groups for p in g["params"]]
-        self._hp_names = _resolve_names(params, named_parameters, self.param_groups)
+        self._hp_names = resolve_names(params, named_parameters, self.param_groups)
         self._hp_params = list({id(p): p for p in params}.values())
         self._hp_bpps = backward_passes_per_step
         self._hp_op = op
@@ -192,7 +193,7 @@ class _DistributedOptimizerMixin:
                     if self._hp_op == Sum and self._hp_size > 1:
                         p.grad.mul_(self._hp_size)
             for p in st.sparse.values():
-                p.grad = _sparse_average(p.grad, self._hp_names[id(p)],
+                p.grad = sparse_average(p.grad, self._hp_names[id(p)],
                                          self._hp_op == Average)
         finally:
             st.handles.clear()
@@ -298,7 +299,7 @@ class _DistributedOptimizerMixin:
         hip: Dict[str, Any] = {"format": _STATE_FORMAT, "version": _STATE_VERSION,
                                "world_size": self._hp_size}
         if all_ranks:
-            from .torch_collectives import allgather_object
+            from .torch_objects import allgather_object
 
             hip["engines"] = allgather_object(local, name="optimizer.state_dict")
         else:
@@ -354,58 +355,6 @@ class _DistributedOptimizerMixin:
     def engine(self) -> Any:
         """The CaSync engine (for introspection: plan, timeline)."""
         return self._hp_engine
-
-
-def _sparse_average(grad: torch.Tensor, name: str, average: bool) -> torch.Tensor:
-    """Allgather a sparse gradient's indices and values; sum (and average) them."""
-    import torch.distributed as dist
-
-    g = grad.coalesce()
-    idx = _allgather_uint8(_as_bytes(g.indices()), f"sparse gradient {name!r}")
-    val = _allgather_uint8(_as_bytes(g.values()), f"sparse gradient {name!r}")
-    indices = torch.cat([_from_bytes(b, g.indices().dtype, (g.indices().shape[0], -1))
-                         for b in idx], dim=1)
-    values = torch.cat([_from_bytes(b, g.values().dtype, (-1,) + tuple(g.values().shape[1:]))
-                        for b in val])
-    out = torch.sparse_coo_tensor(indices, values, g.shape, check_invariants=False).coalesce()
-    return out / dist.get_world_size() if average else out
-
-
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(-1).view(torch.uint8)
-
-
-def _from_bytes(b: torch.Tensor, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
-    return b.clone().view(dtype).reshape(shape)
-
-
-def _resolve_names(params: List[torch.Tensor], named_parameters: Any,
-                   param_groups: List[Dict[str, Any]]) -> Dict[int, str]:
-    """id(p) -> name, validated like Horovod."""
-    if named_parameters is None:
-        return {id(v): f"allreduce.noname.{i}.{j}" for i, g in enumerate(param_groups)
-                for j, v in enumerate(g["params"])}
-    named = list(named_parameters)
-    if any(not isinstance(t, tuple) or len(t) != 2 for t in named):
-        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                         "usually produced by model.named_parameters()")
-    seen, dups = set(), []
-    for k, _ in named:
-        if k in seen:
-            dups.append(str(k))
-        seen.add(k)
-    if dups:
-        raise ValueError("Parameter names in named_parameters must be unique. Found "
-                         f"duplicates: {', '.join(sorted(set(dups)))}")
-    names = {id(v): str(k) for k, v in named}
-    unnamed = [p for p in params if id(p) not in names]
-    if unnamed:
-        raise ValueError(
-            "named_parameters was specified, but one or more model parameters were not "
-            f"named ({len(unnamed)} of {len(params)}, shapes "
-            f"{[tuple(p.shape) for p in unnamed[:5]]}). Pass model.named_parameters() of the "
-            "model the optimizer was built from, or named_parameters=None")
-    return names
 
 
 _classes: Dict[type, type] = {}
