@@ -125,8 +125,9 @@ class Planner:
         self.max_partitions = max_partitions or 4 * n
         self.k_tolerance = k_tolerance
         # Not in HiPress: the engine's measured fixed cost per synchronisation
-        # (0 unless profiled), the same with or without compression.
+        # (0 unless profiled); compressed paths have their own when measured.
         self._overhead = profile.sync_overhead
+        self._overhead_cpr = self.cp.sync_overhead or profile.sync_overhead
 
     # -- the two equations ---------------------------------------------------
     def busy_links(self, k: int) -> int:
@@ -153,7 +154,7 @@ class Planner:
         """
         t = t_sync_cpr(m, k, self.n, self.cp.rate(m / k), self.link(k),
                        self.cp.encode, self.cp.decode, self.params)
-        return t + self._overhead if self.n > 1 else t
+        return t + self._overhead_cpr if self.n > 1 else t
 
     def _best_k(self, f, m: float) -> Tuple[int, float]:
         times = [(k, f(m, k)) for k in range(1, self.max_partitions + 1)]

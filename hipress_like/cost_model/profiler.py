@@ -32,6 +32,7 @@ Profiles are versioned JSON, validated on load:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -89,6 +90,9 @@ class CompressorProfile:
         decode: T_dec by payload bytes.
         error_feedback: the timings include the error-feedback wrapper the
             engine puts around biased compressors.
+        sync_overhead: seconds a compressed synchronisation costs beyond
+            Eq. 2 in the engine (``measure_sync_overhead``); 0: not measured
+            (the profile-wide ``sync_overhead`` applies).
     """
 
     name: str
@@ -100,6 +104,7 @@ class CompressorProfile:
     params: Mapping[str, Any] = field(default_factory=dict)
     aggregatable: bool = False
     error_feedback: bool = False
+    sync_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -111,6 +116,9 @@ class CompressorProfile:
         if not isinstance(self.header_bytes, int) or self.header_bytes < 0:
             raise ProfileError(f"compressor {self.name!r}: header_bytes must be an integer "
                                f">= 0, found {self.header_bytes!r}")
+        if not (isinstance(self.sync_overhead, (int, float)) and self.sync_overhead >= 0):
+            raise ProfileError(f"compressor {self.name!r}: sync_overhead must be >= 0 seconds, "
+                               f"found {self.sync_overhead!r}")
 
     def payload_bytes(self, nbytes: float) -> float:
         """Payload size for an ``nbytes`` input (``r * m`` of Eq. 2, plus the header)."""
@@ -125,12 +133,13 @@ class CompressorProfile:
         return {"params": dict(self.params), "category": self.category,
                 "aggregatable": self.aggregatable, "ratio": self.ratio,
                 "header_bytes": self.header_bytes, "error_feedback": self.error_feedback,
-                "encode": self.encode.to_dict(), "decode": self.decode.to_dict()}
+                "sync_overhead": self.sync_overhead, "encode": self.encode.to_dict(),
+                "decode": self.decode.to_dict()}
 
     @classmethod
     def from_dict(cls, name: str, d: Mapping[str, Any]) -> "CompressorProfile":
         """Validate and build; raises ``ProfileError``."""
-        optional = {"params", "aggregatable", "error_feedback"}
+        optional = {"params", "aggregatable", "error_feedback", "sync_overhead"}
         known = optional | {"category", "ratio", "header_bytes", "encode", "decode"}
         if not isinstance(d, Mapping):
             raise ProfileError(f"compressor {name!r}: expected an object, found {d!r:.60}")
@@ -141,7 +150,8 @@ class CompressorProfile:
         try:
             return cls(name=name, params=dict(d.get("params", {})), category=d["category"],
                        aggregatable=bool(d.get("aggregatable", False)),
-                       error_feedback=bool(d.get("error_feedback", False)), ratio=d["ratio"],
+                       error_feedback=bool(d.get("error_feedback", False)),
+                       sync_overhead=d.get("sync_overhead", 0.0), ratio=d["ratio"],
                        header_bytes=d["header_bytes"], encode=Curve.from_dict(d["encode"]),
                        decode=Curve.from_dict(d["decode"]))
         except ProfileError:
@@ -526,41 +536,51 @@ def measure_link(
 
 
 def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
-                          repeats: int = 10, timeout: float = 300.0,
+                          compressor: Optional[CompressorProfile] = None, repeats: int = 10,
+                          timeout: float = 300.0,
                           engine_config: Optional[Mapping[str, Any]] = None) -> float:
-    """The engine's fixed cost per synchronisation, beyond Eq. 1. Collective.
+    """The engine's fixed cost per synchronisation, beyond Eq. 1 (or Eq. 2). Collective.
 
-    HiPress's Eq. 1/2 count the rounds that move gradient bytes. The CaSync
-    engine also runs coordination rounds that carry none (a step opens and
-    closes with a round of reports). This synchronises a one-element
-    gradient, uncompressed, through the engine ``repeats`` times and returns
-    the slowest rank's median time minus Eq. 1's prediction for it (>= 0),
-    agreed from rank 0.
+    HiPress's Eq. 1/2 count the rounds that move gradient bytes and the
+    encode/decode operators. The CaSync engine also runs coordination rounds
+    that carry no bytes: a step opens and closes with a round of reports, and
+    each compute stage of a compressed workflow (encode, aggregate, decode)
+    leaves rounds waiting for it. This synchronises a tiny gradient (1 float
+    uncompressed; 1024 floats through ``compressor``) through the engine
+    ``repeats`` times and returns the slowest rank's median time minus the
+    equation's prediction for it (>= 0), agreed from rank 0.
 
     Args:
         transport: the transport every rank uses.
-        link: the fitted link (Eq. 1's T_send).
+        link: the fitted link (T_send).
         strategy: the engine's strategy.
+        compressor: measure the compressed path of this profiled compressor
+            (Eq. 2); None measures the uncompressed path (Eq. 1).
         repeats: timed synchronisations.
         timeout: seconds for each collective.
         engine_config: extra ``EngineConfig`` fields (as the engine will run).
     """
     from ..casync.engine import Engine, EngineConfig
-    from .model import sync_params, t_sync_orig
+    from .model import sync_params, t_sync_cpr, t_sync_orig
     from .plan import GradientPlan, Plan
     from .planner import ENGINE_TO_MODEL
 
-    plan = Plan(compressor="identity", strategy=strategy,
-                gradients={"_probe": GradientPlan(compress=False, partitions=1)})
+    name = compressor.name if compressor else "identity"
+    params = dict(compressor.params) if compressor else {}
+    numel = 1024 if compressor else 1
+    plan = Plan(compressor=name, params=params, strategy=strategy,
+                gradients={"_probe": GradientPlan(compress=compressor is not None)})
     cfg = dict(engine_config or {})
-    cfg.update(plan=plan, strategy=strategy, timeline=False, timeout=timeout,
-               compressor="identity")
+    cfg.update(plan=plan, strategy=strategy, timeline=False, timeout=timeout, compressor=name,
+               params=params)
     eng = Engine(transport, EngineConfig(**cfg))
     try:
-        eng.register([("_probe", (1,), torch.float32)])
-        grad = torch.zeros(1)
+        eng.register([("_probe", (numel,), torch.float32)])
+        src = torch.randn(numel, generator=torch.Generator().manual_seed(transport.rank))
+        grad = src.clone()
         ts = []
         for i in range(repeats + 1):
+            grad.copy_(src)
             transport.barrier(timeout)
             t0 = time.perf_counter()
             eng.submit("_probe", grad)
@@ -571,9 +591,14 @@ def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
                 ts.append(float(dt.item()))
     finally:
         eng.close()
-    params = sync_params(ENGINE_TO_MODEL[strategy], "none")
-    extra = max(0.0, statistics.median(ts) - t_sync_orig(4, 1, transport.size, link, params))
-    agreed = torch.tensor([extra], dtype=torch.float64)
+    n, m = transport.size, 4 * numel
+    if compressor is None:
+        model = t_sync_orig(m, 1, n, link, sync_params(ENGINE_TO_MODEL[strategy], "none"))
+    else:
+        model = t_sync_cpr(m, 1, n, compressor.rate(m), link, compressor.encode,
+                           compressor.decode,
+                           sync_params(ENGINE_TO_MODEL[strategy], compressor.category))
+    agreed = torch.tensor([max(0.0, statistics.median(ts) - model)], dtype=torch.float64)
     transport.broadcast(agreed, 0, timeout)
     return float(agreed.item())
 
@@ -627,14 +652,20 @@ def profile_transport(
                                         timeout=timeout, progress=prog, pattern="one",
                                         round_meta_bytes=round_meta_bytes)
     overhead = 0.0
-    if engine_overhead and transport.size > 1:
+    measure = bool(engine_overhead) and transport.size > 1
+    if measure:
         overhead = measure_sync_overhead(transport, one or link, engine_overhead,
                                          repeats=2 * repeats, timeout=timeout)
     profs = {}
     for name, params in compressors.items():
-        profs[name] = profile_compressor(name, params, sizes, repeats=repeats, progress=prog,
-                                         barrier=lambda: transport.barrier(timeout),
-                                         error_feedback=error_feedback)
+        cp = profile_compressor(name, params, sizes, repeats=repeats, progress=prog,
+                                barrier=lambda: transport.barrier(timeout),
+                                error_feedback=error_feedback)
+        if measure:
+            cp = dataclasses.replace(cp, sync_overhead=measure_sync_overhead(
+                transport, one or link, engine_overhead, compressor=cp, repeats=2 * repeats,
+                timeout=timeout))
+        profs[name] = cp
     prof = Profile(link=link, compressors=profs, link_samples=samples, link_one=one,
                    link_one_samples=one_samples, sync_overhead=overhead,
                    meta={"ranks": transport.size, "transport": type(transport).__name__,

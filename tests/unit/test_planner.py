@@ -1,4 +1,5 @@
 """Planner: choices equal a brute-force minimum of Eq. 1/2, HiPress's plan shape, plan files."""
+import dataclasses
 import json
 
 import pytest
@@ -99,6 +100,13 @@ def test_link_concurrency_and_overhead():
     assert Planner(prof, "q", 4, "ring").link(1) == prof.link
     # a single node has nothing to synchronise: no overhead either
     assert Planner(prof, "q", 1, "ps").t_orig(1e6, 1) == 0.0
+    # compressed paths use the compressor's own measured overhead when there is one
+    cp = prof.compressor("q")
+    eq2 = t_sync_cpr(1e6, 4, 4, cp.rate(2.5e5), prof.link, cp.encode, cp.decode, p)
+    assert pl.t_cpr(1e6, 4) == pytest.approx(eq2 + 3e-3)
+    prof2 = dataclasses.replace(prof, compressors={"q": dataclasses.replace(cp,
+                                                                            sync_overhead=5e-3)})
+    assert Planner(prof2, "q", 4, "ps").t_cpr(1e6, 4) == pytest.approx(eq2 + 5e-3)
 
 
 def test_threshold_never_and_always():
