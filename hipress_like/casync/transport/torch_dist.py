@@ -111,7 +111,7 @@ class TorchDistTransport(Transport):
         self._global = [dist.get_global_rank(group, r) for r in range(self.size)]
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.backend == "nccl" else torch.device("cpu"))
-        self._store = store if store is not None else dist.distributed_c10d._get_default_store()
+        self._store = store if store is not None else _heartbeat_store()
         self._prefix = f"hipress/transport/{next(_instances)}"
         self._interval = float(heartbeat_interval)
         self._seq = 0
@@ -365,6 +365,26 @@ class TorchDistTransport(Transport):
         t = threading.Thread(target=post, daemon=True, name="hipress-close")
         t.start()
         t.join(2.0)
+
+
+def _heartbeat_store() -> dist.Store:
+    """A client connection of our own to the default group's store, if it is a TCPStore.
+
+    A store client runs one operation at a time; with a shared client, a
+    blocking ``get``/``wait`` in the main thread (e.g. another ``new_group``)
+    would hold up our heartbeats and make this rank look dead.
+    """
+    default = dist.distributed_c10d._get_default_store()
+    base = default
+    while isinstance(base, dist.PrefixStore):
+        base = base.underlying_store
+    if isinstance(base, dist.TCPStore):
+        try:
+            return dist.TCPStore(base.host, base.port, is_master=False, wait_for_workers=False,
+                                 timeout=timedelta(seconds=30))
+        except Exception as e:  # fall back to sharing the default client
+            log.debug("could not open a second store client: %s", e)
+    return default
 
 
 def _close_at_exit(ref: "weakref.ref[TorchDistTransport]") -> None:
