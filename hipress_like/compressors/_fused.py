@@ -136,7 +136,10 @@ class Kernel:
                 f = self._compiled.get(key)
                 if f is None:
                     tag = "_".join(str(s).split(".")[-1] for s in (*spec, dtype))
-                    f = torch.compile(_clone(self.eager(spec), tag), dynamic=True,
+                    # dynamic=None + mark_dynamic (in __call__): sizes are symbolic, but the
+                    # closed-over constants stay constants (dynamic=True would turn them
+                    # into symbols and break the fixed-width plane loops).
+                    f = torch.compile(_clone(self.eager(spec), tag), dynamic=None,
                                       fullgraph=True)
                     self._compiled[key] = f
         return f
@@ -148,7 +151,11 @@ class Kernel:
         if numel >= MIN_COMPILE_NUMEL and compile_enabled():
             dtype = spec[-1] if spec and isinstance(spec[-1], torch.dtype) else args[0].dtype
             try:
-                return self.compiled(spec, dtype)(*args)
+                f = self.compiled(spec, dtype)
+                for a in args:
+                    if isinstance(a, torch.Tensor) and a.dim() == 1 and a.numel() > 1:
+                        torch._dynamo.mark_dynamic(a, 0)
+                return f(*args)
             except Exception as e:  # inductor/toolchain problems must not break training
                 _fail(self.name, e)
         return self.eager(spec)(*args)
@@ -187,9 +194,9 @@ def _onebit_sums_fn() -> Callable:
 
 def _onebit_unpack_fn(out_dtype: torch.dtype) -> Callable:
     def onebit_unpack(packed: torch.Tensor, out: torch.Tensor, pos: torch.Tensor,
-                      neg: torch.Tensor, k: int) -> None:
-        """Plane k: ``pos`` where bit k of the byte is 1, ``neg`` where it is 0."""
-        out.copy_(torch.where(_plane_codes(packed, 1, k) != 0, pos, neg))
+                      neg: torch.Tensor, shift: torch.Tensor) -> None:
+        """One plane: ``pos`` where the bit at ``shift`` of the byte is 1, ``neg`` where it is 0."""
+        out.copy_(torch.where(_plane_codes(packed, 1, shift) != 0, pos, neg))
     return onebit_unpack
 
 
@@ -208,9 +215,13 @@ def _tbq_pack_fn() -> Callable:
 
 
 def _tbq_unpack_fn(out_dtype: torch.dtype) -> Callable:
-    def tbq_unpack(packed: torch.Tensor, out: torch.Tensor, tau: torch.Tensor, k: int) -> None:
-        """Plane k: 2-bit codes -> {0, +tau, -tau} (code 3 is never produced; it gives 0)."""
-        c = _plane_codes(packed, 2, k)
+    def tbq_unpack(packed: torch.Tensor, out: torch.Tensor, tau: torch.Tensor,
+                   shift: torch.Tensor) -> None:
+        """One plane (field at bit ``shift``): 2-bit codes -> {0, +tau, -tau}.
+
+        Code 3 is never produced; it decodes as 0.
+        """
+        c = _plane_codes(packed, 2, shift)
         zero = torch.zeros_like(tau)
         out.copy_(torch.where(c == 1, tau, torch.where(c == 2, -tau, zero)))
     return tbq_unpack
@@ -238,20 +249,26 @@ def _terngrad_pack_fn(bits: int) -> Callable:
         ``ops.uniform``'s number ``base + i`` of the stream keyed by ``seed``.
         """
         xv = x.view(per, -1)
-        r = ((xv.to(lo.dtype) - lo) / gap).clamp(0.0, top)
-        fl = torch.floor(r)
-        cnt = torch.arange(x.numel(), dtype=torch.int32, device=x.device).view(per, -1) + base
-        u = _uniform_from_counter(cnt, seed)
-        codes = fl.to(torch.float32) + torch.where(u < (r - fl), 1.0, 0.0)
-        out.copy_(_pack_planes(codes, bits))
+        m = xv.shape[1]
+        ramp = torch.arange(m, dtype=torch.int32, device=x.device)
+        planes = []
+        for k in range(per):  # one expression per plane, so inductor fuses it into the packing
+            r = ((xv[k].to(lo.dtype) - lo) / gap).clamp(0.0, top)
+            fl = torch.floor(r)
+            u = _uniform_from_counter(ramp + (base + k * m), seed)
+            planes.append(fl.to(torch.float32) + torch.where(u < (r - fl), 1.0, 0.0))
+        out.copy_(_pack_planes(planes, bits))
     return terngrad_pack
 
 
 def _affine_unpack_fn(bits: int, out_dtype: torch.dtype) -> Callable:
     def affine_unpack(packed: torch.Tensor, out: torch.Tensor, lo: torch.Tensor,
-                      gap: torch.Tensor, k: int) -> None:
-        """Plane k: ``min + code * gap`` (the decode of Fig. 5's encode), in ``out``'s dtype."""
-        out.copy_(lo + _plane_codes(packed, bits, k).to(lo.dtype) * gap)
+                      gap: torch.Tensor, shift: torch.Tensor) -> None:
+        """One plane (field at bit ``shift``): ``min + code * gap``, in ``out``'s dtype.
+
+        The decode of Fig. 5's encode.
+        """
+        out.copy_(lo + _plane_codes(packed, bits, shift).to(lo.dtype) * gap)
     return affine_unpack
 
 
@@ -300,13 +317,15 @@ def _run_unpack(kernel: Kernel, body: torch.Tensor, out: torch.Tensor, per: int,
     spec = spec + (out.dtype,)
     if m:
         for k in range(per):
-            kernel(body[:m], out[k * m: (k + 1) * m], *args, k, spec=spec, numel=n)
+            kt = torch.tensor(k * (8 // per), dtype=torch.int32, device=body.device)
+            kernel(body[:m], out[k * m: (k + 1) * m], *args, kt, spec=spec, numel=n)
     t = n - m * per
     if t:
         fn = kernel.eager(spec)
         tmp = out.new_empty((1,))
         for k in range(t):  # the last byte holds the tail elements in fields 0, 1, ...
-            fn(body[m: m + 1], tmp, *args, k)
+            kt = torch.tensor(k * (8 // per), dtype=torch.int32, device=body.device)
+            fn(body[m: m + 1], tmp, *args, kt)
             out[m * per + k] = tmp[0]
 
 

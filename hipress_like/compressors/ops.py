@@ -228,8 +228,10 @@ def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.stack([(packed >> (j * bits)) & mask for j in range(per)], dim=1)
 
 
-def _pack_planes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack a ``(8 // bits, m)`` matrix of codes (floats in [0, 2**bits)) into ``m`` bytes.
+def _pack_planes(codes, bits: int) -> torch.Tensor:
+    """Pack ``8 // bits`` planes of m codes (floats in [0, 2**bits)) into ``m`` bytes.
+
+    ``codes`` is a ``(8 // bits, m)`` tensor or a sequence of m-element planes.
 
     Byte j holds ``codes[k, j]`` at bit offset ``k * bits``: a bit-sliced
     ("planar") layout, so every plane is a contiguous stream and the packing
@@ -244,9 +246,10 @@ def _pack_planes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return out.to(torch.uint8)
 
 
-def _plane_codes(packed: torch.Tensor, bits: int, k) -> torch.Tensor:
-    """Field ``k`` of every byte of ``packed`` (the codes of plane ``k``), as int32."""
-    return (packed.to(torch.int32) >> (k * bits)) & ((1 << bits) - 1)
+def _plane_codes(packed: torch.Tensor, bits: int, shift) -> torch.Tensor:
+    """The ``bits``-wide field at bit offset ``shift`` (an int or int32 0-d tensor) of
+    every byte of ``packed``, as int32 (plane ``shift // bits`` of ``_pack_planes``)."""
+    return (packed.to(torch.int32) >> shift) & ((1 << bits) - 1)
 
 
 def _check_bits(bits: int) -> None:

@@ -1,0 +1,95 @@
+"""Tests of the CompLL operator library (ops.py): bit packing and the counter-based RNG."""
+import pytest
+import torch
+
+from hipress_like.compressors import ops
+
+M32 = 0xFFFFFFFF
+
+
+def _fmix32_reference(x: int) -> int:
+    """MurmurHash3 fmix32, written straight from Appleby's reference C code."""
+    x &= M32
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & M32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & M32
+    x ^= x >> 16
+    return x
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 1001])
+def test_pack_unpack_round_trip(bits, n):
+    g = torch.Generator().manual_seed(n * 10 + bits)
+    codes = torch.randint(0, 1 << bits, (n,), generator=g)
+    packed = ops.pack_bits(codes, bits)
+    assert packed.dtype == torch.uint8 and packed.dim() == 1
+    assert packed.numel() == ops.packed_nbytes(n, bits)
+    assert torch.equal(ops.unpack_bits(packed, bits, n), codes.to(torch.uint8))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_pack_layout_is_little_endian_within_a_byte(bits):
+    per = 8 // bits
+    n = 3 * per + 1
+    codes = torch.randint(0, 1 << bits, (n,), generator=torch.Generator().manual_seed(bits))
+    packed = ops.pack_bits(codes, bits).tolist()
+    for i, c in enumerate(codes.tolist()):
+        assert (packed[i // per] >> ((i % per) * bits)) & ((1 << bits) - 1) == c
+
+
+def test_pack_rejects_bad_bits_and_short_input():
+    with pytest.raises(ValueError, match="bits must be one of"):
+        ops.pack_bits(torch.zeros(4, dtype=torch.uint8), 3)
+    with pytest.raises(ValueError, match="bits must be one of"):
+        ops.packed_nbytes(4, 0)
+    with pytest.raises(ValueError, match="need"):
+        ops.unpack_bits(torch.zeros(1, dtype=torch.uint8), 1, 9)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_planar_pack_and_plane_codes_are_inverse(bits):
+    per, m = 8 // bits, 37
+    codes = torch.randint(0, 1 << bits, (per, m), generator=torch.Generator().manual_seed(bits))
+    packed = ops._pack_planes(codes.to(torch.float32), bits)
+    assert packed.shape == (m,)
+    for k in range(per):
+        assert torch.equal(ops._plane_codes(packed, bits, k * bits), codes[k].to(torch.int32))
+    # a list of planes packs the same as the matrix
+    assert torch.equal(ops._pack_planes(list(codes.to(torch.float32)), bits), packed)
+
+
+def test_hash32_matches_reference_fmix32():
+    counters = [0, 1, 2, 12345, 2**31 - 1, 2**31, 2**32 - 1, 2**32 + 7, 2**40 + 3]
+    for seed in [0, 1, 0xDEADBEEF, 2**32 - 1, -5]:
+        got = ops.hash32(torch.tensor(counters, dtype=torch.int64), seed).tolist()
+        want = [_fmix32_reference((c & M32) ^ (seed & M32)) for c in counters]
+        assert got == want
+
+
+def test_uniform_range_mean_and_reproducibility():
+    n = 200_000
+    u = ops.uniform(n, seed=7)
+    assert u.dtype == torch.float32 and u.shape == (n,)
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    # mean of U[0,1) has standard error 1/sqrt(12 n) ~ 6.5e-4; allow 6 standard errors
+    assert abs(float(u.mean()) - 0.5) < 6 / (12 * n) ** 0.5
+    assert torch.equal(u, ops.uniform(n, seed=7))
+    assert not torch.equal(u[:100], ops.uniform(100, seed=8))
+
+
+def test_uniform_slices_are_consistent():
+    full = ops.uniform(1000, seed=3)
+    assert torch.equal(ops.uniform(10, seed=3, offset=5), full[5:15])
+    assert torch.equal(ops.uniform(1, seed=3, offset=999), full[999:])
+    # element i is defined by hash32(offset + i, mix_seed(seed))
+    i = torch.arange(5, 15)
+    h = ops.hash32(i, ops.mix_seed(3))
+    assert torch.equal((h >> 8).to(torch.float32) / 2**24, full[5:15])
+
+
+def test_uniform_large_offsets_wrap_modulo_2_32():
+    a = ops.uniform(4, seed=1, offset=2**32 + 10)
+    b = ops.uniform(4, seed=1, offset=10)
+    assert torch.equal(a, b)
