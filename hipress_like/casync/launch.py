@@ -23,22 +23,22 @@ How it works:
    others to report (usually ``PeerError`` naming the culprit), kills the
    rest and raises ``WorkerError``. A global ``timeout`` kills everything.
 
-Results and args travel through pickled files in that private directory:
-local IPC between this process and its own children, never network data.
+Results and args travel through files in that private directory written
+with ``torch.save`` and read with ``torch.load(weights_only=True)``: plain
+data only (numbers, strings, lists, dicts, tuples, tensors), never pickle.
 Workers default to ``OMP_NUM_THREADS=1`` (4 ranks share 2 cores here).
 
-CLI (prints each rank's return value)::
+CLI (prints each rank's return value; ``cli_launch.py``)::
 
-    python -m hipress_like.casync.launch --nprocs 4 [--backend gloo] module:function [arg ...]
+    python -m hipress_like.casync.cli_launch --nprocs 4 [--backend gloo] module:function [arg ...]
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
+import io
 import logging
 import os
-import pickle
 import shutil
 import signal
 import socket
@@ -188,9 +188,8 @@ def run_workers(fn: Callable[..., Any], nprocs: int, backend: str = "gloo",
     ref = _fn_ref(fn)
     workdir = tempfile.mkdtemp(prefix="hipress-launch-")
     try:
-        with open(os.path.join(workdir, "spec.pkl"), "wb") as f:
-            pickle.dump({"fn": ref, "args": tuple(args), "backend": backend,
-                         "timeout": float(timeout)}, f)
+        _write_atomic(os.path.join(workdir, "spec.pt"), _dumps(
+            {"fn": ref, "args": tuple(args), "backend": backend, "timeout": float(timeout)}))
         base_env = dict(os.environ)
         base_env["OMP_NUM_THREADS"] = "1"
         base_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -298,8 +297,7 @@ def _supervise(procs: List[subprocess.Popen], nprocs: int, backend: str, workdir
     done, failed = files("result"), files("error")
     results: Dict[int, Any] = {}
     for r, path in done.items():
-        with open(path, "rb") as f:
-            results[r] = pickle.load(f)  # written by our own child process (local IPC)
+        results[r] = _loads(path)
     failures: Dict[int, str] = {}
     for r, path in failed.items():
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -324,6 +322,21 @@ def _supervise(procs: List[subprocess.Popen], nprocs: int, backend: str, workdir
 
 # -- inside a worker process ------------------------------------------------------
 
+def _dumps(obj: Any) -> bytes:
+    """Serialise plain data (what ``torch.load(weights_only=True)`` accepts)."""
+    import torch
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _loads(path: str) -> Any:
+    """Read what ``_dumps`` wrote; refuses anything but plain data and tensors."""
+    import torch
+    with open(path, "rb") as f:
+        return torch.load(f, weights_only=True)
+
+
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -334,8 +347,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 def _worker_main() -> None:
     """Entry point of one worker process (argv[1] = the launch directory)."""
     workdir = sys.argv[1]
-    with open(os.path.join(workdir, "spec.pkl"), "rb") as f:
-        spec = pickle.load(f)  # written by our parent (local IPC)
+    spec = _loads(os.path.join(workdir, "spec.pt"))
     backend = spec["backend"]
     rank = int(os.environ.get("RANK", "-1"))
     transport: Optional[Transport] = None
@@ -357,7 +369,7 @@ def _worker_main() -> None:
                             transport=transport)
         fn = _resolve(spec["fn"])
         result = fn(ctx, *spec["args"])
-        _write_atomic(os.path.join(workdir, f"rank{rank}.result"), pickle.dumps(result))
+        _write_atomic(os.path.join(workdir, f"rank{rank}.result"), _dumps(result))
     except BaseException:  # noqa: B036 - report anything, including KeyboardInterrupt
         text = traceback.format_exc()
         try:
@@ -415,32 +427,3 @@ def _teardown(backend: str, transport: Transport, timeout: float) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """CLI: ``python -m hipress_like.casync.launch --nprocs N module:function [args]``."""
-    ap = argparse.ArgumentParser(prog="python -m hipress_like.casync.launch",
-                                 description="Run module:function(ctx, *args) on N local ranks.")
-    ap.add_argument("--nprocs", "-n", type=int, required=True)
-    ap.add_argument("--backend", default="gloo", choices=BACKENDS)
-    ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("target", help="module:function, called as function(ctx, *args)")
-    ap.add_argument("args", nargs="*", help="string arguments passed to the function")
-    ns = ap.parse_args(argv)
-    module, _, name = ns.target.partition(":")
-    if not module or not name:
-        ap.error(f"target must look like package.module:function, got {ns.target!r}")
-    sys.path.insert(0, os.getcwd())
-    fn = getattr(importlib.import_module(module), name)
-    try:
-        results = run_workers(fn, ns.nprocs, ns.backend, args=ns.args, timeout=ns.timeout)
-    except (WorkerError, TimeoutError) as e:
-        print(e, file=sys.stderr)
-        return 1
-    for r, res in enumerate(results):
-        print(f"rank {r}: {res!r}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
