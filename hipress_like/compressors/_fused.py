@@ -24,7 +24,11 @@ same payload bytes bit for bit:
    which fuses (``torch.rand`` does not; ENVIRONMENT.md).
 
 ``Kernel`` compiles lazily, once per (function, specialisation, input
-dtype), with ``dynamic=True`` so one compilation serves every size. Tensors
+dtype), with the tensors' sizes marked dynamic so one compilation serves
+every size (each takes ~1-5 s the first time; inductor's on-disk cache makes
+later processes fast). Decoders return into ``out`` buffers so callers
+can reuse them (a fresh 64 MB tensor costs more in page faults than the
+decode itself). Tensors
 smaller than ``MIN_COMPILE_NUMEL`` run eagerly (the compiled call's fixed
 overhead would dominate). ``HIPRESS_NO_COMPILE=1`` forces eager; a failed
 compilation logs one warning and falls back to eager for good.
