@@ -44,6 +44,10 @@ sys.path.insert(0, HERE)  # netem.py
 
 HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd")
 DDP_CONFIGS = ("ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4")
+# The plan leaves small gradients uncompressed, so momentum must stay in the
+# optimizer for all of them: DGC runs as a sparsifier with its own momentum
+# off, its sparsity ramped up over the first 5 steps (DGC Sec. 3.4).
+PARAMS = {"dgc": {"momentum": 0.0, "warmup_steps": 5}}
 
 
 def all_configs():
@@ -110,8 +114,9 @@ def worker(cfg):
         _, strategy, comp = name.split("-", 2)
         plan = "auto" if comp == "auto" else None
         comp = "onebit" if comp == "auto" else comp
+        spec = hpt.Compression.get(comp, **PARAMS.get(comp, {}))
         opt = hpt.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                       compression=comp, strategy=strategy, plan=plan)
+                                       compression=spec, strategy=strategy, plan=plan)
     else:  # floor: the same compute, no communication at all
         opt = base
     times, losses = [], []
