@@ -52,8 +52,9 @@ class SizeRule:
 
     Gradients smaller than ``min_compress_bytes`` are sent uncompressed
     (compression cost is not hidden for them, HiPress Sec. 3.3); K grows with
-    size, one partition per ``bytes_per_partition``, capped at
-    ``max_partitions`` (0 means 2 * world size).
+    size, one partition per ``bytes_per_partition`` rounded up to a multiple
+    of the world size once it exceeds one, capped at ``max_partitions`` (0
+    means 2 * world size).
     """
 
     # 1 MB: below this, onebit's encode+decode on a CPU costs more than the
@@ -73,8 +74,14 @@ class SizeRule:
 
     def decide(self, nbytes: int, world_size: int) -> GradientPlan:
         """Apply the rule to a gradient of ``nbytes``."""
-        cap = self.max_partitions or 2 * max(1, world_size)
-        k = max(1, min(cap, math.ceil(nbytes / self.bytes_per_partition)))
+        n = max(1, world_size)
+        cap = self.max_partitions or 2 * n
+        k = math.ceil(nbytes / self.bytes_per_partition)
+        if 1 < k and n > 1 and cap >= n:
+            # a multiple of N: one huge gradient then loads every PS aggregator
+            # equally (7 partitions on 4 aggregators would give one of them 2/7)
+            k = n * math.ceil(k / n)
+        k = max(1, min(cap, k))
         return GradientPlan(compress=nbytes >= self.min_compress_bytes, partitions=k)
 
 
