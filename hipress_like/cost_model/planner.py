@@ -179,17 +179,22 @@ class Planner:
 
     # -- derived size rule ----------------------------------------------------
     def threshold(self, lo: int = 1 << 10, hi: int = 1 << 30) -> int:
-        """Smallest size from which compression wins at every larger size in [lo, hi].
+        """Where compression starts to win: the start of the largest-size winning run in [lo, hi].
+
+        Scans log-spaced sizes, takes the largest size at which compression
+        wins, walks down while it keeps winning, and bisects the boundary.
+        (Beyond the profiled sizes curves are extrapolated, so a loss at the
+        very top of the range does not erase the threshold below it.)
 
         Returns:
-            Bytes; ``lo`` if compression always wins, ``NEVER`` if it never
-            wins at ``hi``.
+            Bytes; ``lo`` if compression wins from the start, ``NEVER`` if it
+            wins nowhere in the range.
         """
-        grid = _grid(lo, hi, 4)
+        grid = _grid(lo, max(lo, hi), 4)
         wins = [self.choose(s).compress for s in grid]
-        if not wins[-1]:
+        if not any(wins):
             return NEVER
-        i = len(wins) - 1
+        i = max(j for j, w in enumerate(wins) if w)
         while i > 0 and wins[i - 1]:
             i -= 1
         if i == 0:
@@ -251,7 +256,9 @@ class Planner:
             c = cache[nbytes]
             entries[str(name)] = c.gradient_plan()
             predicted[str(name)] = round(c.time, 9)
-        rule = self.size_rule()
+        # The rule is fitted over the model's own size range (beyond the
+        # profiled sizes the curves are extrapolations).
+        rule = self.size_rule(hi=max(1 << 20, max(int(s) for _, s in items)))
         a, b, g = self.params.alpha, self.params.beta, self.params.gamma
         info = {
             "model_strategy": self.model_strategy,

@@ -118,6 +118,19 @@ def test_threshold_never_and_always():
     assert Planner(make_profile(), "q", 1, "ps").threshold() == NEVER
 
 
+def test_threshold_survives_a_loss_at_the_top():
+    # encode explodes past 32 MB (think: an extrapolated or swapping curve), so a 1 GB
+    # gradient in 16 partitions of 64 MB loses, but the threshold below must remain
+    pts = (4096.0, 32 << 20, 64 << 20)
+    cp = CompressorProfile(name="q", category="quantization", ratio=1 / 32, header_bytes=0,
+                           encode=Curve(pts, (2e-5, 0.035, 100.0)),
+                           decode=Curve.linear(1e-5, 5e-10, pts))
+    pl = Planner(Profile(link=Link(1e-4, 1.25e8), compressors={"q": cp}), "q", 4, "ps")
+    assert not pl.choose(1 << 30).compress and pl.choose(16 << 20).compress
+    thr = pl.threshold()
+    assert thr < (16 << 20) and pl.choose(thr).compress
+
+
 def test_lowrank_uses_table3_counts():
     pl = Planner(make_profile("lowrank"), "q", 4, "ring")
     assert pl.params.values(4, 2) == (6, 1, 1)
