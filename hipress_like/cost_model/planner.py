@@ -218,10 +218,13 @@ class Planner:
         cap = self.max_partitions
 
         def loss(bpp: int) -> float:
+            # evaluate the rule exactly as the engine will apply it (SizeRule.decide)
+            rule = SizeRule(min_compress_bytes=int(thr), bytes_per_partition=int(bpp),
+                            max_partitions=cap)
             total = 0.0
             for c in choices:
-                k = max(1, min(cap, math.ceil(c.nbytes / bpp)))
-                t = self.t_cpr(c.nbytes, k) if c.nbytes >= thr else self.t_orig(c.nbytes, k)
+                d = rule.decide(c.nbytes, self.n)
+                t = (self.t_cpr if d.compress else self.t_orig)(c.nbytes, d.partitions)
                 total += t / c.time - 1.0 if c.time > 0 else 0.0
             return total
 
