@@ -340,7 +340,36 @@ class Engine:
         if any(t != mine for t in theirs):
             raise GradientMismatchError(self._describe_mismatch(
                 [msgpack.unpackb(t) for t in theirs]))
+        if self.config.plan == "auto" and self.plan is None:
+            self.plan = self._auto_plan(specs)
         self._build_layout(specs)
+
+    def _auto_plan(self, specs) -> Plan:
+        """``plan="auto"``: profile compressor and link on every rank, then fix a plan.
+
+        Collective (inside ``register``, the transport idle); rank 0 plans and
+        broadcasts, so every rank gets the identical ``Plan`` (HiPress Sec. 3.3
+        profiles on the target cluster before planning).
+        """
+        from ..cost_model.auto import AutoPlanner
+        from .coordinator import report_len
+
+        comp = self.compressor
+        inner = getattr(comp, "inner", comp)  # profile the algorithm, not the EF wrapper
+        sizes = {n: int(torch.Size(s).numel()) * torch.empty((), dtype=d).element_size()
+                 for n, s, d in specs}
+        t0 = time.perf_counter()
+        auto = AutoPlanner(inner.name, params=inner.params(), strategy=self.config.strategy,
+                           round_meta_bytes=8 * report_len(self.config.report_capacity),
+                           timeout=self.config.timeout, repeats=2,
+                           # a quick profile: curves are interpolated beyond these sizes
+                           max_profile_bytes=16 << 20, max_link_bytes=4 << 20)
+        plan = auto.finalize(self.transport, sizes)
+        _log.info("rank %d: plan='auto' fixed in %.1f s: %d of %d gradients compressed",
+                  self.rank, time.perf_counter() - t0,
+                  sum(1 for n in sizes if plan.decide(n, sizes[n], self.size).compress),
+                  len(sizes))
+        return plan
 
     def _describe_mismatch(self, lists: List[list]) -> str:
         ref = lists[0]

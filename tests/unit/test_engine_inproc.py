@@ -369,3 +369,21 @@ def test_state_dict_round_trip_and_timeline_export(tmp_path):
         assert step == 1
         kinds |= {e.get("cat") for e in trace["traceEvents"]}
     assert {"encode", "merge", "send", "recv", "write", "round"} <= kinds
+
+
+def test_auto_plan_is_identical_on_every_rank():
+    def body(tr):
+        eng = Engine(tr, EngineConfig(compressor="onebit", plan="auto", timeout=60))
+        try:
+            eng.register([("fc", (512, 256), torch.float32), ("b", (7,), torch.float32)])
+            g = {"fc": torch.randn(512, 256), "b": torch.randn(7)}
+            for k, v in g.items():
+                eng.submit(k, v)
+            eng.synchronize()
+            return eng.layout(), eng.plan.to_dict()["rule"], g
+        finally:
+            eng.close()
+    res = run_threads(body, 2, timeout=300)
+    assert res[0][0] == res[1][0] and res[0][1] == res[1][1]
+    for k in res[0][2]:
+        assert torch.equal(res[0][2][k], res[1][2][k])
