@@ -12,8 +12,16 @@ from typing import List, Tuple
 
 import torch
 
-from .base import Capabilities, Compressor, PayloadError, State, header_nbytes, pack_payload
-from .base import unpack_payload
+from .base import (
+    Capabilities,
+    Compressor,
+    PayloadError,
+    State,
+    check_gradient,
+    header_nbytes,
+    pack_payload,
+    unpack_payload,
+)
 from .registry import register
 
 __all__ = ["Identity", "FP16"]
@@ -29,6 +37,7 @@ class Identity(Compressor):
 
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
         """Copy the values into a payload (one memory copy)."""
+        check_gradient(grad, name="identity input")
         g = grad.detach().contiguous()
         payload, body = pack_payload(self.algo_id, g.dtype, g.shape, b"",
                                      g.numel() * g.element_size(), g.device)
@@ -76,6 +85,7 @@ class FP16(Compressor):
 
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
         """Round to nearest half; clamp to +-65504 so no Inf appears."""
+        check_gradient(grad, name="fp16 input")
         g = grad.detach().contiguous().reshape(-1)
         payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape, b"", 2 * g.numel(),
                                      g.device)
