@@ -204,7 +204,7 @@ def _run(cfg: DigitsConfig, workers: int, timeout: float) -> List[Dict[str, Any]
     from hipress_like.casync.launch import run_workers
 
     # By module name, so the workers import it even when this file runs as __main__.
-    fn = importlib.import_module("hipress_like.demo").train_digits
+    fn = importlib.import_module("hipress_like.demo.cli_digits").train_digits
     return run_workers(fn, workers, args=(asdict(cfg),), timeout=timeout)
 
 
