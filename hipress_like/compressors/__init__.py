@@ -6,16 +6,27 @@
 
 Algorithms register themselves on import; this package imports them all.
 """
-from .base import (HEADER_VERSION, Capabilities, Compressor, PayloadError, State,
-                   check_gradient, header_nbytes, pack_payload, unpack_payload)
+# Importing the algorithm modules registers them (identity/none, fp16, onebit,
+# tbq, terngrad, topk, randomk, dgc, graddrop, powersgd, ef).
+from . import dgc, graddrop, identity, onebit, powersgd, sparse, tbq, terngrad  # noqa: F401
+from .base import (
+    HEADER_VERSION,
+    Capabilities,
+    Compressor,
+    PayloadError,
+    State,
+    check_body_nbytes,
+    check_gradient,
+    header_nbytes,
+    pack_payload,
+    unpack_fields,
+    unpack_payload,
+)
+from .error_feedback import ErrorFeedback
 from .registry import ENTRY_POINT_GROUP, available, get, register
-from . import identity  # noqa: F401  (registers identity/none, fp16)
-from . import onebit, tbq, terngrad  # noqa: F401  (registers onebit, tbq, terngrad)
-from . import sparse, dgc, graddrop, powersgd  # noqa: F401  (topk, randomk, dgc, graddrop, ...)
-from .error_feedback import ErrorFeedback  # noqa: F401  (registers ef)
 
 __all__ = [
     "HEADER_VERSION", "Capabilities", "Compressor", "PayloadError", "State", "check_gradient",
-    "header_nbytes", "pack_payload", "unpack_payload", "ENTRY_POINT_GROUP", "available", "get",
-    "register",
+    "check_body_nbytes", "header_nbytes", "pack_payload", "unpack_fields", "unpack_payload",
+    "ErrorFeedback", "ENTRY_POINT_GROUP", "available", "get", "register",
 ]

@@ -49,6 +49,8 @@ __all__ = [
     "pack_payload",
     "unpack_payload",
     "header_nbytes",
+    "unpack_fields",
+    "check_body_nbytes",
 ]
 
 HEADER_VERSION = 1
@@ -227,6 +229,30 @@ def unpack_payload(payload: torch.Tensor, algo_id: Optional[int] = None) -> Head
     if any(s < 0 for s in shape):
         raise PayloadError(f"payload declares a negative shape {shape}")
     return Header(aid, _DTYPE_OF[dcode], tuple(shape), rest[8 * ndim:], payload[hlen:])
+
+
+def unpack_fields(payload: torch.Tensor, algo_id: int, fields: struct.Struct,
+                  name: str) -> Tuple[Header, Tuple[Any, ...]]:
+    """Parse a payload whose header extra starts with fixed ``fields``.
+
+    Returns:
+        The header and the unpacked fields.
+
+    Raises:
+        PayloadError: malformed header, or an extra shorter than ``fields``.
+    """
+    h = unpack_payload(payload, algo_id)
+    if len(h.extra) < fields.size:
+        raise PayloadError(f"{name} payload extra has {len(h.extra)} bytes, "
+                           f"expected {fields.size}")
+    return h, fields.unpack_from(h.extra)
+
+
+def check_body_nbytes(h: Header, expected: int, name: str, detail: str = "") -> None:
+    """Raise ``PayloadError`` unless the body has exactly ``expected`` bytes."""
+    if h.body.numel() != expected:
+        raise PayloadError(f"{name} body has {h.body.numel()} bytes, expected {expected} "
+                           f"for {h.numel} elements{detail}")
 
 
 class Compressor:

@@ -31,12 +31,12 @@ from . import _fused
 from .base import (
     Capabilities,
     Compressor,
-    PayloadError,
     State,
+    check_body_nbytes,
     check_gradient,
     header_nbytes,
     pack_payload,
-    unpack_payload,
+    unpack_fields,
 )
 from .ops import packed_nbytes
 from .registry import register
@@ -100,15 +100,8 @@ class OneBit(Compressor):
         Raises:
             PayloadError: malformed, foreign or wrongly sized payload.
         """
-        h = unpack_payload(payload, self.algo_id)
-        if len(h.extra) < _EXTRA.size:
-            raise PayloadError(f"onebit payload extra has {len(h.extra)} bytes, "
-                               f"expected {_EXTRA.size}")
-        n = h.numel
-        if h.body.numel() != packed_nbytes(n, 1):
-            raise PayloadError(f"onebit body has {h.body.numel()} bytes, expected "
-                               f"{packed_nbytes(n, 1)} for {n} elements")
-        v1, v0 = _EXTRA.unpack_from(h.extra)
+        h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
+        check_body_nbytes(h, packed_nbytes(h.numel, 1), "onebit")
         dev = payload.device
         out = _fused.output_like(h, out, dev)
         _fused.onebit_decode(h.body, out.view(-1), torch.tensor(v1, dtype=h.dtype, device=dev),

@@ -27,12 +27,12 @@ from . import _fused
 from .base import (
     Capabilities,
     Compressor,
-    PayloadError,
     State,
+    check_body_nbytes,
     check_gradient,
     header_nbytes,
     pack_payload,
-    unpack_payload,
+    unpack_fields,
 )
 from .ops import packed_nbytes
 from .registry import register
@@ -111,15 +111,8 @@ class TBQ(Compressor):
         Raises:
             PayloadError: malformed, foreign or wrongly sized payload.
         """
-        h = unpack_payload(payload, self.algo_id)
-        if len(h.extra) < _EXTRA.size:
-            raise PayloadError(f"tbq payload extra has {len(h.extra)} bytes, "
-                               f"expected {_EXTRA.size}")
-        n = h.numel
-        if h.body.numel() != packed_nbytes(n, 2):
-            raise PayloadError(f"tbq body has {h.body.numel()} bytes, expected "
-                               f"{packed_nbytes(n, 2)} for {n} elements")
-        (tau,) = _EXTRA.unpack_from(h.extra)
+        h, (tau,) = unpack_fields(payload, self.algo_id, _EXTRA, "tbq")
+        check_body_nbytes(h, packed_nbytes(h.numel, 2), "tbq")
         dev = payload.device
         out = _fused.output_like(h, out, dev)
         _fused.tbq_decode(h.body, out.view(-1), torch.tensor(tau, dtype=h.dtype, device=dev))

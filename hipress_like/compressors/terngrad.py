@@ -37,10 +37,11 @@ from .base import (
     Compressor,
     PayloadError,
     State,
+    check_body_nbytes,
     check_gradient,
     header_nbytes,
     pack_payload,
-    unpack_payload,
+    unpack_fields,
 )
 from .ops import VALID_BITS, _fmix32, mix_seed, packed_nbytes
 from .registry import register
@@ -135,18 +136,11 @@ class TernGrad(Compressor):
         Raises:
             PayloadError: malformed, foreign or wrongly sized payload.
         """
-        h = unpack_payload(payload, self.algo_id)
-        if len(h.extra) < _EXTRA.size:
-            raise PayloadError(f"terngrad payload extra has {len(h.extra)} bytes, "
-                               f"expected {_EXTRA.size}")
-        b, lo_f, hi_f = _EXTRA.unpack_from(h.extra)
+        h, (b, lo_f, hi_f) = unpack_fields(payload, self.algo_id, _EXTRA, "terngrad")
         if b not in VALID_BITS:
             raise PayloadError(f"terngrad payload declares bitwidth {b}, expected one of "
                                f"{VALID_BITS}")
-        n = h.numel
-        if h.body.numel() != packed_nbytes(n, b):
-            raise PayloadError(f"terngrad body has {h.body.numel()} bytes, expected "
-                               f"{packed_nbytes(n, b)} for {n} elements of {b} bits")
+        check_body_nbytes(h, packed_nbytes(h.numel, b), "terngrad", f" of {b} bits")
         dev = payload.device
         cdt = _fused.compute_dtype(h.dtype)
         lo = torch.tensor(lo_f, dtype=cdt, device=dev)
