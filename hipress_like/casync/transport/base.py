@@ -89,6 +89,22 @@ class Transport(ABC):
     def barrier(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Wait until every rank arrives."""
 
+    def _begin_call(self, timeout: float) -> int:
+        """The prologue of every collective: refuse a broken transport, check the
+        timeout, and number the call (peers' calls with the same number meet).
+
+        Implementations keep ``_broken`` (None, or why the transport is unusable)
+        and ``_seq`` (the next call number).
+        """
+        broken = getattr(self, "_broken", None)
+        if broken is not None:
+            raise TransportError(f"rank {self.rank}: transport unusable: {broken}")
+        if timeout is None or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        seq = getattr(self, "_seq", 0)
+        self._seq = seq + 1
+        return seq
+
     def split(self) -> "Transport":
         """A new, independent channel over the same ranks (collective: every rank calls it).
 

@@ -89,12 +89,7 @@ class HorovodTransport(Transport):
 
     def _run(self, op: str, start, timeout: float) -> Any:
         """``start(name)`` returns a Horovod handle; poll it until done or ``timeout``."""
-        if self._broken is not None:
-            raise TransportError(f"rank {self.rank}: transport unusable: {self._broken}")
-        if timeout is None or timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        seq = self._seq
-        self._seq += 1
+        seq = self._begin_call(timeout)
         if self._store is not None:
             self._store.add(f"{self._prefix}/seq/{self.rank}", 1)
         hvd = self._hvd

@@ -149,12 +149,7 @@ class MPITransport(Transport):
 
     def _run(self, op: str, steps, timeout: float) -> None:
         """Run ``steps``: callables each starting one non-blocking request, in order."""
-        if self._broken is not None:
-            raise TransportError(f"rank {self.rank}: transport unusable: {self._broken}")
-        if timeout is None or timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        seq = self._seq
-        self._seq += 1
+        seq = self._begin_call(timeout)
         self._announce(seq)
         start = time.monotonic()
         deadline = start + timeout

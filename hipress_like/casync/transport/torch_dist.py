@@ -212,12 +212,7 @@ class TorchDistTransport(Transport):
 
     def _run(self, op: str, start, timeout: float) -> None:
         """Issue ``start(seq)`` (async work or a list of them); wait for all with ``timeout``."""
-        if self._broken is not None:
-            raise TransportError(f"rank {self.rank}: transport unusable: {self._broken}")
-        if timeout is None or timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        seq = self._seq
-        self._seq += 1
+        seq = self._begin_call(timeout)
         deadline = time.monotonic() + timeout
         try:
             works = start(seq)
