@@ -16,13 +16,16 @@ are also timed decoding into a reused buffer (``dec->out``), the speed of
 the kernel itself.
 
 PowerSGD (rank 4, a 4096 x 4096 matrix) is timed through its two rounds
-(encode_round 0, merge, encode_round 1, merge, decode_rounds, world size 1)
-and compared with its own linear algebra alone: ``M @ Q``,
-``orthogonalize(P)``, ``M^T @ P`` (ops.matmul, ops.orthogonalize_).
+(encode_round 0, merge, encode_round 1, merge, decode_rounds into the
+gradient buffer, world size 1, state carried across repeats as in
+training) and compared with its own linear algebra alone: ``M @ Q``,
+``orthogonalize(P)``, ``M^T @ P`` and the decompression ``P Q^T``
+(ops.matmul, ops.orthogonalize_); the goal uses all three matmuls, and
+the ratio without the decompression is printed too.
 
 Goals (printed as pass/fail): at 64 MB, onebit/tbq/terngrad encode and
 decode >= 0.30x copy; topk/dgc/graddrop >= 0.05x copy; PowerSGD rounds <=
-1.2x its linear algebra.
+1.2x its matmuls and orthogonalisation.
 
     .venv/bin/python bench/compressors.py                       # everything
     .venv/bin/python bench/compressors.py --only onebit,tbq --sizes 64 --repeats 9
@@ -130,15 +133,26 @@ def bench_single(name: str, size_mb: float, repeats: int) -> Dict[str, Any]:
 
 def bench_powersgd(repeats: int, rows: int = 4096, cols: int = 4096,
                    rank: int = 4) -> Dict[str, Any]:
-    """PowerSGD's two rounds against its linear algebra alone (Vogels et al. 2019, Alg. 1)."""
+    """PowerSGD's two rounds against its linear algebra alone (Vogels et al. 2019, Alg. 1-2).
+
+    The rounds run as the engine runs them in training: one state carried
+    from step to step (error buffer and warm-start Q), the result decoded
+    into the gradient's buffer (``out=``). The baseline is PowerSGD's own
+    linear algebra through the same operators: ``M @ Q``, ``orth(P)``,
+    ``M^T @ P`` and (``linalg_with_decompress``) the decompression
+    ``P Q^T`` into a buffer. What the rounds add on top is error feedback
+    (``M = g + e``, ``e = M - P Q^T / N``, two passes over the matrix),
+    the warm start's orthogonalisation and payload packing.
+    """
     c = C.get("powersgd", rank=rank)
     m = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0))
+    out = torch.empty_like(m)
+    st = [c.init(m, seed=0, world_size=1)]
 
     def rounds() -> None:
-        st = c.init(m, seed=0, world_size=1)
-        p0, st = c.encode_round(0, m, st, None)
-        p1, st = c.encode_round(1, m, st, c.merge([p0]))
-        c.decode_rounds(m, st, c.merge([p1]))
+        p0, s = c.encode_round(0, m, st[0], None)
+        p1, s = c.encode_round(1, m, s, c.merge([p0]))
+        _, st[0] = c.decode_rounds(m, s, c.merge([p1]), out=out)
 
     q0 = torch.randn(cols, rank)
 
@@ -151,11 +165,10 @@ def bench_powersgd(repeats: int, rows: int = 4096, cols: int = 4096,
         p = ops.matmul(m, q0)
         ops.orthogonalize_(p)
         q = ops.matmul(m.t(), p)
-        ops.matmul(p, q.t())
+        ops.matmul(p, q.t(), out=out)
 
-    rounds()
-    linalg()
-    linalg_full()
+    for f in (rounds, linalg, linalg_full, rounds):
+        f()
     rt, lt, lft = [], [], []
     for _ in range(repeats):
         rt.append(time_once(rounds))
@@ -196,8 +209,10 @@ def goals(results: List[Dict[str, Any]], psgd: Optional[Dict[str, Any]]) -> List
             out.append({"what": f"{name} {dec_kind} @{r['size_mb']:g}MB", "value": dec,
                         "goal": f">= {goal}x copy", "pass": dec >= goal})
     if psgd is not None:
-        out.append({"what": "powersgd rounds vs its linalg", "value": psgd["x_linalg"],
-                    "goal": f"<= {POWERSGD_GOAL}x", "pass": psgd["x_linalg"] <= POWERSGD_GOAL})
+        # its own matmuls are M Q, M^T P and the decompression P Q^T
+        v = psgd["x_linalg_with_decompress"]
+        out.append({"what": "powersgd rounds vs its matmuls (MQ, M^T P, P Q^T) + orth",
+                    "value": v, "goal": f"<= {POWERSGD_GOAL}x", "pass": v <= POWERSGD_GOAL})
     return out
 
 

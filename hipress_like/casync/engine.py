@@ -37,7 +37,7 @@ import msgpack
 import torch
 
 from .. import compressors as _comp
-from ..compressors.base import Compressor, check_gradient
+from ..compressors.base import Compressor, all_finite, check_gradient
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
 from .coordinator import (
     FLAG_CLOSED,
@@ -459,7 +459,7 @@ class Engine:
             if name in self._submitted:
                 raise ValueError(f"gradient {name!r} submitted twice in one step")
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
-        if self.config.nonfinite != "ignore" and not bool(torch.isfinite(work).all()):
+        if self.config.nonfinite != "ignore" and not all_finite(work):
             if self.config.nonfinite == "raise":
                 err = ValueError(f"gradient {name!r} contains NaN or Inf (rank {self.rank}); "
                                  "lower the learning rate, or use nonfinite='skip' to skip such "

@@ -64,6 +64,10 @@ class RawCodec:
         """A view of the bytes as values."""
         return payload.view(self.dtype)
 
+    def write_mean(self, payload: torch.Tensor, x: torch.Tensor, n: int) -> None:
+        """``x = values / n`` in one pass."""
+        torch.div(payload.view(self.dtype), n, out=x)
+
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Sum in the given order into a new buffer."""
         acc = payloads[0].view(self.dtype).clone()
@@ -111,13 +115,19 @@ class CompressorCodec:
         """Decode to a flat tensor."""
         return self.comp.decode(payload).reshape(-1)
 
+    def write_mean(self, payload: torch.Tensor, x: torch.Tensor, n: int) -> None:
+        """``x = decode(payload) / n``, decoding straight into ``x`` (no allocation)."""
+        self.comp.decode(payload, out=x)
+        x.div_(n)
+
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Compressed-domain sum (aggregatable compressors)."""
         return self.comp.merge(payloads)
 
 
-def _sum_in_order(parts: List[torch.Tensor]) -> torch.Tensor:
-    acc = parts[0].clone()
+def _sum_in_order(parts: List[torch.Tensor], first_is_temp: bool = False) -> torch.Tensor:
+    """``parts[0] + parts[1] + ...`` left to right; into ``parts[0]`` when it is a temporary."""
+    acc = parts[0] if first_is_temp else parts[0].clone()
     for p in parts[1:]:
         acc.add_(p)
     return acc
@@ -129,7 +139,7 @@ def ps_workflow(b, g: int, p: int, x: torch.Tensor, codec, agg: int) -> None:
     box: Dict[str, Any] = {}
 
     def write(payload_key: str) -> None:
-        torch.div(codec.decode(box[payload_key]), n, out=x)
+        codec.write_mean(box[payload_key], x, n)
 
     if me != agg:
         enc = b.compute("encode", g, p, lambda: box.__setitem__("push", codec.encode(x, "push")))
@@ -155,7 +165,8 @@ def ps_workflow(b, g: int, p: int, x: torch.Tensor, codec, agg: int) -> None:
             decs[s] = b.compute("decode", g, p, dec, [rv])
 
         def merge_encode() -> None:
-            total = _sum_in_order([x if s == me else box[f"dec{s}"] for s in range(n)])
+            total = _sum_in_order([x if s == me else box[f"dec{s}"] for s in range(n)],
+                                  first_is_temp=me != 0)
             box["pull"] = codec.encode(total, "pull")
 
         last = b.compute("merge", g, p, merge_encode, list(decs.values()))
@@ -182,13 +193,13 @@ def ring_workflow(b, g: int, p: int, x: torch.Tensor, codec) -> None:
                 box[out] = codec.merge([box[f"recv{i}"], codec.encode(xs[c], f"own{i}")])
         else:
             def step(i=i, c=c, out=out) -> None:
-                total = _sum_in_order([codec.decode(box[f"recv{i}"]), xs[c]])
+                total = _sum_in_order([codec.decode(box[f"recv{i}"]), xs[c]], True)
                 box[out] = codec.encode(total, "final" if out == "final" else f"hop{i}")
         dep = b.compute("merge", g, p, step, [rv])
     own_chunk = (me + 1) % n
 
     def write_own() -> None:
-        torch.div(codec.decode(box["final"]), n, out=xs[own_chunk])
+        codec.write_mean(box["final"], xs[own_chunk], n)
 
     b.compute("write", g, p, write_own, [dep])
     fwd, fwd_dep = "final", dep
@@ -198,7 +209,7 @@ def ring_workflow(b, g: int, p: int, x: torch.Tensor, codec) -> None:
         c = (me - j) % n
 
         def write(j=j, c=c) -> None:
-            torch.div(codec.decode(box[f"gather{j}"]), n, out=xs[c])
+            codec.write_mean(box[f"gather{j}"], xs[c], n)
 
         b.compute("write", g, p, write, [rv])
         fwd, fwd_dep = f"gather{j}", rv
@@ -239,8 +250,11 @@ def rounds_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec, agg: 
 
     def final() -> None:
         st = codec.state(grad, site)
-        out, st = comp.decode_rounds(grad, st, box[f"agg{codec.rounds - 1}"])
+        # the gradient's values were taken in round 0: decode straight into it
+        out, st = comp.decode_rounds(grad, st, box[f"agg{codec.rounds - 1}"], out=grad)
         codec.states[f"{codec.key}|{site}"] = st
-        torch.div(out.reshape(grad.shape).to(grad.dtype), n, out=grad)
+        if out is not grad:
+            grad.copy_(out.reshape(grad.shape))
+        grad.div_(n)
 
     b.compute("write", g, 0, final, dep)

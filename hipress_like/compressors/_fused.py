@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from .base import header_nbytes
+from .base import decode_output, header_nbytes
 from .ops import _as_i32, _pack_planes, _plane_codes, _uniform_from_counter
 
 __all__ = [
@@ -433,17 +433,5 @@ def write_extra_f64(payload: torch.Tensor, ndim: int, offset: int,
 
 
 def output_like(h: Any, out: Optional[torch.Tensor], device: Any) -> torch.Tensor:
-    """The decode result buffer: ``out`` checked against header ``h``, or a new tensor.
-
-    Raises:
-        ValueError: ``out`` has another shape, dtype or device, or is not contiguous.
-    """
-    if out is None:
-        return torch.empty(h.shape, dtype=h.dtype, device=device)
-    if tuple(out.shape) != tuple(h.shape) or out.dtype != h.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {h.dtype} tensor of shape {tuple(h.shape)}, "
-                         f"found {out.dtype} {tuple(out.shape)}"
-                         f"{'' if out.is_contiguous() else ' (not contiguous)'}")
-    if out.device != torch.device(device):
-        raise ValueError(f"out is on {out.device}, the payload on {device}")
-    return out
+    """``base.decode_output`` (kept under this name for the quantizers)."""
+    return decode_output(h, out, device)

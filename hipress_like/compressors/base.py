@@ -41,6 +41,9 @@ import torch
 
 __all__ = [
     "HEADER_VERSION",
+    "decode_output",
+    "all_finite",
+    "view_as_dtype",
     "Capabilities",
     "Compressor",
     "PayloadError",
@@ -114,6 +117,21 @@ def _pad8(n: int) -> int:
     return (n + 7) & ~7
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """True when ``x`` holds no NaN and no Inf, in one allocation-free pass.
+
+    A NaN or Inf makes the sum NaN or Inf, so a finite sum proves every
+    entry finite: one vectorised reduction (~1.5 ms for 16 M floats here)
+    instead of ``isfinite(x).all()`` (~45 ms: it writes a bool tensor as
+    large as a quarter of ``x``). Only a non-finite sum (a NaN/Inf, or
+    finite values whose sum overflows) pays for the exact ``isfinite`` scan.
+    """
+    s = x.sum()
+    if bool(torch.isfinite(s)):
+        return True
+    return bool(torch.isfinite(x).all())
+
+
 def check_gradient(grad: Any, *, nonfinite: str = "raise", name: str = "gradient") -> None:
     """Validate a tensor before compression; raise a clear error on bad input.
 
@@ -135,7 +153,7 @@ def check_gradient(grad: Any, *, nonfinite: str = "raise", name: str = "gradient
         )
     if grad.numel() == 0:
         raise ValueError(f"{name}: empty tensor (shape {tuple(grad.shape)}) cannot be compressed")
-    if nonfinite == "raise" and not bool(torch.isfinite(grad).all()):
+    if nonfinite == "raise" and not all_finite(grad):
         raise ValueError(
             f"{name}: contains NaN or Inf; fix the loss/learning rate, or configure "
             "nonfinite='skip' to drop such steps"
@@ -278,8 +296,13 @@ class Compressor:
         """Compress ``grad``; return (1-D uint8 payload, new state)."""
         raise NotImplementedError
 
-    def decode(self, payload: torch.Tensor) -> torch.Tensor:
-        """Decompress a payload into a tensor of the original shape and dtype."""
+    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Decompress a payload into a tensor of the original shape and dtype.
+
+        ``out`` (optional): a contiguous tensor of the original dtype and
+        number of elements to write into instead of allocating (see
+        ``decode_output``); the result is then a view of ``out``.
+        """
         raise NotImplementedError
 
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
@@ -302,11 +325,12 @@ class Compressor:
         raise NotImplementedError(f"{self.name} declares {self.capabilities.rounds} round(s)")
 
     def decode_rounds(
-        self, grad: torch.Tensor, state: State, aggregate: torch.Tensor
+        self, grad: torch.Tensor, state: State, aggregate: torch.Tensor,
+        out: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, State]:
-        """Turn the merged payload of the last round into the summed gradient."""
+        """Turn the merged payload of the last round into the summed gradient (into ``out``)."""
         if self.capabilities.rounds == 1:
-            return self.decode(aggregate), state
+            return self.decode(aggregate, out=out), state
         raise NotImplementedError
 
     # -- sizes -------------------------------------------------------------
@@ -329,3 +353,38 @@ class Compressor:
     def params(self) -> Dict[str, Any]:
         """Constructor parameters (for reprs, plans and checkpoints)."""
         return {}
+
+
+def decode_output(h: Header, out: Optional[torch.Tensor], device: Any) -> torch.Tensor:
+    """The buffer a ``decode`` writes into: ``out`` checked against header ``h``, or a new one.
+
+    A fresh 64 MB tensor costs more in page faults on this machine than most
+    decodes themselves, so callers that decode every step (the engine)
+    pass the gradient's own storage. ``out`` may have any shape with the
+    header's number of elements; the result is viewed in the header's shape.
+
+    Raises:
+        ValueError: ``out`` has another dtype, element count or device, or is
+            not contiguous.
+    """
+    if out is None:
+        return torch.empty(h.shape, dtype=h.dtype, device=device)
+    if out.numel() != h.numel or out.dtype != h.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {h.dtype} tensor of {h.numel} elements "
+                         f"(shape {tuple(h.shape)}), found {out.dtype} {tuple(out.shape)}"
+                         f"{'' if out.is_contiguous() else ' (not contiguous)'}")
+    if out.device != torch.device(device):
+        raise ValueError(f"out is on {out.device}, the payload on {device}")
+    return out if tuple(out.shape) == tuple(h.shape) else out.view(h.shape)
+
+
+def view_as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """View uint8 bytes as ``dtype``; copy first when the bytes are not aligned for it.
+
+    A payload sliced out of a larger receive buffer may start at any byte
+    offset, and ``Tensor.view(dtype)`` refuses misaligned storage.
+    """
+    try:
+        return t.view(dtype)
+    except RuntimeError:
+        return t.clone().view(dtype)

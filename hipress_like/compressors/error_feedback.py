@@ -115,26 +115,48 @@ class ErrorFeedback(Compressor):
                                      device=grad.device),
                 "inner": self.inner.init(grad, seed)}
 
-    def compensate(self, grad: torch.Tensor, state: State) -> torch.Tensor:
-        """``beta * m + gamma * g`` (thesis Sec. 2.2.2); the tensor the inner compressor sees."""
+    def _memory(self, grad: torch.Tensor, state: State) -> torch.Tensor:
         err = state.get("error")
         if not isinstance(err, torch.Tensor) or err.shape != grad.shape:
             raise ValueError(
                 f"ef: state['error'] must be a tensor of shape {tuple(grad.shape)}, found "
                 f"{getattr(err, 'shape', type(err).__name__)}; create the state with "
                 "ErrorFeedback.init(grad) for this gradient (or partition)")
+        return err
+
+    def compensate(self, grad: torch.Tensor, state: State) -> torch.Tensor:
+        """``beta * m + gamma * g`` (thesis Sec. 2.2.2) as a new tensor; the inner input."""
+        err = self._memory(grad, state)
         acc = accumulator_dtype(grad.dtype)
         g = grad.detach().to(acc)
         if self.beta == 1.0 and self.gamma == 1.0:
             return g + err.to(acc)
         return self.beta * err.to(acc) + self.gamma * g
 
+    def _compensate_(self, grad: torch.Tensor, state: State) -> torch.Tensor:
+        """``compensate`` in the memory buffer itself when it is a contiguous accumulator.
+
+        One pass and no allocation (a fresh gradient-sized tensor per step
+        costs more in page faults than the addition); the buffer then
+        becomes the new memory in ``encode``.
+        """
+        err = self._memory(grad, state)
+        if err.dtype != accumulator_dtype(grad.dtype) or not err.is_contiguous():
+            return self.compensate(grad, state)
+        g = grad.detach()
+        if self.beta != 1.0:
+            err.mul_(self.beta)
+        return err.add_(g, alpha=self.gamma) if self.gamma != 1.0 else err.add_(g)
+
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
         """Compensate, compress with the inner compressor, memorise the loss.
 
-        1. ``p = beta * m + gamma * g``;
+        1. ``p = beta * m + gamma * g`` (in the memory buffer);
         2. ``payload, inner_state = inner.encode(p, inner_state)``;
-        3. ``m = p - inner.decode(payload)``.
+        3. ``m = p - inner.decode(payload)`` (in the same buffer).
+
+        The memory tensor of ``state`` is updated in place and returned in
+        the new state.
 
         Returns:
             (the inner payload, {"error": new memory, "inner": new inner state}).
@@ -143,16 +165,18 @@ class ErrorFeedback(Compressor):
             TypeError, ValueError: bad gradient or a memory of another shape.
         """
         check_gradient(grad)
-        p = self.compensate(grad, state)
+        p = self._compensate_(grad, state)
         # the inner compressor sees the gradient's dtype; what that cast
         # rounds away stays in the (float32 for half types) memory
-        payload, inner_state = self.inner.encode(p.to(grad.dtype), state.get("inner", {}))
-        err = p - self.inner.decode(payload).to(p.dtype)
+        x = p if p.dtype == grad.dtype else p.to(grad.dtype)
+        payload, inner_state = self.inner.encode(x, state.get("inner", {}))
+        dec = self.inner.decode(payload)
+        err = p.sub_(dec if dec.dtype == p.dtype else dec.to(p.dtype))
         return payload, {"error": err, "inner": inner_state}
 
-    def decode(self, payload: torch.Tensor) -> torch.Tensor:
-        """The inner compressor's decode."""
-        return self.inner.decode(payload)
+    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The inner compressor's decode (into ``out`` when given)."""
+        return self.inner.decode(payload, out=out)
 
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """The inner compressor's merge (when it is aggregatable)."""

@@ -31,7 +31,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .base import Capabilities, State, check_gradient
-from .dgc import _select, accumulator_dtype
+from .dgc import _select, accumulate_, accumulator_dtype
 from .ops import extract
 from .registry import register
 from .sparse import Sparsifier, _check_ratio, num_selected, pack_sparse
@@ -85,7 +85,7 @@ class GradDrop(Sparsifier):
                 "step": 0, "seed": int(seed)}
 
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
-        """Aji & Heafield Alg. 1; the input ``state`` is not modified.
+        """Aji & Heafield Alg. 1; the residual buffer is updated in place.
 
         1. ``x = g + residual``;
         2. threshold from a sample, keep ``|x| >= threshold`` (at most
@@ -107,7 +107,7 @@ class GradDrop(Sparsifier):
                 "GradDrop.init(grad) for this gradient (or partition)")
         step, seed = int(state.get("step", 0)), int(state.get("seed", 0))
         acc = accumulator_dtype(grad.dtype)
-        x = grad.detach().reshape(-1).to(acc) + res.reshape(-1).to(acc)
+        x = accumulate_(res, grad)  # g + residual, in the residual's buffer
         idx = _select(x, self.ratio, num_selected(self.max_ratio, x.numel()), self.sample_ratio,
                       seed, step)
         sent = extract(x, idx)

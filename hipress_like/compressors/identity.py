@@ -8,7 +8,7 @@ the gradient's dtype, and re-encode.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -18,9 +18,11 @@ from .base import (
     PayloadError,
     State,
     check_gradient,
+    decode_output,
     header_nbytes,
     pack_payload,
     unpack_payload,
+    view_as_dtype,
 )
 from .registry import register
 
@@ -44,14 +46,17 @@ class Identity(Compressor):
         body.view(g.dtype).copy_(g.reshape(-1))
         return payload, state
 
-    def decode(self, payload: torch.Tensor) -> torch.Tensor:
-        """View the body as the original dtype and shape (copied out of the payload)."""
+    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The body as the original dtype and shape, copied out of the payload (into ``out``)."""
         h = unpack_payload(payload, self.algo_id)
         item = torch.empty((), dtype=h.dtype).element_size()
         if h.body.numel() != h.numel * item:
             raise PayloadError(f"identity body has {h.body.numel()} bytes, expected "
                                f"{h.numel * item}")
-        return h.body.view(h.dtype).reshape(h.shape).clone()
+        vals = view_as_dtype(h.body, h.dtype).reshape(h.shape)
+        if out is None:
+            return vals.clone()
+        return decode_output(h, out, payload.device).copy_(vals)
 
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Sum payloads as floats in the given order."""
@@ -92,12 +97,15 @@ class FP16(Compressor):
         body.view(torch.float16).copy_(g.clamp(-self._FMAX, self._FMAX))
         return payload, state
 
-    def decode(self, payload: torch.Tensor) -> torch.Tensor:
-        """Widen back to the original dtype."""
+    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Widen back to the original dtype (into ``out`` when given)."""
         h = unpack_payload(payload, self.algo_id)
         if h.body.numel() != 2 * h.numel:
             raise PayloadError(f"fp16 body has {h.body.numel()} bytes, expected {2 * h.numel}")
-        return h.body.view(torch.float16).to(h.dtype).reshape(h.shape)
+        half = view_as_dtype(h.body, torch.float16).reshape(h.shape)
+        if out is None:
+            return half.to(h.dtype)
+        return decode_output(h, out, payload.device).copy_(half)
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """Header plus 2 bytes per element."""

@@ -23,7 +23,8 @@ same numbers on every device and thread count, and it fuses under
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence, Tuple
+import math
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -38,6 +39,8 @@ __all__ = [
     "concat",
     "extract",
     "orthogonalize_",
+    "abs_at_least",
+    "sample_positions",
     "matmul",
     "pack_bits",
     "unpack_bits",
@@ -49,11 +52,75 @@ VALID_BITS = (1, 2, 4, 8)
 _M32 = 0xFFFFFFFF
 
 
+#: ``topk_abs`` prefilters tensors at least this large (smaller: plain torch.topk).
+PREFILTER_MIN_NUMEL = 1 << 17
+_PREFILTER_SAMPLES = 1 << 16
+_PREFILTER_SEED = 0x70C4
+
+
+def abs_at_least(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The mask ``|x| >= t`` without materialising ``|x|`` (filter operator).
+
+    ``(x >= t) | (x <= -t)`` writes two bool tensors (a quarter of ``x``'s
+    bytes each) instead of a float copy of ``|x|``; on this machine ~12 ms
+    instead of ~36 ms for 16 M floats. NaN entries are never selected.
+    """
+    return (x >= t) | (x <= -t)
+
+
 def topk_abs(x: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Indices (int64) and values of the ``k`` largest-magnitude entries of 1-D ``x``."""
-    k = max(1, min(int(k), x.numel()))
+    """Indices (int64) and values of the ``k`` largest-magnitude entries of 1-D ``x``.
+
+    Exact. For a large ``x`` and a small ``k`` (at most an eighth of ``x``),
+    a full ``torch.topk`` over ``|x|`` costs ~80x a memory copy here, so
+    the candidates are prefiltered first, the sampled-threshold idea of DGC
+    (Lin et al. 2018, Sec. 3) made exact:
+
+    1. draw ``s = 65536`` positions with the counter RNG (fixed seed: the
+       result does not depend on it) and take the ``j``-th largest sampled
+       magnitude, ``j = h + 5 sqrt(h) + 2`` with ``h = k s / n`` the
+       expected number of top-k entries in the sample: a threshold ``t``
+       a few standard deviations *below* the k-th largest magnitude;
+    2. candidates ``C = {i : |x_i| >= t}`` (one filter pass, ~1.2 k of them);
+    3. if ``|C| >= k`` (it holds unless the sample is ~5 sigma off), every
+       top-k entry is in ``C`` and the exact top-k of ``C`` is the answer;
+       otherwise fall back to ``torch.topk`` over all of ``x``.
+
+    Ties at the k-th magnitude may be broken differently from a full
+    ``torch.topk`` (which also leaves them unspecified).
+    """
+    n = x.numel()
+    k = max(1, min(int(k), n))
+    if n >= PREFILTER_MIN_NUMEL and k * 8 <= n:
+        idx = _prefiltered_topk(x, k)
+        if idx is not None:
+            return idx, x[idx]
     _, idx = torch.topk(x.abs(), k, sorted=False)
     return idx, x[idx]
+
+
+def _prefiltered_topk(x: torch.Tensor, k: int) -> "torch.Tensor | None":
+    n = x.numel()
+    s = _PREFILTER_SAMPLES
+    h = k * s / n
+    j = min(s, int(math.ceil(h + 5.0 * math.sqrt(h) + 2.0)))
+    sample = x.index_select(0, sample_positions(s, n, _PREFILTER_SEED, 0, x.device)).abs_()
+    t = torch.topk(sample, j, sorted=False).values.min()
+    cand, _ = filter_mask(x, abs_at_least(x, t))
+    if cand.numel() < k:
+        return None
+    top = torch.topk(x.index_select(0, cand).abs_(), k, sorted=False).indices
+    return cand.index_select(0, top)
+
+
+def sample_positions(s: int, n: int, seed: int, offset: int, device) -> torch.Tensor:
+    """``s`` pseudo-random positions in [0, n) (with replacement) from the counter RNG.
+
+    Position j is ``(hash32(offset + j, seed) * n) >> 32`` (Lemire's
+    multiply-shift range reduction, no modulo bias worth the name).
+    """
+    c = torch.arange(offset, offset + s, dtype=torch.int64, device=device)
+    return (hash32(c, seed) * n) >> 32
 
 
 def filter_mask(x: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -195,9 +262,38 @@ def orthogonalize_(m: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return m
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Matrix product (kept as an operator so DSL code can name it)."""
-    return a @ b
+#: A right operand with at most this many columns is "thin" (PowerSGD's Q or P).
+THIN_COLS = 64
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Matrix product ``a @ b`` (kept as an operator so DSL code can name it).
+
+    Thin right operands (``b`` with at most ``THIN_COLS`` columns, PowerSGD's
+    ``M Q`` and ``M^T P``) take the layouts BLAS is fast at on CPU. Measured
+    on this 2-core machine for a 4096 x 4096 ``M`` and rank 4: ``M^T @ P``
+    on the transposed view took ~60-95 ms, ``(P^T @ M)^T`` ~9 ms; ``M @ Q``
+    ~10 ms, ``M @ (Q^T contiguous)^T`` ~5 ms. The result is the same
+    product up to float rounding (summation order).
+
+    Args:
+        a: (n, k) matrix (may be a transposed view).
+        b: (k, m) matrix.
+        out: optional (n, m) contiguous tensor to write into (no allocation).
+
+    Returns:
+        ``a @ b`` (``out`` when given).
+    """
+    if a.dim() == 2 and b.dim() == 2 and b.shape[1] <= THIN_COLS and a.shape[0] > THIN_COLS:
+        if not a.is_contiguous() and a.t().is_contiguous():
+            r = torch.mm(b.t(), a.t()).t()      # (b^T a^T^T)^T, reads a row by row
+            if out is None:
+                return r.contiguous()
+            return out.copy_(r)
+        if a.is_contiguous():
+            bt = b.t().contiguous().t()
+            return torch.mm(a, bt) if out is None else torch.mm(a, bt, out=out)
+    return a @ b if out is None else torch.matmul(a, b, out=out)
 
 
 def packed_nbytes(n: int, bits: int) -> int:

@@ -55,6 +55,13 @@ STATE CONTRACT (the engine honours it):
 * The round-1 and decode calls receive the same ``grad`` as round 0, and
   rounds of one step are not interleaved with another step of the same
   state. ``state["p"]`` carries ``P^`` from round 1 to decode.
+* Buffers are reused, not copied: round 0 forms ``M = error + grad`` in the
+  error buffer itself (when the matrix view needs no padding), carries it
+  in ``state["m"]`` with ``state["error"] = None``, and ``decode_rounds``
+  turns the same buffer into the new error. So the state passed to round 0
+  must not be used again, and a step interrupted between round 0 and
+  decode leaves a state without an error (the next round 0 raises; reload
+  the checkpoint). A checkpoint is taken between steps.
 
 Single round (``encode``/``decode``): a *local* variant for benchmarks and
 engines without rounds: one power-iteration step on the local ``M`` with
@@ -80,14 +87,15 @@ from .base import (
     PayloadError,
     State,
     check_gradient,
+    decode_output,
     header_nbytes,
     pack_payload,
     unpack_payload,
+    view_as_dtype,
 )
 from .dgc import accumulator_dtype
 from .ops import matmul, orthogonalize_, uniform
 from .registry import register
-from .sparse import view_as_dtype
 
 __all__ = ["PowerSGD", "matrix_shape", "power_iteration", "ROUND_P", "ROUND_Q", "ROUND_LOCAL"]
 
@@ -190,14 +198,22 @@ class PowerSGD(Compressor):
         q = uniform(cols * r, int(state.get("shared_seed", 0)), offset, device) - 0.5
         return q.to(dtype).reshape(cols, r)
 
-    def _matrix(self, grad: torch.Tensor, state: State) -> torch.Tensor:
-        """M = grad + error as a (rows, cols) matrix in the compute dtype."""
+    def _check_error(self, grad: torch.Tensor, state: State) -> torch.Tensor:
         err = state.get("error")
+        if err is None and "m" in state:
+            raise ValueError("powersgd: state['error'] is in use as M of a step whose "
+                             "decode_rounds never ran (an interrupted step); restore the "
+                             "state from a checkpoint")
         if not isinstance(err, torch.Tensor) or err.shape != grad.shape:
             raise ValueError(
                 f"powersgd: state['error'] must be a tensor of shape {tuple(grad.shape)}, "
                 f"found {getattr(err, 'shape', type(err).__name__)}; create the state with "
                 "PowerSGD.init(grad) for this gradient (or partition)")
+        return err
+
+    def _matrix(self, grad: torch.Tensor, state: State) -> torch.Tensor:
+        """M = grad + error as a fresh (rows, cols) matrix in the compute dtype."""
+        err = self._check_error(grad, state)
         acc = accumulator_dtype(grad.dtype)
         flat = grad.detach().reshape(-1).to(acc) + err.reshape(-1).to(acc)
         rows, cols, _ = self._dims(grad.shape)
@@ -205,6 +221,34 @@ class PowerSGD(Compressor):
         if pad:
             flat = torch.cat([flat, flat.new_zeros(pad)])
         return flat.reshape(rows, cols)
+
+    def _matrix_rounds(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
+        """M for the two-round protocol, built once per step (round 0).
+
+        When the matrix view needs no padding and the error buffer is
+        contiguous, ``M = error += grad`` is formed in place: no 64 MB
+        allocation (whose page faults cost more than the addition), and the
+        buffer becomes the new error in ``decode_rounds``. Otherwise M is a
+        fresh matrix. Either way it travels to round 1 and decode in
+        ``state["m"]``.
+        """
+        err = self._check_error(grad, state)
+        rows, cols, _ = self._dims(grad.shape)
+        if rows * cols == grad.numel() and err.is_contiguous() \
+                and err.dtype == accumulator_dtype(grad.dtype):
+            m = err.view(rows, cols)
+            m.add_(grad.detach().reshape(rows, cols))
+            return m, dict(state, m=m, error=None)
+        m = self._matrix(grad, state)
+        return m, dict(state, m=m)
+
+    @staticmethod
+    def _round_matrix(state: State) -> torch.Tensor:
+        m = state.get("m")
+        if not isinstance(m, torch.Tensor):
+            raise ValueError("powersgd: state['m'] is missing: round 0 (encode_round(0)) did not "
+                             "run for this state in this step; run the rounds in order")
+        return m
 
     def _q(self, state: State, cols: int, r: int, dtype, device) -> torch.Tensor:
         q = state.get("q")
@@ -312,7 +356,8 @@ class PowerSGD(Compressor):
         Args:
             r: the round, 0 or 1.
             grad: this rank's gradient (the same tensor in both rounds).
-            state: this gradient's state (not modified; a new dict is returned).
+            state: this gradient's state. A new dict is returned; round 0 reuses
+                the error buffer for M in place (see the state contract).
             aggregate: None for round 0; the merged round-0 payload for round 1.
 
         Returns:
@@ -326,22 +371,30 @@ class PowerSGD(Compressor):
         if r == ROUND_P:
             check_gradient(grad)
             self._world_size(state)
-            m = self._matrix(grad, state)
+            m, new_state = self._matrix_rounds(grad, state)
             q = self._q(state, cols, rk, m.dtype, m.device)
-            return self._pack(ROUND_P, grad, rows, cols, rk, [matmul(m, q)]), dict(state)
+            return self._pack(ROUND_P, grad, rows, cols, rk, [matmul(m, q)]), new_state
         if r == ROUND_Q:
             if aggregate is None:
                 raise ValueError("powersgd round 1 needs the merged round-0 payload (sum of P)")
             agg = self._parse(aggregate, ROUND_P, grad)
-            m = self._matrix(grad, state)
+            m = self._round_matrix(state)
             p = orthogonalize_(agg.values.reshape(rows, rk).to(m.dtype).clone())
             payload = self._pack(ROUND_Q, grad, rows, cols, rk, [matmul(m.t(), p)])
             return payload, dict(state, p=p)
         raise ValueError(f"powersgd has rounds 0 and 1, asked for round {r}")
 
-    def decode_rounds(self, grad: torch.Tensor, state: State,
-                      aggregate: torch.Tensor) -> Tuple[torch.Tensor, State]:
+    def decode_rounds(self, grad: torch.Tensor, state: State, aggregate: torch.Tensor,
+                      out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, State]:
         """The SUM over ranks ``P^ sum_Q^T`` (the engine divides by N); update e and Q.
+
+        Args:
+            grad: this rank's gradient (its shape and dtype; its values were
+                taken in round 0, so ``out`` may be ``grad`` itself).
+            state: the state returned by round 1.
+            aggregate: the merged round-1 payload (sum of Q).
+            out: optional tensor of ``grad.numel()`` elements to write the sum
+                into instead of allocating one (the engine passes the gradient).
 
         Returns:
             (summed approximation in ``grad``'s shape and dtype, new state with
@@ -358,16 +411,26 @@ class PowerSGD(Compressor):
         n_ranks = self._world_size(state)
         rows, cols, rk = self._dims(grad.shape)
         agg = self._parse(aggregate, ROUND_Q, grad)
-        m = self._matrix(grad, state)
+        m = self._round_matrix(state)
         q_sum = agg.values.reshape(cols, rk).to(m.dtype)
-        approx_sum = matmul(p, q_sum.t())
-        err = m - approx_sum / n_ranks  # local error vs. the averaged approximation
         numel = grad.numel()
-        new_state = {k: v for k, v in state.items() if k != "p"}
+        direct = (out is not None and out.dtype == m.dtype and out.is_contiguous()
+                  and out.numel() == numel == rows * cols)
+        if out is not None and out.numel() != numel:
+            raise ValueError(f"powersgd: out has {out.numel()} elements, the gradient {numel}")
+        approx_sum = matmul(p, q_sum.t(), out=out.view(rows, cols) if direct else None)
+        # e = M - P^ (sum_Q / N)^T, in M's buffer: local error vs. the averaged approximation
+        err = m.sub_(approx_sum, alpha=1.0 / n_ranks)
+        new_state = {k: v for k, v in state.items() if k not in ("p", "m")}
         new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape),
                          q=q_sum / n_ranks, step=int(state.get("step", 0)) + 1)
-        out = approx_sum.reshape(-1)[:numel].reshape(grad.shape).to(grad.dtype)
-        return out, new_state
+        if direct:
+            return out, new_state
+        res = approx_sum.reshape(-1)[:numel].reshape(grad.shape).to(grad.dtype)
+        if out is not None:
+            out.reshape(grad.shape).copy_(res)
+            return out, new_state
+        return res, new_state
 
     # -- single round (local) -------------------------------------------------
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
@@ -384,8 +447,12 @@ class PowerSGD(Compressor):
         err = (m - matmul(p, q.t())).reshape(-1)[: grad.numel()].reshape(grad.shape)
         return payload, dict(state, error=err, q=q, step=int(state.get("step", 0)) + 1)
 
-    def decode(self, payload: torch.Tensor) -> torch.Tensor:
+    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``P^ Q^T`` of a local single-round payload, in the original shape and dtype.
+
+        Args:
+            payload: a ``ROUND_LOCAL`` payload from ``encode``.
+            out: optional buffer to write into (see ``base.decode_output``).
 
         Raises:
             PayloadError: malformed payload, or a round-0/1 payload (use decode_rounds).
@@ -394,4 +461,7 @@ class PowerSGD(Compressor):
         p = x.values[: x.rows * x.rank].reshape(x.rows, x.rank)
         q = x.values[x.rows * x.rank:].reshape(x.cols, x.rank)
         n = x.h.numel
-        return matmul(p, q.t()).reshape(-1)[:n].reshape(x.h.shape).to(x.h.dtype)
+        res = matmul(p, q.t()).reshape(-1)[:n].reshape(x.h.shape).to(x.h.dtype)
+        if out is None:
+            return res
+        return decode_output(x.h, out, payload.device).copy_(res)

@@ -45,11 +45,13 @@ from .base import (
     PayloadError,
     State,
     check_gradient,
+    decode_output,
     header_nbytes,
     pack_payload,
     unpack_payload,
+    view_as_dtype,
 )
-from .ops import extract, hash32, topk_abs
+from .ops import extract, hash32, sample_positions, topk_abs
 from .registry import register
 
 __all__ = [
@@ -79,18 +81,6 @@ _MIN_HITS = 32
 
 def _pad8(n: int) -> int:
     return (n + 7) & ~7
-
-
-def view_as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """View uint8 bytes as ``dtype``; copy first when the bytes are not aligned for it.
-
-    A payload sliced out of a larger receive buffer may start at any byte
-    offset, and ``Tensor.view(dtype)`` refuses misaligned storage.
-    """
-    try:
-        return t.view(dtype)
-    except RuntimeError:
-        return t.clone().view(dtype)
 
 
 def _check_ratio(name: str, ratio: float) -> float:
@@ -186,26 +176,24 @@ def unpack_sparse(payload: torch.Tensor, algo_id: int) -> Tuple[Header, torch.Te
     return h, idx, vals
 
 
-def _scatter(h: Header, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(h.numel, dtype=h.dtype, device=vals.device)
+def _scatter(h: Header, idx: torch.Tensor, vals: torch.Tensor,
+             out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    res = decode_output(h, out, vals.device)
+    flat = res.view(-1)
+    flat.zero_()
     if idx.numel():
-        out.index_copy_(0, idx, vals)
-    return out.reshape(h.shape)
+        flat.index_copy_(0, idx, vals)
+    return res
 
 
 def random_positions(s: int, n: int, seed: int, offset: int, device) -> torch.Tensor:
-    """``s`` pseudo-random positions in [0, n) (with replacement) from the counter RNG.
-
-    Position j is ``(hash32(offset + j, seed) * n) >> 32`` (Lemire's
-    multiply-shift range reduction, no modulo bias worth the name).
-    """
-    c = torch.arange(offset, offset + s, dtype=torch.int64, device=device)
-    return (hash32(c, seed) * n) >> 32
+    """``s`` pseudo-random positions in [0, n) (with replacement); see ``ops.sample_positions``."""
+    return sample_positions(s, n, seed, offset, device)
 
 
-def sampled_threshold(xabs: torch.Tensor, density: float, sample_ratio: float, seed: int,
+def sampled_threshold(x: torch.Tensor, density: float, sample_ratio: float, seed: int,
                       step: int) -> torch.Tensor:
-    """Estimate the magnitude threshold that keeps a ``density`` fraction of ``xabs``.
+    """Estimate the magnitude threshold that keeps a ``density`` fraction of ``|x|``.
 
     DGC (Lin et al. 2018, Sec. 3 / Appendix) and GradDrop (Aji & Heafield
     2017, Sec. 2) both avoid a full sort:
@@ -216,10 +204,12 @@ def sampled_threshold(xabs: torch.Tensor, density: float, sample_ratio: float, s
        above the threshold);
     2. take the ``ceil(density * s)``-th largest sampled magnitude.
 
-    When ``s >= n`` the exact ``ceil(density * n)``-th largest is returned.
+    Only the sampled entries are read, so ``x`` may be signed (``|x|`` is
+    never materialised). When ``s >= n`` the exact ``ceil(density * n)``-th
+    largest magnitude is returned.
 
     Args:
-        xabs: 1-D magnitudes.
+        x: 1-D values (or magnitudes).
         density: the fraction to keep, in (0, 1].
         sample_ratio: fraction of entries sampled, in (0, 1].
         seed: RNG seed.
@@ -228,12 +218,12 @@ def sampled_threshold(xabs: torch.Tensor, density: float, sample_ratio: float, s
     Returns:
         A 0-d tensor threshold.
     """
-    n = xabs.numel()
+    n = x.numel()
     s = max(math.ceil(sample_ratio * n), math.ceil(_MIN_HITS / density), _MIN_SAMPLES)
     if s >= n:
-        return torch.topk(xabs, num_selected(density, n), sorted=False).values.min()
-    pos = random_positions(s, n, seed, step * s, xabs.device)
-    sample = extract(xabs, pos)
+        return torch.topk(x.abs(), num_selected(density, n), sorted=False).values.min()
+    pos = random_positions(s, n, seed, step * s, x.device)
+    sample = extract(x, pos).abs_()
     return torch.topk(sample, num_selected(density, s), sorted=False).values.min()
 
 
@@ -246,14 +236,18 @@ class Sparsifier(Compressor):
 
     ratio: float = 0.01
 
-    def decode(self, payload: torch.Tensor) -> torch.Tensor:
+    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Scatter the (index, value) pairs into zeros of the original shape and dtype.
+
+        Args:
+            payload: a sparse payload of this compressor.
+            out: optional buffer to scatter into (see ``base.decode_output``).
 
         Raises:
             PayloadError: see ``unpack_sparse``.
         """
         h, idx, vals = unpack_sparse(payload, self.algo_id)
-        return _scatter(h, idx, vals)
+        return _scatter(h, idx, vals, out)
 
     def _max_density(self) -> float:
         """The largest fraction a payload may carry (an upper bound for sizes)."""

@@ -255,7 +255,9 @@ def test_protocol_misuse_raises_clearly():
     with pytest.raises(PayloadError, match="shape"):
         c.encode_round(1, torch.randn(5, 6), c.init(torch.randn(5, 6), world_size=1), p0)
     with pytest.raises(ValueError, match="init"):
-        c.encode_round(0, torch.randn(3, 3), st, None)
+        c.encode_round(0, torch.randn(3, 3), c.init(g, world_size=1), None)
+    with pytest.raises(ValueError, match="interrupted step"):
+        c.encode_round(0, g, st, None)  # round 0 again before decode_rounds of this step
     with pytest.raises(ValueError):
         get("ef", inner="powersgd")  # PowerSGD has its own error feedback
 
@@ -280,3 +282,26 @@ def test_corrupted_payloads_raise_payload_error():
         PowerSGD(rank=3).merge([p0])  # ranks configured with different ranks
     with pytest.raises(PayloadError, match="algorithm id"):
         get("topk").decode(p0)
+
+
+def test_rounds_reuse_the_error_buffer_and_decode_into_out():
+    """M is formed in the error buffer and becomes the new error; no per-step allocation."""
+    c = PowerSGD(rank=2)
+    g = torch.randn(32, 24, generator=torch.Generator().manual_seed(3))
+    st = c.init(g, world_size=1)
+    buf = st["error"]
+    for _ in range(3):
+        before = buf.clone()
+        p0, st = c.encode_round(0, g, st, None)
+        p1, st = c.encode_round(1, g, st, c.merge([p0]))
+        out = torch.empty_like(g)
+        res, st = c.decode_rounds(g, st, c.merge([p1]), out=out)
+        assert res.data_ptr() == out.data_ptr()
+        assert st["error"].data_ptr() == buf.data_ptr()
+        # e_new = (g + e_old) - approx, checked in float64
+        torch.testing.assert_close(st["error"].double() + out.double(),
+                                   g.double() + before.double(), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="elements"):
+        p0, st = c.encode_round(0, g, st, None)
+        p1, st = c.encode_round(1, g, st, c.merge([p0]))
+        c.decode_rounds(g, st, c.merge([p1]), out=torch.empty(5))
