@@ -6,10 +6,14 @@ ResNet50-like (~97 MB in 155 gradients, mostly small) and VGG19-like
 For each: torch.distributed ``all_reduce`` over 25 MB buckets in reverse
 order (what DDP does), then the engine with PS and Ring x {identity
 (uncompressed), onebit, TernGrad, DGC, PowerSGD}, and the coordinator off
-for comparison. Every figure is a median over repetitions of the slowest
-rank's time, printed as a ratio to the all_reduce of the same list in the
-same run, on loopback and on emulated 1 Gbit/s links (network namespaces
-shaped with ``tc tbf``; ``bench/netem.py``; needs root).
+for comparison. Uncompressed bytes take the engine's collective lane (fused
+allreduce) by default; "(raw via workflow)" rows send them through the
+PS/Ring workflow instead. Every figure is a median over repetitions of the slowest
+rank's time, printed as a ratio to the all_reduce of the same list timed
+in alternation with it (baseline, engine, baseline, ... so the load of a
+shared machine drifts over both alike), on loopback and on emulated
+1 Gbit/s links (network namespaces shaped with ``tc tbf``;
+``bench/netem.py``; needs root).
 
     python bench/sync.py                       # loopback and 1gbit, all configs
     python bench/sync.py --nets loopback --quick
@@ -58,6 +62,10 @@ def _configs(quick: bool):
     for c in ("identity", "onebit"):
         if c in comps:
             out.append({"strategy": "ps", "comp": c, "coordinator": False})
+    if "identity" in comps:  # the uncompressed bytes through PS/Ring instead of allreduce
+        for strategy in ("ps", "ring"):
+            out.append({"strategy": strategy, "comp": "identity", "coordinator": True,
+                        "raw_collective": False})
     return out
 
 
@@ -108,17 +116,29 @@ def worker(args) -> None:
         if rank == 0:
             print(f"[{args.net}] {msg}", file=sys.stderr, flush=True)
 
+    def once(fn):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time
+        return t.item()
+
     def timed(fn, reps):
         fn()  # warm-up: compilation, first-touch allocations, state init
-        ts = []
-        for _ in range(reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time
-            ts.append(t.item())
+        ts = [once(fn) for _ in range(reps)]
         return statistics.median(ts), ts
+
+    def timed_pair(base_fn, fn, reps):
+        """Alternate baseline and candidate repetitions, so drifting machine load
+        (these machines are shared) weighs on both medians alike."""
+        fn()
+        fn()  # warm-up twice: compilation, first-touch allocations, state init
+        bs, ts = [], []
+        for _ in range(reps):
+            bs.append(once(base_fn))
+            ts.append(once(fn))
+        return statistics.median(ts), ts, statistics.median(bs)
 
     for lname in args.lists:
         pname, scale = LISTS[lname]
@@ -129,17 +149,19 @@ def worker(args) -> None:
         total = sum(v.numel() * 4 for v in grads.values())
         log(f"{lname}: {len(names)} gradients, {total / 2**20:.1f} MB")
         med, ts = timed(lambda g=grads, ns=names: _bucketed_allreduce(dist, g, ns), args.reps)
-        base = med
         results.append({"list": lname, "config": "allreduce (DDP buckets 25MB)",
                         "seconds": med, "all": ts, "ratio": 1.0})
         log(f"  allreduce: {med * 1e3:.1f} ms")
         for cfg in _configs(args.quick):
+            if args.only and f"{cfg['strategy']}+{cfg['comp']}" not in args.only:
+                continue
             comp, params = COMPRESSORS[cfg["comp"]]
             # identity = the uncompressed path through the engine (raw bytes)
             rule = SizeRule(min_compress_bytes=1 << 62) if comp == "identity" else SizeRule()
             plan = Plan(compressor=comp, params=params, strategy=cfg["strategy"], rule=rule)
             eng = Engine(tr, EngineConfig(compressor=None, plan=plan, strategy=cfg["strategy"],
-                                          coordinator=cfg["coordinator"], timeout=300))
+                                          coordinator=cfg["coordinator"], timeout=300,
+                                          raw_collective=cfg.get("raw_collective", True)))
             try:
                 eng.register([(k, tuple(v.shape), v.dtype) for k, v in grads.items()])
 
@@ -147,16 +169,24 @@ def worker(args) -> None:
                     for k in reversed(names):  # backward order
                         eng.submit(k, grads[k])
                     eng.synchronize()
-                med, ts = timed(step, args.reps)
+                med, ts, pair_base = timed_pair(
+                    lambda g=grads, ns=names: _bucketed_allreduce(dist, g, ns), step, args.reps)
                 rounds = sum(1 for e in eng.timeline.events
                              if e.kind == "round" and e.step == eng.step - 1)
+                buckets = sum(1 for e in eng.timeline.events
+                              if e.kind == "bucket" and e.step == eng.step - 1)
             finally:
                 eng.close()
             label = (f"{cfg['strategy']}+{cfg['comp']}"
-                     + ("" if cfg["coordinator"] else " (coordinator off)"))
+                     + ("" if cfg["coordinator"] else " (coordinator off)")
+                     + (" (raw via workflow)" if cfg.get("raw_collective") is False else ""))
             results.append({"list": lname, "config": label, "seconds": med, "all": ts,
-                            "ratio": med / base, "rounds_last_step": rounds, **cfg})
-            log(f"  {label}: {med * 1e3:.1f} ms ({med / base:.3f}x), {rounds} rounds")
+                            "ratio": med / pair_base, "allreduce_interleaved_s": pair_base,
+                            "rounds_last_step": rounds,
+                            "buckets_last_step": buckets, **cfg})
+            log(f"  {label}: {med * 1e3:.1f} ms ({med / pair_base:.3f}x of {pair_base * 1e3:.1f} "
+                f"ms interleaved), {rounds} rounds, "
+                f"{buckets} fused allreduces")
     if rank == 0:
         with open(args.result, "w") as f:
             json.dump(results, f)
@@ -225,6 +255,8 @@ def main(argv=None) -> int:
     p.add_argument("--nprocs", type=int, default=4)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="identity and onebit only")
+    p.add_argument("--only", default="", help="comma list of strategy+compressor to run, "
+                   "e.g. ps+identity,ps+onebit (default: all)")
     p.add_argument("--out", default=os.path.join("results", "sync.json"))
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -232,6 +264,7 @@ def main(argv=None) -> int:
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.lists = [x for x in a.lists.split(",") if x]
+    a.only = [x for x in a.only.split(",") if x] if isinstance(a.only, str) else a.only
     for x in a.lists:
         if x not in LISTS:
             p.error(f"unknown list {x!r}; known: {', '.join(LISTS)}")
@@ -246,6 +279,8 @@ def main(argv=None) -> int:
                  "--lists", ",".join(a.lists), "--reps", str(a.reps), "--result", res]
         if a.quick:
             wargv.append("--quick")
+        if a.only:
+            wargv += ["--only", ",".join(a.only)]
         print(f"== {net}: {a.nprocs} ranks", flush=True)
         if net == "loopback":
             _run_loopback(wargv, a.nprocs, a.timeout)
@@ -255,11 +290,12 @@ def main(argv=None) -> int:
             for r in json.load(f):
                 rows.append(dict(r, net=net))
         os.unlink(res)
-    print(f"\n{'net':9s} {'list':9s} {'configuration':32s} {'ms':>9s} {'x allreduce':>12s} "
-          f"{'rounds':>7s}")
+    print(f"\n{'net':9s} {'list':9s} {'configuration':36s} {'ms':>9s} {'x allreduce':>12s} "
+          f"{'rounds':>7s} {'fused':>6s}")
     for r in rows:
-        print(f"{r['net']:9s} {r['list']:9s} {r['config']:32s} {r['seconds'] * 1e3:9.1f} "
-              f"{r['ratio']:12.3f} {r.get('rounds_last_step', ''):>7}")
+        print(f"{r['net']:9s} {r['list']:9s} {r['config']:36s} {r['seconds'] * 1e3:9.1f} "
+              f"{r['ratio']:12.3f} {r.get('rounds_last_step', ''):>7} "
+              f"{r.get('buckets_last_step', ''):>6}")
     goals = _goals(rows)
     print("\ngoals:")
     for name, v, target, ok in goals:

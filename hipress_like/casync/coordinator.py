@@ -7,6 +7,12 @@ one peer and receives from at most one, so no uplink or downlink is shared),
 batches each selected link's messages up to ``batch_bytes``, and every node
 executes the round as one bulk exchange (an all-to-all with per-peer sizes).
 
+Uncompressed gradients can take a *collective lane* instead of links: a rank
+reports such a gradient as ready with destination ``COLLECTIVE`` (-1); once
+every rank has reported it, the planner puts it in the round's fused
+allreduce buckets (ready order, then key; up to ``fusion_bytes`` per
+bucket), as Horovod's coordinator fuses the tensors all ranks have ready.
+
 Where HiPress runs the coordinator on one node (gather metadata, plan,
 broadcast the plan), here every rank runs the *same* deterministic planner on
 the *same* allgathered metadata: the plans are identical by construction, no
@@ -29,11 +35,13 @@ from typing import Deque, Dict, List, Sequence, Tuple
 import torch
 
 __all__ = ["Coordinator", "Report", "RoundPlan", "encode_report", "decode_report", "report_len",
-           "FLAG_CLOSED", "FLAG_ERROR", "FLAG_NONFINITE"]
+           "FLAG_CLOSED", "FLAG_ERROR", "FLAG_NONFINITE", "COLLECTIVE"]
 
 FLAG_CLOSED = 1  # the rank called synchronize(): no more submissions this step
 FLAG_ERROR = 2  # the rank hit an error; peers raise too (error_arg says which gradient)
 FLAG_NONFINITE = 4  # the rank saw NaN/Inf and nonfinite="skip": the step is skipped
+
+COLLECTIVE = -1  # the destination of a message that goes through the fused allreduce lane
 
 Msg = Tuple[int, int, int]  # (key, dst, nbytes)
 
@@ -78,9 +86,12 @@ def decode_report(t: torch.Tensor) -> Report:
 
 @dataclass
 class RoundPlan:
-    """Which messages cross which link in one round: ``links[(src, dst)] = [(key, nbytes)]``."""
+    """One round: messages per link, ``links[(src, dst)] = [(key, nbytes)]``, and the
+    fused allreduce buckets of the collective lane, ``buckets = [[(key, nbytes)]]``
+    (every rank runs them in this order, before the links' exchange)."""
 
     links: Dict[Tuple[int, int], List[Tuple[int, int]]]
+    buckets: List[List[Tuple[int, int]]] = field(default_factory=list)
 
     def sends_of(self, rank: int) -> Dict[int, List[Tuple[int, int]]]:
         """Messages ``rank`` sends, by destination."""
@@ -110,37 +121,75 @@ class Coordinator:
     """
 
     def __init__(self, size: int, batch_bytes: int = 8 << 20, matching: bool = True,
-                 batching: bool = True):
+                 batching: bool = True, fusion_bytes: int = 25 << 20):
         if size < 1:
             raise ValueError(f"size must be >= 1, found {size}")
-        if batch_bytes < 1:
-            raise ValueError(f"batch_bytes must be >= 1, found {batch_bytes}")
+        if batch_bytes < 1 or fusion_bytes < 1:
+            raise ValueError(f"batch_bytes and fusion_bytes must be >= 1, found {batch_bytes}, "
+                             f"{fusion_bytes}")
         self.size = size
         self.batch_bytes = batch_bytes
+        self.fusion_bytes = fusion_bytes
         self.matching = matching
         self.batching = batching
         self._queues: Dict[Tuple[int, int], Deque[Tuple[int, int, int]]] = {}
         self._round = 0
+        # collective lane: key -> [ranks that reported it, nbytes]; then ready FIFO
+        self._partial: Dict[int, List[int]] = {}
+        self._ready: List[Tuple[int, int, int]] = []  # (round ready, key, nbytes)
+        self._arrived = False  # a collective became ready in the latest add_reports
 
     def add_reports(self, reports: Sequence[Report]) -> None:
         """Queue every rank's newly reported messages (rank order, report order)."""
+        self._arrived = False
         for src, rep in enumerate(reports):
             for key, dst, nbytes in rep.msgs:
+                if dst == COLLECTIVE:
+                    self._add_collective(src, key, nbytes)
+                    continue
                 if not (0 <= dst < self.size) or dst == src:
                     raise ValueError(f"rank {src} reported a send to invalid destination {dst}")
                 self._queues.setdefault((src, dst), deque()).append((key, nbytes, self._round))
         self._round += 1
 
+    def _add_collective(self, src: int, key: int, nbytes: int) -> None:
+        entry = self._partial.setdefault(key, [0, nbytes])
+        if entry[1] != nbytes:
+            raise ValueError(f"rank {src} reported {nbytes} bytes for collective {key}, another "
+                             f"rank {entry[1]}")
+        entry[0] += 1
+        if entry[0] > self.size:
+            raise ValueError(f"collective {key} reported more than once by a rank")
+        if entry[0] == self.size:
+            del self._partial[key]
+            self._ready.append((self._round, key, nbytes))
+            self._arrived = True
+
     def empty(self) -> bool:
-        """No message is queued on any link."""
-        return not any(self._queues.values())
+        """No message is queued on any link and no collective is pending."""
+        return not any(self._queues.values()) and not self._partial and not self._ready
+
+    def held(self) -> bool:
+        """Ready collectives are being held for fusion (see ``plan_round``)."""
+        return bool(self._ready)
+
+    def links_pending(self) -> bool:
+        """Some link message is queued (a round could be planned ahead)."""
+        return any(self._queues.values())
 
     def queued_bytes(self) -> int:
         """Bytes waiting in all link queues."""
         return sum(b for q in self._queues.values() for _, b, _ in q)
 
-    def plan_round(self) -> RoundPlan:
+    def plan_round(self, final: bool = True) -> RoundPlan:
         """Select links and batch messages for the next round.
+
+        ``final`` (every rank has closed its step: nothing more will come)
+        flushes every ready collective. Otherwise ready collectives are held
+        while they keep arriving and stay under ``fusion_bytes`` (one more
+        metadata round fuses them into fewer, larger allreduces); a round in
+        which none arrived flushes them, so a pause in the backward pass
+        starts the reduction (Horovod's cycle does the same).
 
         1. Order links with work by the age of their oldest message (oldest
            first, so nothing starves), then by queued bytes (largest first).
@@ -169,4 +218,22 @@ class Coordinator:
                 batch.append((key, nb))
                 total += nb
             links[(s, d)] = batch
-        return RoundPlan(links)
+        return RoundPlan(links, self._plan_buckets(final))
+
+    def _plan_buckets(self, final: bool) -> List[List[Tuple[int, int]]]:
+        """Every collective that all ranks have ready, fused into buckets of at most
+        ``fusion_bytes`` (a larger tensor goes alone), in ready order then key."""
+        if not final and self.batching and self._arrived \
+                and sum(nb for _, _, nb in self._ready) < self.fusion_bytes:
+            return []
+        ready = sorted(self._ready)
+        self._ready = []
+        buckets: List[List[Tuple[int, int]]] = []
+        total = 0
+        for _, key, nb in ready:
+            if not buckets or not self.batching or total + nb > self.fusion_bytes:
+                buckets.append([])
+                total = 0
+            buckets[-1].append((key, nb))
+            total += nb
+        return buckets

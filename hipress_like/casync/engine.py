@@ -40,6 +40,7 @@ from .. import compressors as _comp
 from ..compressors.base import Compressor, all_finite, check_gradient
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
 from .coordinator import (
+    COLLECTIVE,
     FLAG_CLOSED,
     FLAG_ERROR,
     FLAG_NONFINITE,
@@ -94,6 +95,12 @@ class EngineConfig:
         matching: restrict each round to non-conflicting links (each rank
             sends to one peer and receives from one), as HiPress does.
         batch_bytes: most bytes batched on one link per round.
+        raw_collective: uncompressed gradients (the plan says "do not
+            compress") are averaged by the transport's allreduce, fused
+            per round into buckets of up to ``fusion_bytes`` as Horovod
+            fuses tensors; False sends them through the PS or Ring workflow
+            like compressed ones (raw bytes), as HiPress does.
+        fusion_bytes: largest fused allreduce bucket (DDP's 25 MB bucket cap).
         idle_wait: seconds a rank with nothing to do waits for local work
             before joining the next round after an idle one; the batching
             timeout. Doubles per consecutive idle round up to ``idle_wait_max``.
@@ -120,6 +127,12 @@ class EngineConfig:
     # 8 MB: 64 ms on a 1 Gbit/s link, long enough to amortise a round's
     # metadata exchange (~1 ms), short enough to keep the pipeline moving.
     batch_bytes: int = 8 << 20
+    # An allreduce moves 2(N-1)/N of the bytes in N-1 pipelined steps with
+    # no incast and no metadata per partition: for bytes that stay
+    # uncompressed it beats a PS exchange (two rounds, N-to-1 incast) and
+    # matches the all_reduce DDP uses (bench/sync.py measures both).
+    raw_collective: bool = True
+    fusion_bytes: int = 25 << 20
     # 1 ms, doubling per consecutive idle round up to idle_wait_max: a rank
     # with news waits at most that long for idle peers, and idle polling
     # during the framework's backward pass stays rare (2 cores, 4 ranks).
@@ -145,9 +158,10 @@ class EngineConfig:
                              f"found {self.error_feedback!r}")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, found {self.timeout!r}")
-        if self.batch_bytes < 1 or self.report_capacity < 1 or self.idle_wait < 0 \
+        if self.batch_bytes < 1 or self.report_capacity < 1 or self.fusion_bytes < 1 \
+                or self.idle_wait < 0 \
                 or self.idle_wait_max < self.idle_wait:
-            raise ValueError("batch_bytes and report_capacity must be >= 1, and "
+            raise ValueError("batch_bytes, fusion_bytes and report_capacity must be >= 1, and "
                              "0 <= idle_wait <= idle_wait_max")
         if not (self.plan is None or self.plan == "auto" or isinstance(self.plan, (Plan, str,
                                                                                     os.PathLike))):
@@ -162,7 +176,7 @@ class _GradInfo:
     dtype: torch.dtype
     numel: int
     compress: bool
-    workflow: str  # "ps", "ring" or "rounds"
+    workflow: str  # "ps", "ring", "rounds" or "allreduce" (the collective lane)
     parts: List[Tuple[int, int, int]]  # (start, end, aggregator)
 
 
@@ -272,6 +286,7 @@ class Engine:
                           "back to back", type(transport).__name__)
         if self._data is not None:
             self._round_q: "queue.Queue" = queue.Queue(maxsize=1)  # plan one round ahead
+            self._rounds_busy = 0  # rounds handed over and not finished (guarded by _cv)
             self._round_thread = threading.Thread(target=self._round_main, daemon=True,
                                                   name=f"hipress-rounds-{self.rank}")
             self._round_thread.start()
@@ -405,13 +420,19 @@ class Engine:
             dec = self._decide(name, nbytes)
             compress = dec.compress
             k = max(1, min(dec.partitions, numel, _KEY_LIMITS["partitions"] - 1))
-            if compress and caps.rounds > 1:
+            if not compress and self.config.raw_collective and n > 1:
+                workflow, k = "allreduce", 1
+            elif compress and caps.rounds > 1:
                 workflow, k = "rounds", 1
             elif self.config.strategy == "ring" and numel // k >= n and n > 1:
                 workflow = "ring"
             else:
                 workflow = "ps"
             parts = []
+            if workflow == "allreduce":  # no aggregator: every rank reduces
+                layout[name] = _GradInfo(idx, name, shape, dt, numel, compress, workflow,
+                                         [(0, numel, -1)])
+                continue
             for s, e in chunk_bounds(numel, k):
                 agg = min(range(n), key=lambda r: (load[r], r))
                 load[agg] += e - s
@@ -426,6 +447,7 @@ class Engine:
     def _reset_step(self) -> None:
         self._unreported: List[Tuple[int, int, int]] = []
         self._outbox: Dict[Tuple[int, int], Tuple[torch.Tensor, Task]] = {}
+        self._collective: Dict[int, Tuple[Task, torch.Tensor]] = {}
         self._expect: Dict[int, Task] = {}
         self._early: Dict[int, torch.Tensor] = {}
         self._handles: List[Handle] = []
@@ -483,6 +505,9 @@ class Engine:
     def _build_tasks(self, info: _GradInfo, work: torch.Tensor, handle: Handle) -> None:
         b = _StepBuilder(self, info, handle)
         flat = work.view(-1)
+        if info.workflow == "allreduce":
+            b.collective(info.idx, flat)
+            return
         if info.workflow == "rounds":
             codec = CompressorCodec(self.compressor, self._states, f"{info.name}|0",
                                     self._seed_of, self.size)
@@ -522,6 +547,12 @@ class Engine:
             with self._cv:
                 self._outbox[(key, dst)] = (payload, task)
                 self._unreported.append((key, dst, task.nbytes))
+                self._cv.notify_all()
+        elif task.kind == "allreduce":
+            key = task.msg[0]
+            with self._cv:
+                self._collective[key] = (task, task.fn())
+                self._unreported.append((key, COLLECTIVE, task.nbytes))
                 self._cv.notify_all()
         elif task.kind == "recv":
             key = task.msg[0]
@@ -609,7 +640,8 @@ class Engine:
     def _comm_step(self) -> bool:
         """Run coordinated bulk rounds until the step is complete on every rank."""
         cfg, n = self.config, self.size
-        coord = Coordinator(n, cfg.batch_bytes, matching=cfg.matching, batching=cfg.coordinator)
+        coord = Coordinator(n, cfg.batch_bytes, matching=cfg.matching, batching=cfg.coordinator,
+                            fusion_bytes=cfg.fusion_bytes)
         idle, idle_rounds, last_progress = False, 0, time.monotonic()
         while True:
             with self._cv:
@@ -642,13 +674,20 @@ class Engine:
                     self._hand_over(("fence", fence))
                     fence.wait(cfg.timeout)
                 return any(r.flags & FLAG_NONFINITE for r in reports)
-            plan = coord.plan_round()
-            moved = bool(plan.links) or any(r.msgs for r in reports)
-            if plan.links:
+            plan = coord.plan_round(final=closed)
+            moved = bool(plan.links or plan.buckets) or any(r.msgs for r in reports)
+            if plan.links or plan.buckets:
                 if self._data is None:
                     self._execute(plan, t0, self.transport)
                 else:
                     self._hand_over(("round", plan))
+                    if not coord.links_pending():
+                        # No queued link message to plan ahead: let the round run
+                        # alone instead of polling peers with metadata rounds that
+                        # compete for the cores (4 ranks on 2 cores measured ~40%
+                        # slower fused allreduces with polling alongside). Work that
+                        # arrives meanwhile is reported, and batched, right after.
+                        self._wait_rounds_idle()
             now = time.monotonic()
             if moved:
                 last_progress = now
@@ -657,11 +696,28 @@ class Engine:
                 raise DeadlockError([], f"no progress for {cfg.timeout:.0f} s with every rank "
                                         "closed; outstanding tasks per rank: "
                                         f"{[r.outstanding for r in reports]}")
-            idle = not moved
-            idle_rounds = idle_rounds + 1 if idle else 0
+            # A round that only held arriving collectives waits the base idle
+            # time (or until a batch of new work is reported) before the next,
+            # so the held bucket grows instead of paying a metadata round per
+            # arriving gradient.
+            held = coord.held() and not plan.links and not plan.buckets
+            idle = not moved or held
+            idle_rounds = idle_rounds + 1 if not moved else 0
+
+    def _wait_rounds_idle(self) -> None:
+        """Block until the round executor has finished every handed-over round."""
+        deadline = time.monotonic() + self.config.timeout
+        with self._cv:
+            while self._rounds_busy and self._error is None:
+                if time.monotonic() > deadline:
+                    return  # the executor's own transport timeout reports the failure
+                self._cv.wait(0.05)
 
     def _hand_over(self, item: Tuple[str, Any]) -> None:
         """Queue work for the round executor; at most one round waits (backpressure)."""
+        if item[0] == "round":
+            with self._cv:
+                self._rounds_busy += 1
         while True:
             try:
                 self._round_q.put(item, timeout=0.05)
@@ -679,11 +735,15 @@ class Engine:
             kind, arg = item
             if kind == "fence":
                 arg.set()
-            elif self._error is None:
-                try:
-                    self._execute(arg, time.perf_counter(), self._data)
-                except BaseException as e:
-                    self._fail(e, -1)
+            else:
+                if self._error is None:
+                    try:
+                        self._execute(arg, time.perf_counter(), self._data)
+                    except BaseException as e:
+                        self._fail(e, -1)
+                with self._cv:
+                    self._rounds_busy -= 1
+                    self._cv.notify_all()
 
     def _check_peer_errors(self, reports: List[Report]) -> None:
         bad = [(r, rep) for r, rep in enumerate(reports) if rep.flags & FLAG_ERROR]
@@ -709,6 +769,42 @@ class Engine:
             "must submit the same gradients each step (submit zeros for unused parameters)")
 
     def _execute(self, plan, t0: float, channel: Transport) -> None:
+        if plan.buckets:
+            self._run_buckets(plan.buckets, channel)
+        if plan.links:
+            self._exchange(plan, time.perf_counter() if plan.buckets else t0, channel)
+
+    def _run_buckets(self, buckets, channel: Transport) -> None:
+        """The collective lane: one fused allreduce (sum, then / N) per bucket and dtype.
+
+        Every rank runs the same buckets in the same order (the replicated
+        coordinator planned them), so the allreduce calls match up.
+        """
+        n = self.size
+        for bucket in buckets:
+            t0 = time.perf_counter()
+            with self._cv:
+                items = [self._collective.pop(key) for key, _ in bucket]
+            groups: Dict[torch.dtype, List[torch.Tensor]] = {}
+            for _, x in items:  # bucket order within each dtype, dtypes by first appearance
+                groups.setdefault(x.dtype, []).append(x)
+            for xs in groups.values():
+                flat = xs[0] if len(xs) == 1 else torch.cat(xs)
+                channel.allreduce(flat, "sum", self.config.timeout)
+                flat.div_(n)
+                if len(xs) > 1:
+                    off = 0
+                    for x in xs:
+                        x.copy_(flat[off: off + x.numel()])
+                        off += x.numel()
+            for t, _ in items:
+                self._graph.finish(t)
+                t.owner._release()
+            nbytes = sum(nb for _, nb in bucket)
+            self.timeline.add(Event("bucket", "", len(bucket), t0, time.perf_counter(),
+                                    nbytes, "comm", self._step))
+
+    def _exchange(self, plan, t0: float, channel: Transport) -> None:
         me, n = self.rank, self.size
         send: List[Optional[torch.Tensor]] = [None] * n
         recv_nbytes = [0] * n
@@ -836,6 +932,11 @@ class Engine:
             self._round_q.put(None)
             self._round_thread.join(timeout=5)
         self._exec.shutdown()
+        if self._data is not None:  # the engine's own channel from transport.split()
+            try:
+                self._data.close()
+            except Exception as e:  # closing must not mask the caller's error
+                _log.debug("rank %d: closing the data channel failed: %s", self.rank, e)
 
     def __enter__(self) -> "Engine":
         return self
@@ -870,6 +971,17 @@ class _StepBuilder:
         t = Task("send", self.info.name, p, get, info=f"->{dst} ph{phase}")
         t.msg = (self._key(g, p, phase, self.rank), dst)
         return self.engine._graph.add(t, deps)
+
+    def collective(self, g: int, flat: torch.Tensor) -> Task:
+        """Add the collective-lane task: ``flat`` (a view of the gradient) is averaged
+        in place by a fused allreduce once every rank has it ready."""
+        t = Task("allreduce", self.info.name, 0, lambda: flat,
+                 nbytes=flat.numel() * flat.element_size())
+        t.msg = (self._key(g, 0, 0, 0), COLLECTIVE)
+        t.owner = self.handle
+        with self.handle._lock:
+            self.handle._pending += 1
+        return self.engine._graph.add(t, ())
 
     def recv(self, g: int, p: int, phase: int, src: int, box: Dict[str, Any], slot: str) -> Task:
         """Add a receive from ``src``; the bytes land in ``box[slot]``."""

@@ -28,7 +28,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 __all__ = ["Task", "TaskGraph", "CycleError", "DeadlockError", "COMPUTE_KINDS", "COMM_KINDS"]
 
 COMPUTE_KINDS = frozenset({"encode", "decode", "merge", "write"})
-COMM_KINDS = frozenset({"send", "recv"})
+COMM_KINDS = frozenset({"send", "recv", "allreduce"})
 
 
 class CycleError(RuntimeError):

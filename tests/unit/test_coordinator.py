@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from hipress_like.casync.coordinator import (
+    COLLECTIVE,
     FLAG_CLOSED,
     Coordinator,
     Report,
@@ -71,3 +72,53 @@ def test_invalid_destination_is_rejected():
     c = Coordinator(2)
     with pytest.raises(ValueError, match="invalid destination"):
         c.add_reports([Report(msgs=[(0, 0, 4)]), Report()])
+
+
+def test_collective_waits_for_every_rank_then_fuses_in_ready_order():
+    c = Coordinator(3, fusion_bytes=100)
+    # key 7 is ready on ranks 0 and 1 only; key 3 and 5 everywhere
+    c.add_reports([Report(msgs=[(7, COLLECTIVE, 40), (5, COLLECTIVE, 40)]),
+                   Report(msgs=[(5, COLLECTIVE, 40), (7, COLLECTIVE, 40)]),
+                   Report(msgs=[(5, COLLECTIVE, 40), (3, COLLECTIVE, 40)])])
+    assert not c.empty()
+    assert c.plan_round().buckets == [[(5, 40)]]
+    c.add_reports([Report(), Report(msgs=[(3, COLLECTIVE, 40)]), Report()])
+    assert not c.empty()  # 3 still misses rank 0; 7 misses rank 2
+    assert c.plan_round().buckets == []
+    c.add_reports([Report(msgs=[(3, COLLECTIVE, 40)]), Report(),
+                   Report(msgs=[(7, COLLECTIVE, 40)])])
+    # both became ready in the same round: key order; 80 <= 100 fits one bucket
+    assert c.plan_round().buckets == [[(3, 40), (7, 40)]]
+    assert c.empty()
+
+
+def test_collective_buckets_respect_fusion_bytes_and_batching_off():
+    c = Coordinator(2, fusion_bytes=100)
+    msgs = [(k, COLLECTIVE, nb) for k, nb in enumerate([60, 30, 20, 500, 10])]
+    c.add_reports([Report(msgs=msgs), Report(msgs=msgs)])
+    assert [[k for k, _ in b] for b in c.plan_round().buckets] == [[0, 1], [2], [3], [4]]
+    c = Coordinator(2, batching=False)
+    c.add_reports([Report(msgs=msgs[:2]), Report(msgs=msgs[:2])])
+    assert len(c.plan_round().buckets) == 2
+
+
+def test_collective_size_disagreement_is_an_error():
+    c = Coordinator(2)
+    with pytest.raises(ValueError, match="bytes for collective"):
+        c.add_reports([Report(msgs=[(1, COLLECTIVE, 8)]), Report(msgs=[(1, COLLECTIVE, 16)])])
+
+
+def test_collectives_are_held_while_arriving_until_a_pause_size_or_close():
+    c = Coordinator(2, fusion_bytes=100)
+    both = lambda *m: [Report(msgs=list(m)), Report(msgs=list(m))]  # noqa: E731
+    c.add_reports(both((1, COLLECTIVE, 30)))
+    assert c.plan_round(final=False).buckets == []          # still arriving, 30 < 100
+    c.add_reports(both((2, COLLECTIVE, 30)))
+    assert c.plan_round(final=False).buckets == []          # 60 < 100
+    c.add_reports([Report(), Report()])                      # a pause: flush
+    assert c.plan_round(final=False).buckets == [[(1, 30), (2, 30)]]
+    c.add_reports(both((3, COLLECTIVE, 60), (4, COLLECTIVE, 60)))
+    assert c.plan_round(final=False).buckets == [[(3, 60)], [(4, 60)]]  # 120 >= 100
+    c.add_reports(both((5, COLLECTIVE, 1)))
+    assert c.plan_round(final=True).buckets == [[(5, 1)]]   # every rank closed
+    assert c.empty()

@@ -146,15 +146,55 @@ def test_every_compressor_leaves_ranks_bitwise_identical(name, strategy):
 
 
 def test_hundreds_of_small_gradients_are_batched():
+    """Raw bytes through PS (raw_collective=False): the coordinator batches per link."""
     sizes = [16] * 300
     res = run_engine(4, Plan(compressor="identity", rule=SizeRule(min_compress_bytes=1 << 40)),
-                     "ps", sizes=sizes)
+                     "ps", sizes=sizes, cfg={"raw_collective": False})
     all_g = [make_grads(r, sizes) for r in range(4)]
     for k in all_g[0]:
         assert torch.equal(res[0][0][0][k], exact_ps(all_g, k))
     rounds = [e for e in res[0][2].events if e.kind == "round"]
     sends = [e for e in res[0][2].events if e.kind == "send"]
     assert len(sends) >= 200 and len(rounds) < len(sends) / 4
+
+
+def test_uncompressed_gradients_are_fused_into_few_allreduces():
+    """The collective lane: 300 small raw gradients become a handful of fused allreduces."""
+    sizes = [16] * 300
+    res = run_engine(4, Plan(compressor="identity", rule=SizeRule(min_compress_bytes=1 << 40)),
+                     "ps", sizes=sizes)
+    all_g = [make_grads(r, sizes) for r in range(4)]
+    for k in all_g[0]:
+        assert res[0][1][k]["workflow"] == "allreduce"
+        for r in range(4):
+            assert torch.equal(res[r][0][0][k], exact_ps(all_g, k))
+    fused = [e for e in res[0][2].events if e.kind == "bucket"]  # one per fused allreduce
+    assert sum(e.part for e in fused) == 300  # every gradient reduced once
+    assert len(fused) < 300 / 4
+    assert not [e for e in res[0][2].events if e.kind in ("send", "round")]
+
+
+@pytest.mark.parametrize("fusion", [1, 100, 1 << 20])
+def test_collective_lane_mixed_dtypes_sizes_and_compressed_neighbours(fusion):
+    """Raw float32/float16/float64 gradients share buckets with each other (split by dtype)
+    while compressed ones take the PS workflow in the same rounds; all ranks agree."""
+    def grads(rank):
+        g = torch.Generator().manual_seed(rank)
+        return {"a": torch.randn(33, generator=g), "b": torch.randn(7, generator=g).half(),
+                "c": torch.randn(1000, generator=g).double(), "d": torch.randn(5000, generator=g),
+                "e": torch.randn(1, generator=g)}
+    plan = Plan(compressor="onebit", rule=SizeRule(min_compress_bytes=1 << 40),
+                gradients={"d": GradientPlan(True, 2)})
+    res = run_engine(3, plan, "ps", grads=grads, steps=2, cfg={"fusion_bytes": fusion})
+    all_g = [grads(r) for r in range(3)]
+    for step in range(2):
+        for k in "abce":
+            assert res[0][1][k]["workflow"] == "allreduce"
+            for r in range(3):
+                assert torch.equal(res[r][0][step][k], exact_ps(all_g, k)), (k, r)
+        for r in range(1, 3):
+            assert torch.equal(res[r][0][step]["d"], res[0][0][step]["d"])
+    assert res[0][1]["d"]["workflow"] == "ps"
 
 
 def test_coordinator_off_still_correct():
