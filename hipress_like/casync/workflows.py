@@ -6,12 +6,13 @@ partition's tasks with their data dependencies:
 
 CaSync-PS, co-located (every rank aggregates a byte-balanced share):
     worker:      encode -> send(agg)           ...  recv(agg) -> decode -> write
-    aggregator:  recv(each) -> decode(each) -> merge (rank order, own raw)
-                 -> encode -> send(all) ; decode(own copy) -> write
+    aggregator:  recv(each) -> merge: decode each into a reused workspace and
+                 add into its own (raw) partition in rank order -> encode
+                 -> send(all) ; decode(own copy) -> write
     aggregatable codecs merge the payloads directly (no decode/encode).
 
 CaSync-Ring, on N chunks of the partition:
-    reduce, N-1 steps:  recv(prev) -> decode -> merge own chunk -> encode -> send(next)
+    reduce, N-1 steps:  recv(prev) -> decode, add into own chunk -> encode -> send(next)
     gather, N-1 steps:  forward the owner's encoded sum unchanged; decode -> write
     aggregatable codecs merge payloads; sparsifiers re-select after each merge
     (HiPress Sec. 5.3) because the merged sum is encoded again.
@@ -30,7 +31,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from ..compressors.base import Compressor, State
+from ..compressors.base import Compressor, State, workspace
 
 __all__ = ["RawCodec", "CompressorCodec", "ps_workflow", "ring_workflow", "rounds_workflow",
            "chunk_bounds"]
@@ -120,17 +121,14 @@ class CompressorCodec:
         self.comp.decode(payload, out=x)
         x.div_(n)
 
+    def add_decoded(self, payload: torch.Tensor, acc: torch.Tensor) -> None:
+        """``acc += decode(payload)``, decoding into this thread's reused workspace."""
+        tmp = workspace(acc.numel(), acc.dtype, acc.device, "decode")
+        acc.add_(self.comp.decode(payload, out=tmp).view(acc.shape))
+
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Compressed-domain sum (aggregatable compressors)."""
         return self.comp.merge(payloads)
-
-
-def _sum_in_order(parts: List[torch.Tensor], first_is_temp: bool = False) -> torch.Tensor:
-    """``parts[0] + parts[1] + ...`` left to right; into ``parts[0]`` when it is a temporary."""
-    acc = parts[0] if first_is_temp else parts[0].clone()
-    for p in parts[1:]:
-        acc.add_(p)
-    return acc
 
 
 def ps_workflow(b, g: int, p: int, x: torch.Tensor, codec, agg: int) -> None:
@@ -158,18 +156,17 @@ def ps_workflow(b, g: int, p: int, x: torch.Tensor, codec, agg: int) -> None:
 
         last = b.compute("merge", g, p, merge, [own, *recvs.values()])
     else:
-        decs = {}
-        for s, rv in recvs.items():
-            def dec(s=s) -> None:
-                box[f"dec{s}"] = codec.decode(box[f"from{s}"])
-            decs[s] = b.compute("decode", g, p, dec, [rv])
-
         def merge_encode() -> None:
-            total = _sum_in_order([x if s == me else box[f"dec{s}"] for s in range(n)],
-                                  first_is_temp=me != 0)
-            box["pull"] = codec.encode(total, "pull")
+            # x + the decoded partitions of the other ranks in rank order, summed in
+            # x itself (the pull's decode overwrites x afterwards): no allocation.
+            # Only this rank sums, so the order fixes run-to-run reproducibility,
+            # not agreement between ranks (they all decode the same pull bytes).
+            for s in range(n):
+                if s != me:
+                    codec.add_decoded(box.pop(f"from{s}"), x)
+            box["pull"] = codec.encode(x, "pull")
 
-        last = b.compute("merge", g, p, merge_encode, list(decs.values()))
+        last = b.compute("merge", g, p, merge_encode, list(recvs.values()))
     for s in range(n):
         if s != me:
             b.send(g, p, 1, s, lambda: box["pull"], [last])
@@ -193,8 +190,9 @@ def ring_workflow(b, g: int, p: int, x: torch.Tensor, codec) -> None:
                 box[out] = codec.merge([box[f"recv{i}"], codec.encode(xs[c], f"own{i}")])
         else:
             def step(i=i, c=c, out=out) -> None:
-                total = _sum_in_order([codec.decode(box[f"recv{i}"]), xs[c]], True)
-                box[out] = codec.encode(total, "final" if out == "final" else f"hop{i}")
+                # chunk c is read only here before the gather overwrites it: sum in place
+                codec.add_decoded(box.pop(f"recv{i}"), xs[c])
+                box[out] = codec.encode(xs[c], "final" if out == "final" else f"hop{i}")
         dep = b.compute("merge", g, p, step, [rv])
     own_chunk = (me + 1) % n
 

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .base import Compressor, State, check_gradient
+from .base import Compressor, State, check_gradient, workspace
 from .dgc import accumulator_dtype
 from .registry import get, register
 
@@ -170,8 +170,12 @@ class ErrorFeedback(Compressor):
         # rounds away stays in the (float32 for half types) memory
         x = p if p.dtype == grad.dtype else p.to(grad.dtype)
         payload, inner_state = self.inner.encode(x, state.get("inner", {}))
-        dec = self.inner.decode(payload)
-        err = p.sub_(dec if dec.dtype == p.dtype else dec.to(p.dtype))
+        if x is p:  # decode into a reused buffer, then p - decode in place
+            dec = self.inner.decode(payload, out=workspace(p.numel(), p.dtype, p.device, "ef"))
+            err = p.sub_(dec.view(p.shape))
+        else:
+            dec = self.inner.decode(payload)
+            err = p.sub_(dec.to(p.dtype))
         return payload, {"error": err, "inner": inner_state}
 
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
