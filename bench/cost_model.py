@@ -7,7 +7,10 @@ For each compressor, on N ranks (default 4):
    ``alltoallv`` timings fitted to latency + bytes / bandwidth);
 2. sweep: for every gradient size from 32 KB to 64 MB and every
    <compress?, K> in {no, yes} x {1, 2, 4, 8, 16} plus the planner's own
-   choice, synchronise one gradient of that size through the engine with a
+   choice (uncompressed with the engine's collective lane, the default, is
+   one fused allreduce whatever K, so only K = 1 is run; with
+   ``--raw-via-workflow`` uncompressed bytes go through PS/Ring: Eq. 1),
+   synchronise one gradient of that size through the engine with a
    one-entry plan, and take the median over repeats of the slowest rank's
    submit-to-synchronize time;
 3. compare: predicted (HiPress Eq. 1/2 with the profile) against measured,
@@ -59,13 +62,13 @@ def engine_round_meta_bytes() -> int:
 
 
 def _sync_time(transport: Any, comp: str, strategy: str, nbytes: int, compress: bool, k: int,
-               repeats: int, timeout: float) -> float:
+               repeats: int, timeout: float, raw_collective: bool = True) -> float:
     """Median over repeats of the slowest rank's time to synchronise one gradient."""
     plan = Plan(compressor=comp, strategy=strategy, world_size=transport.size,
                 gradients={"g": GradientPlan(compress=compress, partitions=k)})
     numel = nbytes // 4
     eng = Engine(transport, EngineConfig(plan=plan, strategy=strategy, timeout=timeout,
-                                         timeline=False))
+                                         timeline=False, raw_collective=raw_collective))
     try:
         eng.register([("g", (numel,), torch.float32)])
         gen = torch.Generator().manual_seed(transport.rank)
@@ -93,8 +96,8 @@ def _repeats_for(nbytes: int, base: int) -> int:
 
 
 def run(transport: Any, compressors: Sequence[str], sizes: Sequence[int], ks: Sequence[int],
-        strategy: str, repeats: int, timeout: float, quiet: bool = False
-        ) -> Optional[Dict[str, Any]]:
+        strategy: str, repeats: int, timeout: float, raw_collective: bool = True,
+        quiet: bool = False) -> Optional[Dict[str, Any]]:
     """The whole benchmark on one rank (collective); rank 0 returns the report."""
     n, rank = transport.size, transport.rank
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if rank == 0 and not quiet \
@@ -111,17 +114,20 @@ def run(transport: Any, compressors: Sequence[str], sizes: Sequence[int], ks: Se
         f"{one.bandwidth * 8 / 1e9:.2f} Gbit/s, sync overhead {prof.sync_overhead * 1e3:.1f} ms "
         f"({time.perf_counter() - t_start:.0f} s)")
     report: Dict[str, Any] = {"nodes": n, "strategy": strategy, "profile": prof.to_dict(),
-                              "results": {}}
+                              "raw_collective": raw_collective, "results": {}}
     for comp in compressors:
-        planner = Planner(prof, comp, n, strategy, max_partitions=max(ks))
+        planner = Planner(prof, comp, n, strategy, max_partitions=max(ks),
+                          raw_collective=raw_collective)
         rows: List[Dict[str, Any]] = []
         for nbytes in sizes:
             choice = planner.choose(nbytes)
-            configs = {(c, k) for c in (False, True) for k in ks}
+            # with the collective lane K does not change the uncompressed path
+            configs = {(c, k) for c in (False, True) for k in ks
+                       if c or not raw_collective or k == 1}
             configs.add((choice.compress, choice.partitions))
             for compress, k in sorted(configs):
                 t = _sync_time(transport, comp, strategy, nbytes, compress, k,
-                               _repeats_for(nbytes, repeats), timeout)
+                               _repeats_for(nbytes, repeats), timeout, raw_collective)
                 pred = planner.t_cpr(nbytes, k) if compress else planner.t_orig(nbytes, k)
                 rows.append({"nbytes": nbytes, "compress": compress, "partitions": k,
                              "measured_s": t, "predicted_s": pred,
@@ -196,6 +202,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--ks", default="1,2,4,8,16")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--raw-via-workflow", action="store_true",
+                    help="uncompressed gradients through the PS/Ring workflow (HiPress Eq. 1; "
+                         "engine raw_collective=False) instead of the collective lane")
     ap.add_argument("--from-env", action="store_true",
                     help="this process is one rank (RANK/WORLD_SIZE set, e.g. by run_ns.sh)")
     ap.add_argument("-o", "--output", default="bench_cost_model.json")
@@ -210,7 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     sizes = log_sizes(a.min_size, a.max_size, a.per_octave)
     ks = [int(k) for k in a.ks.split(",")]
-    args = (comps, sizes, ks, a.strategy, a.repeats, a.timeout)
+    args = (comps, sizes, ks, a.strategy, a.repeats, a.timeout, not a.raw_via_workflow)
     if a.from_env:
         import torch.distributed as dist
 

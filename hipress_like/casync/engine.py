@@ -376,6 +376,7 @@ class Engine:
         t0 = time.perf_counter()
         auto = AutoPlanner(inner.name, params=inner.params(), strategy=self.config.strategy,
                            round_meta_bytes=8 * report_len(self.config.report_capacity),
+                           raw_collective=self.config.raw_collective,
                            timeout=self.config.timeout, repeats=2,
                            # a quick profile: curves are interpolated beyond these sizes
                            max_profile_bytes=16 << 20, max_link_bytes=4 << 20)

@@ -67,6 +67,8 @@ class AutoPlanner:
         provisional: plan used until the plan is fixed (default: no compression).
         round_meta_bytes: bytes the engine allgathers before each bulk round
             (its coordinator reports), timed with the link; 0 times bare links.
+        raw_collective: the engine's setting: uncompressed gradients are
+            modelled as a ring allreduce (True) or HiPress Eq. 1 (False).
 
     Raises:
         ValueError: bad strategy or warmup_iterations.
@@ -77,13 +79,15 @@ class AutoPlanner:
                  warmup_iterations: int = 1, max_partitions: Optional[int] = None,
                  repeats: int = 3, max_profile_bytes: int = 64 << 20,
                  max_link_bytes: int = 16 << 20, timeout: float = 300.0,
-                 provisional: Optional[Plan] = None, round_meta_bytes: int = 0) -> None:
+                 provisional: Optional[Plan] = None, round_meta_bytes: int = 0,
+                 raw_collective: bool = True) -> None:
         if strategy not in ("ps", "ring"):
             raise ValueError(f"unknown strategy {strategy!r}; expected 'ps' or 'ring'")
         if not isinstance(warmup_iterations, int) or warmup_iterations < 1:
             raise ValueError(f"warmup_iterations must be an integer >= 1, found "
                              f"{warmup_iterations!r}")
         self.compressor = compressor
+        self.raw_collective = bool(raw_collective)
         self.params = dict(params or {})
         self.strategy = strategy
         self.link = link
@@ -186,7 +190,8 @@ class AutoPlanner:
         data = b""
         if rank == 0:
             planner = Planner(self.profile, self.compressor, n, self.strategy,
-                              max_partitions=self.max_partitions)
+                              max_partitions=self.max_partitions,
+                              raw_collective=self.raw_collective)
             plan = planner.plan(sizes, meta={"auto": "fixed", "profile": self.profile.to_dict(),
                                              "profiling_s": time.perf_counter() - t0})
             data = json.dumps(plan.to_dict()).encode()

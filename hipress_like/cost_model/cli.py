@@ -307,7 +307,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     prof = Profile.load(a.profile)
     name = _pick_compressor(prof, a.compressor)
     sizes = _model_sizes(a.model, a.scale)
-    planner = Planner(prof, name, a.nodes, a.strategy, max_partitions=a.max_partitions)
+    planner = Planner(prof, name, a.nodes, a.strategy, max_partitions=a.max_partitions,
+                      raw_collective=not a.raw_via_workflow)
     plan = planner.plan(sizes, meta={"model": a.model, "profile": os.fspath(a.profile),
                                      "scale": a.scale})
     p = planner.params
@@ -375,7 +376,8 @@ def _cmd_report(a: argparse.Namespace) -> int:
         raise CLIError(f"--nodes {a.nodes} differs from the measurements' nodes "
                        f"{meas.get('nodes')}")
     name = _pick_compressor(prof, a.compressor or (meas or {}).get("compressor"))
-    planner = Planner(prof, name, a.nodes, a.strategy, max_partitions=a.max_partitions)
+    planner = Planner(prof, name, a.nodes, a.strategy, max_partitions=a.max_partitions,
+                      raw_collective=not a.raw_via_workflow)
     lo, hi = parse_bytes(a.min_size), parse_bytes(a.max_size)
     if lo > hi:
         raise CLIError(f"--min-size {a.min_size} is larger than --max-size {a.max_size}")
@@ -500,6 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", default="ps", choices=("ps", "ring"))
     p.add_argument("--compressor", help="compressor in the profile (default: the only one)")
     p.add_argument("--max-partitions", type=_positive_int, help="largest K (default 4N)")
+    p.add_argument("--raw-via-workflow", action="store_true",
+                   help="model uncompressed gradients as HiPress Eq. 1 (the engine's "
+                        "raw_collective=False) instead of a ring allreduce")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every gradient size")
     p.add_argument("-o", "--output", default="plan.json")
     p.set_defaults(func=_cmd_plan)
@@ -511,6 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compressor")
     p.add_argument("--measured", help="measurements JSON from bench/cost_model.py")
     p.add_argument("--max-partitions", type=_positive_int)
+    p.add_argument("--raw-via-workflow", action="store_true",
+                   help="uncompressed as HiPress Eq. 1 (engine raw_collective=False)")
     p.add_argument("--min-size", default="32KB")
     p.add_argument("--max-size", default="128MB")
     p.add_argument("--out-dir", default=".")

@@ -2,8 +2,14 @@
 
 The planner evaluates HiPress Eq. 1 (no compression) and Eq. 2 (compression)
 for every partition count ``K = 1 .. max_partitions`` with the measured
-curves of a ``Profile``, and keeps the cheapest: compress if the best Eq. 2
-time beats the best Eq. 1 time, with the ``K`` that achieves it. Both
+curves of a ``Profile``, and keeps the cheapest. When the engine averages
+uncompressed gradients with its collective lane (``raw_collective``, the
+engine's default), "no compression" costs an allreduce instead of Eq. 1,
+for any K: the profile's measured allreduce fit, or else
+``2(N-1) alpha + 2(N-1)/N m beta`` (flexible-communication paper, Table I,
+Ring-AR) on the all-links fit. The choice is then: compress if the best
+Eq. 2 time beats the best uncompressed time, with the ``K`` that achieves
+it. Both
 expressions are convex in K (Sec. 3.3), so the scan finds the optimum; among
 near-equal times (``k_tolerance``) the smaller K wins, because fewer
 partitions mean fewer tasks and messages the model does not charge for.
@@ -30,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .collectives import ring_allreduce
 from .model import Link, SyncParams, concurrent_link, sync_params, t_sync_cpr, t_sync_orig
 from .plan import STRATEGIES, GradientPlan, Plan, SizeRule
 from .profiler import CompressorProfile, Profile
@@ -98,6 +105,9 @@ class Planner:
         model_strategy: cost-model row of alpha/beta/gamma ("ps",
             "ps-colocated", "ring"); default from ``ENGINE_TO_MODEL``.
         k_tolerance: relative time within which a smaller K is preferred.
+        raw_collective: the engine's ``EngineConfig.raw_collective`` (default
+            True): uncompressed gradients cost a ring allreduce; False: HiPress
+            Eq. 1 (raw bytes through the PS or Ring workflow).
 
     Raises:
         ValueError: bad N, strategy or max_partitions; ``ProfileError``:
@@ -106,7 +116,7 @@ class Planner:
 
     def __init__(self, profile: Profile, compressor: str, n: int, strategy: str = "ps", *,
                  max_partitions: Optional[int] = None, model_strategy: Optional[str] = None,
-                 k_tolerance: float = 0.01) -> None:
+                 k_tolerance: float = 0.01, raw_collective: bool = True) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"the number of nodes N must be an integer >= 1, found {n!r}")
         if strategy not in STRATEGIES:
@@ -124,6 +134,7 @@ class Planner:
         self.params: SyncParams = sync_params(self.model_strategy, self.cp.category)
         self.max_partitions = max_partitions or 4 * n
         self.k_tolerance = k_tolerance
+        self.raw_collective = bool(raw_collective)
         # Not in HiPress: the engine's measured fixed cost per synchronisation
         # (0 unless profiled); compressed paths have their own when measured.
         self._overhead = profile.sync_overhead
@@ -143,8 +154,17 @@ class Planner:
         return concurrent_link(prof.link_one, prof.link, self.n, self.busy_links(k))
 
     def t_orig(self, m: float, k: int) -> float:
-        """HiPress Eq. 1 with the profile's link, plus its measured sync overhead (seconds)."""
-        t = t_sync_orig(m, k, self.n, self.link(k), self.params)
+        """Uncompressed synchronisation time plus the measured sync overhead (seconds).
+
+        With ``raw_collective``: an allreduce of the whole gradient (K does not
+        matter): the profile's measured allreduce fit when it has one, else
+        Table I's Ring-AR on the all-links fit. Otherwise HiPress Eq. 1.
+        """
+        if self.raw_collective:
+            ar, link = self.profile.allreduce, self.profile.link
+            t = ar(m) if ar is not None else ring_allreduce(m, self.n, link.alpha, link.beta)
+        else:
+            t = t_sync_orig(m, k, self.n, self.link(k), self.params)
         return t + self._overhead if self.n > 1 else t
 
     def t_cpr(self, m: float, k: int) -> float:

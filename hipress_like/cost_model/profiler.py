@@ -174,6 +174,11 @@ class Profile:
         sync_overhead: seconds every synchronisation costs beyond Eq. 1/2 (the
             engine's coordination rounds that carry no gradient bytes),
             measured by ``measure_sync_overhead``; 0 is the paper's model.
+        allreduce: the transport's allreduce time fitted to ``alpha + m beta``
+            (``measure_link(pattern="allreduce")``): the engine's collective
+            lane for uncompressed gradients. None: derived from ``link``
+            with Table I's Ring-AR formula.
+        allreduce_samples: its samples.
         meta: provenance (host, transport, world size, date).
     """
 
@@ -184,6 +189,8 @@ class Profile:
     link_one: Optional[Link] = None
     link_one_samples: Tuple[Tuple[int, float], ...] = ()
     sync_overhead: float = 0.0
+    allreduce: Optional[Link] = None
+    allreduce_samples: Tuple[Tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.sync_overhead, (int, float)) and self.sync_overhead >= 0):
@@ -213,6 +220,8 @@ class Profile:
         }
         if self.link_one is not None:
             d["link_one"] = _link_dict(self.link_one, self.link_one_samples)
+        if self.allreduce is not None:
+            d["allreduce"] = _link_dict(self.allreduce, self.allreduce_samples)
         if self.sync_overhead:
             d["sync_overhead"] = self.sync_overhead
         return d
@@ -232,7 +241,8 @@ class Profile:
         if d.get("version") != PROFILE_VERSION:
             raise ProfileError(f"profile version {d.get('version')!r} is not supported "
                                f"(expected {PROFILE_VERSION}); re-run hipress-profile profile")
-        known = {"format", "version", "link", "link_one", "sync_overhead", "compressors", "meta"}
+        known = {"format", "version", "link", "link_one", "sync_overhead", "compressors", "meta",
+                 "allreduce"}
         if set(d) - known:
             raise ProfileError(f"unknown profile keys: {sorted(set(d) - known)}; known: "
                                f"{sorted(known)}")
@@ -242,11 +252,14 @@ class Profile:
         lk, samples = _link_from(d.get("link"), "link")
         one, one_samples = (_link_from(d["link_one"], "link_one") if "link_one" in d
                             else (None, ()))
+        ar, ar_samples = (_link_from(d["allreduce"], "allreduce") if "allreduce" in d
+                          else (None, ()))
         return cls(link=lk,
                    compressors={str(k): CompressorProfile.from_dict(str(k), v)
                                 for k, v in comps.items()},
                    link_samples=samples, meta=dict(d.get("meta", {})), link_one=one,
-                   link_one_samples=one_samples, sync_overhead=d.get("sync_overhead", 0.0))
+                   link_one_samples=one_samples, sync_overhead=d.get("sync_overhead", 0.0),
+                   allreduce=ar, allreduce_samples=ar_samples)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the profile as indented JSON."""
@@ -478,7 +491,11 @@ def measure_link(
        (CaSync's coordinator reports; 0 skips it), then one ``alltoallv`` in
        which every rank sends ``size`` bytes to its ring successor
        (``pattern="all"``, every link busy) or only rank 0 sends to rank 1
-       (``pattern="one"``). The slowest rank's time counts.
+       (``pattern="one"``); ``pattern="allreduce"`` times the transport's
+       allreduce of ``size`` bytes instead (what the engine's collective lane
+       runs), so its fit is Table I's Ring-AR ``2(N-1) alpha + 2(N-1)/N m
+       beta`` with the constants measured as a whole. The slowest rank's
+       time counts.
     2. Medians over ``repeats`` are fitted to ``latency + bytes/bandwidth``.
     3. Rank 0's fit is broadcast, so every rank returns identical numbers.
 
@@ -489,7 +506,7 @@ def measure_link(
         repeats: timed rounds per size.
         timeout: seconds for each collective.
         progress: ``progress(iterable, desc, total)`` wrapper (rank 0 only).
-        pattern: "all" or "one" busy link(s).
+        pattern: "all" or "one" busy link(s), or "allreduce".
         round_meta_bytes: metadata allgathered before each round.
 
     Returns:
@@ -502,8 +519,8 @@ def measure_link(
     if n < 2:
         raise ValueError("measuring a link needs at least 2 ranks; pass latency and "
                          "bandwidth instead")
-    if pattern not in ("all", "one"):
-        raise ValueError(f"pattern must be 'all' or 'one', found {pattern!r}")
+    if pattern not in ("all", "one", "allreduce"):
+        raise ValueError(f"pattern must be 'all', 'one' or 'allreduce', found {pattern!r}")
     sizes = list(sizes or log_sizes(4 << 10, 16 << 20))
     dst, src = (rank + 1) % n, (rank - 1) % n
     if pattern == "one":
@@ -517,13 +534,17 @@ def measure_link(
             send[dst] = torch.zeros(nbytes, dtype=torch.uint8)
         if src >= 0:
             recv[src] = nbytes
+        values = torch.zeros(max(1, nbytes // 4)) if pattern == "allreduce" else None
         ts = []
         for i in range(repeats + 1):
             transport.barrier(timeout)
             t0 = time.perf_counter()
             if round_meta_bytes:
                 transport.allgather(meta, timeout)
-            transport.alltoallv(send, recv, timeout)
+            if values is not None:
+                transport.allreduce(values, "sum", timeout)
+            else:
+                transport.alltoallv(send, recv, timeout)
             dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
             transport.allreduce(dt, "max", timeout)
             if i:  # the first exchange warms up connections and buffers
@@ -538,7 +559,8 @@ def measure_link(
 def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
                           compressor: Optional[CompressorProfile] = None, repeats: int = 10,
                           timeout: float = 300.0,
-                          engine_config: Optional[Mapping[str, Any]] = None) -> float:
+                          engine_config: Optional[Mapping[str, Any]] = None,
+                          allreduce: Optional[Link] = None) -> float:
     """The engine's fixed cost per synchronisation, beyond Eq. 1 (or Eq. 2). Collective.
 
     HiPress's Eq. 1/2 count the rounds that move gradient bytes and the
@@ -559,8 +581,12 @@ def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
         repeats: timed synchronisations.
         timeout: seconds for each collective.
         engine_config: extra ``EngineConfig`` fields (as the engine will run).
+        allreduce: the allreduce fit; with the engine's collective lane
+            (``raw_collective``, default on) the uncompressed model is that
+            allreduce (or Table I's Ring-AR on ``link``), not Eq. 1.
     """
     from ..casync.engine import Engine, EngineConfig
+    from .collectives import ring_allreduce
     from .model import sync_params, t_sync_cpr, t_sync_orig
     from .plan import GradientPlan, Plan
     from .planner import ENGINE_TO_MODEL
@@ -592,7 +618,10 @@ def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
     finally:
         eng.close()
     n, m = transport.size, 4 * numel
-    if compressor is None:
+    if compressor is None and cfg.get("raw_collective", True):
+        model = allreduce(m) if allreduce is not None else \
+            ring_allreduce(m, n, link.alpha, link.beta)
+    elif compressor is None:
         model = t_sync_orig(m, 1, n, link, sync_params(ENGINE_TO_MODEL[strategy], "none"))
     else:
         model = t_sync_cpr(m, 1, n, compressor.rate(m), link, compressor.encode,
@@ -616,6 +645,7 @@ def profile_transport(
     error_feedback: Union[bool, str] = "auto",
     round_meta_bytes: int = 0,
     engine_overhead: Optional[str] = None,
+    raw_collective: bool = True,
 ) -> Profile:
     """A full profile on every rank of a transport. Collective.
 
@@ -638,6 +668,8 @@ def profile_transport(
         engine_overhead: a strategy ("ps", "ring") to also measure the
             engine's fixed cost per synchronisation (``measure_sync_overhead``);
             None leaves it 0 (HiPress's Eq. 1/2 as published).
+        raw_collective: the engine's setting (uncompressed gradients by
+            allreduce); with a measured link, the allreduce is measured too.
 
     Returns:
         The same ``Profile`` on every rank.
@@ -651,11 +683,18 @@ def profile_transport(
         one, one_samples = measure_link(transport, link_sizes, repeats=repeats,
                                         timeout=timeout, progress=prog, pattern="one",
                                         round_meta_bytes=round_meta_bytes)
+    ar, ar_samples = None, ()
+    if samples and raw_collective:
+        ar, ar_samples = measure_link(transport, link_sizes, repeats=repeats, timeout=timeout,
+                                      progress=prog, pattern="allreduce",
+                                      round_meta_bytes=round_meta_bytes)
     overhead = 0.0
     measure = bool(engine_overhead) and transport.size > 1
     if measure:
         overhead = measure_sync_overhead(transport, one or link, engine_overhead,
-                                         repeats=2 * repeats, timeout=timeout)
+                                         repeats=2 * repeats, timeout=timeout,
+                                         engine_config={"raw_collective": raw_collective},
+                                         allreduce=ar)
     profs = {}
     for name, params in compressors.items():
         cp = profile_compressor(name, params, sizes, repeats=repeats, progress=prog,
@@ -664,10 +703,11 @@ def profile_transport(
         if measure:
             cp = dataclasses.replace(cp, sync_overhead=measure_sync_overhead(
                 transport, one or link, engine_overhead, compressor=cp, repeats=2 * repeats,
-                timeout=timeout))
+                timeout=timeout, engine_config={"raw_collective": raw_collective}))
         profs[name] = cp
     prof = Profile(link=link, compressors=profs, link_samples=samples, link_one=one,
-                   link_one_samples=one_samples, sync_overhead=overhead,
+                   link_one_samples=one_samples, sync_overhead=overhead, allreduce=ar,
+                   allreduce_samples=ar_samples,
                    meta={"ranks": transport.size, "transport": type(transport).__name__,
                          "link_source": "measured" if samples else "given",
                          "round_meta_bytes": round_meta_bytes,

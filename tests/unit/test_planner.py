@@ -40,7 +40,7 @@ def profile():
 
 @pytest.mark.parametrize("strategy, model", [("ps", "ps-colocated"), ("ring", "ring")])
 def test_choice_is_brute_force_minimum(profile, strategy, model):
-    pl = Planner(profile, "q", 4, strategy, k_tolerance=0.0)
+    pl = Planner(profile, "q", 4, strategy, k_tolerance=0.0, raw_collective=False)
     cp, p = profile.compressor("q"), sync_params(model, "quantization")
     for m in (4096, 1 << 20, 64 << 20):
         orig = {k: t_sync_orig(m, k, 4, profile.link, p) for k in range(1, 17)}
@@ -60,7 +60,7 @@ def test_hand_computed_choice():
     cp = CompressorProfile(name="q", category="quantization", ratio=0.25, header_bytes=0,
                            encode=Curve.linear(0.0, 1e-9, pts), decode=Curve.linear(0.0, 1e-9, pts))
     prof = Profile(link=Link(latency=1e-3, bandwidth=1e9), compressors={"q": cp})
-    pl = Planner(prof, "q", 2, "ps", max_partitions=2, k_tolerance=0.0)
+    pl = Planner(prof, "q", 2, "ps", max_partitions=2, k_tolerance=0.0, raw_collective=False)
     # m = 8e6: orig K=1: 2*(1+8) = 18 ms, K=2: 2*(1+4) = 10 ms
     #          cpr K=1: 2*(1+2) + 1*8 + 2*2 = 18 ms; K=2: 2*(1+1) + 2*4 + 2*1 = 14 ms
     c = pl.choose(8_000_000)
@@ -71,7 +71,7 @@ def test_hand_computed_choice():
 
 @pytest.mark.parametrize("strategy", ["ps", "ring"])
 def test_plan_shape_threshold_then_growing_k(profile, strategy):
-    pl = Planner(profile, "q", 4, strategy)
+    pl = Planner(profile, "q", 4, strategy, raw_collective=False)
     choices = [pl.choose(s) for s in SIZES]
     flags = [c.compress for c in choices]
     # no compression below a threshold, compression from it on
@@ -89,7 +89,7 @@ def test_link_concurrency_and_overhead():
     base = make_profile()
     prof = Profile(link=Link(1e-4, 1.25e8), compressors=base.compressors,
                    link_one=Link(1e-4, 5e8), sync_overhead=3e-3)
-    pl = Planner(prof, "q", 4, "ps", k_tolerance=0.0)
+    pl = Planner(prof, "q", 4, "ps", k_tolerance=0.0, raw_collective=False)
     p = sync_params("ps-colocated", "quantization")
     # K = 1: one aggregator, one busy link -> link_one; plus the measured overhead
     assert pl.t_orig(1e6, 1) == pytest.approx(6 * (1e-4 + 1e6 / 5e8) + 3e-3)
@@ -97,25 +97,26 @@ def test_link_concurrency_and_overhead():
     assert pl.t_orig(1e6, 2) == pytest.approx(6 * (1e-4 + 5e5 / 2.5e8) + 3e-3)
     assert pl.t_orig(1e6, 4) == pytest.approx(t_sync_orig(1e6, 4, 4, prof.link, p) + 3e-3)
     # Ring keeps every link busy whatever K
-    assert Planner(prof, "q", 4, "ring").link(1) == prof.link
+    assert Planner(prof, "q", 4, "ring", raw_collective=False).link(1) == prof.link
     # a single node has nothing to synchronise: no overhead either
-    assert Planner(prof, "q", 1, "ps").t_orig(1e6, 1) == 0.0
+    assert Planner(prof, "q", 1, "ps", raw_collective=False).t_orig(1e6, 1) == 0.0
     # compressed paths use the compressor's own measured overhead when there is one
     cp = prof.compressor("q")
     eq2 = t_sync_cpr(1e6, 4, 4, cp.rate(2.5e5), prof.link, cp.encode, cp.decode, p)
     assert pl.t_cpr(1e6, 4) == pytest.approx(eq2 + 3e-3)
     prof2 = dataclasses.replace(prof, compressors={"q": dataclasses.replace(cp,
                                                                             sync_overhead=5e-3)})
-    assert Planner(prof2, "q", 4, "ps").t_cpr(1e6, 4) == pytest.approx(eq2 + 5e-3)
+    pl2 = Planner(prof2, "q", 4, "ps", raw_collective=False)
+    assert pl2.t_cpr(1e6, 4) == pytest.approx(eq2 + 5e-3)
 
 
 def test_threshold_never_and_always():
     # compression that does not shrink anything never pays
-    pl = Planner(make_profile(ratio=1.0), "q", 4, "ps")
+    pl = Planner(make_profile(ratio=1.0), "q", 4, "ps", raw_collective=False)
     assert pl.threshold() == NEVER
     assert not any(pl.choose(s).compress for s in SIZES)
     # a single node never communicates: nothing to gain
-    assert Planner(make_profile(), "q", 1, "ps").threshold() == NEVER
+    assert Planner(make_profile(), "q", 1, "ps", raw_collective=False).threshold() == NEVER
 
 
 def test_threshold_survives_a_loss_at_the_top():
@@ -125,21 +126,22 @@ def test_threshold_survives_a_loss_at_the_top():
     cp = CompressorProfile(name="q", category="quantization", ratio=1 / 32, header_bytes=0,
                            encode=Curve(pts, (2e-5, 0.035, 100.0)),
                            decode=Curve.linear(1e-5, 5e-10, pts))
-    pl = Planner(Profile(link=Link(1e-4, 1.25e8), compressors={"q": cp}), "q", 4, "ps")
+    pl = Planner(Profile(link=Link(1e-4, 1.25e8), compressors={"q": cp}), "q", 4, "ps",
+                 raw_collective=False)
     assert not pl.choose(1 << 30).compress and pl.choose(16 << 20).compress
     thr = pl.threshold()
     assert thr < (16 << 20) and pl.choose(thr).compress
 
 
 def test_lowrank_uses_table3_counts():
-    pl = Planner(make_profile("lowrank"), "q", 4, "ring")
+    pl = Planner(make_profile("lowrank"), "q", 4, "ring", raw_collective=False)
     assert pl.params.values(4, 2) == (6, 1, 1)
-    pl = Planner(make_profile(), "q", 4, "ps", model_strategy="ps")
+    pl = Planner(make_profile(), "q", 4, "ps", model_strategy="ps", raw_collective=False)
     assert pl.params.values(4, 2) == (8, 3, 5)
 
 
 def test_plan_entries_rule_and_meta(profile, tmp_path):
-    pl = Planner(profile, "q", 4, "ps")
+    pl = Planner(profile, "q", 4, "ps", raw_collective=False)
     grads = {"small.bias": 1024, "mid.weight": 1 << 20, "big.weight": 64 << 20}
     plan = pl.plan(grads, meta={"model": "test"})
     for name, nbytes in grads.items():
@@ -163,7 +165,7 @@ def test_plan_entries_rule_and_meta(profile, tmp_path):
 
 
 def test_size_rule_is_close_to_the_model(profile):
-    pl = Planner(profile, "q", 4, "ps")
+    pl = Planner(profile, "q", 4, "ps", raw_collective=False)
     rule = pl.size_rule()
     worst = 0.0
     for s in SIZES:
@@ -184,7 +186,7 @@ def test_size_rule_is_close_to_the_model(profile):
     (lambda d: d["gradients"].update(x={"compress": True, "k": 2}), "invalid plan entry"),
 ])
 def test_plan_validation_errors(profile, tmp_path, mutate, message):
-    d = Planner(profile, "q", 4, "ps").plan({"a": 4096}).to_dict()
+    d = Planner(profile, "q", 4, "ps", raw_collective=False).plan({"a": 4096}).to_dict()
     mutate(d)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(d))
@@ -199,14 +201,14 @@ def test_plan_load_unreadable(tmp_path):
 
 def test_planner_errors(profile):
     with pytest.raises(ValueError, match="N must be an integer >= 1"):
-        Planner(profile, "q", 0)
+        Planner(profile, "q", 0, raw_collective=False)
     with pytest.raises(ValueError, match="unknown strategy"):
-        Planner(profile, "q", 4, "tree")
+        Planner(profile, "q", 4, "tree", raw_collective=False)
     with pytest.raises(ProfileError, match="no compressor 'onebit'"):
-        Planner(profile, "onebit", 4)
+        Planner(profile, "onebit", 4, raw_collective=False)
     with pytest.raises(ValueError, match="max_partitions"):
-        Planner(profile, "q", 4, max_partitions=0)
-    pl = Planner(profile, "q", 4)
+        Planner(profile, "q", 4, max_partitions=0, raw_collective=False)
+    pl = Planner(profile, "q", 4, raw_collective=False)
     with pytest.raises(ValueError, match="no gradients"):
         pl.plan({})
     with pytest.raises(ValueError, match="duplicate"):
@@ -216,7 +218,7 @@ def test_planner_errors(profile):
 
 
 def test_plan_table_rows(profile):
-    rows = Planner(profile, "q", 4).table([64 << 20, 4096, 4096])
+    rows = Planner(profile, "q", 4, raw_collective=False).table([64 << 20, 4096, 4096])
     assert [r.nbytes for r in rows] == [4096, 64 << 20]
     assert rows[1].speedup > 1
 
@@ -277,3 +279,34 @@ def test_engine_default_rule_is_a_size_rule():
     # the provisional plan of plan="auto" keeps the plan format the engine reads
     p = AutoPlanner("fp16").provisional_plan
     assert isinstance(p.rule, SizeRule) and Plan.from_dict(p.to_dict()) == p
+
+
+def test_uncompressed_is_a_ring_allreduce_with_the_collective_lane():
+    """raw_collective (the engine default): t_orig = Table I Ring-AR on the all-links fit."""
+    from hipress_like.cost_model.collectives import ring_allreduce
+
+    prof = make_profile()
+    pl = Planner(prof, "q", 4, "ps", k_tolerance=0.0)
+    assert pl.raw_collective
+    link = prof.link
+    for m in (1e3, 1e6, 64e6):
+        want = ring_allreduce(m, 4, link.latency, 1 / link.bandwidth) + prof.sync_overhead
+        for k in (1, 3, 8):
+            assert pl.t_orig(m, k) == pytest.approx(want)
+    # 2(N-1) alpha + 2(N-1)/N m beta, by hand for N=4
+    hand = 6 * link.latency + 1.5 * 1e6 / link.bandwidth + prof.sync_overhead
+    assert pl.t_orig(1e6, 1) == pytest.approx(hand)
+    assert pl.choose(1 << 20).partitions >= 1
+    assert not pl.choose(1 << 10).compress or pl.choose(1 << 10).t_cpr < pl.t_orig(1 << 10, 1)
+
+
+def test_measured_allreduce_fit_prices_the_collective_lane_and_round_trips():
+    prof = dataclasses.replace(make_profile(), allreduce=Link(2e-3, 5e8),
+                               allreduce_samples=((4096, 2.1e-3), (1 << 20, 4.1e-3)))
+    back = Profile.from_dict(prof.to_dict())
+    assert back.allreduce == Link(2e-3, 5e8) and back.allreduce_samples == prof.allreduce_samples
+    pl = Planner(back, "q", 4, "ps")
+    assert pl.t_orig(1e6, 5) == pytest.approx(2e-3 + 1e6 / 5e8 + back.sync_overhead)
+    # Eq. 1 when the engine sends raw bytes through the workflow instead
+    assert Planner(back, "q", 4, "ps", raw_collective=False).t_orig(1e6, 1) != \
+        pytest.approx(pl.t_orig(1e6, 1))
