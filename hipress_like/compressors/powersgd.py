@@ -80,6 +80,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import _fused
 from .base import (
     Capabilities,
     Compressor,
@@ -418,9 +419,15 @@ class PowerSGD(Compressor):
                   and out.numel() == numel == rows * cols)
         if out is not None and out.numel() != numel:
             raise ValueError(f"powersgd: out has {out.numel()} elements, the gradient {numel}")
-        approx_sum = matmul(p, q_sum.t(), out=out.view(rows, cols) if direct else None)
-        # e = M - P^ (sum_Q / N)^T, in M's buffer: local error vs. the averaged approximation
-        err = m.sub_(approx_sum, alpha=1.0 / n_ranks)
+        if direct and m.is_contiguous():
+            # e = M - P^ (sum_Q / N)^T in M's buffer, out = P^ sum_Q^T: one fused sweep
+            _fused.powersgd_decompress(m, p, q_sum.t().contiguous(), out.view(rows, cols),
+                                       1.0 / n_ranks)
+            approx_sum, err = out.view(rows, cols), m
+        else:
+            approx_sum = matmul(p, q_sum.t())
+            # e = M - P^ (sum_Q / N)^T, in M's buffer: local error vs. the averaged approx.
+            err = m.sub_(approx_sum, alpha=1.0 / n_ranks)
         new_state = {k: v for k, v in state.items() if k not in ("p", "m")}
         new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape),
                          q=q_sum / n_ranks, step=int(state.get("step", 0)) + 1)
