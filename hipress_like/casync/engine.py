@@ -59,6 +59,7 @@ from .workflows import (
     chunk_bounds,
     ps_workflow,
     ring_workflow,
+    rounds_collective_workflow,
     rounds_workflow,
 )
 
@@ -98,8 +99,11 @@ class EngineConfig:
         raw_collective: uncompressed gradients (the plan says "do not
             compress") are averaged by the transport's allreduce, fused
             per round into buckets of up to ``fusion_bytes`` as Horovod
-            fuses tensors; False sends them through the PS or Ring workflow
-            like compressed ones (raw bytes), as HiPress does.
+            fuses tensors, and multi-round compressors whose payloads merge
+            by plain summation (PowerSGD's P and Q, ``summable_view``) sum
+            each round with a fused allreduce; False sends both through the
+            PS or Ring workflow (raw bytes / aggregator merges), as HiPress
+            does.
         fusion_bytes: largest fused allreduce bucket (DDP's 25 MB bucket cap).
         idle_wait: seconds a rank with nothing to do waits for local work
             before joining the next round after an idle one; the batching
@@ -176,7 +180,8 @@ class _GradInfo:
     dtype: torch.dtype
     numel: int
     compress: bool
-    workflow: str  # "ps", "ring", "rounds" or "allreduce" (the collective lane)
+    workflow: str  # "ps", "ring", "rounds", or on the collective lane "allreduce"
+    #                and "rounds-allreduce"
     parts: List[Tuple[int, int, int]]  # (start, end, aggregator)
 
 
@@ -425,12 +430,15 @@ class Engine:
                 workflow, k = "allreduce", 1
             elif compress and caps.rounds > 1:
                 workflow, k = "rounds", 1
+                if self.config.raw_collective and n > 1 and \
+                        type(self.compressor).summable_view is not Compressor.summable_view:
+                    workflow = "rounds-allreduce"
             elif self.config.strategy == "ring" and numel // k >= n and n > 1:
                 workflow = "ring"
             else:
                 workflow = "ps"
             parts = []
-            if workflow == "allreduce":  # no aggregator: every rank reduces
+            if workflow in ("allreduce", "rounds-allreduce"):  # no aggregator: all reduce
                 layout[name] = _GradInfo(idx, name, shape, dt, numel, compress, workflow,
                                          [(0, numel, -1)])
                 continue
@@ -507,7 +515,12 @@ class Engine:
         b = _StepBuilder(self, info, handle)
         flat = work.view(-1)
         if info.workflow == "allreduce":
-            b.collective(info.idx, flat)
+            b.collective(info.idx, lambda: flat)
+            return
+        if info.workflow == "rounds-allreduce":
+            codec = CompressorCodec(self.compressor, self._states, f"{info.name}|0",
+                                    self._seed_of, self.size)
+            rounds_collective_workflow(b, info.idx, work, codec)
             return
         if info.workflow == "rounds":
             codec = CompressorCodec(self.compressor, self._states, f"{info.name}|0",
@@ -551,8 +564,14 @@ class Engine:
                 self._cv.notify_all()
         elif task.kind == "allreduce":
             key = task.msg[0]
+            try:
+                x = task.fn()
+            except BaseException as e:  # a bug in a workflow: fail loudly everywhere
+                self._fail(e, -1)
+                return
+            task.nbytes = x.numel() * x.element_size()
             with self._cv:
-                self._collective[key] = (task, task.fn())
+                self._collective[key] = (task, x)
                 self._unreported.append((key, COLLECTIVE, task.nbytes))
                 self._cv.notify_all()
         elif task.kind == "recv":
@@ -786,13 +805,14 @@ class Engine:
             t0 = time.perf_counter()
             with self._cv:
                 items = [self._collective.pop(key) for key, _ in bucket]
-            groups: Dict[torch.dtype, List[torch.Tensor]] = {}
-            for _, x in items:  # bucket order within each dtype, dtypes by first appearance
-                groups.setdefault(x.dtype, []).append(x)
-            for xs in groups.values():
+            groups: Dict[Tuple[torch.dtype, str], List[torch.Tensor]] = {}
+            for t, x in items:  # bucket order within a group, groups by first appearance
+                groups.setdefault((x.dtype, t.info), []).append(x)
+            for (_, how), xs in groups.items():
                 flat = xs[0] if len(xs) == 1 else torch.cat(xs)
                 channel.allreduce(flat, "sum", self.config.timeout)
-                flat.div_(n)
+                if how == "mean":
+                    flat.div_(n)
                 if len(xs) > 1:
                     off = 0
                     for x in xs:
@@ -800,7 +820,8 @@ class Engine:
                         off += x.numel()
             for t, _ in items:
                 self._graph.finish(t)
-                t.owner._release()
+                if t.owner is not None:
+                    t.owner._release()
             nbytes = sum(nb for _, nb in bucket)
             self.timeline.add(Event("bucket", "", len(bucket), t0, time.perf_counter(),
                                     nbytes, "comm", self._step))
@@ -973,16 +994,18 @@ class _StepBuilder:
         t.msg = (self._key(g, p, phase, self.rank), dst)
         return self.engine._graph.add(t, deps)
 
-    def collective(self, g: int, flat: torch.Tensor) -> Task:
-        """Add the collective-lane task: ``flat`` (a view of the gradient) is averaged
-        in place by a fused allreduce once every rank has it ready."""
-        t = Task("allreduce", self.info.name, 0, lambda: flat,
-                 nbytes=flat.numel() * flat.element_size())
-        t.msg = (self._key(g, 0, 0, 0), COLLECTIVE)
-        t.owner = self.handle
-        with self.handle._lock:
-            self.handle._pending += 1
-        return self.engine._graph.add(t, ())
+    def collective(self, g: int, get, phase: int = 0, deps=(), average: bool = True) -> Task:
+        """Add a collective-lane task: the tensor ``get()`` returns (when the task is
+        ready) is reduced in place by a fused allreduce once every rank has it ready:
+        averaged (the gradient itself; completes the handle) or summed (an
+        intermediate payload, e.g. PowerSGD's P, for the next task)."""
+        t = Task("allreduce", self.info.name, 0, get, info="mean" if average else "sum")
+        t.msg = (self._key(g, 0, phase, 0), COLLECTIVE)
+        if average:
+            t.owner = self.handle
+            with self.handle._lock:
+                self.handle._pending += 1
+        return self.engine._graph.add(t, deps)
 
     def recv(self, g: int, p: int, phase: int, src: int, box: Dict[str, Any], slot: str) -> Task:
         """Add a receive from ``src``; the bytes land in ``box[slot]``."""

@@ -34,7 +34,7 @@ import torch
 from ..compressors.base import Compressor, State, workspace
 
 __all__ = ["RawCodec", "CompressorCodec", "ps_workflow", "ring_workflow", "rounds_workflow",
-           "chunk_bounds"]
+           "rounds_collective_workflow", "chunk_bounds"]
 
 
 def chunk_bounds(n: int, k: int) -> List[tuple]:
@@ -213,6 +213,17 @@ def ring_workflow(b, g: int, p: int, x: torch.Tensor, codec) -> None:
         fwd, fwd_dep = f"gather{j}", rv
 
 
+def _decode_rounds_into(comp: Compressor, codec: "CompressorCodec", site: str,
+                        grad: torch.Tensor, aggregate: torch.Tensor) -> None:
+    """The average over ranks, decoded straight into ``grad`` (its values were taken in
+    round 0); the compressor divides by N in the same sweep (``average=True``)."""
+    st = codec.state(grad, site)
+    out, st = comp.decode_rounds(grad, st, aggregate, out=grad, average=True)
+    codec.states[f"{codec.key}|{site}"] = st
+    if out is not grad:
+        grad.copy_(out.reshape(grad.shape))
+
+
 def rounds_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec, agg: int) -> None:
     """Add a multi-round compressor's tasks (each round a PS exchange merged by sum).
 
@@ -247,12 +258,38 @@ def rounds_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec, agg: 
         dep = [m]
 
     def final() -> None:
-        st = codec.state(grad, site)
-        # the gradient's values were taken in round 0: decode straight into it
-        out, st = comp.decode_rounds(grad, st, box[f"agg{codec.rounds - 1}"], out=grad)
-        codec.states[f"{codec.key}|{site}"] = st
-        if out is not grad:
-            grad.copy_(out.reshape(grad.shape))
-        grad.div_(n)
+        _decode_rounds_into(comp, codec, site, grad, box[f"agg{codec.rounds - 1}"])
+
+    b.compute("write", g, 0, final, dep)
+
+
+def rounds_collective_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec) -> None:
+    """A multi-round compressor whose payloads merge by plain summation, on the collective lane.
+
+    Round r: every rank encodes ``encode_round(r, grad, state, merged_{r-1})``;
+    the payload's ``summable_view`` is summed in place by a fused allreduce
+    (the coordinator fuses the same round of many gradients, as PyTorch's
+    PowerSGD hook batches them), so the payload becomes the merged one on
+    every rank: one collective per round instead of a gather at an
+    aggregator and a send back (two bulk rounds).
+    """
+    comp, site = codec.comp, "rounds"
+    box: Dict[str, Any] = {}
+    dep = []
+    for r in range(codec.rounds):
+        def enc(r=r) -> None:
+            st = codec.state(grad, site)
+            payload, st = comp.encode_round(r, grad, st, box.get(f"agg{r - 1}"))
+            codec.states[f"{codec.key}|{site}"] = st
+            view = comp.summable_view(payload)
+            if view is None:
+                raise RuntimeError(f"{comp.name}: round {r} payload has no summable view "
+                                   "(misaligned); use raw_collective=False")
+            box[f"agg{r}"], box[f"view{r}"] = payload, view
+        e = b.compute("encode", g, 0, enc, dep)
+        dep = [b.collective(g, lambda r=r: box[f"view{r}"], phase=r, deps=[e], average=False)]
+
+    def final() -> None:
+        _decode_rounds_into(comp, codec, site, grad, box[f"agg{codec.rounds - 1}"])
 
     b.compute("write", g, 0, final, dep)

@@ -287,16 +287,17 @@ _K_TERN_PACK = Kernel(_terngrad_pack_fn, "terngrad encode")
 _K_AFFINE_UNPACK = Kernel(_affine_unpack_fn, "affine decode")
 
 
-def _powersgd_decompress_fn(rank: int) -> Callable:
+def _powersgd_decompress_fn(rank: int, average: bool) -> Callable:
     def powersgd_decompress(m: torch.Tensor, p: torch.Tensor, qt: torch.Tensor,
                             out: torch.Tensor, inv_n: torch.Tensor) -> None:
         # a = P Q^T as ``rank`` outer products summed in a fixed order (mul, then
-        # add: the same roundings compiled or eager), written once; e = M - a / N
+        # add: the same roundings compiled or eager); e = M - a / N; out = a or a / N
         a = p[:, 0:1] * qt[0:1, :]
         for r in range(1, rank):
             a = a + p[:, r:r + 1] * qt[r:r + 1, :]
-        out.copy_(a)
-        m.copy_(m - a * inv_n)
+        b = a * inv_n
+        out.copy_(b if average else a)
+        m.copy_(m - b)
     return powersgd_decompress
 
 
@@ -304,13 +305,14 @@ _K_PSGD_DECOMPRESS = Kernel(_powersgd_decompress_fn, "powersgd decompress")
 
 
 def powersgd_decompress(m: torch.Tensor, p: torch.Tensor, qt: torch.Tensor, out: torch.Tensor,
-                        inv_n: float) -> None:
+                        inv_n: float, average: bool = False) -> None:
     """PowerSGD's decode and error update in one sweep (Vogels et al. 2019, Alg. 2).
 
-    ``out = P Q^T`` (the sum over ranks) and ``M -= out / N`` in place, one
-    pass over the (rows x cols) matrices instead of a matmul writing ``out``
-    plus a pass reading ``M`` and ``out`` (measured 7.4 ms against 13 ms for
-    4096 x 4096, rank 4, on this machine).
+    With ``a = P Q^T`` (the sum over ranks): ``M -= a / N`` in place and
+    ``out = a`` (or ``a / N`` with ``average``), one pass over the
+    (rows x cols) matrices instead of a matmul writing ``out`` plus a pass
+    reading ``M`` and ``out`` (measured 7.4 ms against 13 ms for 4096 x 4096,
+    rank 4, on this machine).
 
     Args:
         m: (rows, cols) contiguous; becomes the new error.
@@ -318,9 +320,11 @@ def powersgd_decompress(m: torch.Tensor, p: torch.Tensor, qt: torch.Tensor, out:
         qt: (r, cols) contiguous: the summed Q, transposed.
         out: (rows, cols) contiguous, ``m``'s dtype.
         inv_n: 1 / N.
+        average: write ``a / N`` (the same product the error subtracts).
     """
     inv = torch.tensor(inv_n, dtype=m.dtype, device=m.device)
-    _K_PSGD_DECOMPRESS(m, p, qt, out, inv, spec=(int(p.shape[1]),), numel=m.numel())
+    _K_PSGD_DECOMPRESS(m, p, qt, out, inv, spec=(int(p.shape[1]), bool(average)),
+                       numel=m.numel())
 
 
 # --------------------------------------------------------------------------

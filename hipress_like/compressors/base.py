@@ -317,6 +317,17 @@ class Compressor:
             f"compressor {self.name!r} is not aggregatable: decode, sum, then encode instead"
         )
 
+    def summable_view(self, payload: torch.Tensor) -> Optional[torch.Tensor]:
+        """The part of ``payload`` that ``merge`` sums elementwise, as a view (or None).
+
+        When ``merge`` of same-shaped payloads is "keep the header, add the
+        bodies as floats" (PowerSGD's P and Q), an engine may sum payloads
+        with one allreduce of this view, in place, instead of gathering them
+        at an aggregator; the payload then holds the merged result. None
+        (the default): payloads do not merge by plain summation.
+        """
+        return None
+
     # -- multi round -------------------------------------------------------
     def encode_round(
         self, r: int, grad: torch.Tensor, state: State, aggregate: Optional[torch.Tensor]
@@ -328,11 +339,17 @@ class Compressor:
 
     def decode_rounds(
         self, grad: torch.Tensor, state: State, aggregate: torch.Tensor,
-        out: Optional[torch.Tensor] = None,
+        out: Optional[torch.Tensor] = None, average: bool = False,
     ) -> Tuple[torch.Tensor, State]:
-        """Turn the merged payload of the last round into the summed gradient (into ``out``)."""
+        """Turn the merged payload of the last round into the summed gradient (into ``out``).
+
+        ``average=True`` returns the sum divided by ``state["world_size"]``.
+        """
         if self.capabilities.rounds == 1:
-            return self.decode(aggregate, out=out), state
+            res = self.decode(aggregate, out=out)
+            if average:
+                res.div_(int(state["world_size"]))
+            return res, state
         raise NotImplementedError
 
     # -- sizes -------------------------------------------------------------

@@ -324,6 +324,20 @@ class PowerSGD(Compressor):
         shape = [numel] if ndim <= 1 else list(matrix_shape([numel])) + [1] * (ndim - 2)
         return self.round_nbytes(shape, ROUND_P) + self.round_nbytes(shape, ROUND_Q)
 
+    def summable_view(self, payload: torch.Tensor) -> Optional[torch.Tensor]:
+        """The P or Q values of a round-0/1 payload as a float view (``merge`` sums them).
+
+        Raises:
+            PayloadError: malformed payload or a local single-round payload.
+        """
+        x = self._parse(payload)
+        if x.round == ROUND_LOCAL:
+            raise PayloadError("local single-round powersgd payloads are not summable")
+        try:
+            return x.h.body.view(x.values.dtype)
+        except RuntimeError:  # misaligned: a copy would not be a view into the payload
+            return None
+
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Sum same-round payloads (P's or Q's) in the given order.
 
@@ -386,20 +400,24 @@ class PowerSGD(Compressor):
         raise ValueError(f"powersgd has rounds 0 and 1, asked for round {r}")
 
     def decode_rounds(self, grad: torch.Tensor, state: State, aggregate: torch.Tensor,
-                      out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, State]:
-        """The SUM over ranks ``P^ sum_Q^T`` (the engine divides by N); update e and Q.
+                      out: Optional[torch.Tensor] = None,
+                      average: bool = False) -> Tuple[torch.Tensor, State]:
+        """The SUM over ranks ``P^ sum_Q^T`` (or the average); update e and Q.
 
         Args:
             grad: this rank's gradient (its shape and dtype; its values were
                 taken in round 0, so ``out`` may be ``grad`` itself).
             state: the state returned by round 1.
             aggregate: the merged round-1 payload (sum of Q).
-            out: optional tensor of ``grad.numel()`` elements to write the sum
+            out: optional tensor of ``grad.numel()`` elements to write the result
                 into instead of allocating one (the engine passes the gradient).
+            average: return ``P^ (sum_Q / N)^T``, the average over ranks, which
+                is also what the error subtracts: one product serves both (the
+                engine uses it and saves a pass dividing by N).
 
         Returns:
-            (summed approximation in ``grad``'s shape and dtype, new state with
-            the new error, ``q = sum_Q / N`` and ``step + 1``).
+            (summed, or averaged, approximation in ``grad``'s shape and dtype,
+            new state with the new error, ``q = sum_Q / N`` and ``step + 1``).
 
         Raises:
             ValueError: round 1 did not run for this state, or no ``world_size``.
@@ -415,24 +433,26 @@ class PowerSGD(Compressor):
         m = self._round_matrix(state)
         q_sum = agg.values.reshape(cols, rk).to(m.dtype)
         numel = grad.numel()
-        direct = (out is not None and out.dtype == m.dtype and out.is_contiguous()
-                  and out.numel() == numel == rows * cols)
         if out is not None and out.numel() != numel:
             raise ValueError(f"powersgd: out has {out.numel()} elements, the gradient {numel}")
-        if direct and m.is_contiguous():
-            # e = M - P^ (sum_Q / N)^T in M's buffer, out = P^ sum_Q^T: one fused sweep
+        fused = (out is not None and out.dtype == m.dtype and out.is_contiguous()
+                 and out.numel() == numel == rows * cols and m.is_contiguous())
+        if fused:
+            # out = P^ sum_Q^T (or / N), e = M - P^ (sum_Q / N)^T in M's buffer: one sweep
             _fused.powersgd_decompress(m, p, q_sum.t().contiguous(), out.view(rows, cols),
-                                       1.0 / n_ranks)
-            approx_sum, err = out.view(rows, cols), m
-        else:
-            approx_sum = matmul(p, q_sum.t())
-            # e = M - P^ (sum_Q / N)^T, in M's buffer: local error vs. the averaged approx.
-            err = m.sub_(approx_sum, alpha=1.0 / n_ranks)
+                                       1.0 / n_ranks, average)
+            new_state = {k: v for k, v in state.items() if k not in ("p", "m")}
+            new_state.update(error=m.reshape(grad.shape), q=q_sum / n_ranks,
+                             step=int(state.get("step", 0)) + 1)
+            return out, new_state
+        approx_sum = matmul(p, q_sum.t())
+        # e = M - P^ (sum_Q / N)^T, in M's buffer: local error vs. the averaged approximation
+        err = m.sub_(approx_sum, alpha=1.0 / n_ranks)
         new_state = {k: v for k, v in state.items() if k not in ("p", "m")}
         new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape),
                          q=q_sum / n_ranks, step=int(state.get("step", 0)) + 1)
-        if direct:
-            return out, new_state
+        if average:
+            approx_sum = approx_sum / n_ranks
         res = approx_sum.reshape(-1)[:numel].reshape(grad.shape).to(grad.dtype)
         if out is not None:
             out.reshape(grad.shape).copy_(res)

@@ -427,3 +427,28 @@ def test_auto_plan_is_identical_on_every_rank():
     assert res[0][0] == res[1][0] and res[0][1] == res[1][1]
     for k in res[0][2]:
         assert torch.equal(res[0][2][k], res[1][2][k])
+
+
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_powersgd_rounds_by_allreduce_match_the_aggregator_path(strategy):
+    """PowerSGD's P and Q summed by the fused allreduce lane give the same bits as
+    summing them at an aggregator (the in-process allreduce sums in rank order)."""
+    sizes = [(64, 48), (30, 10), (1000,)]
+
+    def grads(rank):
+        g = torch.Generator().manual_seed(50 + rank)
+        return {f"w{i}": torch.randn(s, generator=g) for i, s in enumerate(sizes)}
+
+    plan = Plan(compressor="powersgd", params={"rank": 2},
+                rule=SizeRule(min_compress_bytes=0, bytes_per_partition=1 << 30))
+    lane = run_engine(3, plan, strategy, grads=grads, steps=3)
+    agg = run_engine(3, plan, strategy, grads=grads, steps=3, cfg={"raw_collective": False})
+    for k in lane[0][1]:
+        assert lane[0][1][k]["workflow"] == "rounds-allreduce"
+        assert agg[0][1][k]["workflow"] == "rounds"
+    for step in range(3):
+        for k in lane[0][0][step]:
+            for r in range(3):
+                assert torch.equal(lane[r][0][step][k], agg[0][0][step][k]), (step, k, r)
+    fused = [e for e in lane[0][2].events if e.kind == "bucket"]
+    assert 2 <= len(fused) <= 2 * 3 * 3  # P's and Q's of the step's gradients, fused

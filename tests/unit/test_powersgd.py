@@ -321,11 +321,11 @@ def test_fused_decompress_is_bitwise_equal_compiled_and_eager(monkeypatch):
         c = PowerSGD(rank=3)
         st = c.init(g, world_size=2)
         outs = []
-        for _ in range(2):
+        for average in (False, True):
             p0, st = c.encode_round(0, g, st, None)
             p1, st = c.encode_round(1, g, st, c.merge([p0, p0]))
             out = torch.empty_like(g)
-            _, st = c.decode_rounds(g, st, c.merge([p1, p1]), out=out)
+            _, st = c.decode_rounds(g, st, c.merge([p1, p1]), out=out, average=average)
             outs += [out, st["error"].clone()]
         return outs
 
@@ -334,3 +334,18 @@ def test_fused_decompress_is_bitwise_equal_compiled_and_eager(monkeypatch):
     eager = run()
     for a, b in zip(compiled, eager):
         assert torch.equal(a, b)
+
+
+def test_summable_view_is_the_merged_part_of_the_payload():
+    c = PowerSGD(rank=2)
+    g1, g2 = torch.randn(12, 10), torch.randn(12, 10)
+    a, _ = c.encode_round(0, g1, c.init(g1, world_size=2), None)
+    b, _ = c.encode_round(0, g2, c.init(g2, world_size=2), None)
+    want = c.merge([a, b])
+    va = c.summable_view(a)
+    assert va.data_ptr() >= a.data_ptr() and va.numel() == 12 * 2
+    va.add_(c.summable_view(b))  # what an allreduce does in place
+    assert torch.equal(a, want)
+    local, _ = c.encode(g1, c.init(g1))
+    with pytest.raises(PayloadError, match="not summable"):
+        c.summable_view(local)
