@@ -93,3 +93,45 @@ def test_uniform_large_offsets_wrap_modulo_2_32():
     a = ops.uniform(4, seed=1, offset=2**32 + 10)
     b = ops.uniform(4, seed=1, offset=10)
     assert torch.equal(a, b)
+
+
+def _exact_topk_set(x, k):
+    return set(torch.topk(x.abs(), k).indices.tolist())
+
+
+@pytest.mark.parametrize("dist", ["normal", "heavy", "sorted", "sparse"])
+def test_prefiltered_topk_is_exact(dist):
+    """Large tensors take the sampled prefilter; the selected set is still the exact top-k."""
+    n = ops.PREFILTER_MIN_NUMEL * 2
+    g = torch.Generator().manual_seed(11)
+    x = {"normal": lambda: torch.randn(n, generator=g),
+         "heavy": lambda: torch.randn(n, generator=g) ** 5,
+         "sorted": lambda: torch.linspace(-1, 1, n),
+         "sparse": lambda: torch.randn(n, generator=g) * (torch.rand(n, generator=g) < 0.02),
+         }[dist]()
+    for k in (1, n // 1000, n // 100, n // 8):
+        idx, vals = ops.topk_abs(x, k)
+        assert idx.numel() == k and len(set(idx.tolist())) == k
+        assert torch.equal(vals, x[idx])
+        got = set(idx.tolist())
+        want = _exact_topk_set(x, k)
+        if dist == "sorted" and k > 1:  # |linspace| has mirror ties: compare magnitudes
+            assert sorted(x[list(got)].abs().tolist()) == sorted(x[list(want)].abs().tolist())
+        else:
+            assert got == want, (dist, k)
+
+
+def test_prefiltered_topk_falls_back_when_too_few_candidates(monkeypatch):
+    n = ops.PREFILTER_MIN_NUMEL * 2
+    x = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    k = n // 100
+    # a filter that lets almost nothing through: the prefilter must notice and fall back
+    monkeypatch.setattr(ops, "abs_at_least", lambda x, t: x.abs() > 1e9)
+    idx, _ = ops.topk_abs(x, k)
+    assert set(idx.tolist()) == _exact_topk_set(x, k)
+
+
+def test_abs_at_least_matches_abs_and_never_selects_nan():
+    x = torch.tensor([-3.0, -1.0, 0.0, 1.0, 2.0, float("nan"), float("inf"), -float("inf")])
+    t = torch.tensor(1.0)
+    assert ops.abs_at_least(x, t).tolist() == [True, True, False, True, True, False, True, True]
