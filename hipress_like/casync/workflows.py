@@ -27,7 +27,7 @@ its raw sum, so all ranks hold bitwise-identical averages.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -115,6 +115,14 @@ class CompressorCodec:
     def decode(self, payload: torch.Tensor) -> torch.Tensor:
         """Decode to a flat tensor."""
         return self.comp.decode(payload).reshape(-1)
+
+    def encode_round(self, r: int, grad: torch.Tensor, site: str,
+                     aggregate: Optional[torch.Tensor]) -> torch.Tensor:
+        """Round ``r`` of a multi-round compressor with the site's state, storing the new state."""
+        st = self.state(grad, site)
+        payload, self.states[f"{self.key}|{site}"] = self.comp.encode_round(r, grad, st,
+                                                                            aggregate)
+        return payload
 
     def write_mean(self, payload: torch.Tensor, x: torch.Tensor, n: int) -> None:
         """``x = decode(payload) / n``, decoding straight into ``x`` (no allocation)."""
@@ -237,10 +245,7 @@ def rounds_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec, agg: 
     dep = []
     for r in range(codec.rounds):
         def enc(r=r) -> None:
-            st = codec.state(grad, site)
-            payload, st = comp.encode_round(r, grad, st, box.get(f"agg{r - 1}"))
-            codec.states[f"{codec.key}|{site}"] = st
-            box[f"mine{r}"] = payload
+            box[f"mine{r}"] = codec.encode_round(r, grad, site, box.get(f"agg{r - 1}"))
         e = b.compute("encode", g, 0, enc, dep)
         if me != agg:
             b.send(g, 0, 2 * r, agg, lambda r=r: box[f"mine{r}"], [e])
@@ -278,9 +283,7 @@ def rounds_collective_workflow(b, g: int, grad: torch.Tensor, codec: CompressorC
     dep = []
     for r in range(codec.rounds):
         def enc(r=r) -> None:
-            st = codec.state(grad, site)
-            payload, st = comp.encode_round(r, grad, st, box.get(f"agg{r - 1}"))
-            codec.states[f"{codec.key}|{site}"] = st
+            payload = codec.encode_round(r, grad, site, box.get(f"agg{r - 1}"))
             view = comp.summable_view(payload)
             if view is None:
                 raise RuntimeError(f"{comp.name}: round {r} payload has no summable view "
