@@ -39,11 +39,11 @@ import logging
 import os
 import threading
 import types
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 
-from .base import decode_output, header_nbytes
+from .base import header_nbytes
 from .ops import _as_i32, _pack_planes, _plane_codes, _uniform_from_counter
 
 __all__ = [
@@ -60,7 +60,6 @@ __all__ = [
     "compute_dtype",
     "powersgd_decompress",
     "write_extra_f64",
-    "output_like",
 ]
 
 _log = logging.getLogger(__name__)
@@ -471,8 +470,3 @@ def write_extra_f64(payload: torch.Tensor, ndim: int, offset: int,
     start = header_nbytes(ndim, 0) + offset
     dst = payload[start: start + 8 * len(values)].view(torch.float64)
     dst.copy_(torch.stack([v.to(torch.float64) for v in values]))
-
-
-def output_like(h: Any, out: Optional[torch.Tensor], device: Any) -> torch.Tensor:
-    """``base.decode_output`` (kept under this name for the quantizers)."""
-    return decode_output(h, out, device)

@@ -46,6 +46,8 @@ __all__ = [
     "all_finite",
     "workspace",
     "view_as_dtype",
+    "accumulator_dtype",
+    "accumulate_",
     "Capabilities",
     "Compressor",
     "PayloadError",
@@ -433,3 +435,30 @@ def workspace(numel: int, dtype: torch.dtype, device: Any, slot: str) -> torch.T
         buf = torch.empty(numel, dtype=dtype, device=device)
         cache[key] = buf
     return buf[:numel]
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype of compressor memories: float64 stays float64, everything else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def accumulate_(buf: torch.Tensor, grad: torch.Tensor, scale: float = 1.0,
+                weight: float = 1.0) -> torch.Tensor:
+    """``buf = scale * buf + weight * grad`` as a flat tensor, in ``buf`` when it can be.
+
+    Compressor states own their accumulators (error feedback's memory, DGC's
+    ``u``/``v``, GradDrop's residual, PowerSGD's error); updating them in
+    place avoids a fresh allocation per step, whose page faults cost more
+    than the addition. A buffer that is not a contiguous accumulator-dtype
+    tensor (e.g. a state loaded with another dtype) gets a new one.
+    """
+    acc = accumulator_dtype(grad.dtype)
+    g = grad.detach().reshape(-1)
+    if buf.dtype == acc and buf.is_contiguous():
+        flat = buf.view(-1)
+        if weight == 1.0:
+            return flat.add_(g) if scale == 1.0 else torch.add(g, flat, alpha=scale, out=flat)
+        if scale != 1.0:
+            flat.mul_(scale)
+        return flat.add_(g, alpha=weight)
+    return buf.reshape(-1).to(acc) * scale + g.to(acc) * weight

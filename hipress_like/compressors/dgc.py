@@ -34,17 +34,12 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .base import Capabilities, State, check_gradient
-from .ops import abs_at_least, extract, filter_mask
+from .base import Capabilities, State, accumulate_, accumulator_dtype, check_gradient
+from .ops import abs_at_least, extract, filter_mask, topk_among
 from .registry import register
 from .sparse import Sparsifier, _check_ratio, num_selected, pack_sparse, sampled_threshold
 
-__all__ = ["DGC", "accumulator_dtype", "accumulate_"]
-
-
-def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else accumulates in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+__all__ = ["DGC"]
 
 
 def _select(v: torch.Tensor, density: float, k: int, sample_ratio: float, seed: int,
@@ -56,28 +51,8 @@ def _select(v: torch.Tensor, density: float, k: int, sample_ratio: float, seed: 
     mask = v != 0 if float(thr) == 0.0 else abs_at_least(v, thr)
     idx, _ = filter_mask(v, mask)
     if idx.numel() > k:  # too many passed: exact top-k among the selected (DGC Appendix)
-        idx = idx[torch.topk(extract(v, idx).abs_(), k, sorted=False).indices]
-        idx = torch.sort(idx).values
+        idx = torch.sort(topk_among(v, idx, k)).values
     return idx
-
-
-def accumulate_(buf: torch.Tensor, grad: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """``buf = scale * buf + grad`` as a flat tensor, in ``buf`` itself when it can be.
-
-    Compressor states own their accumulators (DGC's ``u``/``v``, GradDrop's
-    residual); updating them in place avoids a fresh allocation per step,
-    whose page faults cost more than the addition (one pass instead of
-    three here). A buffer that is not a contiguous accumulator-dtype tensor
-    (e.g. a state loaded with another dtype) gets a new one.
-    """
-    acc = accumulator_dtype(grad.dtype)
-    g = grad.detach().reshape(-1)
-    if buf.dtype == acc and buf.is_contiguous():
-        flat = buf.view(-1)
-        if scale == 1.0:
-            return flat.add_(g)
-        return torch.add(g, flat, alpha=scale, out=flat)
-    return buf.reshape(-1).to(acc) * scale + g.to(acc)
 
 
 @register("dgc")

@@ -39,8 +39,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .base import Compressor, State, check_gradient, workspace
-from .dgc import accumulator_dtype
+from .base import (
+    Compressor,
+    State,
+    accumulate_,
+    accumulator_dtype,
+    check_gradient,
+    workspace,
+)
 from .registry import get, register
 
 __all__ = ["ErrorFeedback"]
@@ -124,30 +130,6 @@ class ErrorFeedback(Compressor):
                 "ErrorFeedback.init(grad) for this gradient (or partition)")
         return err
 
-    def compensate(self, grad: torch.Tensor, state: State) -> torch.Tensor:
-        """``beta * m + gamma * g`` (thesis Sec. 2.2.2) as a new tensor; the inner input."""
-        err = self._memory(grad, state)
-        acc = accumulator_dtype(grad.dtype)
-        g = grad.detach().to(acc)
-        if self.beta == 1.0 and self.gamma == 1.0:
-            return g + err.to(acc)
-        return self.beta * err.to(acc) + self.gamma * g
-
-    def _compensate_(self, grad: torch.Tensor, state: State) -> torch.Tensor:
-        """``compensate`` in the memory buffer itself when it is a contiguous accumulator.
-
-        One pass and no allocation (a fresh gradient-sized tensor per step
-        costs more in page faults than the addition); the buffer then
-        becomes the new memory in ``encode``.
-        """
-        err = self._memory(grad, state)
-        if err.dtype != accumulator_dtype(grad.dtype) or not err.is_contiguous():
-            return self.compensate(grad, state)
-        g = grad.detach()
-        if self.beta != 1.0:
-            err.mul_(self.beta)
-        return err.add_(g, alpha=self.gamma) if self.gamma != 1.0 else err.add_(g)
-
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
         """Compensate, compress with the inner compressor, memorise the loss.
 
@@ -165,7 +147,9 @@ class ErrorFeedback(Compressor):
             TypeError, ValueError: bad gradient or a memory of another shape.
         """
         check_gradient(grad)
-        p = self._compensate_(grad, state)
+        # p = beta m + gamma g, in the memory buffer (accumulate_) when it can be
+        p = accumulate_(self._memory(grad, state), grad, self.beta,
+                        self.gamma).view(grad.shape)
         # the inner compressor sees the gradient's dtype; what that cast
         # rounds away stays in the (float32 for half types) memory
         x = p if p.dtype == grad.dtype else p.to(grad.dtype)

@@ -30,8 +30,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .base import Capabilities, State, check_gradient
-from .dgc import _select, accumulate_, accumulator_dtype
+from .base import Capabilities, State, accumulate_, accumulator_dtype, check_gradient
+from .dgc import _select
 from .ops import extract
 from .registry import register
 from .sparse import Sparsifier, _check_ratio, num_selected, pack_sparse

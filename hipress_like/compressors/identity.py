@@ -17,6 +17,7 @@ from .base import (
     Compressor,
     PayloadError,
     State,
+    check_body_nbytes,
     check_gradient,
     decode_output,
     header_nbytes,
@@ -49,10 +50,7 @@ class Identity(Compressor):
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The body as the original dtype and shape, copied out of the payload (into ``out``)."""
         h = unpack_payload(payload, self.algo_id)
-        item = torch.empty((), dtype=h.dtype).element_size()
-        if h.body.numel() != h.numel * item:
-            raise PayloadError(f"identity body has {h.body.numel()} bytes, expected "
-                               f"{h.numel * item}")
+        check_body_nbytes(h, h.numel * torch.empty((), dtype=h.dtype).element_size(), "identity")
         vals = view_as_dtype(h.body, h.dtype).reshape(h.shape)
         if out is None:
             return vals.clone()
@@ -100,8 +98,7 @@ class FP16(Compressor):
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Widen back to the original dtype (into ``out`` when given)."""
         h = unpack_payload(payload, self.algo_id)
-        if h.body.numel() != 2 * h.numel:
-            raise PayloadError(f"fp16 body has {h.body.numel()} bytes, expected {2 * h.numel}")
+        check_body_nbytes(h, 2 * h.numel, "fp16")
         half = view_as_dtype(h.body, torch.float16).reshape(h.shape)
         if out is None:
             return half.to(h.dtype)

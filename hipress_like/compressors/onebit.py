@@ -34,6 +34,7 @@ from .base import (
     State,
     check_body_nbytes,
     check_gradient,
+    decode_output,
     header_nbytes,
     pack_payload,
     unpack_fields,
@@ -103,7 +104,7 @@ class OneBit(Compressor):
         h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
         check_body_nbytes(h, packed_nbytes(h.numel, 1), "onebit")
         dev = payload.device
-        out = _fused.output_like(h, out, dev)
+        out = decode_output(h, out, dev)
         _fused.onebit_decode(h.body, out.view(-1), torch.tensor(v1, dtype=h.dtype, device=dev),
                              torch.tensor(v0, dtype=h.dtype, device=dev))
         return out

@@ -40,6 +40,7 @@ __all__ = [
     "extract",
     "orthogonalize_",
     "abs_at_least",
+    "topk_among",
     "sample_positions",
     "matmul",
     "pack_bits",
@@ -109,8 +110,18 @@ def _prefiltered_topk(x: torch.Tensor, k: int) -> "torch.Tensor | None":
     cand, _ = filter_mask(x, abs_at_least(x, t))
     if cand.numel() < k:
         return None
-    top = torch.topk(x.index_select(0, cand).abs_(), k, sorted=False).indices
-    return cand.index_select(0, top)
+    return topk_among(x, cand, k)
+
+
+def topk_among(x: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` indices of ``idx`` with the largest ``|x|`` (unsorted; sort operator).
+
+    The exact second stage of every sampled-threshold selection: the
+    candidates that passed a threshold are few, so a full ``topk`` over
+    them is cheap.
+    """
+    top = torch.topk(x.index_select(0, idx).abs_(), k, sorted=False).indices
+    return idx.index_select(0, top)
 
 
 def sample_positions(s: int, n: int, seed: int, offset: int, device) -> torch.Tensor:

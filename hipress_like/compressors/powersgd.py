@@ -87,14 +87,16 @@ from .base import (
     Header,
     PayloadError,
     State,
+    accumulate_,
+    accumulator_dtype,
+    check_body_nbytes,
     check_gradient,
     decode_output,
     header_nbytes,
     pack_payload,
-    unpack_payload,
+    unpack_fields,
     view_as_dtype,
 )
-from .dgc import accumulator_dtype
 from .ops import matmul, orthogonalize_, uniform
 from .registry import register
 
@@ -226,19 +228,16 @@ class PowerSGD(Compressor):
     def _matrix_rounds(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
         """M for the two-round protocol, built once per step (round 0).
 
-        When the matrix view needs no padding and the error buffer is
-        contiguous, ``M = error += grad`` is formed in place: no 64 MB
-        allocation (whose page faults cost more than the addition), and the
-        buffer becomes the new error in ``decode_rounds``. Otherwise M is a
-        fresh matrix. Either way it travels to round 1 and decode in
-        ``state["m"]``.
+        When the matrix view needs no padding, ``M = error + grad`` is formed
+        by ``accumulate_`` (in the error buffer itself when it is a
+        contiguous accumulator: no 64 MB allocation), and the buffer becomes
+        the new error in ``decode_rounds``. Otherwise M is a fresh padded
+        matrix. Either way it travels to round 1 and decode in ``state["m"]``.
         """
         err = self._check_error(grad, state)
         rows, cols, _ = self._dims(grad.shape)
-        if rows * cols == grad.numel() and err.is_contiguous() \
-                and err.dtype == accumulator_dtype(grad.dtype):
-            m = err.view(rows, cols)
-            m.add_(grad.detach().reshape(rows, cols))
+        if rows * cols == grad.numel():
+            m = accumulate_(err, grad).view(rows, cols)  # in the error buffer when it can be
             return m, dict(state, m=m, error=None)
         m = self._matrix(grad, state)
         return m, dict(state, m=m)
@@ -286,11 +285,7 @@ class PowerSGD(Compressor):
 
     def _parse(self, payload: torch.Tensor, expect_round: Optional[int] = None,
                like: Optional[torch.Tensor] = None) -> _Parsed:
-        h = unpack_payload(payload, self.algo_id)
-        if len(h.extra) < _EXTRA.size:
-            raise PayloadError(f"powersgd payload has {len(h.extra)} bytes of fields, "
-                               f"expected {_EXTRA.size}")
-        rnd, rows, cols, r = _EXTRA.unpack(h.extra[: _EXTRA.size])
+        h, (rnd, rows, cols, r) = unpack_fields(payload, self.algo_id, _EXTRA, "powersgd")
         if rnd not in (ROUND_P, ROUND_Q, ROUND_LOCAL):
             raise PayloadError(f"powersgd payload has unknown round {rnd}")
         if expect_round is not None and rnd != expect_round:
@@ -305,8 +300,7 @@ class PowerSGD(Compressor):
         n = {ROUND_P: rows * r, ROUND_Q: cols * r, ROUND_LOCAL: (rows + cols) * r}[rnd]
         dt = accumulator_dtype(h.dtype)
         isz = torch.empty((), dtype=dt).element_size()
-        if h.body.numel() != n * isz:
-            raise PayloadError(f"powersgd body has {h.body.numel()} bytes, expected {n * isz}")
+        check_body_nbytes(h, n * isz, "powersgd", f" of round {rnd}")
         return _Parsed(h, rnd, rows, cols, r, view_as_dtype(h.body, dt))
 
     def round_nbytes(self, shape: Sequence[int], rnd: int, itemsize: int = 4) -> int:
@@ -441,22 +435,20 @@ class PowerSGD(Compressor):
             # out = P^ sum_Q^T (or / N), e = M - P^ (sum_Q / N)^T in M's buffer: one sweep
             _fused.powersgd_decompress(m, p, q_sum.t().contiguous(), out.view(rows, cols),
                                        1.0 / n_ranks, average)
-            new_state = {k: v for k, v in state.items() if k not in ("p", "m")}
-            new_state.update(error=m.reshape(grad.shape), q=q_sum / n_ranks,
-                             step=int(state.get("step", 0)) + 1)
-            return out, new_state
-        approx_sum = matmul(p, q_sum.t())
-        # e = M - P^ (sum_Q / N)^T, in M's buffer: local error vs. the averaged approximation
-        err = m.sub_(approx_sum, alpha=1.0 / n_ranks)
+            err, res = m, out
+        else:
+            approx = matmul(p, q_sum.t())
+            # e = M - P^ (sum_Q / N)^T in M's buffer: local error vs. the averaged approx.
+            err = m.sub_(approx, alpha=1.0 / n_ranks)
+            if average:
+                approx = approx / n_ranks
+            res = approx.reshape(-1)[:numel].reshape(grad.shape).to(grad.dtype)
+            if out is not None:
+                out.reshape(grad.shape).copy_(res)
+                res = out
         new_state = {k: v for k, v in state.items() if k not in ("p", "m")}
         new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape),
                          q=q_sum / n_ranks, step=int(state.get("step", 0)) + 1)
-        if average:
-            approx_sum = approx_sum / n_ranks
-        res = approx_sum.reshape(-1)[:numel].reshape(grad.shape).to(grad.dtype)
-        if out is not None:
-            out.reshape(grad.shape).copy_(res)
-            return out, new_state
         return res, new_state
 
     # -- single round (local) -------------------------------------------------

@@ -44,11 +44,12 @@ from .base import (
     Header,
     PayloadError,
     State,
+    check_body_nbytes,
     check_gradient,
     decode_output,
     header_nbytes,
     pack_payload,
-    unpack_payload,
+    unpack_fields,
     view_as_dtype,
 )
 from .ops import extract, hash32, sample_positions, topk_abs
@@ -63,7 +64,6 @@ __all__ = [
     "sparse_payload_nbytes",
     "pack_sparse",
     "unpack_sparse",
-    "random_positions",
     "sampled_threshold",
     "view_as_dtype",
 ]
@@ -147,11 +147,7 @@ def unpack_sparse(payload: torch.Tensor, algo_id: int) -> Tuple[Header, torch.Te
         PayloadError: bad header, wrong fields, body size that does not match
             ``k``, an index outside [0, n), or indices not strictly increasing.
     """
-    h = unpack_payload(payload, algo_id)
-    if len(h.extra) < _EXTRA.size:
-        raise PayloadError(f"sparse payload has {len(h.extra)} bytes of fields, expected "
-                           f"{_EXTRA.size}")
-    k, isz = _EXTRA.unpack(h.extra[: _EXTRA.size])
+    h, (k, isz) = unpack_fields(payload, algo_id, _EXTRA, "sparse")
     n = h.numel
     if k > n:
         raise PayloadError(f"sparse payload declares k={k} entries for a tensor of {n}")
@@ -161,9 +157,7 @@ def unpack_sparse(payload: torch.Tensor, algo_id: int) -> Tuple[Header, torch.Te
                            f"{torch.empty((), dtype=idt).element_size()} for n={n}")
     vsz = torch.empty((), dtype=h.dtype).element_size()
     ipad = _pad8(k * isz)
-    if h.body.numel() != ipad + k * vsz:
-        raise PayloadError(f"sparse body has {h.body.numel()} bytes, k={k} needs "
-                           f"{ipad + k * vsz}")
+    check_body_nbytes(h, ipad + k * vsz, "sparse", f" with k={k}")
     idx = view_as_dtype(h.body[: k * isz], idt).to(torch.int64)
     vals = view_as_dtype(h.body[ipad:], h.dtype)
     if k:
@@ -184,11 +178,6 @@ def _scatter(h: Header, idx: torch.Tensor, vals: torch.Tensor,
     if idx.numel():
         flat.index_copy_(0, idx, vals)
     return res
-
-
-def random_positions(s: int, n: int, seed: int, offset: int, device) -> torch.Tensor:
-    """``s`` pseudo-random positions in [0, n) (with replacement); see ``ops.sample_positions``."""
-    return sample_positions(s, n, seed, offset, device)
 
 
 def sampled_threshold(x: torch.Tensor, density: float, sample_ratio: float, seed: int,
@@ -222,7 +211,7 @@ def sampled_threshold(x: torch.Tensor, density: float, sample_ratio: float, seed
     s = max(math.ceil(sample_ratio * n), math.ceil(_MIN_HITS / density), _MIN_SAMPLES)
     if s >= n:
         return torch.topk(x.abs(), num_selected(density, n), sorted=False).values.min()
-    pos = random_positions(s, n, seed, step * s, x.device)
+    pos = sample_positions(s, n, seed, step * s, x.device)
     sample = extract(x, pos).abs_()
     return torch.topk(sample, num_selected(density, s), sorted=False).values.min()
 

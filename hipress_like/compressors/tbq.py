@@ -30,6 +30,7 @@ from .base import (
     State,
     check_body_nbytes,
     check_gradient,
+    decode_output,
     header_nbytes,
     pack_payload,
     unpack_fields,
@@ -114,7 +115,7 @@ class TBQ(Compressor):
         h, (tau,) = unpack_fields(payload, self.algo_id, _EXTRA, "tbq")
         check_body_nbytes(h, packed_nbytes(h.numel, 2), "tbq")
         dev = payload.device
-        out = _fused.output_like(h, out, dev)
+        out = decode_output(h, out, dev)
         _fused.tbq_decode(h.body, out.view(-1), torch.tensor(tau, dtype=h.dtype, device=dev))
         return out
 

@@ -39,6 +39,7 @@ from .base import (
     State,
     check_body_nbytes,
     check_gradient,
+    decode_output,
     header_nbytes,
     pack_payload,
     unpack_fields,
@@ -145,7 +146,7 @@ class TernGrad(Compressor):
         cdt = _fused.compute_dtype(h.dtype)
         lo = torch.tensor(lo_f, dtype=cdt, device=dev)
         hi = torch.tensor(hi_f, dtype=cdt, device=dev)
-        out = _fused.output_like(h, out, dev)
+        out = decode_output(h, out, dev)
         _fused.affine_decode(h.body, out.view(-1), lo, _gap(lo, hi, b), b)
         return out
 
