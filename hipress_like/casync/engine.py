@@ -517,15 +517,13 @@ class Engine:
         if info.workflow == "allreduce":
             b.collective(info.idx, lambda: flat)
             return
-        if info.workflow == "rounds-allreduce":
+        if info.workflow in ("rounds", "rounds-allreduce"):
             codec = CompressorCodec(self.compressor, self._states, f"{info.name}|0",
                                     self._seed_of, self.size)
-            rounds_collective_workflow(b, info.idx, work, codec)
-            return
-        if info.workflow == "rounds":
-            codec = CompressorCodec(self.compressor, self._states, f"{info.name}|0",
-                                    self._seed_of, self.size)
-            rounds_workflow(b, info.idx, work, codec, info.parts[0][2])
+            if info.workflow == "rounds":
+                rounds_workflow(b, info.idx, work, codec, info.parts[0][2])
+            else:
+                rounds_collective_workflow(b, info.idx, work, codec)
             return
         for p, (s, e, agg) in enumerate(info.parts):
             x = flat[s:e]
@@ -720,7 +718,7 @@ class Engine:
             # time (or until a batch of new work is reported) before the next,
             # so the held bucket grows instead of paying a metadata round per
             # arriving gradient.
-            held = coord.held() and not plan.links and not plan.buckets
+            held = coord.held() and not plan.links
             idle = not moved or held
             idle_rounds = idle_rounds + 1 if not moved else 0
 
@@ -805,13 +803,15 @@ class Engine:
             t0 = time.perf_counter()
             with self._cv:
                 items = [self._collective.pop(key) for key, _ in bucket]
-            groups: Dict[Tuple[torch.dtype, str], List[torch.Tensor]] = {}
+            # An averaged collective is a whole gradient and completes its handle
+            # (it has an owner); a summed one is an intermediate payload.
+            groups: Dict[Tuple[torch.dtype, bool], List[torch.Tensor]] = {}
             for t, x in items:  # bucket order within a group, groups by first appearance
-                groups.setdefault((x.dtype, t.info), []).append(x)
-            for (_, how), xs in groups.items():
+                groups.setdefault((x.dtype, t.owner is not None), []).append(x)
+            for (_, average), xs in groups.items():
                 flat = xs[0] if len(xs) == 1 else torch.cat(xs)
                 channel.allreduce(flat, "sum", self.config.timeout)
-                if how == "mean":
+                if average:
                     flat.div_(n)
                 if len(xs) > 1:
                     off = 0

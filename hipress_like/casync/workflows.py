@@ -61,10 +61,6 @@ class RawCodec:
         """A uint8 view of the (contiguous) values."""
         return x.reshape(-1).view(torch.uint8)
 
-    def decode(self, payload: torch.Tensor) -> torch.Tensor:
-        """A view of the bytes as values."""
-        return payload.view(self.dtype)
-
     def write_mean(self, payload: torch.Tensor, x: torch.Tensor, n: int) -> None:
         """``x = values / n`` in one pass."""
         torch.div(payload.view(self.dtype), n, out=x)
@@ -112,10 +108,6 @@ class CompressorCodec:
         payload, self.states[f"{self.key}|{site}"] = self.comp.encode(x, st)
         return payload
 
-    def decode(self, payload: torch.Tensor) -> torch.Tensor:
-        """Decode to a flat tensor."""
-        return self.comp.decode(payload).reshape(-1)
-
     def encode_round(self, r: int, grad: torch.Tensor, site: str,
                      aggregate: Optional[torch.Tensor]) -> torch.Tensor:
         """Round ``r`` of a multi-round compressor with the site's state, storing the new state."""
@@ -123,6 +115,14 @@ class CompressorCodec:
         payload, self.states[f"{self.key}|{site}"] = self.comp.encode_round(r, grad, st,
                                                                             aggregate)
         return payload
+
+    def decode_rounds_into(self, grad: torch.Tensor, site: str, aggregate: torch.Tensor) -> None:
+        """The average over ranks of a multi-round compressor, decoded straight into
+        ``grad`` (its values were taken in round 0; the compressor divides by N in
+        the same sweep, ``average=True``)."""
+        st = self.state(grad, site)
+        _, self.states[f"{self.key}|{site}"] = self.comp.decode_rounds(
+            grad, st, aggregate, out=grad, average=True)
 
     def write_mean(self, payload: torch.Tensor, x: torch.Tensor, n: int) -> None:
         """``x = decode(payload) / n``, decoding straight into ``x`` (no allocation)."""
@@ -221,17 +221,6 @@ def ring_workflow(b, g: int, p: int, x: torch.Tensor, codec) -> None:
         fwd, fwd_dep = f"gather{j}", rv
 
 
-def _decode_rounds_into(comp: Compressor, codec: "CompressorCodec", site: str,
-                        grad: torch.Tensor, aggregate: torch.Tensor) -> None:
-    """The average over ranks, decoded straight into ``grad`` (its values were taken in
-    round 0); the compressor divides by N in the same sweep (``average=True``)."""
-    st = codec.state(grad, site)
-    out, st = comp.decode_rounds(grad, st, aggregate, out=grad, average=True)
-    codec.states[f"{codec.key}|{site}"] = st
-    if out is not grad:
-        grad.copy_(out.reshape(grad.shape))
-
-
 def rounds_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec, agg: int) -> None:
     """Add a multi-round compressor's tasks (each round a PS exchange merged by sum).
 
@@ -263,7 +252,7 @@ def rounds_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec, agg: 
         dep = [m]
 
     def final() -> None:
-        _decode_rounds_into(comp, codec, site, grad, box[f"agg{codec.rounds - 1}"])
+        codec.decode_rounds_into(grad, site, box[f"agg{codec.rounds - 1}"])
 
     b.compute("write", g, 0, final, dep)
 
@@ -293,6 +282,6 @@ def rounds_collective_workflow(b, g: int, grad: torch.Tensor, codec: CompressorC
         dep = [b.collective(g, lambda r=r: box[f"view{r}"], phase=r, deps=[e], average=False)]
 
     def final() -> None:
-        _decode_rounds_into(comp, codec, site, grad, box[f"agg{codec.rounds - 1}"])
+        codec.decode_rounds_into(grad, site, box[f"agg{codec.rounds - 1}"])
 
     b.compute("write", g, 0, final, dep)

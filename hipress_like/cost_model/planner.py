@@ -36,7 +36,6 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .collectives import ring_allreduce
 from .model import Link, SyncParams, concurrent_link, sync_params, t_sync_cpr, t_sync_orig
 from .plan import STRATEGIES, GradientPlan, Plan, SizeRule
 from .profiler import CompressorProfile, Profile
@@ -161,8 +160,7 @@ class Planner:
         Table I's Ring-AR on the all-links fit. Otherwise HiPress Eq. 1.
         """
         if self.raw_collective:
-            ar, link = self.profile.allreduce, self.profile.link
-            t = ar(m) if ar is not None else ring_allreduce(m, self.n, link.alpha, link.beta)
+            t = self.profile.allreduce_time(m, self.n)
         else:
             t = t_sync_orig(m, k, self.n, self.link(k), self.params)
         return t + self._overhead if self.n > 1 else t

@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
+from .collectives import ring_allreduce
 from .model import CATEGORIES, Curve, Link, fit_link
 
 __all__ = [
@@ -196,6 +197,16 @@ class Profile:
         if not (isinstance(self.sync_overhead, (int, float)) and self.sync_overhead >= 0):
             raise ProfileError(f"sync_overhead must be a number >= 0 seconds, found "
                                f"{self.sync_overhead!r}")
+
+    def allreduce_time(self, m: float, n: int) -> float:
+        """Seconds for an allreduce of ``m`` bytes over ``n`` ranks (the collective lane).
+
+        The measured ``allreduce`` fit when the profile has one, else Table I's
+        Ring-AR ``2(N-1) alpha + 2(N-1)/N m beta`` on the all-links fit.
+        """
+        if self.allreduce is not None:
+            return self.allreduce(m)
+        return ring_allreduce(m, n, self.link.alpha, self.link.beta)
 
     def compressor(self, name: str) -> CompressorProfile:
         """The profile of compressor ``name``.
@@ -530,11 +541,14 @@ def measure_link(
     for nbytes in _iterate(sizes, progress if rank == 0 else None, f"link ({pattern})"):
         send: List[Optional[torch.Tensor]] = [None] * n
         recv = [0] * n
-        if dst >= 0:
-            send[dst] = torch.zeros(nbytes, dtype=torch.uint8)
-        if src >= 0:
-            recv[src] = nbytes
-        values = torch.zeros(max(1, nbytes // 4)) if pattern == "allreduce" else None
+        values = None
+        if pattern == "allreduce":
+            values = torch.zeros(max(1, nbytes // 4))
+        else:
+            if dst >= 0:
+                send[dst] = torch.zeros(nbytes, dtype=torch.uint8)
+            if src >= 0:
+                recv[src] = nbytes
         ts = []
         for i in range(repeats + 1):
             transport.barrier(timeout)
@@ -586,7 +600,6 @@ def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
             allreduce (or Table I's Ring-AR on ``link``), not Eq. 1.
     """
     from ..casync.engine import Engine, EngineConfig
-    from .collectives import ring_allreduce
     from .model import sync_params, t_sync_cpr, t_sync_orig
     from .plan import GradientPlan, Plan
     from .planner import ENGINE_TO_MODEL
@@ -619,8 +632,7 @@ def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
         eng.close()
     n, m = transport.size, 4 * numel
     if compressor is None and cfg.get("raw_collective", True):
-        model = allreduce(m) if allreduce is not None else \
-            ring_allreduce(m, n, link.alpha, link.beta)
+        model = Profile(link=link, allreduce=allreduce).allreduce_time(m, n)
     elif compressor is None:
         model = t_sync_orig(m, 1, n, link, sync_params(ENGINE_TO_MODEL[strategy], "none"))
     else:
