@@ -17,8 +17,8 @@ Two-round protocol (Vogels Alg. 1 with the error feedback of Alg. 2; the
 engine runs the rounds, the compressor never communicates):
 
     round 0  encode_round(0, grad, state, None)
-             M = grad + e                          (Alg. 2: error feedback)
              Q = orthogonalize(Q_prev)              (warm start, Sec. 3)
+             M = grad + e                          (Alg. 2: error feedback)
              payload P = M Q                       (Alg. 1 line 2)
     engine   sums the round-0 payloads of all N ranks with ``merge``
     round 1  encode_round(1, grad, state, sum_P)
@@ -35,10 +35,26 @@ reference implementation (epfml/powersgd ``RankKReducer``: ``mem = tensor -
 out``) and PyTorch's ``powerSGD_hook`` (``error = input_tensor_cp -
 input_tensor`` after dividing the summed Q by the world size).
 
+Factored error (why: on a memory-bound CPU every pass over the matrix
+costs as much as a matmul with rank 4). The state keeps ``e`` as
+``state["error"] - state["error_p"] @ state["q"]^T``: decode leaves M in the
+error buffer and records ``P^``; the next round 0 subtracts ``P^ Q^T`` while
+it forms ``M = grad + e`` and computes ``P = M Q`` in the same sweep
+(``_fused.powersgd_form_m``), and decode writes ``P^ Q^T`` with one write
+of ``out`` (``_fused.powersgd_lowrank``). Per step the matrix is swept by
+the NaN check, by round 0 (read grad and the buffer, write the buffer), by
+``M^T P^`` and by the decode's write, instead of two more passes for
+``M = grad + e`` and ``e = M - P^ Q^T``. ``PowerSGD.error(state)`` returns
+``e`` itself.
+
 STATE CONTRACT (the engine honours it):
 
 * ``init(grad, seed=0, world_size=None, shared_seed=0)`` returns
-  ``{"error", "q", "step", "seed", "shared_seed", "world_size"}``.
+  ``{"error", "error_p", "q", "step", "seed", "shared_seed", "world_size"}``.
+* The error feedback memory is ``error - error_p @ q^T`` in the matrix view
+  when ``error_p`` is a tensor, else ``error``; read it with
+  ``PowerSGD.error(state)``. Code that replaces ``state["error"]`` must set
+  ``state["error_p"] = None``.
 * ``state["world_size"]`` (int >= 1) must hold the number of ranks whose
   payloads ``merge`` sums, before ``decode_rounds``; it turns the summed Q
   into the average for the error and the warm start. ``encode_round(0)``
@@ -51,17 +67,20 @@ STATE CONTRACT (the engine honours it):
   is not used for ``Q``. ``Q`` is created lazily at the first encode, so
   the engine may set ``shared_seed`` after ``init``.
 * ``error`` has the gradient's shape (float32 for half-precision grads);
-  ``q`` is (m x r); both are checkpointed with the optimizer state.
+  ``q`` is (m x r) and ``error_p`` (n x r) or None; all three are
+  checkpointed with the optimizer state.
 * The round-1 and decode calls receive the same ``grad`` as round 0, and
   rounds of one step are not interleaved with another step of the same
   state. ``state["p"]`` carries ``P^`` from round 1 to decode.
-* Buffers are reused, not copied: round 0 forms ``M = error + grad`` in the
-  error buffer itself (when the matrix view needs no padding), carries it
-  in ``state["m"]`` with ``state["error"] = None``, and ``decode_rounds``
-  turns the same buffer into the new error. So the state passed to round 0
-  must not be used again, and a step interrupted between round 0 and
-  decode leaves a state without an error (the next round 0 raises; reload
-  the checkpoint). A checkpoint is taken between steps.
+* Buffers are reused, not copied: round 0 forms M in the error buffer
+  itself (when the matrix view needs no padding), after the gradient
+  passed its NaN/Inf check (a bad gradient leaves the state untouched),
+  carries it in ``state["m"]`` with ``state["error"] = None``, and
+  ``decode_rounds`` keeps the same buffer as the new (factored) error. So
+  the state passed to round 0 must not be used again, and a step
+  interrupted between round 0 and decode leaves a state without an error
+  (the next round 0 raises; reload the checkpoint). A checkpoint is taken
+  between steps.
 
 Single round (``encode``/``decode``): a *local* variant for benchmarks and
 engines without rounds: one power-iteration step on the local ``M`` with
@@ -184,7 +203,7 @@ class PowerSGD(Compressor):
         """Zero error, no Q yet (drawn from ``shared_seed`` at the first encode)."""
         return {"error": torch.zeros(grad.shape, dtype=accumulator_dtype(grad.dtype),
                                      device=grad.device),
-                "q": None, "step": 0, "seed": int(seed), "shared_seed": int(shared_seed),
+                "error_p": None, "q": None, "step": 0, "seed": int(seed), "shared_seed": int(shared_seed),
                 "world_size": world_size}
 
     def _dims(self, shape: Sequence[int]) -> Tuple[int, int, int]:
@@ -214,9 +233,42 @@ class PowerSGD(Compressor):
                 "PowerSGD.init(grad) for this gradient (or partition)")
         return err
 
+    def _pending(self, state: State, rows: int, cols: int):
+        """The factors ``(P^, Q^T)`` still to be subtracted from ``state["error"]``, or Nones."""
+        p = state.get("error_p")
+        if p is None:
+            return None, None
+        q = state.get("q")
+        if (not isinstance(p, torch.Tensor) or not isinstance(q, torch.Tensor)
+                or p.dim() != 2 or p.shape[0] != rows or tuple(q.shape) != (cols, p.shape[1])):
+            raise ValueError(
+                f"powersgd: state['error_p'] ({getattr(p, 'shape', type(p).__name__)}) and "
+                f"state['q'] ({getattr(q, 'shape', type(q).__name__)}) must be the ({rows}, r) "
+                f"and ({cols}, r) factors of the pending error; set state['error_p'] = None "
+                "when replacing state['error']")
+        return p, q.t().contiguous()
+
+    def error(self, state: State) -> torch.Tensor:
+        """The error feedback memory ``e`` of ``state`` as a new tensor (grad's shape).
+
+        Raises:
+            ValueError: the state has no error (a step interrupted after round 0).
+        """
+        err = state.get("error")
+        if not isinstance(err, torch.Tensor):
+            raise ValueError("powersgd: the state has no error buffer (a step interrupted "
+                             "between round 0 and decode_rounds); restore it from a checkpoint")
+        rows, cols = matrix_shape(err.shape)
+        p, qt = self._pending(state, rows, cols)
+        if p is None:
+            return err.clone()
+        return torch.addmm(err.reshape(rows, cols), p.to(err.dtype), qt.to(err.dtype),
+                           alpha=-1.0).reshape(err.shape)
+
     def _matrix(self, grad: torch.Tensor, state: State) -> torch.Tensor:
         """M = grad + error as a fresh (rows, cols) matrix in the compute dtype."""
-        err = self._check_error(grad, state)
+        self._check_error(grad, state)
+        err = self.error(state)
         acc = accumulator_dtype(grad.dtype)
         flat = grad.detach().reshape(-1).to(acc) + err.reshape(-1).to(acc)
         rows, cols, _ = self._dims(grad.shape)
@@ -225,22 +277,30 @@ class PowerSGD(Compressor):
             flat = torch.cat([flat, flat.new_zeros(pad)])
         return flat.reshape(rows, cols)
 
-    def _matrix_rounds(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
-        """M for the two-round protocol, built once per step (round 0).
+    def _round_zero(self, grad: torch.Tensor, state: State,
+                    q: torch.Tensor) -> Tuple[torch.Tensor, State]:
+        """M for the two-round protocol (built once per step) and ``P = M Q``.
 
-        When the matrix view needs no padding, ``M = error + grad`` is formed
-        by ``accumulate_`` (in the error buffer itself when it is a
-        contiguous accumulator: no 64 MB allocation), and the buffer becomes
-        the new error in ``decode_rounds``. Otherwise M is a fresh padded
-        matrix. Either way it travels to round 1 and decode in ``state["m"]``.
+        When the matrix view needs no padding and the error buffer is a
+        contiguous accumulator, M is formed in the buffer itself, in the
+        same sweep as ``P = M Q`` (``_fused.powersgd_form_m``; no 64 MB
+        allocation) and the buffer stays the error after decode. Otherwise M
+        is a fresh padded matrix. Either way it travels to round 1 and decode
+        in ``state["m"]``.
         """
         err = self._check_error(grad, state)
         rows, cols, _ = self._dims(grad.shape)
-        if rows * cols == grad.numel():
-            m = accumulate_(err, grad).view(rows, cols)  # in the error buffer when it can be
-            return m, dict(state, m=m, error=None)
+        if (rows * cols == grad.numel() and err.dtype == accumulator_dtype(grad.dtype)
+                and err.is_contiguous()):
+            p_prev, qt_prev = self._pending(state, rows, cols)
+            m = err.view(rows, cols)
+            if p_prev is not None:
+                p_prev, qt_prev = p_prev.to(m.dtype), qt_prev.to(m.dtype)
+            p = _fused.powersgd_form_m(m, grad.detach().reshape(rows, cols), p_prev, qt_prev,
+                                       q.t().contiguous())
+            return p, dict(state, m=m, error=None, error_p=None)
         m = self._matrix(grad, state)
-        return m, dict(state, m=m)
+        return matmul(m, q), dict(state, m=m, error_p=None)
 
     @staticmethod
     def _round_matrix(state: State) -> torch.Tensor:
@@ -380,9 +440,9 @@ class PowerSGD(Compressor):
         if r == ROUND_P:
             check_gradient(grad)
             self._world_size(state)
-            m, new_state = self._matrix_rounds(grad, state)
-            q = self._q(state, cols, rk, m.dtype, m.device)
-            return self._pack(ROUND_P, grad, rows, cols, rk, [matmul(m, q)]), new_state
+            q = self._q(state, cols, rk, accumulator_dtype(grad.dtype), grad.device)
+            p, new_state = self._round_zero(grad, state, q)
+            return self._pack(ROUND_P, grad, rows, cols, rk, [p]), new_state
         if r == ROUND_Q:
             if aggregate is None:
                 raise ValueError("powersgd round 1 needs the merged round-0 payload (sum of P)")
@@ -405,8 +465,7 @@ class PowerSGD(Compressor):
             aggregate: the merged round-1 payload (sum of Q).
             out: optional tensor of ``grad.numel()`` elements to write the result
                 into instead of allocating one (the engine passes the gradient).
-            average: return ``P^ (sum_Q / N)^T``, the average over ranks, which
-                is also what the error subtracts: one product serves both (the
+            average: return ``P^ (sum_Q / N)^T``, the average over ranks (the
                 engine uses it and saves a pass dividing by N).
 
         Returns:
@@ -426,29 +485,35 @@ class PowerSGD(Compressor):
         agg = self._parse(aggregate, ROUND_Q, grad)
         m = self._round_matrix(state)
         q_sum = agg.values.reshape(cols, rk).to(m.dtype)
+        q_avg = q_sum / n_ranks
         numel = grad.numel()
         if out is not None and out.numel() != numel:
             raise ValueError(f"powersgd: out has {out.numel()} elements, the gradient {numel}")
-        fused = (out is not None and out.dtype == m.dtype and out.is_contiguous()
-                 and out.numel() == numel == rows * cols and m.is_contiguous())
-        if fused:
-            # out = P^ sum_Q^T (or / N), e = M - P^ (sum_Q / N)^T in M's buffer: one sweep
-            _fused.powersgd_decompress(m, p, q_sum.t().contiguous(), out.view(rows, cols),
-                                       1.0 / n_ranks, average)
-            err, res = m, out
-        else:
-            approx = matmul(p, q_sum.t())
-            # e = M - P^ (sum_Q / N)^T in M's buffer: local error vs. the averaged approx.
-            err = m.sub_(approx, alpha=1.0 / n_ranks)
-            if average:
-                approx = approx / n_ranks
-            res = approx.reshape(-1)[:numel].reshape(grad.shape).to(grad.dtype)
-            if out is not None:
-                out.reshape(grad.shape).copy_(res)
-                res = out
         new_state = {k: v for k, v in state.items() if k not in ("p", "m")}
-        new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape),
-                         q=q_sum / n_ranks, step=int(state.get("step", 0)) + 1)
+        new_state.update(q=q_avg, step=int(state.get("step", 0)) + 1)
+        if state.get("error") is None:
+            # M is the error buffer (round 0 fused): it stays, e = M - P^ q_avg^T (factored)
+            qt = (q_avg if average else q_sum).t().contiguous()
+            if (out is not None and out.dtype == m.dtype and out.is_contiguous()):
+                _fused.powersgd_lowrank(p, qt, out.view(rows, cols))
+                res = out
+            else:
+                approx = torch.empty_like(m)
+                _fused.powersgd_lowrank(p, qt, approx)
+                res = approx.reshape(grad.shape).to(grad.dtype)
+                if out is not None:
+                    res = out.reshape(grad.shape).copy_(res)
+            new_state.update(error=m.reshape(grad.shape), error_p=p)
+            return res, new_state
+        # a fresh (padded) M: e = M - P^ (sum_Q / N)^T, kept explicit
+        approx = matmul(p, q_sum.t())
+        err = m.sub_(approx, alpha=1.0 / n_ranks)
+        if average:
+            approx = approx / n_ranks
+        res = approx.reshape(-1)[:numel].reshape(grad.shape).to(grad.dtype)
+        if out is not None:
+            res = out.reshape(grad.shape).copy_(res)
+        new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape), error_p=None)
         return res, new_state
 
     # -- single round (local) -------------------------------------------------
@@ -464,7 +529,8 @@ class PowerSGD(Compressor):
         p, q = power_iteration(m, self._q(state, cols, rk, m.dtype, m.device))
         payload = self._pack(ROUND_LOCAL, grad, rows, cols, rk, [p, q])
         err = (m - matmul(p, q.t())).reshape(-1)[: grad.numel()].reshape(grad.shape)
-        return payload, dict(state, error=err, q=q, step=int(state.get("step", 0)) + 1)
+        return payload, dict(state, error=err, error_p=None, q=q,
+                             step=int(state.get("step", 0)) + 1)
 
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``P^ Q^T`` of a local single-round payload, in the original shape and dtype.

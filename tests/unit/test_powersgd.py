@@ -90,7 +90,7 @@ def test_two_round_protocol_matches_hand_computation():
     for i in range(n_ranks):
         assert torch.allclose(outs[i], want, atol=1e-12)
         assert torch.equal(outs[i], outs[0])  # bitwise identical on every rank
-        assert torch.allclose(states[i]["error"], grads[i] - want / n_ranks, atol=1e-12)
+        assert torch.allclose(c.error(states[i]), grads[i] - want / n_ranks, atol=1e-12)
         assert torch.allclose(states[i]["q"], q_sum / n_ranks, atol=1e-12)
         assert states[i]["step"] == 1 and "p" not in states[i]
     # payload sizes are the declared per-round formula
@@ -109,9 +109,9 @@ def test_error_feedback_conserves_the_sum():
               for _ in range(n_ranks)]
     for _ in range(3):
         grads = [torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(n_ranks)]
-        before = sum(g + st["error"] for g, st in zip(grads, states))
+        before = sum(g + c.error(st) for g, st in zip(grads, states))
         outs, _, _ = _run_step(c, grads, states)
-        after = outs[0] + sum(st["error"] for st in states)
+        after = outs[0] + sum(c.error(st) for st in states)
         assert torch.allclose(after, before, atol=1e-10)
 
 
@@ -125,9 +125,9 @@ def test_single_rank_running_sum_converges_to_gradient():
     for _ in range(steps):
         outs, _, _ = _run_step(c, [g], states)
         total += outs[0]
-    assert torch.allclose(total + states[0]["error"], steps * g, atol=1e-8)
+    assert torch.allclose(total + c.error(states[0]), steps * g, atol=1e-8)
     # the error stays bounded (~12 |g| here for rank 1), so the mean output -> g as 1/T
-    assert float(states[0]["error"].norm()) < 20 * float(g.norm())
+    assert float(c.error(states[0]).norm()) < 20 * float(g.norm())
     assert float((total / steps - g).norm()) < 0.2 * float(g.norm())
 
 
@@ -139,7 +139,8 @@ def test_warm_start_approaches_svd_optimum_and_error_shrinks_with_rank():
         c = PowerSGD(rank=rank)
         st = [c.init(m, world_size=1)]
         for _ in range(30):
-            st[0]["error"] = torch.zeros_like(m)  # isolate the warm-started power iteration
+            # isolate the warm-started power iteration
+            st[0].update(error=torch.zeros_like(m), error_p=None)
             outs, _, _ = _run_step(c, [m], st)
         err = float((m - outs[0]).norm())
         best = float(svals[rank:].square().sum().sqrt())  # Eckart-Young
@@ -226,7 +227,7 @@ def test_warm_start_off_draws_a_fresh_q_each_step():
     g = torch.randn(10, 8, generator=torch.Generator().manual_seed(10))
     st = [c.init(g, world_size=1)]
     _, p_first, _ = _run_step(c, [g], st)
-    st[0]["error"] = torch.zeros_like(g)
+    st[0].update(error=torch.zeros_like(g), error_p=None)
     _, p_second, _ = _run_step(c, [g], st)
     assert not torch.equal(p_first[0], p_second[0])
 
@@ -285,21 +286,22 @@ def test_corrupted_payloads_raise_payload_error():
 
 
 def test_rounds_reuse_the_error_buffer_and_decode_into_out():
-    """M is formed in the error buffer and becomes the new error; no per-step allocation."""
+    """M is formed in the error buffer and stays the (factored) error; no per-step allocation."""
     c = PowerSGD(rank=2)
     g = torch.randn(32, 24, generator=torch.Generator().manual_seed(3))
     st = c.init(g, world_size=1)
     buf = st["error"]
-    for _ in range(3):
-        before = buf.clone()
+    for step in range(3):
+        before = c.error(st)
         p0, st = c.encode_round(0, g, st, None)
         p1, st = c.encode_round(1, g, st, c.merge([p0]))
         out = torch.empty_like(g)
         res, st = c.decode_rounds(g, st, c.merge([p1]), out=out)
         assert res.data_ptr() == out.data_ptr()
         assert st["error"].data_ptr() == buf.data_ptr()
+        assert st["error_p"] is not None  # e = M - P^ q^T, kept factored
         # e_new = (g + e_old) - approx, checked in float64
-        torch.testing.assert_close(st["error"].double() + out.double(),
+        torch.testing.assert_close(c.error(st).double() + out.double(),
                                    g.double() + before.double(), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="elements"):
         p0, st = c.encode_round(0, g, st, None)
@@ -307,33 +309,79 @@ def test_rounds_reuse_the_error_buffer_and_decode_into_out():
         c.decode_rounds(g, st, c.merge([p1]), out=torch.empty(5))
 
 
-def test_fused_decompress_is_bitwise_equal_compiled_and_eager(monkeypatch):
-    """decode_rounds' fused sweep (out = P Q^T, e = M - out / N) gives the same bits
-    compiled and eager, so ranks agree even if one falls back to eager."""
+def test_padded_matrix_keeps_the_error_explicit():
+    """A 1-D gradient whose matrix view needs padding takes the fresh-M path (no factors)."""
+    c = PowerSGD(rank=2)
+    g = torch.randn(10, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    st = [c.init(g, world_size=1)]
+    for _ in range(3):
+        before = c.error(st[0])
+        outs, _, _ = _run_step(c, [g], st)
+        assert st[0]["error_p"] is None
+        assert torch.allclose(outs[0] + st[0]["error"], g + before, atol=1e-12)
+
+
+def test_nan_gradient_leaves_the_state_untouched():
+    """The NaN check runs before round 0 forms M in the error buffer."""
+    c = PowerSGD(rank=2)
+    g = torch.randn(16, 12, generator=torch.Generator().manual_seed(6))
+    st = [c.init(g, world_size=1)]
+    _run_step(c, [g], st)
+    err, err_p, q = st[0]["error"].clone(), st[0]["error_p"].clone(), st[0]["q"].clone()
+    bad = g.clone()
+    bad[3, 4] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        c.encode_round(0, bad, st[0], None)
+    assert torch.equal(st[0]["error"], err) and torch.equal(st[0]["error_p"], err_p)
+    assert torch.equal(st[0]["q"], q)
+    _run_step(c, [g], st)  # and training goes on
+
+
+def test_bad_error_factors_raise_clearly():
+    c = PowerSGD(rank=2)
+    g = torch.randn(16, 12)
+    st = [c.init(g, world_size=1)]
+    _run_step(c, [g], st)
+    st[0]["error_p"] = torch.zeros(5, 2)
+    with pytest.raises(ValueError, match="error_p"):
+        c.encode_round(0, g, st[0], None)
+
+
+def test_fused_kernels_compiled_and_eager(monkeypatch):
+    """The decompression gives the same bits compiled and eager (ranks that decode the
+    same sums agree even if one fell back to eager); round 0's fused M and P = M Q agree
+    to rounding (their sums run in another order)."""
     from hipress_like.compressors import _fused
 
     if not _fused.compile_enabled():
         pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
     monkeypatch.setattr(_fused, "MIN_COMPILE_NUMEL", 64)
-    g = torch.randn(48, 40, generator=torch.Generator().manual_seed(5))
+    gen = torch.Generator().manual_seed(5)
+    g = torch.randn(48, 40, generator=gen)
+    e0 = torch.randn(48, 40, generator=gen)
+    p_prev, qt_prev = torch.randn(48, 3, generator=gen), torch.randn(3, 40, generator=gen)
+    qt = torch.randn(3, 40, generator=gen)
 
     def run():
-        c = PowerSGD(rank=3)
-        st = c.init(g, world_size=2)
-        outs = []
-        for average in (False, True):
-            p0, st = c.encode_round(0, g, st, None)
-            p1, st = c.encode_round(1, g, st, c.merge([p0, p0]))
-            out = torch.empty_like(g)
-            _, st = c.decode_rounds(g, st, c.merge([p1, p1]), out=out, average=average)
-            outs += [out, st["error"].clone()]
-        return outs
+        out = torch.empty_like(g)
+        _fused.powersgd_lowrank(p_prev, qt, out)
+        e = e0.clone()
+        p = _fused.powersgd_form_m(e, g, p_prev, qt_prev, qt)
+        e_first = e0.clone()
+        p_first = _fused.powersgd_form_m(e_first, g, None, None, qt)
+        return out, e, p, e_first, p_first
 
     compiled = run()
     monkeypatch.setenv("HIPRESS_NO_COMPILE", "1")
     eager = run()
-    for a, b in zip(compiled, eager):
-        assert torch.equal(a, b)
+    assert torch.equal(compiled[0], eager[0])
+    torch.testing.assert_close(compiled[0], p_prev @ qt)
+    m = g + e0 - p_prev @ qt_prev
+    for got in (compiled, eager):
+        torch.testing.assert_close(got[1], m)
+        torch.testing.assert_close(got[2], m @ qt.t())
+        torch.testing.assert_close(got[3], g + e0)
+        torch.testing.assert_close(got[4], (g + e0) @ qt.t())
 
 
 def test_summable_view_is_the_merged_part_of_the_payload():
