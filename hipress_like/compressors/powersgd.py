@@ -106,7 +106,6 @@ from .base import (
     Header,
     PayloadError,
     State,
-    accumulate_,
     accumulator_dtype,
     check_body_nbytes,
     check_gradient,
@@ -203,8 +202,8 @@ class PowerSGD(Compressor):
         """Zero error, no Q yet (drawn from ``shared_seed`` at the first encode)."""
         return {"error": torch.zeros(grad.shape, dtype=accumulator_dtype(grad.dtype),
                                      device=grad.device),
-                "error_p": None, "q": None, "step": 0, "seed": int(seed), "shared_seed": int(shared_seed),
-                "world_size": world_size}
+                "error_p": None, "q": None, "step": 0, "seed": int(seed),
+                "shared_seed": int(shared_seed), "world_size": world_size}
 
     def _dims(self, shape: Sequence[int]) -> Tuple[int, int, int]:
         rows, cols = matrix_shape(shape)

@@ -291,7 +291,7 @@ def test_rounds_reuse_the_error_buffer_and_decode_into_out():
     g = torch.randn(32, 24, generator=torch.Generator().manual_seed(3))
     st = c.init(g, world_size=1)
     buf = st["error"]
-    for step in range(3):
+    for _ in range(3):
         before = c.error(st)
         p0, st = c.encode_round(0, g, st, None)
         p1, st = c.encode_round(1, g, st, c.merge([p0]))
