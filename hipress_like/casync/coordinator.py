@@ -10,8 +10,9 @@ executes the round as one bulk exchange (an all-to-all with per-peer sizes).
 Uncompressed gradients can take a *collective lane* instead of links: a rank
 reports such a gradient as ready with destination ``COLLECTIVE`` (-1); once
 every rank has reported it, the planner puts it in the round's fused
-allreduce buckets (ready order, then key; up to ``fusion_bytes`` per
-bucket), as Horovod's coordinator fuses the tensors all ranks have ready.
+allreduce buckets (ready order, then key; a bucket closes once it holds
+``fusion_bytes``, DDP's rule), as Horovod's coordinator fuses the tensors
+all ranks have ready.
 
 Where HiPress runs the coordinator on one node (gather metadata, plan,
 broadcast the plan), here every rank runs the *same* deterministic planner on
@@ -221,19 +222,28 @@ class Coordinator:
         return RoundPlan(links, self._plan_buckets(final))
 
     def _plan_buckets(self, final: bool) -> List[List[Tuple[int, int]]]:
-        """Every collective that all ranks have ready, fused into buckets of at most
-        ``fusion_bytes`` (a larger tensor goes alone), in ready order then key."""
-        if not final and self.batching and self._arrived \
-                and sum(nb for _, _, nb in self._ready) < self.fusion_bytes:
-            return []
+        """The collectives that all ranks have ready, fused into buckets.
+
+        In ready order, then key, a bucket takes tensors until it holds at
+        least ``fusion_bytes`` (DDP's ``bucket_cap_mb`` rule: buckets end just
+        above the cap, so a tensor larger than it goes alone). While
+        collectives keep arriving (``final`` is False and one arrived in the
+        latest reports), only closed buckets leave; the open one is held for
+        the next round.
+        """
         ready = sorted(self._ready)
-        self._ready = []
         buckets: List[List[Tuple[int, int]]] = []
-        total = 0
-        for _, key, nb in ready:
-            if not buckets or not self.batching or total + nb > self.fusion_bytes:
+        total, closed_upto, closed_items = 0, 0, 0
+        for i, (_, key, nb) in enumerate(ready):
+            if not buckets or not self.batching or total >= self.fusion_bytes:
                 buckets.append([])
                 total = 0
             buckets[-1].append((key, nb))
             total += nb
+            if not self.batching or total >= self.fusion_bytes:
+                closed_upto, closed_items = len(buckets), i + 1
+        if not final and self.batching and self._arrived:
+            buckets, self._ready = buckets[:closed_upto], ready[closed_items:]
+        else:
+            self._ready = []
         return buckets

@@ -96,7 +96,8 @@ def test_collective_buckets_respect_fusion_bytes_and_batching_off():
     c = Coordinator(2, fusion_bytes=100)
     msgs = [(k, COLLECTIVE, nb) for k, nb in enumerate([60, 30, 20, 500, 10])]
     c.add_reports([Report(msgs=msgs), Report(msgs=msgs)])
-    assert [[k for k, _ in b] for b in c.plan_round().buckets] == [[0, 1], [2], [3], [4]]
+    # a bucket closes once it holds >= 100 bytes (DDP's rule): 60+30+20, then 500 alone
+    assert [[k for k, _ in b] for b in c.plan_round().buckets] == [[0, 1, 2], [3], [4]]
     c = Coordinator(2, batching=False)
     c.add_reports([Report(msgs=msgs[:2]), Report(msgs=msgs[:2])])
     assert len(c.plan_round().buckets) == 2
@@ -117,8 +118,11 @@ def test_collectives_are_held_while_arriving_until_a_pause_size_or_close():
     assert c.plan_round(final=False).buckets == []          # 60 < 100
     c.add_reports([Report(), Report()])                      # a pause: flush
     assert c.plan_round(final=False).buckets == [[(1, 30), (2, 30)]]
-    c.add_reports(both((3, COLLECTIVE, 60), (4, COLLECTIVE, 60)))
-    assert c.plan_round(final=False).buckets == [[(3, 60)], [(4, 60)]]  # 120 >= 100
-    c.add_reports(both((5, COLLECTIVE, 1)))
-    assert c.plan_round(final=True).buckets == [[(5, 1)]]   # every rank closed
+    c.add_reports(both((3, COLLECTIVE, 60), (4, COLLECTIVE, 60), (5, COLLECTIVE, 30)))
+    # 60 + 60 >= 100 closes a bucket; the open one (5) is held while arriving
+    assert c.plan_round(final=False).buckets == [[(3, 60), (4, 60)]]
+    c.add_reports(both((6, COLLECTIVE, 1)))
+    assert c.plan_round(final=False).buckets == []          # 31 < 100, still arriving
+    c.add_reports(both((7, COLLECTIVE, 1)))
+    assert c.plan_round(final=True).buckets == [[(5, 30), (6, 1), (7, 1)]]  # every rank closed
     assert c.empty()
