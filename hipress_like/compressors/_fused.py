@@ -52,6 +52,7 @@ __all__ = [
     "compile_enabled",
     "onebit_encode",
     "onebit_decode",
+    "onebit_residual",
     "tbq_encode",
     "tbq_decode",
     "minmax",
@@ -205,6 +206,13 @@ def _onebit_unpack_fn(out_dtype: torch.dtype) -> Callable:
     return onebit_unpack
 
 
+def _onebit_residual_fn(dtype: torch.dtype) -> Callable:
+    def onebit_residual(x: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> None:
+        """``x -= (pos if x >= 0 else neg)``: x minus its 1-bit reconstruction."""
+        x.copy_(x - torch.where(x >= 0, pos, neg))
+    return onebit_residual
+
+
 def _tbq_pack_fn() -> Callable:
     def tbq_pack(x: torch.Tensor, out: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
         """TBQ codes (Strom 2015, Sec. 3): 1 for x > tau, 2 for x < -tau, else 0.
@@ -280,6 +288,7 @@ def _affine_unpack_fn(bits: int, out_dtype: torch.dtype) -> Callable:
 _K_ONEBIT_PACK = Kernel(_onebit_pack_fn, "onebit encode")
 _K_ONEBIT_SUMS = Kernel(_onebit_sums_fn, "onebit sums")
 _K_ONEBIT_UNPACK = Kernel(_onebit_unpack_fn, "onebit decode")
+_K_ONEBIT_RESIDUAL = Kernel(_onebit_residual_fn, "onebit residual")
 _K_TBQ_PACK = Kernel(_tbq_pack_fn, "tbq encode")
 _K_TBQ_UNPACK = Kernel(_tbq_unpack_fn, "tbq decode")
 _K_MINMAX = Kernel(_minmax_fn, "minmax")
@@ -449,6 +458,11 @@ def onebit_decode(body: torch.Tensor, out: torch.Tensor, pos: torch.Tensor,
                   neg: torch.Tensor) -> None:
     """Write ``pos`` where the bit is 1 and ``neg`` where it is 0 into flat ``out``."""
     _run_unpack(_K_ONEBIT_UNPACK, body, out, 8, (pos, neg))
+
+
+def onebit_residual(x: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> None:
+    """``x -= pos where x >= 0 else neg``, in place, one pass (flat contiguous ``x``)."""
+    _K_ONEBIT_RESIDUAL(x, pos, neg, spec=(x.dtype,))
 
 
 def tbq_encode(x: torch.Tensor, body: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:

@@ -309,6 +309,25 @@ class Compressor:
         """
         raise NotImplementedError
 
+    def subtract_decoded_(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        """``x -= decode(payload)`` in place, where ``payload = encode(x)``: the residual.
+
+        Error feedback keeps this residual (m = p - C(p)). The default decodes
+        into a per-thread workspace and subtracts (two passes over ``x`` plus
+        the decode's write); compressors whose decode is a function of ``x``
+        itself (onebit: the sign of x picks one of two values) override it
+        with one fused pass that gives the same bits.
+
+        Args:
+            x: the contiguous tensor that was encoded into ``payload``.
+            payload: ``encode(x)``'s payload.
+
+        Returns:
+            ``x``.
+        """
+        dec = self.decode(payload, out=workspace(x.numel(), x.dtype, x.device, "residual"))
+        return x.sub_(dec.view(x.shape))
+
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Sum payloads in the compressed domain (aggregatable compressors only).
 

@@ -45,7 +45,6 @@ from .base import (
     accumulate_,
     accumulator_dtype,
     check_gradient,
-    workspace,
 )
 from .registry import get, register
 
@@ -154,9 +153,8 @@ class ErrorFeedback(Compressor):
         # rounds away stays in the (float32 for half types) memory
         x = p if p.dtype == grad.dtype else p.to(grad.dtype)
         payload, inner_state = self.inner.encode(x, state.get("inner", {}))
-        if x is p:  # decode into a reused buffer, then p - decode in place
-            dec = self.inner.decode(payload, out=workspace(p.numel(), p.dtype, p.device, "ef"))
-            err = p.sub_(dec.view(p.shape))
+        if x is p:  # m = p - decode(payload), in place (fused where the inner can)
+            err = self.inner.subtract_decoded_(p, payload)
         else:
             dec = self.inner.decode(payload)
             err = p.sub_(dec.to(p.dtype))

@@ -109,6 +109,18 @@ class OneBit(Compressor):
                              torch.tensor(v0, dtype=h.dtype, device=dev))
         return out
 
+    def subtract_decoded_(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        """``x -= decode(encode(x))`` in one pass: the bit of x_i is ``x_i >= 0``, so
+        the decoded value is ``v1 if x_i >= 0 else v0``, read off x itself (the
+        same bits as decoding and subtracting; error feedback's residual)."""
+        h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
+        if h.numel != x.numel() or h.dtype != x.dtype or not x.is_contiguous():
+            return super().subtract_decoded_(x, payload)
+        dev = x.device
+        _fused.onebit_residual(x.view(-1), torch.tensor(v1, dtype=x.dtype, device=dev),
+                               torch.tensor(v0, dtype=x.dtype, device=dev))
+        return x
+
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """Header (with 16 bytes of values) plus ceil(numel / 8) bytes of bits."""
         return header_nbytes(ndim, _EXTRA.size) + packed_nbytes(numel, 1)

@@ -156,3 +156,20 @@ def test_round_trip_dtypes(dtype):
     assert st["error"].dtype == torch.float32  # half-precision memory would lose residuals
     # the cast to the wire dtype is compensated too
     assert torch.allclose(g.float(), out.float() + st["error"], atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1000, 1 << 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_onebit_residual_equals_decode_and_subtract(n, dtype):
+    """onebit's one-pass residual (x - (v1 if x >= 0 else v0)) gives the same bits as
+    the generic decode-into-a-buffer-then-subtract, compiled (large) and eager (small)."""
+    from hipress_like.compressors.base import Compressor
+
+    c = get("onebit")
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+    x[::7] = 0.0  # the threshold itself: x >= 0 takes v1
+    payload, _ = c.encode(x, {})
+    fused = c.subtract_decoded_(x.clone(), payload)
+    generic = Compressor.subtract_decoded_(c, x.clone(), payload)
+    assert torch.equal(fused, generic)
+    assert torch.equal(fused, x - c.decode(payload))
