@@ -6,8 +6,8 @@ partition's tasks with their data dependencies:
 
 CaSync-PS, co-located (every rank aggregates a byte-balanced share):
     worker:      encode -> send(agg)           ...  recv(agg) -> decode -> write
-    aggregator:  recv(each) -> merge: decode each into a reused workspace and
-                 add into its own (raw) partition in rank order -> encode
+    aggregator:  recv(each) -> merge: add each decoded payload into its own
+                 (raw) partition in rank order (``decode_add_``) -> encode
                  -> send(all) ; decode(own copy) -> write
     aggregatable codecs merge the payloads directly (no decode/encode).
 
@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..compressors.base import Compressor, State, workspace
+from ..compressors.base import Compressor, State
 
 __all__ = ["RawCodec", "CompressorCodec", "ps_workflow", "ring_workflow", "rounds_workflow",
            "rounds_collective_workflow", "chunk_bounds"]
@@ -125,14 +125,12 @@ class CompressorCodec:
             grad, st, aggregate, out=grad, average=True)
 
     def write_mean(self, payload: torch.Tensor, x: torch.Tensor, n: int) -> None:
-        """``x = decode(payload) / n``, decoding straight into ``x`` (no allocation)."""
-        self.comp.decode(payload, out=x)
-        x.div_(n)
+        """``x = decode(payload) / n``, straight into ``x`` (fused where the compressor can)."""
+        self.comp.decode_div_(payload, x, n)
 
     def add_decoded(self, payload: torch.Tensor, acc: torch.Tensor) -> None:
-        """``acc += decode(payload)``, decoding into this thread's reused workspace."""
-        tmp = workspace(acc.numel(), acc.dtype, acc.device, "decode")
-        acc.add_(self.comp.decode(payload, out=tmp).view(acc.shape))
+        """``acc += decode(payload)`` (fused where the compressor can, else via a workspace)."""
+        self.comp.decode_add_(payload, acc)
 
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Compressed-domain sum (aggregatable compressors)."""

@@ -198,11 +198,30 @@ def _onebit_sums_fn() -> Callable:
     return onebit_sums
 
 
-def _onebit_unpack_fn(out_dtype: torch.dtype) -> Callable:
+DECODE_MODES = ("set", "add", "div")
+
+
+def _emit(out: torch.Tensor, v: torch.Tensor, mode: str, d: torch.Tensor) -> None:
+    """Store decoded values ``v``: ``out = v``, ``out += v`` or ``out = v / d``.
+
+    ``v`` is first cast to ``out``'s dtype, so each mode rounds exactly as
+    decoding into a buffer and then adding it (``add_``) or dividing it
+    (``div_``) would: the fused forms give the same bits in one pass.
+    """
+    v = v.to(out.dtype)
+    if mode == "add":
+        out.copy_(out + v)
+    elif mode == "div":
+        out.copy_(v / d)
+    else:
+        out.copy_(v)
+
+
+def _onebit_unpack_fn(mode: str, out_dtype: torch.dtype) -> Callable:
     def onebit_unpack(packed: torch.Tensor, out: torch.Tensor, pos: torch.Tensor,
-                      neg: torch.Tensor, shift: torch.Tensor) -> None:
+                      neg: torch.Tensor, d: torch.Tensor, shift: torch.Tensor) -> None:
         """One plane: ``pos`` where the bit at ``shift`` of the byte is 1, ``neg`` where it is 0."""
-        out.copy_(torch.where(_plane_codes(packed, 1, shift) != 0, pos, neg))
+        _emit(out, torch.where(_plane_codes(packed, 1, shift) != 0, pos, neg), mode, d)
     return onebit_unpack
 
 
@@ -227,16 +246,16 @@ def _tbq_pack_fn() -> Callable:
     return tbq_pack
 
 
-def _tbq_unpack_fn(out_dtype: torch.dtype) -> Callable:
+def _tbq_unpack_fn(mode: str, out_dtype: torch.dtype) -> Callable:
     def tbq_unpack(packed: torch.Tensor, out: torch.Tensor, tau: torch.Tensor,
-                   shift: torch.Tensor) -> None:
+                   d: torch.Tensor, shift: torch.Tensor) -> None:
         """One plane (field at bit ``shift``): 2-bit codes -> {0, +tau, -tau}.
 
         Code 3 is never produced; it decodes as 0.
         """
         c = _plane_codes(packed, 2, shift)
         zero = torch.zeros_like(tau)
-        out.copy_(torch.where(c == 1, tau, torch.where(c == 2, -tau, zero)))
+        _emit(out, torch.where(c == 1, tau, torch.where(c == 2, -tau, zero)), mode, d)
     return tbq_unpack
 
 
@@ -274,14 +293,14 @@ def _terngrad_pack_fn(bits: int) -> Callable:
     return terngrad_pack
 
 
-def _affine_unpack_fn(bits: int, out_dtype: torch.dtype) -> Callable:
+def _affine_unpack_fn(bits: int, mode: str, out_dtype: torch.dtype) -> Callable:
     def affine_unpack(packed: torch.Tensor, out: torch.Tensor, lo: torch.Tensor,
-                      gap: torch.Tensor, shift: torch.Tensor) -> None:
+                      gap: torch.Tensor, d: torch.Tensor, shift: torch.Tensor) -> None:
         """One plane (field at bit ``shift``): ``min + code * gap``, in ``out``'s dtype.
 
         The decode of Fig. 5's encode.
         """
-        out.copy_(lo + _plane_codes(packed, bits, shift).to(lo.dtype) * gap)
+        _emit(out, lo + _plane_codes(packed, bits, shift).to(lo.dtype) * gap, mode, d)
     return affine_unpack
 
 
@@ -419,9 +438,9 @@ def _run_unpack(kernel: Kernel, body: torch.Tensor, out: torch.Tensor, per: int,
     t = n - m * per
     if t:
         fn = kernel.eager(spec)
-        tmp = out.new_empty((1,))
         for k in range(t):  # the last byte holds the tail elements in fields 0, 1, ...
             kt = torch.tensor(k * (8 // per), dtype=torch.int32, device=body.device)
+            tmp = out[m * per + k: m * per + k + 1].clone()  # "add" reads it
             fn(body[m: m + 1], tmp, *args, kt)
             out[m * per + k] = tmp[0]
 
@@ -454,10 +473,15 @@ def onebit_encode(x: torch.Tensor, body: torch.Tensor) -> Tuple[torch.Tensor, to
     return pos, neg, amax
 
 
+def _divisor(out: torch.Tensor, d: float) -> torch.Tensor:
+    return torch.tensor(d, dtype=out.dtype, device=out.device)
+
+
 def onebit_decode(body: torch.Tensor, out: torch.Tensor, pos: torch.Tensor,
-                  neg: torch.Tensor) -> None:
-    """Write ``pos`` where the bit is 1 and ``neg`` where it is 0 into flat ``out``."""
-    _run_unpack(_K_ONEBIT_UNPACK, body, out, 8, (pos, neg))
+                  neg: torch.Tensor, mode: str = "set", d: float = 1.0) -> None:
+    """``pos`` where the bit is 1 and ``neg`` where it is 0, stored into flat ``out``
+    as ``mode`` says (``_emit``: set, add, or divide by ``d``)."""
+    _run_unpack(_K_ONEBIT_UNPACK, body, out, 8, (pos, neg, _divisor(out, d)), spec=(mode,))
 
 
 def onebit_residual(x: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> None:
@@ -470,9 +494,11 @@ def tbq_encode(x: torch.Tensor, body: torch.Tensor, tau: torch.Tensor) -> torch.
     return _max2(*_run_pack(_K_TBQ_PACK, x, body, 4, (tau,), (tau,)))
 
 
-def tbq_decode(body: torch.Tensor, out: torch.Tensor, tau: torch.Tensor) -> None:
-    """Decode TBQ codes into flat ``out`` (``tau`` in ``out``'s dtype)."""
-    _run_unpack(_K_TBQ_UNPACK, body, out, 4, (tau,))
+def tbq_decode(body: torch.Tensor, out: torch.Tensor, tau: torch.Tensor, mode: str = "set",
+               d: float = 1.0) -> None:
+    """Decode TBQ codes into flat ``out`` (``tau`` in ``out``'s dtype; ``mode`` as
+    ``onebit_decode``)."""
+    _run_unpack(_K_TBQ_UNPACK, body, out, 4, (tau, _divisor(out, d)), spec=(mode,))
 
 
 def minmax(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -504,9 +530,11 @@ def terngrad_encode(x: torch.Tensor, body: torch.Tensor, lo: torch.Tensor, gap: 
 
 
 def affine_decode(body: torch.Tensor, out: torch.Tensor, lo: torch.Tensor, gap: torch.Tensor,
-                  bits: int) -> None:
-    """Write ``lo + k * gap`` for the packed codes k into flat ``out``."""
-    _run_unpack(_K_AFFINE_UNPACK, body, out, 8 // bits, (lo, gap), spec=(bits,))
+                  bits: int, mode: str = "set", d: float = 1.0) -> None:
+    """``lo + k * gap`` for the packed codes k, stored into flat ``out`` (``mode`` as
+    ``onebit_decode``)."""
+    _run_unpack(_K_AFFINE_UNPACK, body, out, 8 // bits, (lo, gap, _divisor(out, d)),
+                spec=(bits, mode))
 
 
 # --------------------------------------------------------------------------

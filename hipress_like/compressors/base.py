@@ -309,6 +309,39 @@ class Compressor:
         """
         raise NotImplementedError
 
+    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        """``acc += decode(payload)`` in place (a PS aggregator's or Ring hop's sum).
+
+        The default decodes into a per-thread workspace and adds it; the
+        quantizers override it with one fused pass that gives the same bits.
+
+        Args:
+            payload: a payload of this compressor.
+            acc: contiguous tensor with the payload's element count and dtype.
+
+        Returns:
+            ``acc``.
+        """
+        dec = self.decode(payload, out=workspace(acc.numel(), acc.dtype, acc.device, "decode"))
+        return acc.add_(dec.view(acc.shape))
+
+    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
+        """``out = decode(payload) / n`` (the average of a summed payload over n ranks).
+
+        The default decodes into ``out`` and divides in place; the quantizers
+        override it with one fused pass that gives the same bits.
+
+        Args:
+            payload: a payload of this compressor.
+            out: contiguous tensor with the payload's element count and dtype.
+            n: the divisor (the number of ranks).
+
+        Returns:
+            ``out``.
+        """
+        self.decode(payload, out=out)
+        return out.div_(n)
+
     def subtract_decoded_(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
         """``x -= decode(payload)`` in place, where ``payload = encode(x)``: the residual.
 

@@ -164,6 +164,14 @@ class ErrorFeedback(Compressor):
         """The inner compressor's decode (into ``out`` when given)."""
         return self.inner.decode(payload, out=out)
 
+    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        """The inner compressor's ``decode_add_``."""
+        return self.inner.decode_add_(payload, acc)
+
+    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
+        """The inner compressor's ``decode_div_``."""
+        return self.inner.decode_div_(payload, out, n)
+
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """The inner compressor's merge (when it is aggregatable)."""
         return self.inner.merge(payloads)

@@ -101,12 +101,30 @@ class OneBit(Compressor):
         Raises:
             PayloadError: malformed, foreign or wrongly sized payload.
         """
+        return self._decode(payload, out, "set", 1.0)
+
+    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        """``acc += decode(payload)`` in one fused pass (same bits as decode, then add)."""
+        if not acc.is_contiguous():
+            return super().decode_add_(payload, acc)
+        self._decode(payload, acc, "add", 1.0)
+        return acc
+
+    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
+        """``out = decode(payload) / n`` in one fused pass (same bits as decode, then divide)."""
+        if not out.is_contiguous():
+            return super().decode_div_(payload, out, n)
+        self._decode(payload, out, "div", float(n))
+        return out
+
+    def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
+                d: float) -> torch.Tensor:
         h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
         check_body_nbytes(h, packed_nbytes(h.numel, 1), "onebit")
         dev = payload.device
         out = decode_output(h, out, dev)
         _fused.onebit_decode(h.body, out.view(-1), torch.tensor(v1, dtype=h.dtype, device=dev),
-                             torch.tensor(v0, dtype=h.dtype, device=dev))
+                             torch.tensor(v0, dtype=h.dtype, device=dev), mode, d)
         return out
 
     def subtract_decoded_(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:

@@ -112,11 +112,30 @@ class TBQ(Compressor):
         Raises:
             PayloadError: malformed, foreign or wrongly sized payload.
         """
+        return self._decode(payload, out, "set", 1.0)
+
+    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        """``acc += decode(payload)`` in one fused pass (same bits as decode, then add)."""
+        if not acc.is_contiguous():
+            return super().decode_add_(payload, acc)
+        self._decode(payload, acc, "add", 1.0)
+        return acc
+
+    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
+        """``out = decode(payload) / n`` in one fused pass (same bits as decode, then divide)."""
+        if not out.is_contiguous():
+            return super().decode_div_(payload, out, n)
+        self._decode(payload, out, "div", float(n))
+        return out
+
+    def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
+                d: float) -> torch.Tensor:
         h, (tau,) = unpack_fields(payload, self.algo_id, _EXTRA, "tbq")
         check_body_nbytes(h, packed_nbytes(h.numel, 2), "tbq")
         dev = payload.device
         out = decode_output(h, out, dev)
-        _fused.tbq_decode(h.body, out.view(-1), torch.tensor(tau, dtype=h.dtype, device=dev))
+        _fused.tbq_decode(h.body, out.view(-1), torch.tensor(tau, dtype=h.dtype, device=dev),
+                          mode, d)
         return out
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:

@@ -47,6 +47,8 @@ from .base import (
 from .ops import VALID_BITS, _fmix32, mix_seed, packed_nbytes
 from .registry import register
 
+_FULL = (torch.float32, torch.float64)  # output dtypes the fused add/divide serve
+
 __all__ = ["TernGrad"]
 
 _EXTRA = struct.Struct("<B7xdd")  # bitwidth, min, max
@@ -137,6 +139,27 @@ class TernGrad(Compressor):
         Raises:
             PayloadError: malformed, foreign or wrongly sized payload.
         """
+        return self._decode(payload, out, "set", 1.0)
+
+    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        """``acc += decode(payload)`` in one fused pass (same bits as decode, then add)."""
+        # half outputs: inductor may skip the rounding of the float32 value to the
+        # half dtype before the add (emulate_precision_casts is off), so the fused
+        # add would differ from decode-then-add in the last bit: use the generic path
+        if not acc.is_contiguous() or acc.dtype not in _FULL:
+            return super().decode_add_(payload, acc)
+        self._decode(payload, acc, "add", 1.0)
+        return acc
+
+    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
+        """``out = decode(payload) / n`` in one fused pass (same bits as decode, then divide)."""
+        if not out.is_contiguous() or out.dtype not in _FULL:  # see decode_add_
+            return super().decode_div_(payload, out, n)
+        self._decode(payload, out, "div", float(n))
+        return out
+
+    def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
+                d: float) -> torch.Tensor:
         h, (b, lo_f, hi_f) = unpack_fields(payload, self.algo_id, _EXTRA, "terngrad")
         if b not in VALID_BITS:
             raise PayloadError(f"terngrad payload declares bitwidth {b}, expected one of "
@@ -147,7 +170,7 @@ class TernGrad(Compressor):
         lo = torch.tensor(lo_f, dtype=cdt, device=dev)
         hi = torch.tensor(hi_f, dtype=cdt, device=dev)
         out = decode_output(h, out, dev)
-        _fused.affine_decode(h.body, out.view(-1), lo, _gap(lo, hi, b), b)
+        _fused.affine_decode(h.body, out.view(-1), lo, _gap(lo, hi, b), b, mode, d)
         return out
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:

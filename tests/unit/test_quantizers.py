@@ -204,3 +204,29 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplo
     assert len(warnings) == 1 and "eager" in warnings[0].getMessage()
     ref = torch.where(g > 0.5, 0.5, torch.where(g < -0.5, -0.5, 0.0))
     assert torch.equal(out1, ref) and torch.equal(out2, ref)
+
+
+@pytest.mark.parametrize("name,params", [("onebit", {}), ("tbq", {}), ("terngrad", {}),
+                                         ("terngrad", {"bitwidth": 4}), ("ef", {})])
+@pytest.mark.parametrize("n", [1001, 1 << 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_decode_add_and_div_match_decode_then_op(name, params, n, dtype):
+    """decode_add_ / decode_div_ (one fused pass; compiled for large n, eager for small,
+    with a partial last byte at n = 1001) give the bits of decode, then add_ / div_."""
+    from hipress_like.compressors.base import Compressor
+
+    c = C.get(name, **params)
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=gen).to(dtype)
+    payload, _ = c.encode(x, c.init(x))
+    acc = torch.randn(n, generator=gen).to(dtype)
+    want_add = acc.clone().add_(c.decode(payload))
+    assert torch.equal(c.decode_add_(payload, acc.clone()), want_add)
+    assert torch.equal(Compressor.decode_add_(c, payload, acc.clone()), want_add)
+    out = torch.empty(n, dtype=dtype)
+    want_div = c.decode(payload).div_(4)
+    assert torch.equal(c.decode_div_(payload, out, 4), want_div)
+    assert torch.equal(Compressor.decode_div_(c, payload, torch.empty(n, dtype=dtype), 4),
+                       want_div)
+    with pytest.raises(ValueError, match="elements"):
+        c.decode_add_(payload, torch.zeros(n + 1, dtype=dtype))
