@@ -515,12 +515,14 @@ class Engine:
     def _build_tasks(self, info: _GradInfo, work: torch.Tensor, handle: Handle) -> None:
         b = _StepBuilder(self, info, handle)
         flat = work.view(-1)
+        # submit() scanned the gradient for NaN/Inf (or zeroed it): compressors skip theirs
+        vouched = self.config.nonfinite != "ignore"
         if info.workflow == "allreduce":
             b.collective(info.idx, lambda: flat)
             return
         if info.workflow in ("rounds", "rounds-allreduce"):
             codec = CompressorCodec(self.compressor, self._states, f"{info.name}|0",
-                                    self._seed_of, self.size)
+                                    self._seed_of, self.size, vouched)
             if info.workflow == "rounds":
                 rounds_workflow(b, info.idx, work, codec, info.parts[0][2])
             else:
@@ -530,7 +532,7 @@ class Engine:
             x = flat[s:e]
             if info.compress:
                 codec = CompressorCodec(self.compressor, self._states, f"{info.name}|{p}",
-                                        self._seed_of, self.size)
+                                        self._seed_of, self.size, vouched)
             else:
                 codec = RawCodec(info.dtype)
             if info.workflow == "ring":

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..compressors.base import Compressor, State
+from ..compressors.base import Compressor, State, assume_finite
 
 __all__ = ["RawCodec", "CompressorCodec", "ps_workflow", "ring_workflow", "rounds_workflow",
            "rounds_collective_workflow", "chunk_bounds"]
@@ -81,8 +81,9 @@ class CompressorCodec:
     """
 
     def __init__(self, comp: Compressor, states: Dict[str, State], key: str,
-                 seed_of: Any, world_size: int):
+                 seed_of: Any, world_size: int, vouched: bool = False):
         self.comp = comp
+        self.vouched = vouched  # the engine scanned the gradient for NaN/Inf already
         self.states = states
         self.key = key
         self.seed_of = seed_of
@@ -105,15 +106,17 @@ class CompressorCodec:
     def encode(self, x: torch.Tensor, site: str) -> torch.Tensor:
         """Encode with the site's state, storing the new state."""
         st = self.state(x, site)
-        payload, self.states[f"{self.key}|{site}"] = self.comp.encode(x, st)
+        with assume_finite(self.vouched):
+            payload, self.states[f"{self.key}|{site}"] = self.comp.encode(x, st)
         return payload
 
     def encode_round(self, r: int, grad: torch.Tensor, site: str,
                      aggregate: Optional[torch.Tensor]) -> torch.Tensor:
         """Round ``r`` of a multi-round compressor with the site's state, storing the new state."""
         st = self.state(grad, site)
-        payload, self.states[f"{self.key}|{site}"] = self.comp.encode_round(r, grad, st,
-                                                                            aggregate)
+        with assume_finite(self.vouched):
+            payload, self.states[f"{self.key}|{site}"] = self.comp.encode_round(r, grad, st,
+                                                                                aggregate)
         return payload
 
     def decode_rounds_into(self, grad: torch.Tensor, site: str, aggregate: torch.Tensor) -> None:

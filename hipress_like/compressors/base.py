@@ -33,10 +33,11 @@ aggregatable per round). A compressor never calls a transport.
 """
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -45,6 +46,7 @@ __all__ = [
     "decode_output",
     "all_finite",
     "workspace",
+    "assume_finite",
     "view_as_dtype",
     "accumulator_dtype",
     "accumulate_",
@@ -136,12 +138,37 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x).all())
 
 
+_vouch = threading.local()
+
+
+@contextlib.contextmanager
+def assume_finite(on: bool = True) -> Iterator[None]:
+    """Within this block ``check_gradient(..., nonfinite="raise")`` skips its NaN/Inf scan.
+
+    For a caller that has already scanned the tensors it passes to a
+    compressor (the engine scans every submitted gradient once), so the
+    compressor does not sweep them a second time. Kernels that notice a
+    non-finite value on their own (the quantizers' max|x|) still raise,
+    through ``nonfinite="always"``. Thread-local; nests.
+
+    Args:
+        on: False makes the block a no-op (convenient for conditional use).
+    """
+    prev = getattr(_vouch, "on", False)
+    _vouch.on = prev or bool(on)
+    try:
+        yield
+    finally:
+        _vouch.on = prev
+
+
 def check_gradient(grad: Any, *, nonfinite: str = "raise", name: str = "gradient") -> None:
     """Validate a tensor before compression; raise a clear error on bad input.
 
     Args:
         grad: the tensor to check.
-        nonfinite: "raise" rejects NaN/Inf; "ignore" skips the (costly) scan.
+        nonfinite: "raise" rejects NaN/Inf (unless inside ``assume_finite``);
+            "always" rejects them even there; "ignore" skips the (costly) scan.
         name: how to call the tensor in messages.
 
     Raises:
@@ -157,7 +184,8 @@ def check_gradient(grad: Any, *, nonfinite: str = "raise", name: str = "gradient
         )
     if grad.numel() == 0:
         raise ValueError(f"{name}: empty tensor (shape {tuple(grad.shape)}) cannot be compressed")
-    if nonfinite == "raise" and not all_finite(grad):
+    scan = nonfinite == "always" or (nonfinite == "raise" and not getattr(_vouch, "on", False))
+    if scan and not all_finite(grad):
         raise ValueError(
             f"{name}: contains NaN or Inf; fix the loss/learning rate, or configure "
             "nonfinite='skip' to drop such steps"

@@ -84,7 +84,7 @@ class OneBit(Compressor):
                                      packed_nbytes(n, 1), g.device)
         pos, neg, amax = _fused.onebit_encode(g, body)
         if not bool(torch.isfinite(amax)):
-            check_gradient(grad)  # raises the standard NaN/Inf error
+            check_gradient(grad, nonfinite="always")  # raises the standard NaN/Inf error
         _fused.write_extra_f64(payload, grad.dim(), 0, (pos, neg))
         return payload, state
 

@@ -99,7 +99,7 @@ class TBQ(Compressor):
         tau = torch.tensor(self.threshold, dtype=_fused.compute_dtype(g.dtype), device=g.device)
         amax = _fused.tbq_encode(g, body, tau)
         if not bool(torch.isfinite(amax)):
-            check_gradient(grad)  # raises the standard NaN/Inf error
+            check_gradient(grad, nonfinite="always")  # raises the standard NaN/Inf error
         return payload, state
 
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -120,7 +120,7 @@ class TernGrad(Compressor):
         lo, hi = lo.to(cdt), hi.to(cdt)
         lo_f, hi_f = float(lo), float(hi)
         if not (abs(lo_f) < float("inf") and abs(hi_f) < float("inf")):
-            check_gradient(grad)  # raises the standard NaN/Inf error
+            check_gradient(grad, nonfinite="always")  # raises the standard NaN/Inf error
         payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape,
                                      _EXTRA.pack(b, lo_f, hi_f), packed_nbytes(n, b), g.device)
         seed = mix_seed(step_seed(int(state["seed"]), int(state["step"])))

@@ -230,3 +230,24 @@ def test_fused_decode_add_and_div_match_decode_then_op(name, params, n, dtype):
                        want_div)
     with pytest.raises(ValueError, match="elements"):
         c.decode_add_(payload, torch.zeros(n + 1, dtype=dtype))
+
+
+def test_assume_finite_skips_the_scan_but_kernels_still_catch_nan():
+    """Inside assume_finite (the engine scanned the gradient already) error feedback's
+    own scan is skipped; a NaN that reaches onebit's kernel still raises."""
+    from hipress_like.compressors.base import assume_finite, check_gradient
+
+    bad = torch.ones(64)
+    bad[5] = float("nan")
+    with assume_finite():
+        check_gradient(bad)  # vouched for: no scan
+        with pytest.raises(ValueError, match="NaN"):
+            check_gradient(bad, nonfinite="always")
+        c = C.get("ef", inner="onebit")
+        with pytest.raises(ValueError, match="NaN"):
+            c.encode(bad, c.init(bad))
+    with assume_finite(False):
+        with pytest.raises(ValueError, match="NaN"):
+            check_gradient(bad)
+    with pytest.raises(ValueError, match="NaN"):
+        check_gradient(bad)
