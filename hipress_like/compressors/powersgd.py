@@ -114,6 +114,7 @@ from .base import (
     pack_payload,
     unpack_fields,
     view_as_dtype,
+    workspace,
 )
 from .ops import matmul, orthogonalize_, uniform
 from .registry import register
@@ -265,16 +266,20 @@ class PowerSGD(Compressor):
                            alpha=-1.0).reshape(err.shape)
 
     def _matrix(self, grad: torch.Tensor, state: State) -> torch.Tensor:
-        """M = grad + error as a fresh (rows, cols) matrix in the compute dtype."""
-        self._check_error(grad, state)
-        err = self.error(state)
+        """M = grad + error as a fresh (rows, cols) matrix in the compute dtype.
+
+        One allocation: the sum is written into the (zero-padded) matrix itself.
+        """
+        err = self._check_error(grad, state)
+        if state.get("error_p") is not None:
+            err = self.error(state)
         acc = accumulator_dtype(grad.dtype)
-        flat = grad.detach().reshape(-1).to(acc) + err.reshape(-1).to(acc)
         rows, cols, _ = self._dims(grad.shape)
-        pad = rows * cols - flat.numel()
-        if pad:
-            flat = torch.cat([flat, flat.new_zeros(pad)])
-        return flat.reshape(rows, cols)
+        n = grad.numel()
+        m = torch.empty(rows * cols, dtype=acc, device=grad.device)
+        torch.add(grad.detach().reshape(-1).to(acc), err.reshape(-1).to(acc), out=m[:n])
+        m[n:].zero_()
+        return m.view(rows, cols)
 
     def _round_zero(self, grad: torch.Tensor, state: State,
                     q: torch.Tensor) -> Tuple[torch.Tensor, State]:
@@ -504,14 +509,19 @@ class PowerSGD(Compressor):
                     res = out.reshape(grad.shape).copy_(res)
             new_state.update(error=m.reshape(grad.shape), error_p=p)
             return res, new_state
-        # a fresh (padded) M: e = M - P^ (sum_Q / N)^T, kept explicit
-        approx = matmul(p, q_sum.t())
+        # a fresh (padded) M: e = M - P^ (sum_Q / N)^T, kept explicit; the product goes
+        # into a reused workspace when the result is copied into ``out`` anyway
+        approx = (workspace(rows * cols, m.dtype, m.device, "powersgd") if out is not None
+                  else torch.empty(rows * cols, dtype=m.dtype, device=m.device)).view(rows, cols)
+        _fused.powersgd_lowrank(p, q_sum.t().contiguous(), approx)
         err = m.sub_(approx, alpha=1.0 / n_ranks)
         if average:
-            approx = approx / n_ranks
-        res = approx.reshape(-1)[:numel].reshape(grad.shape).to(grad.dtype)
+            approx.div_(n_ranks)
+        res = approx.reshape(-1)[:numel].reshape(grad.shape)
         if out is not None:
             res = out.reshape(grad.shape).copy_(res)
+        elif res.dtype != grad.dtype:
+            res = res.to(grad.dtype)
         new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape), error_p=None)
         return res, new_state
 
