@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
+from ..compressors.base import assume_finite
 from .collectives import ring_allreduce
 from .model import CATEGORIES, Curve, Link, fit_link
 
@@ -425,14 +426,19 @@ def profile_compressor(
     enc_t, dec_t, pay = [], [], []
     for nbytes in _iterate(sizes, progress, f"{name} encode/decode"):
         grad = torch.randn(max(1, nbytes // 4), generator=gen)
+        out = torch.empty_like(grad)
         state = c.init(grad)
         if barrier:
             barrier()
-        enc_t.append(_time(lambda g=grad, s=state: c.encode(g, s), repeats, min_time))
-        payload, _ = c.encode(grad, state)
+        # as the engine runs them: it has scanned the gradient for NaN/Inf already
+        # (assume_finite), and it decodes into existing buffers (out=), never into a
+        # fresh tensor, whose page faults cost several memory copies here
+        with assume_finite():
+            enc_t.append(_time(lambda g=grad, s=state: c.encode(g, s), repeats, min_time))
+            payload, _ = c.encode(grad, state)
         pay.append(int(payload.numel()))
-        dec_t.append(_time(lambda p=payload: c.decode(p), repeats, min_time))
-        del grad, payload
+        dec_t.append(_time(lambda p=payload, o=out: c.decode(p, out=o), repeats, min_time))
+        del grad, payload, out
     ratio, header = _fit_payload(sizes, pay)
     enc_t, dec_t = monotone(enc_t), monotone(dec_t)
     return CompressorProfile(
