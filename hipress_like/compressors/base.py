@@ -52,6 +52,7 @@ __all__ = [
     "accumulate_",
     "Capabilities",
     "Compressor",
+    "FusedDecodeMixin",
     "PayloadError",
     "State",
     "check_gradient",
@@ -454,6 +455,36 @@ class Compressor:
     def params(self) -> Dict[str, Any]:
         """Constructor parameters (for reprs, plans and checkpoints)."""
         return {}
+
+
+class FusedDecodeMixin:
+    """``decode_add_``/``decode_div_`` through the compressor's own one-pass decode.
+
+    For compressors whose decode is one pointwise kernel (the quantizers):
+    they implement ``_decode(payload, out, mode, d)`` with the modes of
+    ``_fused._emit`` ("set", "add", "div" by ``d``), and this mixin (listed
+    before ``Compressor``) routes the fused sums and averages through it.
+    """
+
+    #: output dtypes the fused add and divide serve (None: every dtype)
+    fused_dtypes: Optional[Tuple[torch.dtype, ...]] = None
+
+    def _fused_ok(self, t: torch.Tensor) -> bool:
+        return t.is_contiguous() and (self.fused_dtypes is None or t.dtype in self.fused_dtypes)
+
+    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        """``acc += decode(payload)`` in one fused pass (same bits as decode, then add)."""
+        if not self._fused_ok(acc):
+            return super().decode_add_(payload, acc)  # type: ignore[misc]
+        self._decode(payload, acc, "add", 1.0)  # type: ignore[attr-defined]
+        return acc
+
+    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
+        """``out = decode(payload) / n`` in one fused pass (same bits as decode, then divide)."""
+        if not self._fused_ok(out):
+            return super().decode_div_(payload, out, n)  # type: ignore[misc]
+        self._decode(payload, out, "div", float(n))  # type: ignore[attr-defined]
+        return out
 
 
 def decode_output(h: Header, out: Optional[torch.Tensor], device: Any) -> torch.Tensor:

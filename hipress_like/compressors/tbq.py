@@ -27,6 +27,7 @@ from . import _fused
 from .base import (
     Capabilities,
     Compressor,
+    FusedDecodeMixin,
     State,
     check_body_nbytes,
     check_gradient,
@@ -44,7 +45,7 @@ _EXTRA = struct.Struct("<d")  # tau
 
 
 @register("tbq")
-class TBQ(Compressor):
+class TBQ(FusedDecodeMixin, Compressor):
     """Threshold binary quantization (biased; wrap it in error feedback).
 
     Algorithm (Strom 2015, Sec. 3):
@@ -113,20 +114,6 @@ class TBQ(Compressor):
             PayloadError: malformed, foreign or wrongly sized payload.
         """
         return self._decode(payload, out, "set", 1.0)
-
-    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-        """``acc += decode(payload)`` in one fused pass (same bits as decode, then add)."""
-        if not acc.is_contiguous():
-            return super().decode_add_(payload, acc)
-        self._decode(payload, acc, "add", 1.0)
-        return acc
-
-    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
-        """``out = decode(payload) / n`` in one fused pass (same bits as decode, then divide)."""
-        if not out.is_contiguous():
-            return super().decode_div_(payload, out, n)
-        self._decode(payload, out, "div", float(n))
-        return out
 
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:

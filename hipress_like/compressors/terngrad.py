@@ -35,6 +35,7 @@ from . import _fused
 from .base import (
     Capabilities,
     Compressor,
+    FusedDecodeMixin,
     PayloadError,
     State,
     check_body_nbytes,
@@ -46,8 +47,6 @@ from .base import (
 )
 from .ops import VALID_BITS, _fmix32, mix_seed, packed_nbytes
 from .registry import register
-
-_FULL = (torch.float32, torch.float64)  # output dtypes the fused add/divide serve
 
 __all__ = ["TernGrad"]
 
@@ -66,7 +65,7 @@ def step_seed(seed: int, step: int) -> int:
 
 
 @register("terngrad")
-class TernGrad(Compressor):
+class TernGrad(FusedDecodeMixin, Compressor):
     """TernGrad (Wen et al. 2017) in HiPress's Fig. 5 formulation; unbiased.
 
     Algorithm (HiPress Fig. 5):
@@ -89,6 +88,10 @@ class TernGrad(Compressor):
 
     name = "terngrad"
     algo_id = 12
+    # half outputs: inductor may skip the rounding of the float32 value to the half
+    # dtype before the fused add (emulate_precision_casts is off), which would differ
+    # from decode-then-add in the last bit; they take the generic path
+    fused_dtypes = (torch.float32, torch.float64)
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=True, stateful=True)
 
@@ -140,23 +143,6 @@ class TernGrad(Compressor):
             PayloadError: malformed, foreign or wrongly sized payload.
         """
         return self._decode(payload, out, "set", 1.0)
-
-    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-        """``acc += decode(payload)`` in one fused pass (same bits as decode, then add)."""
-        # half outputs: inductor may skip the rounding of the float32 value to the
-        # half dtype before the add (emulate_precision_casts is off), so the fused
-        # add would differ from decode-then-add in the last bit: use the generic path
-        if not acc.is_contiguous() or acc.dtype not in _FULL:
-            return super().decode_add_(payload, acc)
-        self._decode(payload, acc, "add", 1.0)
-        return acc
-
-    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
-        """``out = decode(payload) / n`` in one fused pass (same bits as decode, then divide)."""
-        if not out.is_contiguous() or out.dtype not in _FULL:  # see decode_add_
-            return super().decode_div_(payload, out, n)
-        self._decode(payload, out, "div", float(n))
-        return out
 
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
