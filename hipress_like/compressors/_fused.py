@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 
 from .base import header_nbytes
-from .ops import _as_i32, _pack_planes, _plane_codes, _uniform_from_counter
+from .ops import _as_i32, _pack_planes, _plane_codes, _uniform_from_counter, matmul
 
 __all__ = [
     "Kernel",
@@ -145,8 +145,13 @@ class Kernel:
                     # dynamic=None + mark_dynamic (in __call__): sizes are symbolic, but the
                     # closed-over constants stay constants (dynamic=True would turn them
                     # into symbols and break the fixed-width plane loops).
+                    # emulate_precision_casts: a cast to a half dtype inside a kernel
+                    # rounds as it does eagerly (inductor otherwise keeps the float32
+                    # value), so e.g. a fused decode-and-add of half outputs gives the
+                    # bits of decode-then-add (rule 2).
                     f = torch.compile(_clone(self.eager(spec), tag), dynamic=None,
-                                      fullgraph=True)
+                                      fullgraph=True,
+                                      options={"emulate_precision_casts": True})
                     self._compiled[key] = f
         return f
 
@@ -196,9 +201,6 @@ def _onebit_sums_fn() -> Callable:
         pos = x >= 0
         return torch.where(pos, q, 0.0).sum(), q.sum(), pos.sum()
     return onebit_sums
-
-
-DECODE_MODES = ("set", "add", "div")
 
 
 def _emit(out: torch.Tensor, v: torch.Tensor, mode: str, d: torch.Tensor) -> None:
@@ -343,7 +345,7 @@ def _powersgd_form_m_fn(rank: int, prev_rank: int, gdtype: torch.dtype,
         e.add_(g)
         if prev_rank:
             e.addmm_(p_prev, qt_prev, alpha=-1.0)
-        return torch.mm(e, qt.t())
+        return matmul(e, qt.t())
     return powersgd_form_m
 
 

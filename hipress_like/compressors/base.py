@@ -466,22 +466,16 @@ class FusedDecodeMixin:
     before ``Compressor``) routes the fused sums and averages through it.
     """
 
-    #: output dtypes the fused add and divide serve (None: every dtype)
-    fused_dtypes: Optional[Tuple[torch.dtype, ...]] = None
-
-    def _fused_ok(self, t: torch.Tensor) -> bool:
-        return t.is_contiguous() and (self.fused_dtypes is None or t.dtype in self.fused_dtypes)
-
     def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
         """``acc += decode(payload)`` in one fused pass (same bits as decode, then add)."""
-        if not self._fused_ok(acc):
+        if not acc.is_contiguous():
             return super().decode_add_(payload, acc)  # type: ignore[misc]
         self._decode(payload, acc, "add", 1.0)  # type: ignore[attr-defined]
         return acc
 
     def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
         """``out = decode(payload) / n`` in one fused pass (same bits as decode, then divide)."""
-        if not self._fused_ok(out):
+        if not out.is_contiguous():
             return super().decode_div_(payload, out, n)  # type: ignore[misc]
         self._decode(payload, out, "div", float(n))  # type: ignore[attr-defined]
         return out

@@ -88,10 +88,6 @@ class TernGrad(FusedDecodeMixin, Compressor):
 
     name = "terngrad"
     algo_id = 12
-    # half outputs: inductor may skip the rounding of the float32 value to the half
-    # dtype before the fused add (emulate_precision_casts is off), which would differ
-    # from decode-then-add in the last bit; they take the generic path
-    fused_dtypes = (torch.float32, torch.float64)
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=True, stateful=True)
 
