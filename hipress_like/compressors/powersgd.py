@@ -495,35 +495,32 @@ class PowerSGD(Compressor):
             raise ValueError(f"powersgd: out has {out.numel()} elements, the gradient {numel}")
         new_state = {k: v for k, v in state.items() if k not in ("p", "m")}
         new_state.update(q=q_avg, step=int(state.get("step", 0)) + 1)
-        if state.get("error") is None:
-            # M is the error buffer (round 0 fused): it stays, e = M - P^ q_avg^T (factored)
-            qt = (q_avg if average else q_sum).t().contiguous()
-            if (out is not None and out.dtype == m.dtype and out.is_contiguous()):
-                _fused.powersgd_lowrank(p, qt, out.view(rows, cols))
-                res = out
-            else:
-                approx = torch.empty_like(m)
-                _fused.powersgd_lowrank(p, qt, approx)
-                res = approx.reshape(grad.shape).to(grad.dtype)
-                if out is not None:
-                    res = out.reshape(grad.shape).copy_(res)
+        fused = state.get("error") is None  # round 0 formed M in the error buffer
+        # P^ Q^T goes straight into ``out`` when it can, else into a buffer (reused when
+        # the result is copied into ``out`` anyway): the average on the fused path; the
+        # sum on the padded one, whose error update needs it before the division
+        qt = (q_avg if fused and average else q_sum).t().contiguous()
+        direct = (fused and out is not None and out.dtype == m.dtype and out.is_contiguous())
+        if direct:
+            approx = out.view(rows, cols)
+        elif out is not None:
+            approx = workspace(rows * cols, m.dtype, m.device, "powersgd").view(rows, cols)
+        else:
+            approx = torch.empty(rows, cols, dtype=m.dtype, device=m.device)
+        _fused.powersgd_lowrank(p, qt, approx)
+        if fused:  # M stays as the error, factored: e = M - P^ q_avg^T
             new_state.update(error=m.reshape(grad.shape), error_p=p)
-            return res, new_state
-        # a fresh (padded) M: e = M - P^ (sum_Q / N)^T, kept explicit; the product goes
-        # into a reused workspace when the result is copied into ``out`` anyway
-        approx = (workspace(rows * cols, m.dtype, m.device, "powersgd") if out is not None
-                  else torch.empty(rows * cols, dtype=m.dtype, device=m.device)).view(rows, cols)
-        _fused.powersgd_lowrank(p, q_sum.t().contiguous(), approx)
-        err = m.sub_(approx, alpha=1.0 / n_ranks)
-        if average:
-            approx.div_(n_ranks)
+        else:  # a fresh (padded) M: e = M - P^ (sum_Q / N)^T, kept explicit
+            err = m.sub_(approx, alpha=1.0 / n_ranks)
+            new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape), error_p=None)
+            if average:
+                approx.div_(n_ranks)
+        if direct:
+            return out, new_state
         res = approx.reshape(-1)[:numel].reshape(grad.shape)
         if out is not None:
-            res = out.reshape(grad.shape).copy_(res)
-        elif res.dtype != grad.dtype:
-            res = res.to(grad.dtype)
-        new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape), error_p=None)
-        return res, new_state
+            return out.reshape(grad.shape).copy_(res), new_state
+        return (res if res.dtype == grad.dtype else res.to(grad.dtype)), new_state
 
     # -- single round (local) -------------------------------------------------
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
