@@ -684,7 +684,6 @@ class Engine:
                              error_arg=self._error_arg, digest=self._digest, msgs=msgs)
             t0 = time.perf_counter()
             got = self.transport.allgather(encode_report(rep, cfg.report_capacity), cfg.timeout)
-
             reports = [decode_report(t) for t in got]
             self._check_peer_errors(reports)
             coord.add_reports(reports)
@@ -698,7 +697,6 @@ class Engine:
                     fence.wait(cfg.timeout)
                 return any(r.flags & FLAG_NONFINITE for r in reports)
             plan = coord.plan_round(final=closed)
-
             moved = bool(plan.links or plan.buckets) or any(r.msgs for r in reports)
             if plan.links or plan.buckets:
                 if self._data is None:
@@ -731,7 +729,6 @@ class Engine:
             idle_rounds = idle_rounds + 1 if not moved else 0
 
     def _wait_rounds_idle(self, reported_closed: bool) -> None:
-
         """Block until the round executor has finished every handed-over round, or
         until this rank has news worth one metadata round: it closed its step since
         its last report (the planner can then flush every remaining bucket behind
