@@ -32,6 +32,16 @@ decode itself). Tensors
 smaller than ``MIN_COMPILE_NUMEL`` run eagerly (the compiled call's fixed
 overhead would dominate). ``HIPRESS_NO_COMPILE=1`` forces eager; a failed
 compilation logs one warning and falls back to eager for good.
+
+The GIL: inductor's default CPU wrapper calls its C++ loop *holding* the
+GIL, so a 10 ms encode stops every other Python thread of the process for
+10 ms: the engine's planner, round executor and the framework's own
+threads (measured: the first coordinator round of a VGG-like step came
+~100 ms late, all of it spent waiting for encodes). Eager torch ops release
+the GIL; so does inductor's ``cpp_wrapper`` mode, at ~60 us more per call.
+Calls whose first tensor has at least ``GIL_FREE_NUMEL`` elements (where
+a loop takes a millisecond or more) therefore use a second compilation
+with ``cpp_wrapper`` on; smaller calls keep the cheaper wrapper.
 """
 from __future__ import annotations
 
@@ -49,6 +59,7 @@ from .ops import _as_i32, _pack_planes, _plane_codes, _uniform_from_counter, mat
 __all__ = [
     "Kernel",
     "MIN_COMPILE_NUMEL",
+    "GIL_FREE_NUMEL",
     "compile_enabled",
     "onebit_encode",
     "onebit_decode",
@@ -69,6 +80,10 @@ _log = logging.getLogger(__name__)
 #: Below this many elements the eager path is used (the compiled call costs
 #: tens of microseconds of guards and dispatch; eager is as fast there).
 MIN_COMPILE_NUMEL = 1 << 16
+
+#: From this many elements a call runs the compilation that releases the GIL
+#: (inductor ``cpp_wrapper``; see the module doc).
+GIL_FREE_NUMEL = 1 << 20
 
 _warned = False
 _broken = False
@@ -133,15 +148,18 @@ class Kernel:
             f = self._eager[spec] = self.factory(*spec)
         return f
 
-    def compiled(self, spec: Tuple[Any, ...], dtype: torch.dtype) -> Callable:
-        """The compiled function for ``spec`` and ``dtype`` (compiled on first use)."""
-        key = (spec, dtype)
+    def compiled(self, spec: Tuple[Any, ...], dtype: torch.dtype,
+                 gil_free: bool = False) -> Callable:
+        """The compiled function for ``spec`` and ``dtype`` (compiled on first use);
+        ``gil_free`` selects the compilation whose calls release the GIL."""
+        key = (spec, dtype, gil_free)
         f = self._compiled.get(key)
         if f is None:
             with _lock:
                 f = self._compiled.get(key)
                 if f is None:
                     tag = "_".join(str(s).split(".")[-1] for s in (*spec, dtype))
+                    tag += "_nogil" if gil_free else ""
                     # dynamic=None + mark_dynamic (in __call__): sizes are symbolic, but the
                     # closed-over constants stay constants (dynamic=True would turn them
                     # into symbols and break the fixed-width plane loops).
@@ -149,9 +167,11 @@ class Kernel:
                     # rounds as it does eagerly (inductor otherwise keeps the float32
                     # value), so e.g. a fused decode-and-add of half outputs gives the
                     # bits of decode-then-add (rule 2).
+                    options = {"emulate_precision_casts": True}
+                    if gil_free:
+                        options["cpp_wrapper"] = True
                     f = torch.compile(_clone(self.eager(spec), tag), dynamic=None,
-                                      fullgraph=True,
-                                      options={"emulate_precision_casts": True})
+                                      fullgraph=True, options=options)
                     self._compiled[key] = f
         return f
 
@@ -162,7 +182,9 @@ class Kernel:
         if numel >= MIN_COMPILE_NUMEL and compile_enabled():
             dtype = spec[-1] if spec and isinstance(spec[-1], torch.dtype) else args[0].dtype
             try:
-                f = self.compiled(spec, dtype)
+                # the GIL matters per call: a decode runs one call per bit plane
+                work = args[0].numel() if isinstance(args[0], torch.Tensor) else numel
+                f = self.compiled(spec, dtype, work >= GIL_FREE_NUMEL)
                 for a in args:
                     if isinstance(a, torch.Tensor) and a.dim() == 1 and a.numel() > 1:
                         torch._dynamo.mark_dynamic(a, 0)
