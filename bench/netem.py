@@ -239,7 +239,7 @@ def run_in_namespaces(n: int, argv: Sequence[str], env: Optional[Mapping[str, st
                  OMP_NUM_THREADS="1")
         e.update(env or {})
         procs.append(subprocess.Popen(["ip", "netns", "exec", f"h{i}", *argv], env=e,
-                                      start_new_session=True))
+                                      process_group=0))
     deadline = None if timeout is None else time.monotonic() + timeout
     rcs: List[Optional[int]] = [None] * n
     while any(rc is None for rc in rcs):

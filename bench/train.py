@@ -200,7 +200,7 @@ def _run_local(cmd, nprocs, pypath, timeout):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(r),
                    LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                    OMP_NUM_THREADS="1", PYTHONPATH=pypath)
-        procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+        procs.append(subprocess.Popen(cmd, env=env, process_group=0))
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs):
         failed = any(p.returncode not in (None, 0) for p in procs)

@@ -204,14 +204,14 @@ def run_workers(fn: Callable[..., Any], nprocs: int, backend: str = "gloo",
                 e = dict(base_env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nprocs),
                          LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
                          MASTER_PORT=port)
-                procs.append(subprocess.Popen(cmd_tail, env=e, start_new_session=True))
+                procs.append(subprocess.Popen(cmd_tail, env=e, process_group=0))
         else:
             e = dict(base_env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
             forward: List[str] = []
             for k in sorted(set(env or {}) | {"OMP_NUM_THREADS", "PYTHONPATH"}):
                 forward += ["-x", k]
             procs.append(subprocess.Popen(mpirun_command(nprocs) + forward + cmd_tail, env=e,
-                                          start_new_session=True))
+                                          process_group=0))
         return _supervise(procs, nprocs, backend, workdir, timeout, grace)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -223,7 +223,7 @@ def _kill(procs: Sequence[subprocess.Popen]) -> List[bool]:
     for p in procs:
         if p.poll() is None:
             try:
-                os.killpg(p.pid, signal.SIGKILL)  # the worker's own session: its whole tree
+                os.killpg(p.pid, signal.SIGKILL)  # the worker's own process group: its whole tree
             except (ProcessLookupError, PermissionError):
                 p.kill()
     for p in procs:
