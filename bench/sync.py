@@ -161,7 +161,8 @@ def worker(args) -> None:
             plan = Plan(compressor=comp, params=params, strategy=cfg["strategy"], rule=rule)
             eng = Engine(tr, EngineConfig(compressor=None, plan=plan, strategy=cfg["strategy"],
                                           coordinator=cfg["coordinator"], timeout=300,
-                                          raw_collective=cfg.get("raw_collective", True)))
+                                          raw_collective=cfg.get("raw_collective", True),
+                                          **json.loads(args.engine)))
             try:
                 eng.register([(k, tuple(v.shape), v.dtype) for k, v in grads.items()])
 
@@ -259,6 +260,9 @@ def main(argv=None) -> int:
                    "e.g. ps+identity,ps+onebit (default: all)")
     p.add_argument("--out", default=os.path.join("results", "sync.json"))
     p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--engine", default="{}",
+                   help="extra EngineConfig fields for every configuration, as JSON "
+                        "(e.g. '{\"matching\": true}')")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--net", default="loopback", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -276,7 +280,8 @@ def main(argv=None) -> int:
         fd, res = tempfile.mkstemp(suffix=".json")
         os.close(fd)
         wargv = [sys.executable, os.path.abspath(__file__), "--worker", "--net", net,
-                 "--lists", ",".join(a.lists), "--reps", str(a.reps), "--result", res]
+                 "--lists", ",".join(a.lists), "--reps", str(a.reps), "--result", res,
+                 "--engine", a.engine]
         if a.quick:
             wargv.append("--quick")
         if a.only:
