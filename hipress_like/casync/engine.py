@@ -458,6 +458,7 @@ class Engine:
         self._unreported: List[Tuple[int, int, int]] = []
         self._outbox: Dict[Tuple[int, int], Tuple[torch.Tensor, Task]] = {}
         self._collective: Dict[int, Tuple[Task, torch.Tensor]] = {}
+        self._planned: List[Task] = []  # collectives in planned rounds (done or not)
         self._expect: Dict[int, Task] = {}
         self._early: Dict[int, torch.Tensor] = {}
         self._handles: List[Handle] = []
@@ -680,7 +681,7 @@ class Engine:
                     (FLAG_ERROR if self._error is not None else 0) | \
                     (FLAG_NONFINITE if self._nonfinite else 0)
                 closed_here = self._closed
-                rep = Report(flags=flags, outstanding=self._graph.outstanding(),
+                rep = Report(flags=flags, outstanding=self._unplanned_outstanding(),
                              error_arg=self._error_arg, digest=self._digest, msgs=msgs)
             t0 = time.perf_counter()
             got = self.transport.allgather(encode_report(rep, cfg.report_capacity), cfg.timeout)
@@ -698,6 +699,25 @@ class Engine:
                 return any(r.flags & FLAG_NONFINITE for r in reports)
             plan = coord.plan_round(final=closed)
             moved = bool(plan.links or plan.buckets) or any(r.msgs for r in reports)
+            if plan.buckets:
+                with self._cv:
+                    self._planned.extend(self._collective[key][0]
+                                         for b in plan.buckets for key, _ in b)
+            if closed and plan.buckets and not plan.links and coord.empty():
+                # Every rank has closed, and every task still outstanding on every
+                # rank (collectives of earlier rounds aside) is a collective of
+                # this round: once the rounds run, the step is complete
+                # everywhere, so the closing metadata round is skipped.
+                nkeys = sum(len(b) for b in plan.buckets)
+                if all(r.outstanding == nkeys for r in reports):
+                    if self._data is None:
+                        self._execute(plan, t0, self.transport)
+                    else:
+                        self._hand_over(("round", plan))
+                        fence = threading.Event()
+                        self._hand_over(("fence", fence))
+                        fence.wait(cfg.timeout)
+                    return any(r.flags & FLAG_NONFINITE for r in reports)
             if plan.links or plan.buckets:
                 if self._data is None:
                     self._execute(plan, t0, self.transport)
@@ -727,6 +747,16 @@ class Engine:
             held = coord.held() and not plan.links
             idle = not moved or held
             idle_rounds = idle_rounds + 1 if not moved else 0
+
+    def _unplanned_outstanding(self) -> int:
+        """Tasks not done, less the collectives already planned into a round (they
+        complete without further coordination). Call with ``self._cv`` held.
+
+        The graph is read first: a planned collective finishing in between is then
+        counted, not missed, so the figure can only be too high (one more
+        metadata round), never too low."""
+        n = self._graph.outstanding()
+        return n - sum(1 for t in self._planned if t.state != "done")
 
     def _wait_rounds_idle(self, reported_closed: bool) -> None:
         """Block until the round executor has finished every handed-over round, or
