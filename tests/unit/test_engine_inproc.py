@@ -197,10 +197,14 @@ def test_collective_lane_mixed_dtypes_sizes_and_compressed_neighbours(fusion):
     assert res[0][1]["d"]["workflow"] == "ps"
 
 
-def test_coordinator_off_still_correct():
+@pytest.mark.parametrize("cfg", [{"coordinator": False}, {"matching": True},
+                                 {"coordinator": False, "matching": True}])
+def test_coordinator_variants_still_correct(cfg):
+    """Coordinator off (one message per link and round) and HiPress's link matching
+    (each rank sends to one peer and receives from one per round) move the same bytes."""
     sizes = [16] * 40
     res = run_engine(3, Plan(compressor="identity", rule=SizeRule(min_compress_bytes=1 << 40)),
-                     "ps", sizes=sizes, cfg={"coordinator": False, "matching": False})
+                     "ps", sizes=sizes, cfg=dict(cfg, raw_collective=False))
     all_g = [make_grads(r, sizes) for r in range(3)]
     for k in all_g[0]:
         assert torch.equal(res[1][0][0][k], exact_ps(all_g, k))
