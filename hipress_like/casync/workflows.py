@@ -135,6 +135,10 @@ class CompressorCodec:
         """``acc += decode(payload)`` (fused where the compressor can, else via a workspace)."""
         self.comp.decode_add_(payload, acc)
 
+    def add_decoded_many(self, payloads: List[torch.Tensor], acc: torch.Tensor) -> None:
+        """``acc += decode(p)`` for each payload in order (one pass where the compressor can)."""
+        self.comp.decode_add_many_(payloads, acc)
+
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Compressed-domain sum (aggregatable compressors)."""
         return self.comp.merge(payloads)
@@ -170,9 +174,7 @@ def ps_workflow(b, g: int, p: int, x: torch.Tensor, codec, agg: int) -> None:
             # x itself (the pull's decode overwrites x afterwards): no allocation.
             # Only this rank sums, so the order fixes run-to-run reproducibility,
             # not agreement between ranks (they all decode the same pull bytes).
-            for s in range(n):
-                if s != me:
-                    codec.add_decoded(box.pop(f"from{s}"), x)
+            codec.add_decoded_many([box.pop(f"from{s}") for s in range(n) if s != me], x)
             box["pull"] = codec.encode(x, "pull")
 
         last = b.compute("merge", g, p, merge_encode, list(recvs.values()))

@@ -49,7 +49,7 @@ import logging
 import os
 import threading
 import types
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import torch
 
@@ -64,6 +64,7 @@ __all__ = [
     "onebit_encode",
     "onebit_decode",
     "onebit_residual",
+    "onebit_decode_add_many",
     "tbq_encode",
     "tbq_decode",
     "minmax",
@@ -249,6 +250,20 @@ def _onebit_unpack_fn(mode: str, out_dtype: torch.dtype) -> Callable:
     return onebit_unpack
 
 
+def _onebit_unpack_add_many_fn(count: int) -> Callable:
+    def onebit_unpack_add_many(out: torch.Tensor, shift: torch.Tensor, *planes: torch.Tensor
+                               ) -> None:
+        """One plane of ``count`` payloads added into float32 ``out`` in order:
+        ``planes`` is (packed, pos, neg) per payload. The float32 sums round
+        as the same additions one payload at a time would."""
+        acc = out
+        for i in range(count):
+            packed, pos, neg = planes[3 * i: 3 * i + 3]
+            acc = acc + torch.where(_plane_codes(packed, 1, shift) != 0, pos, neg)
+        out.copy_(acc)
+    return onebit_unpack_add_many
+
+
 def _onebit_residual_fn(dtype: torch.dtype) -> Callable:
     def onebit_residual(x: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> None:
         """``x -= (pos if x >= 0 else neg)``: x minus its 1-bit reconstruction."""
@@ -332,6 +347,7 @@ _K_ONEBIT_PACK = Kernel(_onebit_pack_fn, "onebit encode")
 _K_ONEBIT_SUMS = Kernel(_onebit_sums_fn, "onebit sums")
 _K_ONEBIT_UNPACK = Kernel(_onebit_unpack_fn, "onebit decode")
 _K_ONEBIT_RESIDUAL = Kernel(_onebit_residual_fn, "onebit residual")
+_K_ONEBIT_UNPACK_ADD_MANY = Kernel(_onebit_unpack_add_many_fn, "onebit decode-add (many)")
 _K_TBQ_PACK = Kernel(_tbq_pack_fn, "tbq encode")
 _K_TBQ_UNPACK = Kernel(_tbq_unpack_fn, "tbq decode")
 _K_MINMAX = Kernel(_minmax_fn, "minmax")
@@ -459,14 +475,21 @@ def _run_unpack(kernel: Kernel, body: torch.Tensor, out: torch.Tensor, per: int,
         for k in range(per):
             kt = torch.tensor(k * (8 // per), dtype=torch.int32, device=body.device)
             kernel(body[:m], out[k * m: (k + 1) * m], *args, kt, spec=spec, numel=n)
-    t = n - m * per
-    if t:
-        fn = kernel.eager(spec)
-        for k in range(t):  # the last byte holds the tail elements in fields 0, 1, ...
-            kt = torch.tensor(k * (8 // per), dtype=torch.int32, device=body.device)
-            tmp = out[m * per + k: m * per + k + 1].clone()  # "add" reads it
-            fn(body[m: m + 1], tmp, *args, kt)
-            out[m * per + k] = tmp[0]
+    if n - m * per:
+        _run_unpack_tail(kernel, body, out, per, args, spec[:-1])
+
+
+def _run_unpack_tail(kernel: Kernel, body: torch.Tensor, out: torch.Tensor, per: int,
+                     args: Tuple[Any, ...], spec: Tuple[Any, ...]) -> None:
+    """The elements of the last partial byte (fields 0, 1, ...), eagerly."""
+    n = out.numel()
+    m = n // per
+    fn = kernel.eager(spec + (out.dtype,))
+    for k in range(n - m * per):
+        kt = torch.tensor(k * (8 // per), dtype=torch.int32, device=body.device)
+        tmp = out[m * per + k: m * per + k + 1].clone()  # "add" reads it
+        fn(body[m: m + 1], tmp, *args, kt)
+        out[m * per + k] = tmp[0]
 
 
 def _max2(a: Any, b: Any) -> torch.Tensor:
@@ -506,6 +529,29 @@ def onebit_decode(body: torch.Tensor, out: torch.Tensor, pos: torch.Tensor,
     """``pos`` where the bit is 1 and ``neg`` where it is 0, stored into flat ``out``
     as ``mode`` says (``_emit``: set, add, or divide by ``d``)."""
     _run_unpack(_K_ONEBIT_UNPACK, body, out, 8, (pos, neg, _divisor(out, d)), spec=(mode,))
+
+
+def onebit_decode_add_many(bodies: Sequence[torch.Tensor], out: torch.Tensor,
+                           values: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """``out += decode(body_i)`` for each payload in order, one pass over float32 ``out``.
+
+    ``values[i]`` is payload i's (value for 1, value for 0) as 0-d float32
+    tensors. Planes go through one kernel for all payloads; the elements of the
+    last partial byte are added payload by payload (same order, same bits).
+    """
+    n = out.numel()
+    m = n // 8
+    count = len(bodies)
+    if m:
+        for k in range(8):
+            kt = torch.tensor(k, dtype=torch.int32, device=out.device)
+            args = [t for body, (pos, neg) in zip(bodies, values) for t in (body[:m], pos, neg)]
+            _K_ONEBIT_UNPACK_ADD_MANY(out[k * m: (k + 1) * m], kt, *args, spec=(count,),
+                                      numel=n)
+    if n - m * 8:
+        one = torch.ones((), dtype=out.dtype, device=out.device)
+        for body, (pos, neg) in zip(bodies, values):
+            _run_unpack_tail(_K_ONEBIT_UNPACK, body, out, 8, (pos, neg, one), ("add",))
 
 
 def onebit_residual(x: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> None:

@@ -354,6 +354,21 @@ class Compressor:
         dec = self.decode(payload, out=workspace(acc.numel(), acc.dtype, acc.device, "decode"))
         return acc.add_(dec.view(acc.shape))
 
+    def decode_add_many_(self, payloads: Sequence[torch.Tensor],
+                         acc: torch.Tensor) -> torch.Tensor:
+        """``acc += decode(p)`` for each payload in order (a PS aggregator's merge).
+
+        The default is a loop of ``decode_add_``; onebit overrides it with one
+        pass over ``acc`` for all the payloads, which gives the same bits (each
+        element still sees the additions in the same order).
+
+        Returns:
+            ``acc``.
+        """
+        for p in payloads:
+            self.decode_add_(p, acc)
+        return acc
+
     def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
         """``out = decode(payload) / n`` (the average of a summed payload over n ranks).
 

@@ -168,6 +168,11 @@ class ErrorFeedback(Compressor):
         """The inner compressor's ``decode_add_``."""
         return self.inner.decode_add_(payload, acc)
 
+    def decode_add_many_(self, payloads: List[torch.Tensor],
+                         acc: torch.Tensor) -> torch.Tensor:
+        """The inner compressor's ``decode_add_many_``."""
+        return self.inner.decode_add_many_(payloads, acc)
+
     def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
         """The inner compressor's ``decode_div_``."""
         return self.inner.decode_div_(payload, out, n)

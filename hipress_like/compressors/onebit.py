@@ -23,7 +23,7 @@ for bit across eager/compiled runs and thread counts.
 from __future__ import annotations
 
 import struct
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -113,6 +113,27 @@ class OneBit(FusedDecodeMixin, Compressor):
         _fused.onebit_decode(h.body, out.view(-1), torch.tensor(v1, dtype=h.dtype, device=dev),
                              torch.tensor(v0, dtype=h.dtype, device=dev), mode, d)
         return out
+
+    def decode_add_many_(self, payloads: Sequence[torch.Tensor],
+                         acc: torch.Tensor) -> torch.Tensor:
+        """``acc += decode(p)`` for each payload in order, in one pass over ``acc``.
+
+        Float32 accumulators only (the sums then round exactly as a loop of
+        ``decode_add_`` does); other dtypes and mismatched payloads take the loop.
+        """
+        if len(payloads) < 2 or acc.dtype != torch.float32 or not acc.is_contiguous():
+            return super().decode_add_many_(payloads, acc)
+        bodies, values = [], []
+        for payload in payloads:
+            h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
+            check_body_nbytes(h, packed_nbytes(h.numel, 1), "onebit")
+            if h.numel != acc.numel() or h.dtype != acc.dtype or payload.device != acc.device:
+                return super().decode_add_many_(payloads, acc)
+            bodies.append(h.body)
+            values.append((torch.tensor(v1, dtype=acc.dtype, device=acc.device),
+                           torch.tensor(v0, dtype=acc.dtype, device=acc.device)))
+        _fused.onebit_decode_add_many(bodies, acc.view(-1), values)
+        return acc
 
     def subtract_decoded_(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
         """``x -= decode(encode(x))`` in one pass: the bit of x_i is ``x_i >= 0``, so

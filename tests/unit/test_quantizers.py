@@ -227,6 +227,38 @@ def test_large_compiled_calls_release_the_gil():
     assert inside >= 5, f"{inside} ticks during a {1e3 * (t1 - t0):.1f} ms kernel call"
 
 
+@pytest.mark.parametrize("n", [1001, 8 * 1021 + 5, 1 << 17])
+@pytest.mark.parametrize("count", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_decode_add_many_matches_a_loop_of_decode_add(n, count, dtype, compiled, monkeypatch):
+    """A PS aggregator's merge: onebit adds all payloads in one pass over the
+    accumulator, with the bits of adding them one by one (full bytes in the
+    kernel, the last partial byte eagerly; half accumulators take the loop)."""
+    if compiled and not _fused.compile_enabled():
+        pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
+    monkeypatch.setattr(_fused, "MIN_COMPILE_NUMEL", 64 if compiled else 1 << 40)
+    c = C.get("onebit")
+    payloads = [c.encode(_grad(n, seed=10 + i, dtype=dtype), {})[0] for i in range(count)]
+    acc0 = _grad(n, seed=99, dtype=dtype)
+    fused = c.decode_add_many_(payloads, acc0.clone())
+    loop = acc0.clone()
+    for p in payloads:
+        c.decode_add_(p, loop)
+    assert torch.equal(fused, loop)
+    # the engine's error-feedback wrapper passes it through
+    ef = C.get("ef", inner="onebit")
+    assert torch.equal(ef.decode_add_many_(payloads, acc0.clone()), loop)
+
+
+def test_decode_add_many_rejects_a_foreign_payload():
+    c = C.get("onebit")
+    good = c.encode(_grad(100, seed=1), {})[0]
+    bad = C.get("tbq").encode(_grad(100, seed=1), {})[0]
+    with pytest.raises(C.PayloadError):
+        c.decode_add_many_([good, bad], torch.zeros(100))
+
+
 def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplog):
     def broken_compile(*args, **kwargs):
         raise RuntimeError("no compiler here")
