@@ -65,6 +65,7 @@ __all__ = [
     "onebit_decode",
     "onebit_residual",
     "onebit_decode_add_many",
+    "onebit_encode_accumulated",
     "tbq_encode",
     "tbq_decode",
     "minmax",
@@ -212,6 +213,18 @@ def _onebit_pack_fn() -> Callable:
     return onebit_pack
 
 
+def _onebit_pack_acc_fn() -> Callable:
+    def onebit_pack_acc(mem: torch.Tensor, grad: torch.Tensor, out: torch.Tensor
+                        ) -> torch.Tensor:
+        """``mem += grad`` (error feedback's compensation), then ``onebit_pack`` of the
+        sum, in one sweep: the sum is stored and packed without reading it back."""
+        x = mem + grad
+        mem.copy_(x)
+        out.copy_(_pack_planes(torch.where(x.view(8, -1) >= 0, 1.0, 0.0), 1))
+        return x.abs().amax()
+    return onebit_pack_acc
+
+
 def _onebit_sums_fn() -> Callable:
     def onebit_sums(x: torch.Tensor, scale: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Exact, order-independent sums for 1-bit SGD's two reconstruction values.
@@ -344,6 +357,7 @@ def _affine_unpack_fn(bits: int, mode: str, out_dtype: torch.dtype) -> Callable:
 
 
 _K_ONEBIT_PACK = Kernel(_onebit_pack_fn, "onebit encode")
+_K_ONEBIT_PACK_ACC = Kernel(_onebit_pack_acc_fn, "onebit accumulate+encode")
 _K_ONEBIT_SUMS = Kernel(_onebit_sums_fn, "onebit sums")
 _K_ONEBIT_UNPACK = Kernel(_onebit_unpack_fn, "onebit decode")
 _K_ONEBIT_RESIDUAL = Kernel(_onebit_residual_fn, "onebit residual")
@@ -505,6 +519,29 @@ def onebit_encode(x: torch.Tensor, body: torch.Tensor) -> Tuple[torch.Tensor, to
     for an empty part), from exact fixed-point sums.
     """
     amax = _max2(*_run_pack(_K_ONEBIT_PACK, x, body, 8, (), ()))
+    return _onebit_values(x, amax)
+
+
+def onebit_encode_accumulated(mem: torch.Tensor, grad: torch.Tensor, body: torch.Tensor
+                              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``mem += grad``, then ``onebit_encode(mem, body)``, with the addition fused into
+    the packing sweep (flat contiguous tensors of one dtype; same bits as the two
+    steps: the float sum rounds the same in the kernel as in ``add_``)."""
+    n = mem.numel()
+    full = n - n % 8
+    r_main = r_tail = None
+    if full:
+        r_main = _K_ONEBIT_PACK_ACC(mem[:full], grad[:full], body[: full // 8])
+    if full < n:
+        mem[full:].add_(grad[full:])
+        _, tail = _split(mem, 8)
+        r_tail = _K_ONEBIT_PACK.eager(())(tail, body[full // 8:])
+    return _onebit_values(mem, _max2(r_main, r_tail))
+
+
+def _onebit_values(x: torch.Tensor, amax: torch.Tensor
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """1-bit SGD's two reconstruction values of flat ``x`` (packed already), and max|x|."""
     # Fixed-point unit: the power of two with max|x| * scale in [2**19, 2**20], so the
     # sums of rint(x * scale) are exact up to 2**33 elements (float64 has 53 bits) and
     # dividing by scale is exact. (0 -> 2**20; tiny inputs are capped at 2**1000.)

@@ -354,6 +354,27 @@ class Compressor:
         dec = self.decode(payload, out=workspace(acc.numel(), acc.dtype, acc.device, "decode"))
         return acc.add_(dec.view(acc.shape))
 
+    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State
+                            ) -> Optional[Tuple[torch.Tensor, State]]:
+        """``mem += grad``, then ``encode(mem, state)``, fused where the compressor can.
+
+        Error feedback's compensation step (``p = m + g``) followed by the
+        encode of ``p``: a compressor whose encode sweeps its input anyway can
+        add ``grad`` in that sweep and store the sum, saving one pass over
+        the memory. The default returns None (not fused here): the caller
+        then adds and encodes in two steps. An override must give the same
+        payload and leave the same ``mem`` as those two steps.
+
+        Args:
+            mem: contiguous tensor of ``grad``'s shape and dtype (updated in place).
+            grad: the gradient.
+            state: this compressor's state.
+
+        Returns:
+            (payload, new state), or None.
+        """
+        return None
+
     def decode_add_many_(self, payloads: Sequence[torch.Tensor],
                          acc: torch.Tensor) -> torch.Tensor:
         """``acc += decode(p)`` for each payload in order (a PS aggregator's merge).

@@ -146,6 +146,15 @@ class ErrorFeedback(Compressor):
             TypeError, ValueError: bad gradient or a memory of another shape.
         """
         check_gradient(grad)
+        mem = self._memory(grad, state)
+        if self.beta == 1.0 and self.gamma == 1.0 and mem.dtype == grad.dtype \
+                and mem.is_contiguous():
+            # p = m + g added in the inner encode's own sweep where it can (onebit)
+            fused = self.inner.encode_accumulated_(mem, grad, state.get("inner", {}))
+            if fused is not None:
+                payload, inner_state = fused
+                return payload, {"error": self.inner.subtract_decoded_(mem, payload),
+                                 "inner": inner_state}
         # p = beta m + gamma g, in the memory buffer (accumulate_) when it can be
         p = accumulate_(self._memory(grad, state), grad, self.beta,
                         self.gamma).view(grad.shape)

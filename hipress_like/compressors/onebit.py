@@ -89,6 +89,23 @@ class OneBit(FusedDecodeMixin, Compressor):
         _fused.write_extra_f64(payload, grad.dim(), 0, (pos, neg))
         return payload, state
 
+    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State
+                            ) -> Optional[Tuple[torch.Tensor, State]]:
+        """``mem += grad`` and ``encode(mem)`` with the addition in the packing sweep
+        (same payload and memory as the two steps; error feedback's fast path)."""
+        if mem.dtype != grad.dtype or mem.shape != grad.shape or not mem.is_contiguous():
+            return None
+        check_gradient(grad, nonfinite="ignore")
+        g = grad.detach().contiguous().reshape(-1)
+        n = g.numel()
+        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape, bytes(_EXTRA.size),
+                                     packed_nbytes(n, 1), g.device)
+        pos, neg, amax = _fused.onebit_encode_accumulated(mem.view(-1), g, body)
+        if not bool(torch.isfinite(amax)):
+            check_gradient(mem, nonfinite="always")  # raises the standard NaN/Inf error
+        _fused.write_extra_f64(payload, grad.dim(), 0, (pos, neg))
+        return payload, state
+
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Expand bits to the two reconstruction values, in the original shape and dtype.
 

@@ -173,3 +173,32 @@ def test_fused_onebit_residual_equals_decode_and_subtract(n, dtype):
     generic = Compressor.subtract_decoded_(c, x.clone(), payload)
     assert torch.equal(fused, generic)
     assert torch.equal(fused, x - c.decode(payload))
+
+
+@pytest.mark.parametrize("n", [1001, 8 * 1021 + 5, 1 << 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_onebit_fused_compensation_matches_the_two_steps(n, dtype, compiled, monkeypatch):
+    """EF(onebit) adds the gradient into its memory inside onebit's packing sweep
+    (``encode_accumulated_``); payloads and memories must be those of adding
+    first and encoding after, step after step (half memories are float32 and
+    take the two steps)."""
+    from hipress_like.compressors import _fused
+
+    if compiled and not _fused.compile_enabled():
+        pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
+    monkeypatch.setattr(_fused, "MIN_COMPILE_NUMEL", 64 if compiled else 1 << 40)
+    ef = get("ef", inner="onebit")
+    inner = get("onebit")
+    gen = torch.Generator().manual_seed(5)
+    g0 = torch.randn(n, generator=gen).to(dtype)
+    st = ef.init(g0)
+    mem = st["error"].clone()
+    for step in range(3):
+        g = torch.randn(n, generator=gen).to(dtype)
+        payload, st = ef.encode(g, st)
+        p = mem + g.to(mem.dtype)  # the reference: compensate, encode, memorise
+        ref, _ = inner.encode(p.to(dtype), {})
+        mem = p - inner.decode(ref).to(mem.dtype)
+        assert torch.equal(payload, ref), step
+        assert torch.equal(st["error"], mem), step
