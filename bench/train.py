@@ -14,7 +14,8 @@ Configurations:
   ddp-powersgd1/4  DDP + powerSGD_hook rank 1 / 4 (one 512 MB bucket: several
                    buckets in flight abort on gloo in torch 2.13)
   hp-<strategy>-<compressor>  hipress_like.torch.DistributedOptimizer, PS or
-                   Ring x onebit, terngrad, dgc, powersgd (engine default plan)
+                   Ring x onebit, terngrad, dgc, powersgd (rank 4, the default),
+                   powersgd1 (rank 1, as the fastest hook) (engine default plan)
   hp-<strategy>-auto          the same with plan="auto" (onebit)
 
 Links: loopback by default; ``--netem`` runs rank i inside network namespace
@@ -42,12 +43,14 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, HERE)  # netem.py
 
-HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd")
+# "powersgd" is the compressor's default rank (4); "powersgd1" is rank 1, the
+# rank of the fastest DDP hook, so the two PowerSGDs are compared like for like.
+HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd", "powersgd1")
 DDP_CONFIGS = ("ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4")
 # The plan leaves small gradients uncompressed, so momentum must stay in the
 # optimizer for all of them: DGC runs as a sparsifier with its own momentum
 # off, its sparsity ramped up over the first 5 steps (DGC Sec. 3.4).
-PARAMS = {"dgc": {"momentum": 0.0, "warmup_steps": 5}}
+PARAMS = {"dgc": {"momentum": 0.0, "warmup_steps": 5}, "powersgd1": {"rank": 1}}
 
 
 def all_configs():
@@ -113,8 +116,9 @@ def worker(cfg):
     elif name.startswith("hp-"):
         _, strategy, comp = name.split("-", 2)
         plan = "auto" if comp == "auto" else None
-        comp = "onebit" if comp == "auto" else comp
-        spec = hpt.Compression.get(comp, **PARAMS.get(comp, {}))
+        params = PARAMS.get(comp, {})
+        comp = {"auto": "onebit", "powersgd1": "powersgd"}.get(comp, comp)
+        spec = hpt.Compression.get(comp, **params)
         opt = hpt.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                        compression=spec, strategy=strategy, plan=plan)
     else:  # floor: the same compute, no communication at all
