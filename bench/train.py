@@ -198,13 +198,15 @@ def launch(cfg, nprocs, netem, timeout):
 
 
 def _run_local(cmd, nprocs, pypath, timeout):
+    from hipress_like.casync.launch import own_process_group
+
     port = str(_free_port())
     procs = []
     for r in range(nprocs):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(r),
                    LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                    OMP_NUM_THREADS="1", PYTHONPATH=pypath)
-        procs.append(subprocess.Popen(cmd, env=env, process_group=0))
+        procs.append(subprocess.Popen(cmd, env=env, **own_process_group()))
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs):
         failed = any(p.returncode not in (None, 0) for p in procs)

@@ -54,9 +54,25 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from .transport.base import Transport
 
 __all__ = ["WorkerContext", "WorkerError", "run_workers", "BACKENDS", "free_port",
-           "mpirun_command"]
+           "mpirun_command", "own_process_group"]
 
 log = logging.getLogger(__name__)
+
+
+def own_process_group() -> Dict[str, Any]:
+    """``subprocess.Popen`` arguments that start a worker in a process group of its own,
+    in the caller's session.
+
+    A process group lets a supervisor kill the worker's whole tree (``killpg``).
+    A new *session* would do that too, but Linux's autogroup scheduler (on by
+    default) gives each session its own share of the CPU, and ranks sharing
+    cores then wait behind their own group's turn for every coordination round
+    (measured on 2 cores, 4 busy ranks: 30-40 ms per small allgather instead
+    of 5 ms).
+    """
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}
 
 BACKENDS = ("gloo", "mpi")
 _POLL = 0.05
@@ -204,14 +220,14 @@ def run_workers(fn: Callable[..., Any], nprocs: int, backend: str = "gloo",
                 e = dict(base_env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nprocs),
                          LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
                          MASTER_PORT=port)
-                procs.append(subprocess.Popen(cmd_tail, env=e, process_group=0))
+                procs.append(subprocess.Popen(cmd_tail, env=e, **own_process_group()))
         else:
             e = dict(base_env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
             forward: List[str] = []
             for k in sorted(set(env or {}) | {"OMP_NUM_THREADS", "PYTHONPATH"}):
                 forward += ["-x", k]
             procs.append(subprocess.Popen(mpirun_command(nprocs) + forward + cmd_tail, env=e,
-                                          process_group=0))
+                                          **own_process_group()))
         return _supervise(procs, nprocs, backend, workdir, timeout, grace)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
