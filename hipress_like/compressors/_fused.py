@@ -580,9 +580,9 @@ def onebit_decode_add_many(bodies: Sequence[torch.Tensor], out: torch.Tensor,
     m = n // 8
     count = len(bodies)
     if m:
+        args = [t for body, (pos, neg) in zip(bodies, values) for t in (body[:m], pos, neg)]
         for k in range(8):
             kt = torch.tensor(k, dtype=torch.int32, device=out.device)
-            args = [t for body, (pos, neg) in zip(bodies, values) for t in (body[:m], pos, neg)]
             _K_ONEBIT_UNPACK_ADD_MANY(out[k * m: (k + 1) * m], kt, *args, spec=(count,),
                                       numel=n)
     if n - m * 8:

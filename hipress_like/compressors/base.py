@@ -361,12 +361,13 @@ class Compressor:
         Error feedback's compensation step (``p = m + g``) followed by the
         encode of ``p``: a compressor whose encode sweeps its input anyway can
         add ``grad`` in that sweep and store the sum, saving one pass over
-        the memory. The default returns None (not fused here): the caller
-        then adds and encodes in two steps. An override must give the same
-        payload and leave the same ``mem`` as those two steps.
+        the memory. The default returns None (not fused here), as an override
+        does for a ``mem`` it cannot fuse into (another dtype, not contiguous):
+        the caller then adds and encodes in two steps. An override must give
+        the same payload and leave the same ``mem`` as those two steps.
 
         Args:
-            mem: contiguous tensor of ``grad``'s shape and dtype (updated in place).
+            mem: the accumulator, of ``grad``'s shape (updated in place when fused).
             grad: the gradient.
             state: this compressor's state.
 

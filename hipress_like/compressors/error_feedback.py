@@ -147,8 +147,7 @@ class ErrorFeedback(Compressor):
         """
         check_gradient(grad)
         mem = self._memory(grad, state)
-        if self.beta == 1.0 and self.gamma == 1.0 and mem.dtype == grad.dtype \
-                and mem.is_contiguous():
+        if self.beta == 1.0 and self.gamma == 1.0:
             # p = m + g added in the inner encode's own sweep where it can (onebit)
             fused = self.inner.encode_accumulated_(mem, grad, state.get("inner", {}))
             if fused is not None:
@@ -156,8 +155,7 @@ class ErrorFeedback(Compressor):
                 return payload, {"error": self.inner.subtract_decoded_(mem, payload),
                                  "inner": inner_state}
         # p = beta m + gamma g, in the memory buffer (accumulate_) when it can be
-        p = accumulate_(self._memory(grad, state), grad, self.beta,
-                        self.gamma).view(grad.shape)
+        p = accumulate_(mem, grad, self.beta, self.gamma).view(grad.shape)
         # the inner compressor sees the gradient's dtype; what that cast
         # rounds away stays in the (float32 for half types) memory
         x = p if p.dtype == grad.dtype else p.to(grad.dtype)

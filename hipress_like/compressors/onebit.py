@@ -78,16 +78,7 @@ class OneBit(FusedDecodeMixin, Compressor):
             TypeError: non-tensor or non-float input.
             ValueError: empty input, or NaN/Inf in it.
         """
-        check_gradient(grad, nonfinite="ignore")  # NaN/Inf: caught by the kernel's max|g|
-        g = grad.detach().contiguous().reshape(-1)
-        n = g.numel()
-        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape, bytes(_EXTRA.size),
-                                     packed_nbytes(n, 1), g.device)
-        pos, neg, amax = _fused.onebit_encode(g, body)
-        if not bool(torch.isfinite(amax)):
-            check_gradient(grad, nonfinite="always")  # raises the standard NaN/Inf error
-        _fused.write_extra_f64(payload, grad.dim(), 0, (pos, neg))
-        return payload, state
+        return self._pack(grad, grad, lambda g, body: _fused.onebit_encode(g, body)), state
 
     def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State
                             ) -> Optional[Tuple[torch.Tensor, State]]:
@@ -95,16 +86,22 @@ class OneBit(FusedDecodeMixin, Compressor):
         (same payload and memory as the two steps; error feedback's fast path)."""
         if mem.dtype != grad.dtype or mem.shape != grad.shape or not mem.is_contiguous():
             return None
-        check_gradient(grad, nonfinite="ignore")
+        flat = mem.view(-1)
+        return self._pack(grad, mem, lambda g, body: _fused.onebit_encode_accumulated(
+            flat, g, body)), state
+
+    def _pack(self, grad: torch.Tensor, encoded: torch.Tensor, kernel) -> torch.Tensor:
+        """The payload of ``kernel(flat grad, body) -> (pos, neg, max|x|)``, which packs
+        the signs of ``encoded`` (``grad`` itself, or the memory it is added into)."""
+        check_gradient(grad, nonfinite="ignore")  # NaN/Inf: caught by the kernel's max|x|
         g = grad.detach().contiguous().reshape(-1)
-        n = g.numel()
         payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape, bytes(_EXTRA.size),
-                                     packed_nbytes(n, 1), g.device)
-        pos, neg, amax = _fused.onebit_encode_accumulated(mem.view(-1), g, body)
+                                     packed_nbytes(g.numel(), 1), g.device)
+        pos, neg, amax = kernel(g, body)
         if not bool(torch.isfinite(amax)):
-            check_gradient(mem, nonfinite="always")  # raises the standard NaN/Inf error
+            check_gradient(encoded, nonfinite="always")  # raises the standard NaN/Inf error
         _fused.write_extra_f64(payload, grad.dim(), 0, (pos, neg))
-        return payload, state
+        return payload
 
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Expand bits to the two reconstruction values, in the original shape and dtype.
