@@ -462,7 +462,7 @@ class Engine:
         self._unreported: List[Tuple[int, int, int]] = []
         self._outbox: Dict[Tuple[int, int], Tuple[torch.Tensor, Task]] = {}
         self._collective: Dict[int, Tuple[Task, torch.Tensor]] = {}
-        self._planned: List[Task] = []  # collectives in planned rounds (done or not)
+        self._planned: List[Task] = []  # collectives in planned rounds, not yet seen done
         self._expect: Dict[int, Task] = {}
         self._early: Dict[int, torch.Tensor] = {}
         self._handles: List[Handle] = []
@@ -696,10 +696,7 @@ class Engine:
             if closed and len({r.digest for r in reports}) > 1:
                 self._submitted_mismatch()
             if closed and coord.empty() and all(r.outstanding == 0 for r in reports):
-                if self._data is not None:  # let the executor finish its bookkeeping
-                    fence = threading.Event()
-                    self._hand_over(("fence", fence))
-                    fence.wait(cfg.timeout)
+                self._last_round(None, t0)  # lets the executor finish its bookkeeping
                 return any(r.flags & FLAG_NONFINITE for r in reports)
             plan = coord.plan_round(final=closed)
             moved = bool(plan.links or plan.buckets) or any(r.msgs for r in reports)
@@ -714,13 +711,7 @@ class Engine:
                 # everywhere, so the closing metadata round is skipped.
                 nkeys = sum(len(b) for b in plan.buckets)
                 if all(r.outstanding == nkeys for r in reports):
-                    if self._data is None:
-                        self._execute(plan, t0, self.transport)
-                    else:
-                        self._hand_over(("round", plan))
-                        fence = threading.Event()
-                        self._hand_over(("fence", fence))
-                        fence.wait(cfg.timeout)
+                    self._last_round(plan, t0)
                     return any(r.flags & FLAG_NONFINITE for r in reports)
             if plan.links or plan.buckets:
                 if self._data is None:
@@ -752,6 +743,19 @@ class Engine:
             idle = not moved or held
             idle_rounds = idle_rounds + 1 if not moved else 0
 
+    def _last_round(self, plan, t0: float) -> None:
+        """Run the step's last round (``plan``, or none), then wait until the round
+        executor has finished every round handed to it."""
+        if self._data is None:
+            if plan is not None:
+                self._execute(plan, t0, self.transport)
+            return
+        if plan is not None:
+            self._hand_over(("round", plan))
+        fence = threading.Event()
+        self._hand_over(("fence", fence))
+        fence.wait(self.config.timeout)
+
     def _unplanned_outstanding(self) -> int:
         """Tasks not done, less the collectives already planned into a round (they
         complete without further coordination). Call with ``self._cv`` held.
@@ -760,7 +764,8 @@ class Engine:
         counted, not missed, so the figure can only be too high (one more
         metadata round), never too low."""
         n = self._graph.outstanding()
-        return n - sum(1 for t in self._planned if t.state != "done")
+        self._planned = [t for t in self._planned if t.state != "done"]
+        return n - len(self._planned)
 
     def _wait_rounds_idle(self, reported_closed: bool) -> None:
         """Block until the round executor has finished every handed-over round, or
