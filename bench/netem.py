@@ -203,15 +203,6 @@ def status() -> str:
     return "\n".join(lines)
 
 
-def _own_process_group() -> Dict[str, object]:
-    """Popen arguments for a process group of its own in the caller's session (a session
-    per rank would get its own CPU share under Linux autogroup and slow every
-    coordination round; see hipress_like.casync.launch.own_process_group)."""
-    if sys.version_info >= (3, 11):
-        return {"process_group": 0}
-    return {"preexec_fn": os.setpgrp}
-
-
 def run_in_namespaces(n: int, argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
                       *, port: int = DEFAULT_PORT, timeout: Optional[float] = None) -> int:
     """Run ``argv`` as rank i inside namespace ``h{i}`` for i < n; wait for all.
@@ -235,6 +226,8 @@ def run_in_namespaces(n: int, argv: Sequence[str], env: Optional[Mapping[str, st
     Raises:
         NetemError: the namespaces are missing.
     """
+    from hipress_like.casync.launch import own_process_group  # a group, not a session
+
     _require_root()
     missing = [f"h{i}" for i in range(n) if f"h{i}" not in _namespaces()]
     if missing:
@@ -248,7 +241,7 @@ def run_in_namespaces(n: int, argv: Sequence[str], env: Optional[Mapping[str, st
                  OMP_NUM_THREADS="1")
         e.update(env or {})
         procs.append(subprocess.Popen(["ip", "netns", "exec", f"h{i}", *argv], env=e,
-                                      **_own_process_group()))
+                                      **own_process_group()))
     deadline = None if timeout is None else time.monotonic() + timeout
     rcs: List[Optional[int]] = [None] * n
     while any(rc is None for rc in rcs):
