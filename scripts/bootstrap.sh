@@ -25,8 +25,10 @@ fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "[bootstrap] installing dependencies into $VENV (first run takes ~1-2 min)..." >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  # The CPU wheel on local disk; a bare "torch" could pull a multi-GB CUDA build.
-  "$VENV/bin/python" -m pip install -q "torch>=2.4,<2.15" 2>&1 | grep -v -i warning || true
+  # The CPU wheel on local disk, pinned exactly: any range that admits 2.14.1
+  # makes pip take the registry's CUDA build of it (~5.8 GB with its nvidia-*
+  # packages). setup.py keeps the looser range for users' own installs.
+  "$VENV/bin/python" -m pip install -q "torch==${HIPRESS_TORCH:-2.13.0}" 2>&1 | grep -v -i warning || true
   extras=dev
   command -v mpicc >/dev/null 2>&1 && extras=dev,mpi
   "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]" 2>&1 | grep -v -i warning || true
