@@ -191,9 +191,6 @@ def test_large_compiled_calls_release_the_gil():
     releases the GIL."""
     if not _fused.compile_enabled():
         pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
-    import threading
-    import time
-
     kernel = _fused.Kernel(_fused._onebit_residual_fn, "onebit residual (test)")
     x = _grad(1 << 25, seed=2)  # 128 MB: one call takes milliseconds
     one, two = torch.tensor(1.0), torch.tensor(-1.0)
@@ -202,29 +199,46 @@ def test_large_compiled_calls_release_the_gil():
     try:
         kernel(x, one, two, spec=(x.dtype,))  # compile outside the observed call
         assert ((x.dtype,), x.dtype, True) in kernel._compiled
-        ticks, stop = [], threading.Event()
-
-        def tick():
-            while not stop.is_set():
-                ticks.append(time.perf_counter())
-                time.sleep(0.0002)
-
-        t = threading.Thread(target=tick)
-        t.start()
-        try:
-            time.sleep(0.01)
-            t0 = time.perf_counter()
-            kernel(x, one, two, spec=(x.dtype,))
-            t1 = time.perf_counter()
-        finally:
-            stop.set()
-            t.join()
+        # Holding the GIL, the call lets the ticker in at most around its Python
+        # prologue (measured: 0-1 tick), however idle the machine. Released, the
+        # ticker runs all through the loop (~50 ticks) when it gets the other
+        # core; on a busy shared machine it may not, so a few observations are
+        # taken and the best counts. Retrying cannot make a GIL-holding call pass.
+        seen = []
+        for _ in range(4):
+            inside, ms = _ticks_during(lambda: kernel(x, one, two, spec=(x.dtype,)))
+            seen.append(f"{inside} ticks in {ms:.1f} ms")
+            if inside >= 5:
+                break
     finally:
         torch.set_num_threads(threads)
-    # Holding the GIL, the call lets the ticker in at most around its Python
-    # prologue (measured: 1 tick); released, the ticker runs all through the loop.
-    inside = sum(1 for v in ticks if t0 < v < t1)
-    assert inside >= 5, f"{inside} ticks during a {1e3 * (t1 - t0):.1f} ms kernel call"
+    assert inside >= 5, f"another thread barely ran during large kernel calls: {seen}"
+
+
+def _ticks_during(call):
+    """Run ``call`` while a second thread ticks every 0.2 ms; return (ticks inside
+    the call, the call's duration in ms)."""
+    import threading
+    import time
+
+    ticks, stop = [], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.0002)
+
+    t = threading.Thread(target=tick)
+    t.start()
+    try:
+        time.sleep(0.01)
+        t0 = time.perf_counter()
+        call()
+        t1 = time.perf_counter()
+    finally:
+        stop.set()
+        t.join()
+    return sum(1 for v in ticks if t0 < v < t1), 1e3 * (t1 - t0)
 
 
 @pytest.mark.parametrize("n", [1001, 8 * 1021 + 5, 1 << 17])
