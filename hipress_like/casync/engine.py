@@ -50,6 +50,7 @@ from .coordinator import (
     encode_report,
 )
 from .executors import SyncExecutor, ThreadExecutor
+from .lane import LaneBucket, plan_lane_buckets
 from .tasks import DeadlockError, Task, TaskGraph
 from .timeline import Event, Timeline
 from .transport.base import DEFAULT_TIMEOUT, Transport
@@ -273,6 +274,9 @@ class Engine:
         self.timeline.enabled = config.timeline
         self._states: Dict[str, Dict[str, Any]] = {}
         self._layout: Dict[str, _GradInfo] = {}
+        self._lane: List[LaneBucket] = []  # static buckets of the collective lane
+        self._lane_of: Dict[int, LaneBucket] = {}  # gradient index -> its bucket
+        self._lane_by_key: Dict[int, LaneBucket] = {}  # collective key -> bucket
         self._cv = threading.Condition()
         self._graph = TaskGraph(self._on_ready)
         self._exec = ThreadExecutor() if config.threads else SyncExecutor()
@@ -354,8 +358,9 @@ class Engine:
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"duplicate gradient names: {dup}")
-        if len(specs) >= _KEY_LIMITS["gradients"]:
-            raise ValueError(f"at most {_KEY_LIMITS['gradients'] - 1} gradients are supported")
+        if 2 * len(specs) >= _KEY_LIMITS["gradients"]:  # keys for gradients, then buckets
+            raise ValueError(f"at most {_KEY_LIMITS['gradients'] // 2 - 1} gradients are "
+                             "supported")
         for n, _, dt in specs:
             if dt not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
                 raise ValueError(f"gradient {n!r} has dtype {dt}; only floating dtypes can be "
@@ -455,6 +460,13 @@ class Engine:
         if n >= _KEY_LIMITS["phases"] // 2:
             raise ValueError(f"ring phases need world size < {_KEY_LIMITS['phases'] // 2}")
         self._layout = layout
+        lane = [(i.idx, i.numel, i.dtype) for i in layout.values() if i.workflow == "allreduce"]
+        self._lane = plan_lane_buckets(lane, self.config.fusion_bytes,
+                                       fuse=self.config.coordinator)
+        for b in self._lane:
+            b.key = _StepBuilder._key(len(specs) + b.index, 0, 0, 0)
+        self._lane_of = {idx: b for b in self._lane for idx in b.slots}
+        self._lane_by_key = {b.key: b for b in self._lane}
         _log.debug("rank %d: layout for %d gradients", self.rank, len(layout))
 
     # -- submission ----------------------------------------------------------
@@ -471,6 +483,8 @@ class Engine:
         self._closed = False
         self._nonfinite = False
         self._active = False
+        for b in self._lane:
+            b.reset()
 
     def submit(self, name: str, tensor: torch.Tensor) -> Handle:
         """Start synchronising gradient ``name``; the average is written into ``tensor``.
@@ -495,6 +509,9 @@ class Engine:
                 raise RuntimeError("submit() after synchronize() began; call it in the next step")
             if name in self._submitted:
                 raise ValueError(f"gradient {name!r} submitted twice in one step")
+        lane = self._lane_of.get(info.idx)
+        if lane is not None:
+            return self._submit_to_lane(lane, info, tensor)
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         if self.config.nonfinite != "ignore" and not all_finite(work):
             if self.config.nonfinite == "raise":
@@ -517,14 +534,50 @@ class Engine:
         handle._release()
         return handle
 
+    def _submit_to_lane(self, lane: LaneBucket, info: _GradInfo, tensor: torch.Tensor) -> Handle:
+        """``submit`` for a gradient of the collective lane: copy it into its bucket's
+        slot; the bucket's last member checks it and reports it (``lane.py``)."""
+        check_gradient(tensor, nonfinite="ignore", name=info.name)
+        lane.slot(info.idx, tensor).view(info.shape).copy_(tensor)
+        handle = Handle(self, info.name, tensor, tensor)
+        handle._pending += 1  # released by the bucket's write_mean
+        with self._cv:
+            self._submitted.add(info.name)
+            self._digest ^= _digest_of(info.idx)
+            self._handles.append(handle)
+            lane.arrived.append((info.idx, info.name, tensor, handle))
+            full = lane.complete()
+        if full:
+            self._flush_lane(lane)
+        self._start_step()
+        handle._release()
+        return handle
+
+    def _flush_lane(self, lane: LaneBucket) -> None:
+        """Check a bucket for NaN/Inf (per ``nonfinite``) and report it as one
+        collective (a sum; ``_run_buckets`` then writes the means)."""
+        if self.config.nonfinite != "ignore":
+            bad = lane.first_nonfinite()
+            if bad is not None:
+                if self.config.nonfinite == "raise":
+                    err = ValueError(f"gradient {bad[1]!r} contains NaN or Inf (rank "
+                                     f"{self.rank}); lower the learning rate, or use "
+                                     "nonfinite='skip' to skip such steps on every rank")
+                    self._fail(err, bad[0])
+                    self._flush_error()
+                    raise err
+                lane.buf.zero_()  # the step is skipped everywhere; keep the sum finite
+                self._nonfinite = True
+        lane.flushed = True
+        t = Task("allreduce", f"bucket{lane.index}", 0, lambda: lane.buf, info="sum")
+        t.msg = (lane.key, COLLECTIVE)
+        self._graph.add(t, ())
+
     def _build_tasks(self, info: _GradInfo, work: torch.Tensor, handle: Handle) -> None:
         b = _StepBuilder(self, info, handle)
         flat = work.view(-1)
         # submit() scanned the gradient for NaN/Inf (or zeroed it): compressors skip theirs
         vouched = self.config.nonfinite != "ignore"
-        if info.workflow == "allreduce":
-            b.collective(info.idx, lambda: flat)
-            return
         if info.workflow in ("rounds", "rounds-allreduce"):
             codec = CompressorCodec(self.compressor, self._states, f"{info.name}|0",
                                     self._seed_of, self.size, vouched)
@@ -869,12 +922,20 @@ class Engine:
                     for x in xs:
                         x.copy_(flat[off: off + x.numel()])
                         off += x.numel()
+            grads = 0
             for t, _ in items:
+                lane = self._lane_by_key.get(t.msg[0])
+                if lane is not None:  # a static bucket of whole gradients: write the means
+                    lane.write_mean(n)
+                    grads += len(lane.arrived)
+                else:
+                    grads += 1
                 self._graph.finish(t)
                 if t.owner is not None:
                     t.owner._release()
             nbytes = sum(nb for _, nb in bucket)
-            self.timeline.add(Event("bucket", "", len(bucket), t0, time.perf_counter(),
+            # the event's "part" counts the gradients the fused allreduce carried
+            self.timeline.add(Event("bucket", "", grads, t0, time.perf_counter(),
                                     nbytes, "comm", self._step))
 
     def _exchange(self, plan, t0: float, channel: Transport) -> None:
@@ -928,6 +989,9 @@ class Engine:
             EngineError, PeerError, GradientMismatchError: on every rank.
         """
         self._raise_if_failed()
+        for lane in self._lane:  # buckets some of whose gradients were not submitted
+            if lane.arrived and not lane.flushed:
+                self._flush_lane(lane)
         with self._cv:
             self._closed = True
             self._cv.notify_all()
@@ -1027,7 +1091,9 @@ class _StepBuilder:
         self.handle = handle
         self.rank, self.size = engine.rank, engine.size
 
-    def _key(self, g: int, p: int, phase: int, src: int) -> int:
+    @staticmethod
+    def _key(g: int, p: int, phase: int, src: int) -> int:
+        """A message key, identical on every rank: gradient, partition, phase, source."""
         return (((g << 12) | p) << 12 | phase) << 10 | src
 
     def compute(self, kind: str, g: int, p: int, fn, deps=()) -> Task:
