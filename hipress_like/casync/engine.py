@@ -515,9 +515,7 @@ class Engine:
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         if self.config.nonfinite != "ignore" and not all_finite(work):
             if self.config.nonfinite == "raise":
-                err = ValueError(f"gradient {name!r} contains NaN or Inf (rank {self.rank}); "
-                                 "lower the learning rate, or use nonfinite='skip' to skip such "
-                                 "steps on every rank")
+                err = self._nonfinite_error(name)
                 self._fail(err, info.idx)
                 self._flush_error()
                 raise err
@@ -533,6 +531,11 @@ class Engine:
         self._start_step()
         handle._release()
         return handle
+
+    def _nonfinite_error(self, name: str) -> ValueError:
+        return ValueError(f"gradient {name!r} contains NaN or Inf (rank {self.rank}); lower "
+                          "the learning rate, or use nonfinite='skip' to skip such steps on "
+                          "every rank")
 
     def _submit_to_lane(self, lane: LaneBucket, info: _GradInfo, tensor: torch.Tensor) -> Handle:
         """``submit`` for a gradient of the collective lane: copy it into its bucket's
@@ -560,9 +563,7 @@ class Engine:
             bad = lane.first_nonfinite()
             if bad is not None:
                 if self.config.nonfinite == "raise":
-                    err = ValueError(f"gradient {bad[1]!r} contains NaN or Inf (rank "
-                                     f"{self.rank}); lower the learning rate, or use "
-                                     "nonfinite='skip' to skip such steps on every rank")
+                    err = self._nonfinite_error(bad[1])
                     self._fail(err, bad[0])
                     self._flush_error()
                     raise err

@@ -8,6 +8,7 @@ and non-contiguous gradients get their averages written back.
 """
 import pytest
 import torch
+from test_engine_inproc import _collect_errors  # tests/unit is on sys.path (rootdir import)
 
 from hipress_like.casync.engine import Engine, EngineError
 from hipress_like.casync.lane import plan_lane_buckets
@@ -99,13 +100,7 @@ def test_nan_in_a_bucket_names_the_gradient_on_every_rank(partial):
         finally:
             eng.close()
 
-    def wrapped(tr):
-        try:
-            body(tr)
-        except BaseException as e:  # noqa: B036
-            return e
-        return None
-    errs = run_threads(wrapped, 3, timeout=60)
+    errs = _collect_errors(3, body)
     assert isinstance(errs[1], ValueError) and "'b'" in str(errs[1]) and "NaN" in str(errs[1])
     for r in (0, 2):
         assert isinstance(errs[r], EngineError) and "rank 1" in str(errs[r]) and "'b'" in str(
