@@ -514,13 +514,8 @@ class Engine:
             return self._submit_to_lane(lane, info, tensor)
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         if self.config.nonfinite != "ignore" and not all_finite(work):
-            if self.config.nonfinite == "raise":
-                err = self._nonfinite_error(name)
-                self._fail(err, info.idx)
-                self._flush_error()
-                raise err
+            self._on_nonfinite(info.idx, name)
             work.zero_()  # keep NaN out of compressor state; the step is skipped everywhere
-            self._nonfinite = True
         check_gradient(work, nonfinite="ignore", name=name)
         handle = Handle(self, name, tensor, work)
         with self._cv:
@@ -532,15 +527,24 @@ class Engine:
         handle._release()
         return handle
 
-    def _nonfinite_error(self, name: str) -> ValueError:
-        return ValueError(f"gradient {name!r} contains NaN or Inf (rank {self.rank}); lower "
-                          "the learning rate, or use nonfinite='skip' to skip such steps on "
-                          "every rank")
+    def _on_nonfinite(self, idx: int, name: str) -> None:
+        """Gradient ``name`` holds NaN/Inf: with ``nonfinite="raise"`` fail the step on
+        every rank (the next report tells the peers) and raise here; with "skip"
+        mark the step skipped (the caller zeroes what it sends)."""
+        if self.config.nonfinite == "raise":
+            err = ValueError(f"gradient {name!r} contains NaN or Inf (rank {self.rank}); lower "
+                             "the learning rate, or use nonfinite='skip' to skip such steps "
+                             "on every rank")
+            self._fail(err, idx)
+            self._flush_error()
+            raise err
+        self._nonfinite = True
 
     def _submit_to_lane(self, lane: LaneBucket, info: _GradInfo, tensor: torch.Tensor) -> Handle:
         """``submit`` for a gradient of the collective lane: copy it into its bucket's
-        slot; the bucket's last member checks it and reports it (``lane.py``)."""
-        check_gradient(tensor, nonfinite="ignore", name=info.name)
+        slot; the bucket's last member checks it and reports it (``lane.py``).
+        (``submit`` matched the tensor to its registered shape and dtype, which
+        ``register`` checked: no ``check_gradient`` here.)"""
         lane.slot(info.idx, tensor).view(info.shape).copy_(tensor)
         handle = Handle(self, info.name, tensor, tensor)
         handle._pending += 1  # released by the bucket's write_mean
@@ -562,13 +566,8 @@ class Engine:
         if self.config.nonfinite != "ignore":
             bad = lane.first_nonfinite()
             if bad is not None:
-                if self.config.nonfinite == "raise":
-                    err = self._nonfinite_error(bad[1])
-                    self._fail(err, bad[0])
-                    self._flush_error()
-                    raise err
+                self._on_nonfinite(*bad)
                 lane.buf.zero_()  # the step is skipped everywhere; keep the sum finite
-                self._nonfinite = True
         lane.flushed = True
         t = Task("allreduce", f"bucket{lane.index}", 0, lambda: lane.buf, info="sum")
         t.msg = (lane.key, COLLECTIVE)
@@ -898,7 +897,9 @@ class Engine:
             self._exchange(plan, time.perf_counter() if plan.buckets else t0, channel)
 
     def _run_buckets(self, buckets, channel: Transport) -> None:
-        """The collective lane: one fused allreduce (sum, then / N) per bucket and dtype.
+        """The collective lane: one fused allreduce (a sum) per bucket and dtype; a
+        static bucket of whole gradients then writes their means (``lane.py``), a
+        summed payload (PowerSGD's P or Q) goes on to its next task as it is.
 
         Every rank runs the same buckets in the same order (the replicated
         coordinator planned them), so the allreduce calls match up.
@@ -908,16 +909,12 @@ class Engine:
             t0 = time.perf_counter()
             with self._cv:
                 items = [self._collective.pop(key) for key, _ in bucket]
-            # An averaged collective is a whole gradient and completes its handle
-            # (it has an owner); a summed one is an intermediate payload.
-            groups: Dict[Tuple[torch.dtype, bool], List[torch.Tensor]] = {}
-            for t, x in items:  # bucket order within a group, groups by first appearance
-                groups.setdefault((x.dtype, t.owner is not None), []).append(x)
-            for (_, average), xs in groups.items():
+            groups: Dict[torch.dtype, List[torch.Tensor]] = {}
+            for _, x in items:  # bucket order within a group, groups by first appearance
+                groups.setdefault(x.dtype, []).append(x)
+            for xs in groups.values():
                 flat = xs[0] if len(xs) == 1 else torch.cat(xs)
                 channel.allreduce(flat, "sum", self.config.timeout)
-                if average:
-                    flat.div_(n)
                 if len(xs) > 1:
                     off = 0
                     for x in xs:
@@ -932,8 +929,6 @@ class Engine:
                 else:
                     grads += 1
                 self._graph.finish(t)
-                if t.owner is not None:
-                    t.owner._release()
             nbytes = sum(nb for _, nb in bucket)
             # the event's "part" counts the gradients the fused allreduce carried
             self.timeline.add(Event("bucket", "", grads, t0, time.perf_counter(),
@@ -1112,17 +1107,13 @@ class _StepBuilder:
         t.msg = (self._key(g, p, phase, self.rank), dst)
         return self.engine._graph.add(t, deps)
 
-    def collective(self, g: int, get, phase: int = 0, deps=(), average: bool = True) -> Task:
+    def collective(self, g: int, get, phase: int = 0, deps=()) -> Task:
         """Add a collective-lane task: the tensor ``get()`` returns (when the task is
-        ready) is reduced in place by a fused allreduce once every rank has it ready:
-        averaged (the gradient itself; completes the handle) or summed (an
-        intermediate payload, e.g. PowerSGD's P, for the next task)."""
-        t = Task("allreduce", self.info.name, 0, get, info="mean" if average else "sum")
+        ready) is summed in place by a fused allreduce once every rank has it ready,
+        an intermediate payload (e.g. PowerSGD's P) for the next task. (Whole
+        uncompressed gradients take the lane's static buckets instead, ``lane.py``.)"""
+        t = Task("allreduce", self.info.name, 0, get, info="sum")
         t.msg = (self._key(g, 0, phase, 0), COLLECTIVE)
-        if average:
-            t.owner = self.handle
-            with self.handle._lock:
-                self.handle._pending += 1
         return self.engine._graph.add(t, deps)
 
     def recv(self, g: int, p: int, phase: int, src: int, box: Dict[str, Any], slot: str) -> Task:

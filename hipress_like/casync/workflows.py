@@ -282,7 +282,7 @@ def rounds_collective_workflow(b, g: int, grad: torch.Tensor, codec: CompressorC
                                    "(misaligned); use raw_collective=False")
             box[f"agg{r}"], box[f"view{r}"] = payload, view
         e = b.compute("encode", g, 0, enc, dep)
-        dep = [b.collective(g, lambda r=r: box[f"view{r}"], phase=r, deps=[e], average=False)]
+        dep = [b.collective(g, lambda r=r: box[f"view{r}"], phase=r, deps=[e])]
 
     def final() -> None:
         codec.decode_rounds_into(grad, site, box[f"agg{codec.rounds - 1}"])
