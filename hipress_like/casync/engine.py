@@ -10,7 +10,9 @@ What happens to a gradient (DESIGN.md, "How one gradient flows"):
 2. ``submit(name, tensor)`` adds the gradient's tasks to the task graph
    (``workflows``). Ready compute tasks (encode/decode/merge/write) go to the
    computing executor; ready sends go to the outbox; recvs wait for their
-   message.
+   message. A gradient left uncompressed is instead copied into its static
+   bucket of the collective lane (``lane``), which becomes one fused
+   allreduce once its last member arrives.
 3. The communication loop (its own thread) runs rounds: every rank reports
    its new sends (``coordinator.Report``) in one allgather; every rank runs
    the same deterministic ``Coordinator`` on the same reports, so all agree
