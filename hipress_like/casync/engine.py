@@ -1056,7 +1056,13 @@ class Engine:
         self._step = int(d.get("step", 0))
 
     def close(self) -> None:
-        """Stop the background threads (the transport is left open)."""
+        """Stop the background threads and free the engine's own data channel.
+
+        Call it on every rank: the channel from ``transport.split()`` (a
+        process group of its own on torch.distributed) is destroyed once every
+        rank has closed it, waiting up to 10 s for them (then it is left to
+        process exit). The transport passed in is left open.
+        """
         if self._closed_engine:
             return
         self._closed_engine = True
@@ -1069,7 +1075,9 @@ class Engine:
         self._exec.shutdown()
         if self._data is not None:  # the engine's own channel from transport.split()
             try:
-                self._data.close()
+                if not self._data.free(min(self.config.timeout, 10.0)):
+                    _log.debug("rank %d: a peer did not close its engine within 10 s; "
+                               "the data channel is left to process exit", self.rank)
             except Exception as e:  # closing must not mask the caller's error
                 _log.debug("rank %d: closing the data channel failed: %s", self.rank, e)
 

@@ -167,3 +167,42 @@ def _sleep_forever(ctx):
 def test_global_timeout_kills_everything():
     with pytest.raises(TimeoutError, match="timeout"):
         run_workers(_sleep_forever, 2, timeout=5)
+
+
+def _engines_free_their_groups(ctx):
+    # Each engine opens a process group of its own (transport.split()); closing it
+    # must destroy that group, or a process building many engines (the profiler,
+    # benchmarks) piles up gloo groups, connections and memory, and slows down.
+    import time
+
+    import torch.distributed as dist
+
+    from hipress_like.casync.engine import Engine
+
+    def groups():
+        return len(dist.distributed_c10d._world.pg_map)
+
+    before = groups()
+    for i in range(4):
+        eng = Engine(ctx.transport, compressor="identity", timeout=30)
+        eng.register([("w", (64,), torch.float32)])
+        eng.submit("w", torch.full((64,), float(ctx.rank)))
+        eng.synchronize()
+        if ctx.rank == 1 and i == 2:
+            time.sleep(1.0)  # a late rank: the others wait for it, then free
+        eng.close()
+    after = groups()
+    # a split whose peer never frees it is kept (not destroyed under its feet)
+    split = ctx.transport.split()
+    kept = split.free(timeout=0.5) if ctx.rank == 0 else None
+    ctx.transport.barrier(timeout=30)
+    if ctx.rank != 0:
+        split.close()
+    return before, after, kept
+
+
+def test_engine_close_destroys_its_process_group():
+    res = run_workers(_engines_free_their_groups, 2, timeout=120)
+    for before, after, _ in res:
+        assert after == before, res
+    assert res[0][2] is False

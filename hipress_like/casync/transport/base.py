@@ -116,5 +116,24 @@ class Transport(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot open a second channel")
 
+    def free(self, timeout: float = 10.0) -> bool:
+        """Close, and release what the backend holds for this channel once every rank has.
+
+        Every rank calls it when it is done with the channel. Transports whose
+        channels hold backend resources (a process group's connections and
+        threads) wait up to ``timeout`` for all ranks to have closed, by a
+        side channel rather than a collective (a collective could pair up
+        with a peer's unfinished operation), and then release them. The engine frees
+        the channel it opened with ``split()`` this way: a process that builds
+        many engines (the profiler, benchmarks) would otherwise keep one
+        backend group per engine until it exits.
+
+        Returns:
+            True if released (or nothing to release); False if a peer did not
+            close in time (the resources are left to process exit).
+        """
+        self.close()
+        return True
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release resources; further calls raise ``TransportError``."""

@@ -101,6 +101,7 @@ class TorchDistTransport(Transport):
         self.bulk = bulk
         self._group_timeout = float(group_timeout)
         self.backend = str(dist.get_backend())
+        self._owns_group = group is None
         if group is None:
             group = dist.new_group(timeout=timedelta(seconds=group_timeout))
         self.group = group
@@ -338,9 +339,36 @@ class TorchDistTransport(Transport):
         """An independent channel: a new process group over the same ranks (collective)."""
         ranks = list(self._global)
         group = dist.new_group(ranks=ranks, timeout=timedelta(seconds=self._group_timeout))
-        return TorchDistTransport(group, group_timeout=self._group_timeout,
-                                  heartbeat_interval=self._interval, store=self._store,
-                                  bulk=self.bulk)
+        t = TorchDistTransport(group, group_timeout=self._group_timeout,
+                               heartbeat_interval=self._interval, store=self._store,
+                               bulk=self.bulk)
+        t._owns_group = True
+        return t
+
+    def free(self, timeout: float = 10.0) -> bool:
+        """Close, then destroy this transport's own process group once every rank closed.
+
+        The ranks' ``closed`` keys in the store say when nobody can still be
+        inside an operation on the group (no collective is used: it could
+        pair up with a peer's unfinished one). A group passed in by the
+        caller is theirs and is not destroyed.
+        """
+        self.close()
+        if not self._owns_group:
+            return True
+        deadline = time.monotonic() + timeout
+        try:
+            while not all(self._read_counters("closed").values()):
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.005)
+        except Exception as e:  # the store host is gone: leave the group to process exit
+            log.debug("rank %d: cannot read the closed keys: %s", self.rank, e)
+            return False
+        if dist.is_initialized():
+            dist.destroy_process_group(self.group)
+        self._owns_group = False
+        return True
 
     def close(self) -> None:
         """Stop the heartbeat and tell peers this rank left on purpose."""
