@@ -1,20 +1,26 @@
 """Validate the cost model against the CaSync engine (issue 5, HiPress Sec. 6.5 / Fig. 14).
 
-For each compressor, on N ranks (default 4):
+On N ranks (default 4):
 
-1. profile: encode/decode curves of the compressor (all ranks timing at
+1. profile: encode/decode curves of each compressor (all ranks timing at
    once, with the engine's error-feedback wrapping) and the link (ring-shift
    ``alltoallv`` timings fitted to latency + bytes / bandwidth);
-2. sweep: for every gradient size from 32 KB to 64 MB and every
-   <compress?, K> in {no, yes} x {1, 2, 4, 8, 16} plus the planner's own
-   choice (uncompressed with the engine's collective lane, the default, is
-   one fused allreduce whatever K, so only K = 1 is run; with
-   ``--raw-via-workflow`` uncompressed bytes go through PS/Ring: Eq. 1),
-   synchronise one gradient of that size through the engine with a
-   one-entry plan, and take the median over repeats of the slowest rank's
-   submit-to-synchronize time;
-3. compare: predicted (HiPress Eq. 1/2 with the profile) against measured,
-   and the measured cost of the planner's choice against the best measured
+2. time whole synchronisations of one gradient through the engine
+   (``measure_engine_sync``), in ``--passes`` shuffled passes over every
+   point, medians over passes:
+   - calibration points: the uncompressed lane and each compressor at
+     64 KB, 512 KB, 4 MB and 32 MB with K = 1, N, 3N
+     (``profiler.engine_points``);
+   - validation points: every size from 32 KB to 64 MB uncompressed
+     (the engine's collective lane: one fused allreduce whatever K, so
+     K = 1; all K with ``--raw-via-workflow``, HiPress Eq. 1) and
+     compressed with every K of ``--ks``;
+   interleaving them means a shared host that slows down for a while
+   slows both alike;
+3. fit the engine's cost beyond Eq. 1/2 to the calibration points only
+   (``Profile.lane``, ``planner.EngineTerm``), then compare predicted
+   against measured at the validation points, and the measured cost of
+   the planner's choice (among the swept K) against the best measured
    choice at that size.
 
 Prints two ratios per compressor and writes a JSON report, plus, next to
@@ -36,20 +42,28 @@ measured choice (median over sizes; the worst size is printed too).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import random
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hipress_like.casync.engine import Engine, EngineConfig  # noqa: E402
-from hipress_like.cost_model import GradientPlan, Plan, Planner  # noqa: E402
-from hipress_like.cost_model.profiler import log_sizes, profile_transport  # noqa: E402
+from hipress_like.casync.engine import EngineConfig  # noqa: E402
+from hipress_like.cost_model import Planner, Profile  # noqa: E402
+from hipress_like.cost_model.model import fit_link  # noqa: E402
+from hipress_like.cost_model.profiler import (  # noqa: E402
+    engine_points,
+    log_sizes,
+    measure_engine_sync,
+    profile_transport,
+)
 
 MEASUREMENTS_FORMAT = "hipress-like-sync-measurements"
 
@@ -61,43 +75,61 @@ def engine_round_meta_bytes() -> int:
     return 8 * report_len(EngineConfig().report_capacity)
 
 
-def _sync_time(transport: Any, comp: str, strategy: str, nbytes: int, compress: bool, k: int,
-               repeats: int, timeout: float, raw_collective: bool = True) -> float:
-    """Median over repeats of the slowest rank's time to synchronise one gradient."""
-    plan = Plan(compressor=comp, strategy=strategy, world_size=transport.size,
-                gradients={"g": GradientPlan(compress=compress, partitions=k)})
-    numel = nbytes // 4
-    eng = Engine(transport, EngineConfig(plan=plan, strategy=strategy, timeout=timeout,
-                                         timeline=False, raw_collective=raw_collective))
-    try:
-        eng.register([("g", (numel,), torch.float32)])
-        gen = torch.Generator().manual_seed(transport.rank)
-        src = torch.randn(numel, generator=gen)
-        grad = src.clone()
-        times = []
-        for i in range(repeats + 1):
-            grad.copy_(src)
-            transport.barrier(timeout)
-            t0 = time.perf_counter()
-            eng.submit("g", grad)
-            eng.synchronize()
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            transport.allreduce(dt, "max", timeout)
-            if i:  # the first step warms up buffers, threads and compressor state
-                times.append(float(dt.item()))
-        return statistics.median(times)
-    finally:
-        eng.close()
+# (kind, compressor or None, bytes, K): kind is "calib" (fitted) or "valid" (predicted)
+Point = Tuple[str, Optional[str], int, int]
 
 
-def _repeats_for(nbytes: int, base: int) -> int:
-    # Small sizes are noisy (DESIGN: 4 KB p50 ~4 ms on loopback): more repeats.
-    return base * 3 if nbytes <= (1 << 20) else base
+def sweep_points(compressors: Sequence[str], sizes: Sequence[int], ks: Sequence[int], n: int,
+                 raw_collective: bool = True) -> List[Point]:
+    """Every synchronisation the benchmark times, calibration and validation.
+
+    Calibration: the uncompressed lane and each compressor at
+    ``profiler.engine_points`` (64 KB, 512 KB, 4 MB, 32 MB; K = 1, N, 3N),
+    none of them a validation size. Validation: every size with
+    uncompressed K = 1 (the collective lane ignores K; all of ``ks`` with
+    ``raw_collective=False``) and compressed with every K of ``ks``.
+    """
+    calib_sizes = sorted({m for m, _ in engine_points(max(sizes), n)})
+    if len(calib_sizes) < 2:  # the lane's latency + bandwidth fit needs two sizes
+        calib_sizes.insert(0, calib_sizes[0] // 8)
+    pts: List[Point] = [("calib", None, m, 1) for m in calib_sizes]
+    for comp in compressors:
+        pts += [("calib", comp, m, k) for m, k in engine_points(max(sizes), n)]
+    raw_ks = [1] if raw_collective else list(ks)
+    pts += [("valid", None, m, k) for m in sizes for k in raw_ks]
+    pts += [("valid", c, m, k) for c in compressors for m in sizes for k in ks]
+    return pts
+
+
+def time_points(transport: Any, prof: Profile, points: Sequence[Point], strategy: str,
+                passes: int, repeats: int, timeout: float, raw_collective: bool,
+                say: Any = lambda *a: None) -> Dict[Point, float]:
+    """Median seconds per point over ``passes`` shuffled passes of ``repeats`` syncs each.
+
+    Points are visited in a new seeded order every pass (the same on every
+    rank), so a shared host that slows down for a minute slows calibration
+    and validation points alike instead of biasing one against the other.
+    """
+    rng = random.Random(0)
+    per_pass: Dict[Point, List[float]] = {p: [] for p in points}
+    t0 = time.perf_counter()
+    for i in range(passes):
+        order = list(points)
+        rng.shuffle(order)
+        for pt in order:
+            _, comp, m, k = pt
+            cp = prof.compressor(comp) if comp else None
+            ((_, _, t),) = measure_engine_sync(
+                transport, strategy, [(m, k)], compressor=cp, repeats=repeats,
+                timeout=timeout, engine_config={"raw_collective": raw_collective})
+            per_pass[pt].append(t)
+        say(f"pass {i + 1}/{passes}: {len(points)} points ({time.perf_counter() - t0:.0f} s)")
+    return {p: statistics.median(ts) for p, ts in per_pass.items()}
 
 
 def run(transport: Any, compressors: Sequence[str], sizes: Sequence[int], ks: Sequence[int],
         strategy: str, repeats: int, timeout: float, raw_collective: bool = True,
-        quiet: bool = False) -> Optional[Dict[str, Any]]:
+        quiet: bool = False, passes: int = 3) -> Optional[Dict[str, Any]]:
     """The whole benchmark on one rank (collective); rank 0 returns the report."""
     n, rank = transport.size, transport.rank
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if rank == 0 and not quiet \
@@ -107,34 +139,49 @@ def run(transport: Any, compressors: Sequence[str], sizes: Sequence[int], ks: Se
                              sizes=log_sizes(4096, max(sizes), 1.0),
                              link_sizes=log_sizes(4096, max(sizes), 0.5), repeats=7,
                              timeout=timeout, round_meta_bytes=engine_round_meta_bytes(),
-                             engine_overhead=strategy)
+                             raw_collective=raw_collective)
     one = prof.link_one or prof.link
     say(f"profile: all links {prof.link.latency * 1e6:.0f} us + "
         f"{prof.link.bandwidth * 8 / 1e9:.2f} Gbit/s, one link {one.latency * 1e6:.0f} us + "
-        f"{one.bandwidth * 8 / 1e9:.2f} Gbit/s, sync overhead {prof.sync_overhead * 1e3:.1f} ms "
-        f"({time.perf_counter() - t_start:.0f} s)")
+        f"{one.bandwidth * 8 / 1e9:.2f} Gbit/s ({time.perf_counter() - t_start:.0f} s)")
+    points = sweep_points(compressors, sizes, ks, n, raw_collective)
+    measured = time_points(transport, prof, points, strategy, passes, repeats, timeout,
+                           raw_collective, say)
+    # the engine timings of the profile: calibration points only
+    lane_samples = tuple(sorted((m, t) for (kind, c, m, _), t in measured.items()
+                                if kind == "calib" and c is None))
+    comps = {name: dataclasses.replace(
+        cp, engine_samples=tuple(sorted((m, k, t) for (kind, c, m, k), t in measured.items()
+                                        if kind == "calib" and c == name)))
+        for name, cp in prof.compressors.items()}
+    prof = dataclasses.replace(prof, compressors=comps, lane_samples=lane_samples,
+                               lane=fit_link([m for m, _ in lane_samples],
+                                             [t for _, t in lane_samples]) if raw_collective
+                               else None)
+    say(f"engine lane (uncompressed, fitted at {[m >> 10 for m, _ in lane_samples]} KB): "
+        f"{prof.lane.latency * 1e3:.1f} ms + {prof.lane.bandwidth * 8 / 1e9:.2f} Gbit/s"
+        if prof.lane else "uncompressed: HiPress Eq. 1")
     report: Dict[str, Any] = {"nodes": n, "strategy": strategy, "profile": prof.to_dict(),
-                              "raw_collective": raw_collective, "results": {}}
+                              "raw_collective": raw_collective, "passes": passes,
+                              "repeats": repeats, "results": {}}
     for comp in compressors:
-        planner = Planner(prof, comp, n, strategy, max_partitions=max(ks),
+        planner = Planner(prof, comp, n, strategy, partitions=list(ks),
                           raw_collective=raw_collective)
+        term = planner.engine_term
+        say(f"{comp}: engine beyond Eq. 2: {term.fixed * 1e3:.1f} ms + "
+            f"{term.per_partition * 1e3:.1f} ms per extra partition + "
+            f"{term.per_byte * 1e9:.2f} ns per byte")
         rows: List[Dict[str, Any]] = []
-        for nbytes in sizes:
+        for (kind, c, nbytes, k), t in sorted(measured.items(), key=lambda x: x[0][2:]):
+            if kind != "valid" or c not in (None, comp):
+                continue
+            compress = c is not None
             choice = planner.choose(nbytes)
-            # with the collective lane K does not change the uncompressed path
-            configs = {(c, k) for c in (False, True) for k in ks
-                       if c or not raw_collective or k == 1}
-            configs.add((choice.compress, choice.partitions))
-            for compress, k in sorted(configs):
-                t = _sync_time(transport, comp, strategy, nbytes, compress, k,
-                               _repeats_for(nbytes, repeats), timeout, raw_collective)
-                pred = planner.t_cpr(nbytes, k) if compress else planner.t_orig(nbytes, k)
-                rows.append({"nbytes": nbytes, "compress": compress, "partitions": k,
-                             "measured_s": t, "predicted_s": pred,
-                             "planner_choice": (compress, k) == (choice.compress,
-                                                                 choice.partitions)})
-            say(f"{comp} {nbytes >> 10:>7} KB: plan <{'yes' if choice.compress else 'no'}, "
-                f"{choice.partitions}> ({time.perf_counter() - t_start:.0f} s)")
+            pred = planner.t_cpr(nbytes, k) if compress else planner.t_orig(nbytes, k)
+            rows.append({"nbytes": nbytes, "compress": compress, "partitions": k,
+                         "measured_s": t, "predicted_s": pred,
+                         "planner_choice": (compress, k) == (choice.compress,
+                                                             choice.partitions)})
         report["results"][comp] = {"format": MEASUREMENTS_FORMAT, "version": 1, "nodes": n,
                                    "strategy": strategy, "compressor": comp, "rows": rows,
                                    "summary": summarise(rows)}
@@ -200,7 +247,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--max-size", type=int, default=64 << 20)
     ap.add_argument("--per-octave", type=float, default=0.5, help="sizes per doubling")
     ap.add_argument("--ks", default="1,2,4,8,16")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3, help="timed syncs per point and pass")
+    ap.add_argument("--passes", type=int, default=3,
+                    help="shuffled passes over all points (medians over passes)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--raw-via-workflow", action="store_true",
                     help="uncompressed gradients through the PS/Ring workflow (HiPress Eq. 1; "
@@ -219,7 +268,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     sizes = log_sizes(a.min_size, a.max_size, a.per_octave)
     ks = [int(k) for k in a.ks.split(",")]
-    args = (comps, sizes, ks, a.strategy, a.repeats, a.timeout, not a.raw_via_workflow)
+    args = (comps, sizes, ks, a.strategy, a.repeats, a.timeout, not a.raw_via_workflow, False,
+            a.passes)
     if a.from_env:
         import torch.distributed as dist
 

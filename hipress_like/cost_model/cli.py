@@ -273,10 +273,21 @@ def _cmd_profile(a: argparse.Namespace) -> int:
               f"{prof.link_one.bandwidth * 8 / 1e9:.3f} Gbit/s")
     if prof.sync_overhead:
         print(f"engine overhead per synchronisation: {prof.sync_overhead * 1e3:.2f} ms")
+    if prof.lane is not None:
+        print(f"engine lane (uncompressed): {prof.lane.latency * 1e6:.1f} us + bytes / "
+              f"{prof.lane.bandwidth * 8 / 1e9:.3f} Gbit/s")
     for name, c in sorted(prof.compressors.items()):
         tag = " with error feedback" if c.error_feedback else ""
         print(f"{name}{tag}: {c.category}, r = {c.ratio:.4g} (+{c.header_bytes} B header), "
               f"encode {format_bytes(c.encode.sizes[-1])} in {c.encode.times[-1] * 1e3:.2f} ms")
+        if c.engine_samples and isinstance(prof.meta.get("ranks"), int):
+            from .planner import Planner
+
+            t = Planner(prof, name, prof.meta["ranks"], a.strategy).engine_term
+            if t is not None:
+                print(f"  engine beyond Eq. 2: {t.fixed * 1e3:.2f} ms + "
+                      f"{t.per_partition * 1e3:.2f} ms per extra partition + "
+                      f"{t.per_byte * 1e9:.3f} ns per byte")
     print(f"wrote {a.output}")
     return 0
 

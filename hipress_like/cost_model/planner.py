@@ -34,13 +34,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .model import Link, SyncParams, concurrent_link, sync_params, t_sync_cpr, t_sync_orig
 from .plan import STRATEGIES, GradientPlan, Plan, SizeRule
 from .profiler import CompressorProfile, Profile
 
-__all__ = ["ENGINE_TO_MODEL", "Choice", "Planner", "NEVER"]
+__all__ = ["ENGINE_TO_MODEL", "Choice", "EngineTerm", "Planner", "NEVER"]
 
 _log = logging.getLogger(__name__)
 
@@ -91,6 +91,73 @@ class Choice:
         return GradientPlan(compress=self.compress, partitions=self.partitions)
 
 
+@dataclass(frozen=True)
+class EngineTerm:
+    """What a compressed synchronisation costs in the engine beyond HiPress Eq. 2.
+
+    Not in HiPress. Eq. 2 counts ``alpha`` transfers, ``beta`` encodes and
+    ``gamma`` decodes (Table 3 / Sec. 6.1). The CaSync engine also pays for
+    work those counts leave out: coordinator rounds that carry no gradient
+    bytes, tasks and messages per partition, and, in the co-located PS, the
+    aggregator's re-encode and the workers' final decodes. Measured on this
+    repository's engine, that extra cost is roughly linear in three things,
+    so it is modelled as
+
+        extra(m, K) = fixed + per_partition * (K - 1) + per_byte * m
+
+    and fitted to whole synchronisations timed through the engine
+    (``profiler.measure_engine_sync``) by least squares on the relative
+    error of ``Eq. 2 + extra``, so small and large samples weigh alike.
+    Coefficients may be negative where Eq. 2 over-counts (its transfers are
+    serial; the engine's go in bulk rounds).
+
+    Attributes:
+        fixed: seconds per synchronisation.
+        per_partition: seconds per partition beyond the first.
+        per_byte: seconds per gradient byte.
+    """
+
+    fixed: float = 0.0
+    per_partition: float = 0.0
+    per_byte: float = 0.0
+
+    def __call__(self, m: float, k: int) -> float:
+        """Extra seconds for an ``m``-byte gradient in ``k`` partitions."""
+        return self.fixed + self.per_partition * (k - 1) + self.per_byte * m
+
+    @classmethod
+    def fit(cls, samples: Sequence[Tuple[int, int, float]],
+            eq2: Callable[[float, int], float]) -> "EngineTerm":
+        """Fit to ``(bytes, K, seconds)`` samples given Eq. 2's prediction ``eq2(m, K)``.
+
+        Minimises ``sum(((eq2 + extra) / t - 1) ** 2)``. With fewer distinct
+        K than two (or sizes than two) the unidentifiable coefficient is left
+        at the minimum-norm solution (0 when nothing pins it).
+
+        Raises:
+            ValueError: no samples.
+
+        Example:
+            >>> eq2 = lambda m, k: 1e-3 * k
+            >>> s = [(m, k, 1e-3 * k + 2e-3 + 1e-3 * (k - 1) + 1e-9 * m)
+            ...      for m in (1e6, 8e6) for k in (1, 4)]
+            >>> t = EngineTerm.fit(s, eq2)
+            >>> [round(x, 12) for x in (t.fixed, t.per_partition, t.per_byte)]
+            [0.002, 0.001, 1e-09]
+        """
+        import torch
+
+        if not samples:
+            raise ValueError("EngineTerm.fit needs at least one (bytes, K, seconds) sample")
+        # scale the per-byte column to O(1) so the solve is well conditioned
+        scale = max(m for m, _, _ in samples)
+        a = torch.tensor([[1.0 / t, (k - 1) / t, m / scale / t] for m, k, t in samples],
+                         dtype=torch.float64)
+        b = torch.tensor([[(t - eq2(m, k)) / t] for m, k, t in samples], dtype=torch.float64)
+        x = torch.linalg.lstsq(a, b, driver="gelsd").solution[:, 0].tolist()
+        return cls(fixed=x[0], per_partition=x[1], per_byte=x[2] / scale)
+
+
 class Planner:
     """HiPress Eq. 1/2 for one compressor, strategy and world size, and the plans they imply.
 
@@ -107,6 +174,8 @@ class Planner:
         raw_collective: the engine's ``EngineConfig.raw_collective`` (default
             True): uncompressed gradients cost a ring allreduce; False: HiPress
             Eq. 1 (raw bytes through the PS or Ring workflow).
+        partitions: the K values to choose from (default every K from 1 to
+            ``max_partitions``), e.g. the K a measured sweep covers.
 
     Raises:
         ValueError: bad N, strategy or max_partitions; ``ProfileError``:
@@ -115,7 +184,8 @@ class Planner:
 
     def __init__(self, profile: Profile, compressor: str, n: int, strategy: str = "ps", *,
                  max_partitions: Optional[int] = None, model_strategy: Optional[str] = None,
-                 k_tolerance: float = 0.01, raw_collective: bool = True) -> None:
+                 k_tolerance: float = 0.01, raw_collective: bool = True,
+                 partitions: Optional[Sequence[int]] = None) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"the number of nodes N must be an integer >= 1, found {n!r}")
         if strategy not in STRATEGIES:
@@ -131,13 +201,30 @@ class Planner:
         self.strategy = strategy
         self.model_strategy = model_strategy or ENGINE_TO_MODEL[strategy]
         self.params: SyncParams = sync_params(self.model_strategy, self.cp.category)
+        if partitions is not None:
+            ks = sorted(set(partitions))
+            if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
+                raise ValueError(f"partitions must be integers >= 1, found {partitions!r}")
+            if max_partitions is not None and ks[-1] > max_partitions:
+                raise ValueError(f"partitions {ks} exceed max_partitions={max_partitions}")
+            max_partitions = ks[-1]
         self.max_partitions = max_partitions or 4 * n
+        self.partitions: List[int] = (ks if partitions is not None
+                                      else list(range(1, self.max_partitions + 1)))
         self.k_tolerance = k_tolerance
         self.raw_collective = bool(raw_collective)
         # Not in HiPress: the engine's measured fixed cost per synchronisation
         # (0 unless profiled); compressed paths have their own when measured.
         self._overhead = profile.sync_overhead
         self._overhead_cpr = self.cp.sync_overhead or profile.sync_overhead
+        # ... and, when the profile timed whole engine synchronisations with
+        # this N, the fitted EngineTerm replaces the constant.
+        self.engine_term: Optional[EngineTerm] = None
+        if self.cp.engine_samples and profile.meta.get("ranks") == n and n > 1:
+            self.engine_term = EngineTerm.fit(self.cp.engine_samples, self.eq2)
+        elif self.cp.engine_samples and n > 1:
+            _log.warning("the profile's engine timings are for %s ranks, not N=%d: using "
+                         "Eq. 2 with a constant overhead", profile.meta.get("ranks"), n)
 
     # -- the two equations ---------------------------------------------------
     def busy_links(self, k: int) -> int:
@@ -155,27 +242,44 @@ class Planner:
     def t_orig(self, m: float, k: int) -> float:
         """Uncompressed synchronisation time plus the measured sync overhead (seconds).
 
-        With ``raw_collective``: an allreduce of the whole gradient (K does not
-        matter): the profile's measured allreduce fit when it has one, else
-        Table I's Ring-AR on the all-links fit. Otherwise HiPress Eq. 1.
+        With ``raw_collective`` K does not matter: the profile's timed engine
+        lane (``Profile.lane``) when it has one; else an allreduce of the
+        whole gradient (the measured allreduce fit, or Table I's Ring-AR on
+        the all-links fit) plus the constant sync overhead. Otherwise HiPress
+        Eq. 1 plus that overhead.
         """
+        if self.raw_collective and self.profile.lane is not None and self.n > 1:
+            return self.profile.lane(m)
         if self.raw_collective:
             t = self.profile.allreduce_time(m, self.n)
         else:
             t = t_sync_orig(m, k, self.n, self.link(k), self.params)
         return t + self._overhead if self.n > 1 else t
 
-    def t_cpr(self, m: float, k: int) -> float:
-        """HiPress Eq. 2 with the profile's curves, plus its sync overhead (seconds).
+    def eq2(self, m: float, k: int) -> float:
+        """HiPress Eq. 2 alone with the profile's curves (seconds); ``r`` includes the header."""
+        return t_sync_cpr(m, k, self.n, self.cp.rate(m / k), self.link(k),
+                          self.cp.encode, self.cp.decode, self.params)
 
-        ``r`` includes the payload header.
+    def t_cpr(self, m: float, k: int) -> float:
+        """Compressed synchronisation time: Eq. 2 plus the engine's cost beyond it (seconds).
+
+        The fitted ``EngineTerm`` when the profile timed the engine, else the
+        constant sync overhead. Never less than one partition's encode,
+        transfer and decode, whatever the fit says.
         """
-        t = t_sync_cpr(m, k, self.n, self.cp.rate(m / k), self.link(k),
-                       self.cp.encode, self.cp.decode, self.params)
-        return t + self._overhead_cpr if self.n > 1 else t
+        t = self.eq2(m, k)
+        if self.n == 1:
+            return t
+        if self.engine_term is None:
+            return t + self._overhead_cpr
+        part = m / k
+        floor = (self.cp.encode(part) + self.link(k)(self.cp.payload_bytes(part))
+                 + self.cp.decode(self.cp.payload_bytes(part)))
+        return max(t + self.engine_term(m, k), floor)
 
     def _best_k(self, f, m: float) -> Tuple[int, float]:
-        times = [(k, f(m, k)) for k in range(1, self.max_partitions + 1)]
+        times = [(k, f(m, k)) for k in self.partitions]
         t_min = min(t for _, t in times)
         for k, t in times:  # smallest K within tolerance of the optimum
             if t <= t_min * (1 + self.k_tolerance):

@@ -60,6 +60,8 @@ __all__ = [
     "measure_link",
     "profile_transport",
     "measure_sync_overhead",
+    "measure_engine_sync",
+    "engine_points",
     "broadcast_bytes",
     "monotone",
 ]
@@ -95,6 +97,10 @@ class CompressorProfile:
         sync_overhead: seconds a compressed synchronisation costs beyond
             Eq. 2 in the engine (``measure_sync_overhead``); 0: not measured
             (the profile-wide ``sync_overhead`` applies).
+        engine_samples: whole compressed synchronisations timed through the
+            engine (``measure_engine_sync``), as ``(bytes, K, seconds)``; the
+            planner fits the engine's cost beyond Eq. 2 to them
+            (``planner.EngineTerm``). Empty: not measured.
     """
 
     name: str
@@ -107,8 +113,11 @@ class CompressorProfile:
     aggregatable: bool = False
     error_feedback: bool = False
     sync_overhead: float = 0.0
+    engine_samples: Tuple[Tuple[int, int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "engine_samples",
+                           _engine_samples(self.engine_samples, f"compressor {self.name!r}"))
         if self.category not in CATEGORIES:
             raise ProfileError(f"compressor {self.name!r}: category must be one of "
                                f"{CATEGORIES}, found {self.category!r}")
@@ -136,12 +145,14 @@ class CompressorProfile:
                 "aggregatable": self.aggregatable, "ratio": self.ratio,
                 "header_bytes": self.header_bytes, "error_feedback": self.error_feedback,
                 "sync_overhead": self.sync_overhead, "encode": self.encode.to_dict(),
-                "decode": self.decode.to_dict()}
+                "decode": self.decode.to_dict(),
+                "engine_samples": [list(x) for x in self.engine_samples]}
 
     @classmethod
     def from_dict(cls, name: str, d: Mapping[str, Any]) -> "CompressorProfile":
         """Validate and build; raises ``ProfileError``."""
-        optional = {"params", "aggregatable", "error_feedback", "sync_overhead"}
+        optional = {"params", "aggregatable", "error_feedback", "sync_overhead",
+                    "engine_samples"}
         known = optional | {"category", "ratio", "header_bytes", "encode", "decode"}
         if not isinstance(d, Mapping):
             raise ProfileError(f"compressor {name!r}: expected an object, found {d!r:.60}")
@@ -153,7 +164,8 @@ class CompressorProfile:
             return cls(name=name, params=dict(d.get("params", {})), category=d["category"],
                        aggregatable=bool(d.get("aggregatable", False)),
                        error_feedback=bool(d.get("error_feedback", False)),
-                       sync_overhead=d.get("sync_overhead", 0.0), ratio=d["ratio"],
+                       sync_overhead=d.get("sync_overhead", 0.0),
+                       engine_samples=d.get("engine_samples", ()), ratio=d["ratio"],
                        header_bytes=d["header_bytes"], encode=Curve.from_dict(d["encode"]),
                        decode=Curve.from_dict(d["decode"]))
         except ProfileError:
@@ -181,6 +193,12 @@ class Profile:
             lane for uncompressed gradients. None: derived from ``link``
             with Table I's Ring-AR formula.
         allreduce_samples: its samples.
+        lane: the engine's whole uncompressed synchronisation (its collective
+            lane: copy into the bucket, NaN/Inf scan, allreduce, mean written
+            back, and the coordinator's round), timed through the engine
+            (``measure_engine_sync``) and fitted to ``alpha + m beta``. When
+            present it is what "no compression" costs with ``raw_collective``.
+        lane_samples: its samples.
         meta: provenance (host, transport, world size, date).
     """
 
@@ -193,6 +211,8 @@ class Profile:
     sync_overhead: float = 0.0
     allreduce: Optional[Link] = None
     allreduce_samples: Tuple[Tuple[int, float], ...] = ()
+    lane: Optional[Link] = None
+    lane_samples: Tuple[Tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.sync_overhead, (int, float)) and self.sync_overhead >= 0):
@@ -234,6 +254,8 @@ class Profile:
             d["link_one"] = _link_dict(self.link_one, self.link_one_samples)
         if self.allreduce is not None:
             d["allreduce"] = _link_dict(self.allreduce, self.allreduce_samples)
+        if self.lane is not None:
+            d["lane"] = _link_dict(self.lane, self.lane_samples)
         if self.sync_overhead:
             d["sync_overhead"] = self.sync_overhead
         return d
@@ -254,7 +276,7 @@ class Profile:
             raise ProfileError(f"profile version {d.get('version')!r} is not supported "
                                f"(expected {PROFILE_VERSION}); re-run hipress-profile profile")
         known = {"format", "version", "link", "link_one", "sync_overhead", "compressors", "meta",
-                 "allreduce"}
+                 "allreduce", "lane"}
         if set(d) - known:
             raise ProfileError(f"unknown profile keys: {sorted(set(d) - known)}; known: "
                                f"{sorted(known)}")
@@ -266,12 +288,14 @@ class Profile:
                             else (None, ()))
         ar, ar_samples = (_link_from(d["allreduce"], "allreduce") if "allreduce" in d
                           else (None, ()))
+        lane, lane_samples = _link_from(d["lane"], "lane") if "lane" in d else (None, ())
         return cls(link=lk,
                    compressors={str(k): CompressorProfile.from_dict(str(k), v)
                                 for k, v in comps.items()},
                    link_samples=samples, meta=dict(d.get("meta", {})), link_one=one,
                    link_one_samples=one_samples, sync_overhead=d.get("sync_overhead", 0.0),
-                   allreduce=ar, allreduce_samples=ar_samples)
+                   allreduce=ar, allreduce_samples=ar_samples, lane=lane,
+                   lane_samples=lane_samples)
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the profile as indented JSON."""
@@ -295,6 +319,22 @@ class Profile:
             return cls.from_dict(d)
         except ProfileError as e:
             raise ProfileError(f"{os.fspath(path)}: {e}") from e
+
+
+def _engine_samples(samples: Any, where: str) -> Tuple[Tuple[int, int, float], ...]:
+    """Validate ``(bytes, K, seconds)`` triples; raises ``ProfileError``."""
+    out = []
+    try:
+        for row in samples:
+            m, k, t = row
+            if not (int(m) == m and m > 0 and int(k) == k and k >= 1 and float(t) > 0
+                    and math.isfinite(float(t))):
+                raise ValueError(f"{row!r}")
+            out.append((int(m), int(k), float(t)))
+    except (TypeError, ValueError) as e:
+        raise ProfileError(f"{where}: engine_samples must be [bytes > 0, K >= 1, seconds > 0] "
+                           f"triples, found {e}") from None
+    return tuple(out)
 
 
 def _link_dict(link: Link, samples: Sequence[Tuple[int, float]]) -> Dict[str, Any]:
@@ -576,6 +616,88 @@ def measure_link(
     return Link(latency=float(agreed[0]), bandwidth=float(agreed[1])), tuple(samples)
 
 
+def measure_engine_sync(transport: Any, strategy: str = "ps",
+                        points: Sequence[Tuple[int, int]] = ((4, 1),), *,
+                        compressor: Optional[CompressorProfile] = None, repeats: int = 5,
+                        timeout: float = 300.0,
+                        engine_config: Optional[Mapping[str, Any]] = None,
+                        progress: Progress = None) -> Tuple[Tuple[int, int, float], ...]:
+    """Time whole synchronisations of one gradient through the CaSync engine. Collective.
+
+    For each ``(bytes, K)`` point, an engine with a one-gradient plan
+    (compressed with ``compressor`` into K partitions, or uncompressed when
+    ``compressor`` is None) synchronises a float32 gradient of that size
+    ``repeats`` times after one warm-up step; a sample is the median of the
+    slowest rank's ``submit``-to-``synchronize`` time. This is what the
+    cost model predicts, measured as a whole, so the planner can charge
+    the engine's work that HiPress Eq. 1/2 leave out (coordination rounds,
+    per-partition tasks, the aggregator's re-encode; see
+    ``planner.EngineTerm``).
+
+    Args:
+        transport: the transport every rank uses.
+        strategy: the engine's strategy.
+        points: ``(bytes, K)`` pairs (bytes rounded down to whole floats).
+        compressor: the profiled compressor, or None for the uncompressed path.
+        repeats: timed synchronisations per point.
+        timeout: seconds for each collective.
+        engine_config: extra ``EngineConfig`` fields (as the engine will run).
+        progress: ``progress(iterable, desc, total)`` wrapper (rank 0 only).
+
+    Returns:
+        ``(bytes, K, seconds)`` per point, rank 0's numbers on every rank.
+    """
+    from ..casync.engine import Engine, EngineConfig
+    from .plan import GradientPlan, Plan
+
+    name = compressor.name if compressor else "identity"
+    params = dict(compressor.params) if compressor else {}
+    out: List[Tuple[int, int, float]] = []
+    desc = f"engine sync ({name if compressor else 'uncompressed'})"
+    for nbytes, k in _iterate(list(points), progress if transport.rank == 0 else None, desc):
+        numel = max(1, int(nbytes) // 4)
+        plan = Plan(compressor=name, params=params, strategy=strategy,
+                    gradients={"_probe": GradientPlan(compress=compressor is not None,
+                                                      partitions=int(k))})
+        cfg = dict(engine_config or {})
+        cfg.update(plan=plan, strategy=strategy, timeline=False, timeout=timeout,
+                   compressor=name, params=params)
+        eng = Engine(transport, EngineConfig(**cfg))
+        try:
+            eng.register([("_probe", (numel,), torch.float32)])
+            gen = torch.Generator().manual_seed(transport.rank)
+            src = torch.randn(numel, generator=gen)
+            grad = src.clone()
+            ts = []
+            for i in range(repeats + 1):
+                grad.copy_(src)
+                transport.barrier(timeout)
+                t0 = time.perf_counter()
+                eng.submit("_probe", grad)
+                eng.synchronize()
+                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                transport.allreduce(dt, "max", timeout)
+                if i:  # the first step warms up buffers, threads and compressor state
+                    ts.append(float(dt.item()))
+        finally:
+            eng.close()
+        out.append((4 * numel, int(k), statistics.median(ts)))
+    agreed = torch.tensor([t for _, _, t in out], dtype=torch.float64)
+    transport.broadcast(agreed, 0, timeout)
+    return tuple((m, k, float(t)) for (m, k, _), t in zip(out, agreed.tolist()))
+
+
+def engine_points(max_bytes: int, n: int, lo: int = 64 << 10) -> List[Tuple[int, int]]:
+    """The (bytes, K) grid ``profile_transport`` times compressed syncs at.
+
+    Four sizes spaced by 8x from ``lo`` up to ``max_bytes`` (fewer when the
+    range is short), each with K = 1, N and 3N: enough to fit the engine's
+    fixed, per-partition and per-byte costs (``planner.EngineTerm``).
+    """
+    sizes = [s for s in (lo << (3 * i) for i in range(4)) if s <= max_bytes] or [max_bytes]
+    return [(s, k) for s in sizes for k in sorted({1, n, 3 * n})]
+
+
 def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
                           compressor: Optional[CompressorProfile] = None, repeats: int = 10,
                           timeout: float = 300.0,
@@ -589,8 +711,8 @@ def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
     each compute stage of a compressed workflow (encode, aggregate, decode)
     leaves rounds waiting for it. This synchronises a tiny gradient (1 float
     uncompressed; 1024 floats through ``compressor``) through the engine
-    ``repeats`` times and returns the slowest rank's median time minus the
-    equation's prediction for it (>= 0), agreed from rank 0.
+    ``repeats`` times (``measure_engine_sync``) and returns the slowest
+    rank's median time minus the equation's prediction for it (>= 0).
 
     Args:
         transport: the transport every rank uses.
@@ -605,38 +727,15 @@ def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
             (``raw_collective``, default on) the uncompressed model is that
             allreduce (or Table I's Ring-AR on ``link``), not Eq. 1.
     """
-    from ..casync.engine import Engine, EngineConfig
     from .model import sync_params, t_sync_cpr, t_sync_orig
-    from .plan import GradientPlan, Plan
     from .planner import ENGINE_TO_MODEL
 
-    name = compressor.name if compressor else "identity"
-    params = dict(compressor.params) if compressor else {}
-    numel = 1024 if compressor else 1
-    plan = Plan(compressor=name, params=params, strategy=strategy,
-                gradients={"_probe": GradientPlan(compress=compressor is not None)})
+    m = 4096 if compressor else 4
+    ((m, _, t),) = measure_engine_sync(transport, strategy, [(m, 1)], compressor=compressor,
+                                       repeats=repeats, timeout=timeout,
+                                       engine_config=engine_config)
+    n = transport.size
     cfg = dict(engine_config or {})
-    cfg.update(plan=plan, strategy=strategy, timeline=False, timeout=timeout, compressor=name,
-               params=params)
-    eng = Engine(transport, EngineConfig(**cfg))
-    try:
-        eng.register([("_probe", (numel,), torch.float32)])
-        src = torch.randn(numel, generator=torch.Generator().manual_seed(transport.rank))
-        grad = src.clone()
-        ts = []
-        for i in range(repeats + 1):
-            grad.copy_(src)
-            transport.barrier(timeout)
-            t0 = time.perf_counter()
-            eng.submit("_probe", grad)
-            eng.synchronize()
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            transport.allreduce(dt, "max", timeout)
-            if i:
-                ts.append(float(dt.item()))
-    finally:
-        eng.close()
-    n, m = transport.size, 4 * numel
     if compressor is None and cfg.get("raw_collective", True):
         model = Profile(link=link, allreduce=allreduce).allreduce_time(m, n)
     elif compressor is None:
@@ -645,9 +744,7 @@ def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
         model = t_sync_cpr(m, 1, n, compressor.rate(m), link, compressor.encode,
                            compressor.decode,
                            sync_params(ENGINE_TO_MODEL[strategy], compressor.category))
-    agreed = torch.tensor([max(0.0, statistics.median(ts) - model)], dtype=torch.float64)
-    transport.broadcast(agreed, 0, timeout)
-    return float(agreed.item())
+    return max(0.0, t - model)
 
 
 def profile_transport(
@@ -664,6 +761,7 @@ def profile_transport(
     round_meta_bytes: int = 0,
     engine_overhead: Optional[str] = None,
     raw_collective: bool = True,
+    engine_grid: Optional[Sequence[Tuple[int, int]]] = None,
 ) -> Profile:
     """A full profile on every rank of a transport. Collective.
 
@@ -683,11 +781,17 @@ def profile_transport(
         progress: ``progress(iterable, desc, total)`` wrapper (rank 0 only).
         error_feedback: see ``profile_compressor`` (default: as the engine runs it).
         round_meta_bytes: see ``measure_link``.
-        engine_overhead: a strategy ("ps", "ring") to also measure the
-            engine's fixed cost per synchronisation (``measure_sync_overhead``);
-            None leaves it 0 (HiPress's Eq. 1/2 as published).
+        engine_overhead: a strategy ("ps", "ring") to also time whole
+            synchronisations through the engine: its fixed cost per
+            synchronisation (``measure_sync_overhead``), the uncompressed
+            lane over ``link_sizes`` (``Profile.lane``, with
+            ``raw_collective``) and each compressor over ``engine_grid``
+            (``CompressorProfile.engine_samples``). None measures none of
+            them (HiPress's Eq. 1/2 as published).
         raw_collective: the engine's setting (uncompressed gradients by
             allreduce); with a measured link, the allreduce is measured too.
+        engine_grid: ``(bytes, K)`` points of the compressed engine timings
+            (default ``engine_points`` up to the largest profiled size).
 
     Returns:
         The same ``Profile`` on every rank.
@@ -707,25 +811,38 @@ def profile_transport(
                                       progress=prog, pattern="allreduce",
                                       round_meta_bytes=round_meta_bytes)
     overhead = 0.0
+    lane, lane_samples = None, ()
     measure = bool(engine_overhead) and transport.size > 1
+    ecfg = {"raw_collective": raw_collective}
     if measure:
         overhead = measure_sync_overhead(transport, one or link, engine_overhead,
                                          repeats=2 * repeats, timeout=timeout,
-                                         engine_config={"raw_collective": raw_collective},
-                                         allreduce=ar)
+                                         engine_config=ecfg, allreduce=ar)
+        if raw_collective:
+            lsizes = list(link_sizes or log_sizes(4 << 10, 16 << 20))
+            timed = measure_engine_sync(transport, engine_overhead, [(s, 1) for s in lsizes],
+                                        repeats=repeats, timeout=timeout, engine_config=ecfg,
+                                        progress=prog)
+            lane_samples = tuple((m, t) for m, _, t in timed)
+            lane = fit_link([m for m, _ in lane_samples], [t for _, t in lane_samples])
     profs = {}
     for name, params in compressors.items():
         cp = profile_compressor(name, params, sizes, repeats=repeats, progress=prog,
                                 barrier=lambda: transport.barrier(timeout),
                                 error_feedback=error_feedback)
         if measure:
-            cp = dataclasses.replace(cp, sync_overhead=measure_sync_overhead(
-                transport, one or link, engine_overhead, compressor=cp, repeats=2 * repeats,
-                timeout=timeout, engine_config={"raw_collective": raw_collective}))
+            grid = engine_grid or engine_points(int(cp.encode.sizes[-1]), transport.size)
+            cp = dataclasses.replace(
+                cp, sync_overhead=measure_sync_overhead(
+                    transport, one or link, engine_overhead, compressor=cp,
+                    repeats=2 * repeats, timeout=timeout, engine_config=ecfg),
+                engine_samples=measure_engine_sync(
+                    transport, engine_overhead, grid, compressor=cp, repeats=repeats,
+                    timeout=timeout, engine_config=ecfg, progress=prog))
         profs[name] = cp
     prof = Profile(link=link, compressors=profs, link_samples=samples, link_one=one,
                    link_one_samples=one_samples, sync_overhead=overhead, allreduce=ar,
-                   allreduce_samples=ar_samples,
+                   allreduce_samples=ar_samples, lane=lane, lane_samples=lane_samples,
                    meta={"ranks": transport.size, "transport": type(transport).__name__,
                          "link_source": "measured" if samples else "given",
                          "round_meta_bytes": round_meta_bytes,

@@ -310,3 +310,93 @@ def test_measured_allreduce_fit_prices_the_collective_lane_and_round_trips():
     # Eq. 1 when the engine sends raw bytes through the workflow instead
     assert Planner(back, "q", 4, "ps", raw_collective=False).t_orig(1e6, 1) != \
         pytest.approx(pl.t_orig(1e6, 1))
+
+
+def _timed_profile(ranks=4):
+    """make_profile() plus engine timings made from a known EngineTerm (5 ms + 2 ms per
+    extra partition + 1 ns per byte) and a timed lane (3 ms + bytes / 400 MB/s)."""
+    from hipress_like.cost_model.planner import EngineTerm
+
+    base = make_profile()
+    pl = Planner(base, "q", 4, "ps")
+    true = EngineTerm(fixed=5e-3, per_partition=2e-3, per_byte=1e-9)
+    samples = tuple((m, k, pl.eq2(m, k) + true(m, k))
+                    for m in (64 << 10, 4 << 20, 32 << 20) for k in (1, 4, 12))
+    cp = dataclasses.replace(base.compressor("q"), engine_samples=samples)
+    lane = Link(3e-3, 4e8)
+    return dataclasses.replace(base, compressors={"q": cp}, lane=lane,
+                               lane_samples=((4096, lane(4096)), (1 << 20, lane(1 << 20))),
+                               meta={"ranks": ranks}), true
+
+
+def test_engine_term_fit_recovers_the_engine_cost_beyond_eq2():
+    prof, true = _timed_profile()
+    pl = Planner(prof, "q", 4, "ps")
+    t = pl.engine_term
+    assert t.fixed == pytest.approx(true.fixed, rel=1e-6)
+    assert t.per_partition == pytest.approx(true.per_partition, rel=1e-6)
+    assert t.per_byte == pytest.approx(true.per_byte, rel=1e-6)
+    # by hand at m = 1 MB, K = 2: Eq. 2 + 5 ms + 2 ms + 1e6 ns
+    assert pl.t_cpr(1e6, 2) == pytest.approx(pl.eq2(1e6, 2) + 5e-3 + 2e-3 + 1e-3)
+    # the timed lane prices "no compression" whole, whatever K, with no constant added
+    assert pl.t_orig(1e6, 3) == pytest.approx(3e-3 + 1e6 / 4e8)
+
+
+def test_engine_term_is_floored_at_one_partitions_work():
+    # a fit that says the engine is faster than Eq. 2 by a lot cannot go below
+    # one encode + one transfer + one decode of a partition
+    base = make_profile()
+    pl0 = Planner(base, "q", 4, "ps")
+    samples = tuple((m, k, 1e-6) for m in (1 << 20, 16 << 20) for k in (1, 4))
+    cp = dataclasses.replace(base.compressor("q"), engine_samples=samples)
+    pl = Planner(dataclasses.replace(base, compressors={"q": cp}, meta={"ranks": 4}),
+                 "q", 4, "ps")
+    cpq = pl.cp
+    part = (16 << 20) / 4
+    floor = (cpq.encode(part) + pl.link(4)(cpq.payload_bytes(part))
+             + cpq.decode(cpq.payload_bytes(part)))
+    assert pl.t_cpr(16 << 20, 4) == pytest.approx(floor)
+    assert pl.t_cpr(16 << 20, 4) < pl0.t_cpr(16 << 20, 4)
+
+
+def test_engine_timings_of_another_world_size_are_not_used(caplog):
+    prof, _ = _timed_profile(ranks=8)
+    with caplog.at_level("WARNING"):
+        pl = Planner(prof, "q", 4, "ps")
+    assert pl.engine_term is None and "8 ranks, not N=4" in caplog.text
+    assert pl.t_cpr(1e6, 2) == pytest.approx(pl.eq2(1e6, 2) + prof.sync_overhead)
+
+
+def test_engine_timings_round_trip_and_bad_ones_are_rejected():
+    prof, _ = _timed_profile()
+    back = Profile.from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert back.lane == prof.lane and back.lane_samples == prof.lane_samples
+    assert back.compressor("q").engine_samples == prof.compressor("q").engine_samples
+    for bad in ([[4096, 0, 1e-3]], [[4096, 1, -1.0]], [[4096.5, 1, 1e-3]], [[4096, 1]],
+                "x", [[4096, 1, float("nan")]]):
+        d = prof.to_dict()
+        d["compressors"]["q"]["engine_samples"] = bad
+        with pytest.raises(ProfileError, match="engine_samples"):
+            Profile.from_dict(d)
+    d = prof.to_dict()
+    d["lane"] = {"latency": 1e-3}
+    with pytest.raises(ProfileError, match="lane"):
+        Profile.from_dict(d)
+
+
+def test_planner_chooses_among_given_partition_counts():
+    pl_all = Planner(make_profile(), "q", 4, "ps", k_tolerance=0.0, raw_collective=False)
+    pl = Planner(make_profile(), "q", 4, "ps", k_tolerance=0.0, raw_collective=False,
+                 partitions=[1, 2, 4, 8, 16])
+    assert pl.max_partitions == 16
+    for m in SIZES:
+        c = pl.choose(m)
+        assert c.partitions in (1, 2, 4, 8, 16)
+        best = min((pl.t_cpr(m, k), k) for k in (1, 2, 4, 8, 16))
+        assert c.t_cpr == pytest.approx(best[0])
+        assert c.time >= pl_all.choose(m).time - 1e-15  # fewer options never predict better
+    for bad in ([], [0, 2], [2.0], [True]):
+        with pytest.raises(ValueError, match="partitions"):
+            Planner(make_profile(), "q", 4, "ps", partitions=bad)
+    with pytest.raises(ValueError, match="exceed max_partitions"):
+        Planner(make_profile(), "q", 4, "ps", partitions=[1, 32], max_partitions=16)

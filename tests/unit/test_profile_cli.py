@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hipress_like.cost_model import Plan, Profile
+from hipress_like.cost_model import Plan, Planner, Profile
 from hipress_like.cost_model.cli import main, parse_bandwidth, parse_bytes, parse_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -63,6 +63,12 @@ def test_profile_over_local_ranks(tmp_path):
     assert prof.link_one is not None and len(prof.link_samples) == 2
     assert prof.compressors["fp16"].error_feedback  # as the engine runs it
     assert prof.sync_overhead >= 0 and prof.compressors["fp16"].sync_overhead >= 0
+    # whole synchronisations timed through the engine: the lane at each link size,
+    # the compressed path at K = 1, N and 3N (sizes capped by --max-size)
+    assert [m for m, _ in prof.lane_samples] == [4096, 16384]
+    assert [(m, k) for m, k, _ in prof.compressors["fp16"].engine_samples] == \
+        [(16384, 1), (16384, 2), (16384, 6)]
+    assert Planner(prof, "fp16", 2, "ps").engine_term is not None
 
 
 def test_plan_prints_table_and_writes_plan(profile_path, tmp_path):

@@ -1,0 +1,40 @@
+"""bench/cost_model.py end to end on 2 local ranks: calibration apart from validation.
+
+No timing is asserted (shared machines are noisy); the test pins the
+benchmark's protocol: the engine term is fitted to calibration points only,
+none of which is a validation size, and every validation row carries a
+prediction from that fit.
+"""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_cost_model_bench_fits_on_calibration_and_predicts_validation(tmp_path):
+    out = tmp_path / "cm.json"
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "cost_model.py"), "--nprocs", "2",
+         "--compressors", "onebit", "--min-size", "16384", "--max-size", "131072",
+         "--ks", "1,2", "--passes", "2", "--repeats", "1", "-o", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "onebit: median |pred/meas-1|" in p.stdout
+    report = json.loads(out.read_text())
+    assert report["passes"] == 2 and report["nodes"] == 2
+    prof = report["profile"]
+    lane = {m for m, _ in prof["lane"]["samples"]}
+    engine = {m for m, _, _ in prof["compressors"]["onebit"]["engine_samples"]}
+    assert engine == {65536} and lane == {8192, 65536}  # engine_points up to the largest size
+    calib = lane | engine
+    rows = report["results"]["onebit"]["rows"]
+    valid = {r["nbytes"] for r in rows}
+    assert valid and not valid & calib
+    assert {(r["compress"], r["partitions"]) for r in rows} == {(False, 1), (True, 1),
+                                                               (True, 2)}
+    assert all(r["predicted_s"] > 0 and r["measured_s"] > 0 for r in rows)
+    assert sum(r["planner_choice"] for r in rows) == len(valid)  # one choice per size
+    for suffix in ("profile", "onebit"):  # inputs of hipress-profile report
+        assert (tmp_path / f"cm.{suffix}.json").exists()
