@@ -29,11 +29,8 @@ it, ``<stem>.profile.json`` and ``<stem>.<compressor>.json`` for
 
     # loopback, 4 local ranks
     python bench/cost_model.py --compressors onebit,tbq -o bench_loopback.json
-    # emulated 1 Gbit/s (root; see ../shared/netem/README.md)
-    ../shared/netem/netem.sh up 4 1gbit
-    GLOO_SOCKET_IFNAME=eth0 PYTHON=$PWD/.venv/bin/python ../shared/netem/run_ns.sh 4 \\
-        bench/cost_model.py --from-env -o bench_1gbit.json
-    ../shared/netem/netem.sh down
+    # emulated 1 Gbit/s links: ranks in network namespaces (bench/netem.py; root)
+    python bench/cost_model.py --net 1gbit -o bench_1gbit.json
 
 Pass criteria (issue 5): median |predicted / measured - 1| <= 20% with and
 without compression; the planner's choice costs <= 10% more than the best
@@ -129,7 +126,7 @@ def time_points(transport: Any, prof: Profile, points: Sequence[Point], strategy
 
 def run(transport: Any, compressors: Sequence[str], sizes: Sequence[int], ks: Sequence[int],
         strategy: str, repeats: int, timeout: float, raw_collective: bool = True,
-        quiet: bool = False, passes: int = 3) -> Optional[Dict[str, Any]]:
+        quiet: bool = False, passes: int = 5) -> Optional[Dict[str, Any]]:
     """The whole benchmark on one rank (collective); rank 0 returns the report."""
     n, rank = transport.size, transport.rank
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if rank == 0 and not quiet \
@@ -248,7 +245,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--per-octave", type=float, default=0.5, help="sizes per doubling")
     ap.add_argument("--ks", default="1,2,4,8,16")
     ap.add_argument("--repeats", type=int, default=3, help="timed syncs per point and pass")
-    ap.add_argument("--passes", type=int, default=3,
+    ap.add_argument("--passes", type=int, default=5,
                     help="shuffled passes over all points (medians over passes)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--raw-via-workflow", action="store_true",
@@ -256,6 +253,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "engine raw_collective=False) instead of the collective lane")
     ap.add_argument("--from-env", action="store_true",
                     help="this process is one rank (RANK/WORLD_SIZE set, e.g. by run_ns.sh)")
+    ap.add_argument("--net", default="loopback",
+                    help="loopback, or a tc rate such as 1gbit: the ranks run in network "
+                         "namespaces with links of that rate (bench/netem.py; needs root)")
     ap.add_argument("-o", "--output", default="bench_cost_model.json")
     a = ap.parse_args(argv)
     comps = [c for c in a.compressors.split(",") if c]
@@ -270,6 +270,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ks = [int(k) for k in a.ks.split(",")]
     args = (comps, sizes, ks, a.strategy, a.repeats, a.timeout, not a.raw_via_workflow, False,
             a.passes)
+    if a.net != "loopback" and not a.from_env:
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path.insert(0, here)
+        import netem
+
+        argv_ = list(sys.argv[1:] if argv is None else argv) + ["--from-env"]
+        netem.up(a.nprocs, a.net)
+        try:
+            rc = netem.run_in_namespaces(a.nprocs, [sys.executable, os.path.abspath(__file__),
+                                                    *argv_],
+                                         env={"HIPRESS_BENCH_NET": a.net},
+                                         timeout=a.timeout * 20)
+        finally:
+            netem.down()
+        return rc
     if a.from_env:
         import torch.distributed as dist
 
@@ -289,7 +304,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         dist.destroy_process_group()
         if report is None:
             return 0
-        report["network"] = "from-env"
+        report["network"] = os.environ.get("HIPRESS_BENCH_NET", "from-env")
     else:
         from hipress_like.casync.launch import run_workers
 
