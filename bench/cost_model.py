@@ -9,7 +9,7 @@ On N ranks (default 4):
    (``measure_engine_sync``), in ``--passes`` shuffled passes over every
    point, medians over passes:
    - calibration points: the uncompressed lane and each compressor at
-     64 KB, 512 KB, 4 MB and 32 MB with K = 1, N, 3N
+     64 KB, 512 KB, 4 MB and 32 MB with K = 1, 2, N, 3N
      (``profiler.engine_points``);
    - validation points: every size from 32 KB to 64 MB uncompressed
      (the engine's collective lane: one fused allreduce whatever K, so
@@ -81,7 +81,7 @@ def sweep_points(compressors: Sequence[str], sizes: Sequence[int], ks: Sequence[
     """Every synchronisation the benchmark times, calibration and validation.
 
     Calibration: the uncompressed lane and each compressor at
-    ``profiler.engine_points`` (64 KB, 512 KB, 4 MB, 32 MB; K = 1, N, 3N),
+    ``profiler.engine_points`` (64 KB, 512 KB, 4 MB, 32 MB; K = 1, 2, N, 3N),
     none of them a validation size. Validation: every size with
     uncompressed K = 1 (the collective lane ignores K; all of ``ks`` with
     ``raw_collective=False``) and compressed with every K of ``ks``.
@@ -165,9 +165,7 @@ def run(transport: Any, compressors: Sequence[str], sizes: Sequence[int], ks: Se
         planner = Planner(prof, comp, n, strategy, partitions=list(ks),
                           raw_collective=raw_collective)
         term = planner.engine_term
-        say(f"{comp}: engine beyond Eq. 2: {term.fixed * 1e3:.1f} ms + "
-            f"{term.per_partition * 1e3:.1f} ms per extra partition + "
-            f"{term.per_byte * 1e9:.2f} ns per byte")
+        say(f"{comp}: engine beyond Eq. 2: {term.describe()}")
         rows: List[Dict[str, Any]] = []
         for (kind, c, nbytes, k), t in sorted(measured.items(), key=lambda x: x[0][2:]):
             if kind != "valid" or c not in (None, comp):

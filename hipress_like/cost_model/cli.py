@@ -285,9 +285,7 @@ def _cmd_profile(a: argparse.Namespace) -> int:
 
             t = Planner(prof, name, prof.meta["ranks"], a.strategy).engine_term
             if t is not None:
-                print(f"  engine beyond Eq. 2: {t.fixed * 1e3:.2f} ms + "
-                      f"{t.per_partition * 1e3:.2f} ms per extra partition + "
-                      f"{t.per_byte * 1e9:.3f} ns per byte")
+                print(f"  engine beyond Eq. 2: {t.describe()}")
     print(f"wrote {a.output}")
     return 0
 

@@ -25,9 +25,10 @@ The result is a ``Plan`` (plan.py) with an explicit entry per gradient and a
 
 Example:
     >>> from hipress_like.cost_model import Profile, Planner      # doctest: +SKIP
-    >>> planner = Planner(Profile.load("profile.json"), "onebit", n=4, strategy="ps")
-    >>> plan = planner.plan({"fc.weight": 64 << 20, "fc.bias": 4096})
-    >>> plan.save("plan.json")
+    >>> planner = Planner(Profile.load("profile.json"), "onebit", n=4,  # doctest: +SKIP
+    ...                   strategy="ps")
+    >>> plan = planner.plan({"fc.weight": 64 << 20, "fc.bias": 4096})  # doctest: +SKIP
+    >>> plan.save("plan.json")                                        # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -124,6 +125,11 @@ class EngineTerm:
     def __call__(self, m: float, k: int) -> float:
         """Extra seconds for an ``m``-byte gradient in ``k`` partitions."""
         return self.fixed + self.per_partition * (k - 1) + self.per_byte * m
+
+    def describe(self) -> str:
+        """The coefficients in readable units, e.g. for the CLI and the benchmark."""
+        return (f"{self.fixed * 1e3:.2f} ms + {self.per_partition * 1e3:.2f} ms per extra "
+                f"partition + {self.per_byte * 1e9:.3f} ns per byte")
 
     @classmethod
     def fit(cls, samples: Sequence[Tuple[int, int, float]],

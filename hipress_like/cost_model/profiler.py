@@ -691,11 +691,13 @@ def engine_points(max_bytes: int, n: int, lo: int = 64 << 10) -> List[Tuple[int,
     """The (bytes, K) grid ``profile_transport`` times compressed syncs at.
 
     Four sizes spaced by 8x from ``lo`` up to ``max_bytes`` (fewer when the
-    range is short), each with K = 1, N and 3N: enough to fit the engine's
-    fixed, per-partition and per-byte costs (``planner.EngineTerm``).
+    range is short), each with K = 1, 2, N and 3N: enough to fit the
+    engine's fixed, per-partition and per-byte costs (``planner.EngineTerm``).
+    K = 2 is there because syncs over a few partitions often measure
+    fastest, and a fit sampled only at 1, N and 3N misses them.
     """
     sizes = [s for s in (lo << (3 * i) for i in range(4)) if s <= max_bytes] or [max_bytes]
-    return [(s, k) for s in sizes for k in sorted({1, n, 3 * n})]
+    return [(s, k) for s in sizes for k in sorted({1, min(2, n), n, 3 * n})]
 
 
 def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,

@@ -1,0 +1,38 @@
+"""The docstring examples of the self-contained modules run as written.
+
+Examples that need a process group (adapters, transports over sockets) are
+illustrations and are not collected here; these modules' examples compute
+their results by hand (cost-model formulas, compressor round trips), so a
+formula change that breaks one breaks this test.
+"""
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "hipress_like.casync.lane",
+    "hipress_like.casync.transport.inproc",
+    "hipress_like.compressors._fused",
+    "hipress_like.compressors.dgc",
+    "hipress_like.compressors.error_feedback",
+    "hipress_like.compressors.graddrop",
+    "hipress_like.compressors.onebit",
+    "hipress_like.compressors.powersgd",
+    "hipress_like.compressors.sparse",
+    "hipress_like.compressors.tbq",
+    "hipress_like.compressors.terngrad",
+    "hipress_like.cost_model.collectives",
+    "hipress_like.cost_model.model",
+    "hipress_like.cost_model.planner",
+    "hipress_like.cost_model.presets",
+    "hipress_like.cost_model.profiler",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{name} has no examples to run"
+    assert result.failed == 0
