@@ -33,8 +33,10 @@ import argparse
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -137,6 +139,10 @@ def up(n: int, rate: str = "1gbit", delay: Optional[str] = None, *, mtu: int = 1
         NetemError: namespaces already exist (run ``down`` first), the kernel
             lacks netem for ``delay``, or an ``ip``/``tc`` command failed (the
             partial setup is removed).
+
+    From then on SIGTERM raises ``SystemExit`` in the main thread (unless the
+    program set its own handler), so a caller's ``finally: down()`` runs
+    when the benchmark is killed.
     """
     _require_root()
     if not 1 <= n <= MAX_HOSTS:
@@ -175,6 +181,7 @@ def up(n: int, rate: str = "1gbit", delay: Optional[str] = None, *, mtu: int = 1
     except BaseException:
         down()
         raise
+    _exit_on_sigterm()
     log.info("netem up: h0..h%d at %s-%s, rate %s, delay %s", n - 1, host_address(0),
              host_address(n - 1), rate, delay or "none")
 
@@ -244,17 +251,41 @@ def run_in_namespaces(n: int, argv: Sequence[str], env: Optional[Mapping[str, st
                                       **own_process_group()))
     deadline = None if timeout is None else time.monotonic() + timeout
     rcs: List[Optional[int]] = [None] * n
-    while any(rc is None for rc in rcs):
-        rcs = [p.poll() for p in procs]
-        if deadline is not None and time.monotonic() > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, 9)
-            rcs = [p.wait() for p in procs]
-            log.warning("run_in_namespaces: killed after %ss", timeout)
-            break
-        time.sleep(0.05)
+    try:
+        while any(rc is None for rc in rcs):
+            rcs = [p.poll() for p in procs]
+            if deadline is not None and time.monotonic() > deadline:
+                _kill(procs)
+                rcs = [p.wait() for p in procs]
+                log.warning("run_in_namespaces: killed after %ss", timeout)
+                break
+            time.sleep(0.05)
+    except BaseException:  # Ctrl-C, or SIGTERM turned into SystemExit by up()
+        _kill(procs)  # the ranks have their own process groups: they would outlive us
+        raise
     return next((rc for rc in rcs if rc), 0)
+
+
+def _kill(procs: Sequence[subprocess.Popen]) -> None:
+    """SIGKILL every still-running rank's process group and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+    for p in procs:
+        p.wait()
+
+
+def _exit_on_sigterm() -> None:
+    """Make SIGTERM raise SystemExit in the main thread, so ``finally: down()`` runs.
+
+    Python's default SIGTERM action ends the process without unwinding, which
+    left the namespaces behind when a benchmark was killed (``pkill``,
+    ``timeout``); the next run then refused to start. Only the default
+    handler is replaced, and only from the main thread (where handlers live).
+    """
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 # -- self-check: gloo all_reduce bus bandwidth across the namespaces ----------------

@@ -65,3 +65,44 @@ def test_up_refuses_to_clobber_and_validates(netem):
     netem.up(1, "100mbit")
     with pytest.raises(netem.NetemError, match="already exist"):
         netem.up(1, "100mbit")
+
+
+_DRIVER = """
+import os, sys
+sys.path.insert(0, {bench!r})
+import netem
+netem.up(2, "100mbit")
+try:
+    netem.run_in_namespaces(2, [sys.executable, "-c", {rank!r}], timeout=600)
+finally:
+    netem.down()
+"""
+_SLEEPING_RANK = ("import os, time; open(os.environ['MARK'] + os.environ['RANK'], 'w')"
+                  ".write(str(os.getpid())); time.sleep(600)")
+
+
+def test_a_killed_benchmark_takes_its_ranks_and_namespaces_down(netem, tmp_path):
+    # `pkill`/`timeout` send SIGTERM; it used to end the driver without running
+    # its `finally: down()`, leaving the namespaces (the next run refused to
+    # start) and the ranks, which live in their own process groups
+    import signal
+    import subprocess
+    import time
+
+    mark = str(tmp_path / "rank")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER.format(bench=os.path.join(ROOT, "bench"),
+                                              rank=_SLEEPING_RANK)],
+        env=dict(os.environ, MARK=mark))
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(f"{mark}{i}") for i in range(2)):
+        assert driver.poll() is None and time.monotonic() < deadline, "ranks never started"
+        time.sleep(0.1)
+    time.sleep(0.2)  # let both ranks finish writing their pid
+    pids = [int(open(f"{mark}{i}").read()) for i in range(2)]
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=60) == 128 + signal.SIGTERM
+    assert netem._namespaces() == []
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
