@@ -208,7 +208,7 @@ def _run(cfg: DigitsConfig, workers: int, timeout: float) -> List[Dict[str, Any]
     return run_workers(fn, workers, args=(asdict(cfg),), timeout=timeout)
 
 
-def _table(rows: List[Dict[str, Any]]) -> None:
+def _table(rows: List[Dict[str, Any]], workers: int) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
@@ -216,12 +216,15 @@ def _table(rows: List[Dict[str, Any]]) -> None:
         for r in rows:
             print(" | ".join(f"{k}: {v}" for k, v in r.items()))
         return
-    t = Table(title="digits, 4 workers: CaSync vs. no compression")
+    t = Table(title=f"digits, {workers} workers: CaSync vs. no compression")
     for col in rows[0]:
-        t.add_column(col, justify="left" if col == "configuration" else "right")
+        t.add_column(col, justify="left" if col == "configuration" else "right", no_wrap=True)
     for r in rows:
         t.add_row(*[str(v) for v in r.values()])
-    Console().print(t)
+    console = Console()
+    if not console.is_terminal:  # piped or logged: rich's 80 columns would wrap the cells
+        console = Console(width=120)
+    console.print(t)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -279,7 +282,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for r in rows:
         r["speed-up"] = f"{base / float(r['train time s']):.2f}x"
     print()
-    _table(rows)
+    _table(rows, ns.workers)
     return 0
 
 
