@@ -12,9 +12,13 @@ training instead of asking for a profile file:
    runs, collectively: a check that every rank saw the same gradients, a
    quick profile of the compressor's encode/decode at a few sizes spanning
    the observed ones (all ranks at once, so CPU contention is real), a few
-   link timings over the transport (unless a ``Link`` was given), then the
-   planner on rank 0, whose plan is broadcast as JSON. Every rank returns
-   the identical ``Plan``; from then on the plan is fixed.
+   link timings over the transport (unless a ``Link`` was given), a few
+   whole synchronisations timed through the engine (``engine_timing``: the
+   uncompressed lane, and the compressor at three sizes up to the largest
+   profiled one x K = 1, 2, N, 3N, so the planner charges the engine's own
+   cost beyond HiPress Eq. 2, ``planner.EngineTerm``), then the planner on
+   rank 0, whose plan is broadcast as JSON. Every rank returns the
+   identical ``Plan``; from then on the plan is fixed.
 
 Example (what an engine or ``DistributedOptimizer(plan="auto")`` does):
 
@@ -69,6 +73,11 @@ class AutoPlanner:
             (its coordinator reports), timed with the link; 0 times bare links.
         raw_collective: the engine's setting: uncompressed gradients are
             modelled as a ring allreduce (True) or HiPress Eq. 1 (False).
+        engine_timing: also time whole synchronisations through the engine
+            (default True; see the module docstring). False plans with
+            HiPress Eq. 1/2 alone, which on 2026-11-23's 4-rank host
+            predicted 0.3-0.7x of the measured compressed times; it saves
+            about 10-30 s of profiling.
 
     Raises:
         ValueError: bad strategy or warmup_iterations.
@@ -80,7 +89,7 @@ class AutoPlanner:
                  repeats: int = 3, max_profile_bytes: int = 64 << 20,
                  max_link_bytes: int = 16 << 20, timeout: float = 300.0,
                  provisional: Optional[Plan] = None, round_meta_bytes: int = 0,
-                 raw_collective: bool = True) -> None:
+                 raw_collective: bool = True, engine_timing: bool = True) -> None:
         if strategy not in ("ps", "ring"):
             raise ValueError(f"unknown strategy {strategy!r}; expected 'ps' or 'ring'")
         if not isinstance(warmup_iterations, int) or warmup_iterations < 1:
@@ -88,6 +97,7 @@ class AutoPlanner:
                              f"{warmup_iterations!r}")
         self.compressor = compressor
         self.raw_collective = bool(raw_collective)
+        self.engine_timing = bool(engine_timing)
         self.params = dict(params or {})
         self.strategy = strategy
         self.link = link
@@ -182,10 +192,15 @@ class AutoPlanner:
                                    meta={"ranks": n, "link_source": "given"})
         else:
             link_sizes = log_sizes(4096, max(8192, min(big, self.max_link_bytes)), 0.5)
+            top = prof_sizes[-1]  # engine timings up to the largest profiled size, 8x apart
+            grid = [(m, k) for m in sorted({max(4096, top >> 6), max(4096, top >> 3), top})
+                    for k in sorted({1, 2, n, 3 * n})]
             self.profile = profile_transport(
                 transport, {self.compressor: self.params}, sizes=prof_sizes,
                 link_sizes=link_sizes, link=link, repeats=self.repeats, timeout=self.timeout,
-                round_meta_bytes=self.round_meta_bytes)
+                round_meta_bytes=self.round_meta_bytes, raw_collective=self.raw_collective,
+                engine_overhead=self.strategy if self.engine_timing else None,
+                engine_grid=grid)
         rank = 0 if transport is None else transport.rank
         data = b""
         if rank == 0:

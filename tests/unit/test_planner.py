@@ -247,11 +247,32 @@ def test_auto_planner_ranks_agree():
                            max_link_bytes=1 << 14)
         auto.observe("w", 1 << 16)
         auto.observe("b", 256)
-        return auto.end_iteration(t).to_dict()
+        plan = auto.end_iteration(t).to_dict()
+        term = Planner(auto.profile, "fp16", 3, "ps").engine_term
+        return plan, auto.profile.lane is not None, auto.profile.compressor("fp16"), term
 
-    plans = run_threads(rank, 3, timeout=120)
+    out = run_threads(rank, 3, timeout=120)
+    plans = [p for p, _, _, _ in out]
     assert plans[0] == plans[1] == plans[2]
     assert plans[0]["world_size"] == 3 and set(plans[0]["gradients"]) == {"w", "b"}
+    # the engine was timed (lane and compressed syncs), so the plan charges its cost
+    for _, has_lane, cp, term in out:
+        assert has_lane and term is not None
+        assert {k for _, k, _ in cp.engine_samples} == {1, 2, 3, 9}
+        assert {m for m, _, _ in cp.engine_samples} == {4096, 8192, 1 << 16}
+
+
+def test_auto_planner_without_engine_timing_plans_with_eq2_alone():
+    def rank(t):
+        auto = AutoPlanner("fp16", strategy="ps", repeats=1, max_profile_bytes=1 << 16,
+                           max_link_bytes=1 << 14, engine_timing=False)
+        auto.observe("w", 1 << 16)
+        auto.end_iteration(t)
+        return auto.profile
+
+    for prof in run_threads(rank, 2, timeout=120):
+        assert prof.lane is None and prof.compressor("fp16").engine_samples == ()
+        assert Planner(prof, "fp16", 2, "ps").engine_term is None
 
 
 def test_auto_planner_detects_different_gradients():

@@ -201,3 +201,28 @@ def test_torch_backend_needs_initialised_group():
         pytest.skip("a default process group exists in this process")
     with pytest.raises(TransportError, match="init_process_group"):
         make_transport("gloo")
+
+
+def test_closing_a_split_channel_leaves_the_parent_and_new_channels_usable():
+    # an engine closes the channel it split off; the same transport then serves the
+    # next engine (the profiler builds one engine per timed point)
+    def body(t):
+        for _ in range(3):
+            ch = t.split()
+            assert ch.allreduce(torch.ones(2), timeout=10).tolist() == [2.0, 2.0]
+            ch.close()
+        return t.allreduce(torch.ones(1), timeout=10).item()
+
+    assert run_threads(body, 2, timeout=30) == [2.0, 2.0]
+
+
+def test_a_rank_that_leaves_is_gone_from_its_split_channels_too():
+    def body(t):
+        ch = t.split()
+        if t.rank == 1:
+            return "left"  # run_threads marks rank 1 exited on the parent group
+        with pytest.raises(PeerError, match="rank 1"):
+            ch.allreduce(torch.ones(1), timeout=10)
+        return "raised"
+
+    assert run_threads(body, 2, timeout=30) == ["raised", "left"]

@@ -70,11 +70,15 @@ class InProcGroup:
         self._slots: Dict[int, _Slot] = {}
         if _parent is None:
             self._cond = threading.Condition()
-            # rank -> reason; a rank in either dict will never deposit again.
+            # rank -> reason; a rank in either dict will never deposit again
+            # (``exited`` of this channel or of any channel it was split from).
             self.failed: Dict[int, str] = {}
             self.exited: Dict[int, str] = {}
-        else:  # a split channel: the same ranks, so the same liveness and wake-ups
-            self._cond, self.failed, self.exited = _parent._cond, _parent.failed, _parent.exited
+        else:  # a split channel: the same ranks, so the same failures and wake-ups;
+            # closing it ends only this channel (a rank's thread ending ends them all)
+            self._cond, self.failed = _parent._cond, _parent.failed
+            self.exited = {}
+        self._parent = _parent
         self._children: Dict[int, "InProcGroup"] = {}
         self.transports = [InProcTransport(self, r) for r in range(size)]
 
@@ -105,8 +109,11 @@ class InProcGroup:
     def _gone(self, rank: int) -> Optional[str]:
         if rank in self.failed:
             return f"raised {self.failed[rank]}"
-        if rank in self.exited:
-            return self.exited[rank]
+        group: Optional[InProcGroup] = self
+        while group is not None:
+            if rank in group.exited:
+                return group.exited[rank]
+            group = group._parent
         return None
 
     def _exchange(self, rank: int, seq: int, op: str, value: Any, timeout: float) -> Dict[int, Any]:
