@@ -51,6 +51,8 @@ DDP_CONFIGS = ("ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4")
 # optimizer for all of them: DGC runs as a sparsifier with its own momentum
 # off, its sparsity ramped up over the first 5 steps (DGC Sec. 3.4).
 PARAMS = {"dgc": {"momentum": 0.0, "warmup_steps": 5}, "powersgd1": {"rank": 1}}
+# digits has 10 balanced classes: a model that has learned nothing scores ~10%.
+CHANCE = 100.0 / 10
 
 
 def all_configs():
@@ -254,6 +256,8 @@ def _report(model, rows, budget):
         ms = best_hp["ms_per_step"]
         print(f"\nbest of this project: {best_hp['config']} ({ms:.0f} ms/step); best DDP hook: "
               f"{best_hook['config']} ({best_hook['ms_per_step']:.0f} ms/step)")
+        if model != "vgg":
+            print("  (issue 4 sets these goals for the VGG-style model only)")
         goals = [
             ("vs best DDP hook >= 1.3x", best_hook["ms_per_step"] / ms, 1.3, True),
             ("vs DDP without hook >= 3x", ddp / ms, 3.0, True),
@@ -264,8 +268,12 @@ def _report(model, rows, budget):
             print(f"  {label:<28} {v:5.2f}  {'met' if met else 'NOT met'}")
         if acc_ref is not None:
             d = acc_ref - best_hp["accuracy"]
-            print(f"  {'accuracy loss vs DDP <= 1pt':<28} {d:5.1f}  "
-                  f"{'met' if d <= 1.0 else 'NOT met'}")
+            if acc_ref < 2 * CHANCE:  # nothing learned yet: a 0-point gap proves nothing
+                print(f"  {'accuracy loss vs DDP <= 1pt':<28} {d:5.1f}  not judged: DDP is at "
+                      f"{acc_ref:.1f}% (chance {CHANCE:.0f}%) after this budget; raise --steps")
+            else:
+                print(f"  {'accuracy loss vs DDP <= 1pt':<28} {d:5.1f}  "
+                      f"{'met' if d <= 1.0 else 'NOT met'}")
 
 
 def main(argv=None):

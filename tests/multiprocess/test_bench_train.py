@@ -1,0 +1,32 @@
+"""bench/train.py end to end on 2 local ranks over loopback: the floor, DDP, a DDP hook and
+one CaSync configuration, a few steps each.
+
+No timing is asserted (shared machines are noisy); the test pins that the
+benchmark launches real ranks for each kind of configuration, that every
+row carries its step times and accuracy, that the CaSync row records which
+gradients its plan compressed, and that the verdict lines are printed.
+"""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_train_bench_runs_each_kind_of_configuration(tmp_path):
+    out = tmp_path / "train.json"
+    p = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "train.py"), "--model", "vgg",
+         "--nprocs", "2", "--configs", "floor,ddp,ddp-powersgd1,hp-ps-onebit", "--steps", "2",
+         "--warmup", "1", "--batch", "2", "--timeout", "300", "--out", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"floor", "ddp", "ddp-powersgd1", "hp-ps-onebit"}
+    for r in rows.values():
+        assert r["size"] == 2 and len(r["ms_steps"]) == 2 and 0 <= r["accuracy"] <= 100
+    # the VGG-style model's large fully-connected weights are what the plan compresses
+    assert "6.weight" in rows["hp-ps-onebit"]["compressed"]
+    assert "best of this project: hp-ps-onebit" in p.stdout
+    assert "within 1.3x of the floor" in p.stdout
