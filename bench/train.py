@@ -17,6 +17,8 @@ Configurations:
                    Ring x onebit, terngrad, dgc, powersgd (rank 4, the default),
                    powersgd1 (rank 1, as the fastest hook) (engine default plan)
   hp-<strategy>-auto          the same with plan="auto" (onebit)
+  hp-none          the same with Compression.none: every gradient in the
+                   engine's allreduce lane, the engine's overhead against DDP
 
 Links: loopback by default; ``--netem`` runs rank i inside network namespace
 ``h<i>`` over emulated 1 Gbit/s links (bench/netem.py; created and removed
@@ -56,7 +58,7 @@ CHANCE = 100.0 / 10
 
 
 def all_configs():
-    cfgs = ["floor", *DDP_CONFIGS]
+    cfgs = ["floor", *DDP_CONFIGS, "hp-none"]
     for s in ("ps", "ring"):
         cfgs += [f"hp-{s}-{c}" for c in HP_COMPRESSORS] + [f"hp-{s}-auto"]
     return cfgs
@@ -116,7 +118,7 @@ def worker(cfg):
             net.register_comm_hook(hook_state, psgd.powerSGD_hook)
         opt = base
     elif name.startswith("hp-"):
-        _, strategy, comp = name.split("-", 2)
+        _, strategy, comp = name.split("-", 2) if name != "hp-none" else ("hp", "ps", "none")
         plan = "auto" if comp == "auto" else None
         params = PARAMS.get(comp, {})
         comp = {"auto": "onebit", "powersgd1": "powersgd"}.get(comp, comp)

@@ -402,6 +402,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         plan: "auto" (the cost model decides per gradient), a ``Plan``, a
             plan file path, or ``None`` (the engine's default size rule:
             gradients from 1 MB up are compressed, partitioned by size).
+            With ``Compression.none`` (the default) there is nothing to
+            decide: every gradient takes the engine's allreduce lane and
+            "auto" profiles nothing.
         nonfinite: "raise" on NaN/Inf gradients, or "skip" the step on every rank.
         timeout: seconds before a stalled or dead peer becomes an error.
         seed: seed of the compressors' random streams (same on all ranks).

@@ -89,8 +89,9 @@ class EngineConfig:
             takes the plan's compressor (``onebit`` without a plan).
         params: the compressor's parameters.
         strategy: "ps" (co-located aggregators) or "ring".
-        plan: None (default size rule), a ``Plan``, a path to a plan JSON,
-            or "auto" (profile the first steps, then fix the plan).
+        plan: None (default size rule; with a compressor that saves no bytes,
+            such as identity, nothing is compressed), a ``Plan``, a path to a
+            plan JSON, or "auto" (profile the first steps, then fix the plan).
         error_feedback: "auto" wraps biased, stateless compressors (onebit,
             TBQ, top-k, ...) in error feedback; True/False force it.
         timeout: seconds any collective may take before peers are blamed.
@@ -344,7 +345,13 @@ class Engine:
     def _decide(self, name: str, nbytes: int) -> GradientPlan:
         if self.plan is not None:
             return self.plan.decide(name, nbytes, self.size)
-        return SizeRule().decide(nbytes, self.size)
+        dec = SizeRule().decide(nbytes, self.size)
+        if self.compressor.capabilities.category == "none":
+            # identity saves no bytes: the rule's "compress" would only send the
+            # raw bytes through PS/Ring instead of the allreduce lane (the path
+            # of Horovod's default, Compression.none). A Plan can still ask for it.
+            dec = GradientPlan(compress=False, partitions=dec.partitions)
+        return dec
 
     def register(self, specs: Sequence[Tuple[str, Sequence[int], torch.dtype]]) -> None:
         """Declare the gradients (collective; every rank, same list).
@@ -373,7 +380,13 @@ class Engine:
             raise GradientMismatchError(self._describe_mismatch(
                 [msgpack.unpackb(t) for t in theirs]))
         if self.config.plan == "auto" and self.plan is None:
-            self.plan = self._auto_plan(specs)
+            if self.compressor.capabilities.category == "none":
+                # nothing to decide: identity saves no bytes, so every gradient
+                # takes the allreduce lane (``_decide``) and profiling is skipped
+                _log.info("plan='auto' with %s: nothing to compress, no profile",
+                          self.compressor.name)
+            else:
+                self.plan = self._auto_plan(specs)
         self._build_layout(specs)
 
     def _auto_plan(self, specs) -> Plan:

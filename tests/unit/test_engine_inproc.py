@@ -108,6 +108,33 @@ def test_partitions_are_views_and_byte_balanced():
     assert max(load) - min(load) <= 1000
 
 
+@pytest.mark.parametrize("comp, plan, compressed", [("identity", None, False),
+                                                    ("identity", "auto", False),
+                                                    ("onebit", None, True)])
+def test_identity_goes_through_the_lane_without_a_plan(comp, plan, compressed):
+    # Horovod's default, Compression.none, is identity: without a plan, the
+    # size rule's "compress" would only move raw bytes through PS instead of
+    # the allreduce lane, and plan="auto" would profile for nothing. A
+    # compressor that saves bytes still gets the rule.
+    big = 1 << 19  # 2 MB of fp32, above SizeRule's 1 MB threshold
+
+    def body(tr):
+        eng = Engine(tr, compressor=comp, plan=plan, timeout=20)
+        try:
+            g = torch.full((big,), float(tr.rank))
+            eng.register([("w", (big,), torch.float32)])
+            assert eng.plan is None  # "auto" with identity: no profile, no plan
+            eng.submit("w", g)
+            eng.synchronize()
+            return eng.layout()["w"]["compress"], g[:4].tolist()
+        finally:
+            eng.close()
+    res = run_threads(body, 2, timeout=60)
+    assert {r[0] for r in res} == {compressed}
+    if not compressed:
+        assert all(r[1] == [0.5] * 4 for r in res)
+
+
 @pytest.mark.parametrize("threads", [True, False])
 def test_mixed_plan_and_sync_executor(threads):
     plan = Plan(compressor="fp16", rule=SizeRule(min_compress_bytes=1 << 40),
