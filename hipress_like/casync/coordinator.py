@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Sequence, Tuple
+from typing import Deque, Dict, Iterable, List, Sequence, Tuple
 
 import torch
 
@@ -119,10 +119,15 @@ class Coordinator:
             link with work go in every round (a full all-to-all).
         batching: False sends one message per link per round (the
             coordinator "switched off" for comparison).
+        fusion_bytes: a fused allreduce closes once it holds this many bytes.
+        solo: keys of collectives that are already fused (the collective
+            lane's static buckets): each is its own allreduce, never fused
+            at run time, so its result does not depend on timing.
     """
 
     def __init__(self, size: int, batch_bytes: int = 8 << 20, matching: bool = True,
-                 batching: bool = True, fusion_bytes: int = 25 << 20):
+                 batching: bool = True, fusion_bytes: int = 25 << 20,
+                 solo: Iterable[int] = ()):
         if size < 1:
             raise ValueError(f"size must be >= 1, found {size}")
         if batch_bytes < 1 or fusion_bytes < 1:
@@ -133,6 +138,8 @@ class Coordinator:
         self.fusion_bytes = fusion_bytes
         self.matching = matching
         self.batching = batching
+        # collectives already fused (the lane's static buckets): each is its own allreduce
+        self.solo = frozenset(solo)
         self._queues: Dict[Tuple[int, int], Deque[Tuple[int, int, int]]] = {}
         self._round = 0
         # collective lane: key -> [ranks that reported it, nbytes]; then ready FIFO
@@ -229,9 +236,16 @@ class Coordinator:
         above the cap, so a tensor larger than it goes alone). While
         collectives keep arriving (``final`` is False and one arrived in the
         latest reports), only closed buckets leave; the open one is held for
-        the next round.
+        the next round. ``solo`` collectives come first, each alone.
         """
         ready = sorted(self._ready)
+        # A solo collective leaves at once and alone, whatever else is ready:
+        # fusing it with whatever happened to be ready in the same round would
+        # move its elements to other offsets of the allreduce, and so change
+        # their summation order (gloo reduces each chunk along the ring from
+        # another rank), from run to run.
+        solo = [[(key, nb)] for _, key, nb in ready if key in self.solo]
+        ready = [r for r in ready if r[1] not in self.solo]
         buckets: List[List[Tuple[int, int]]] = []
         total, closed_upto, closed_items = 0, 0, 0
         for i, (_, key, nb) in enumerate(ready):
@@ -246,4 +260,4 @@ class Coordinator:
             buckets, self._ready = buckets[:closed_upto], ready[closed_items:]
         else:
             self._ready = []
-        return buckets
+        return solo + buckets

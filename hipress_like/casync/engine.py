@@ -735,7 +735,7 @@ class Engine:
         """Run coordinated bulk rounds until the step is complete on every rank."""
         cfg, n = self.config, self.size
         coord = Coordinator(n, cfg.batch_bytes, matching=cfg.matching, batching=cfg.coordinator,
-                            fusion_bytes=cfg.fusion_bytes)
+                            fusion_bytes=cfg.fusion_bytes, solo=self._lane_by_key)
         idle, idle_rounds, last_progress = False, 0, time.monotonic()
         while True:
             with self._cv:

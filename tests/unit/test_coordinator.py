@@ -126,3 +126,16 @@ def test_collectives_are_held_while_arriving_until_a_pause_size_or_close():
     c.add_reports(both((7, COLLECTIVE, 1)))
     assert c.plan_round(final=True).buckets == [[(5, 30), (6, 1), (7, 1)]]  # every rank closed
     assert c.empty()
+
+
+def test_solo_collectives_leave_at_once_and_alone():
+    # the lane's static buckets are fused already: fusing them again with what
+    # happened to be ready in the same round would make the summation order,
+    # and so the result's last bits, depend on timing
+    c = Coordinator(2, fusion_bytes=100, solo={1, 2})
+    both = lambda *m: [Report(msgs=list(m)), Report(msgs=list(m))]  # noqa: E731
+    c.add_reports(both((1, COLLECTIVE, 30), (3, COLLECTIVE, 30)))
+    assert c.plan_round(final=False).buckets == [[(1, 30)]]  # 3 is held while arriving
+    c.add_reports(both((2, COLLECTIVE, 40), (4, COLLECTIVE, 10)))
+    assert c.plan_round(final=True).buckets == [[(2, 40)], [(3, 30), (4, 10)]]
+    assert c.empty()

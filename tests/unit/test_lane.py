@@ -127,3 +127,38 @@ def test_inf_with_skip_skips_the_step_and_the_next_step_is_exact():
     for first, second, a in run_threads(body, 3, timeout=60):
         assert (first, second) == (False, True)
         assert torch.equal(a, torch.full((4,), 1.0))
+
+
+
+def test_static_buckets_are_never_fused_again_at_run_time(monkeypatch):
+    """The engine hands its static buckets to the coordinator as ``solo``
+    collectives. Fused again with whatever was ready in the same round, a
+    bucket's elements moved to other offsets of the allreduce, and with gloo
+    their summation order changed from run to run (ResNet-18, 4 ranks: the
+    averaged gradients differed in their last bits between two runs)."""
+    from hipress_like.casync import engine as engine_mod
+
+    seen = []
+
+    class Recording(engine_mod.Coordinator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.solo)
+
+    monkeypatch.setattr(engine_mod, "Coordinator", Recording)
+
+    def body(tr):
+        eng = _lane_engine(tr, fusion_bytes=64)
+        try:
+            eng.register([("x0", (2,), torch.float32), ("x1", (100,), torch.float32)])
+            eng.submit("x0", torch.ones(2))
+            eng.submit("x1", torch.ones(100))
+            eng.synchronize()
+            steps = [e.step for e in eng.timeline.events if e.kind == "bucket"]
+            return {b.key for b in eng._lane}, len(steps)
+        finally:
+            eng.close()
+    res = run_threads(body, 2, timeout=60)
+    keys = res[0][0]
+    assert len(keys) == 2 and all(r == (keys, 2) for r in res)  # one allreduce per bucket
+    assert seen and all(s == keys for s in seen)
