@@ -130,5 +130,14 @@ def make_transport() -> Any:
 
 def specs_of(named: List[Tuple[str, torch.Tensor]]
              ) -> List[Tuple[str, Tuple[int, ...], torch.dtype]]:
-    """(name, shape, wire dtype) per parameter, sorted by name (the same on every rank)."""
-    return sorted((n, tuple(p.shape), wire_dtype(p.dtype, n)) for n, p in named)
+    """(name, shape, wire dtype) per parameter, in the order given (the model's).
+
+    The engine's collective lane fills its buckets in reverse registration
+    order, as DDP does, because backward produces gradients roughly in
+    reverse of the model's parameter order. Sorting by name broke that: a
+    ResNet's ``stem`` sorts after its ``layers``, so the first bucket waited
+    for the stem's gradient, the last one backward produces, and nothing was
+    reduced during backward. Every rank must pass the same order; the
+    engine checks it before any data moves.
+    """
+    return [(n, tuple(p.shape), wire_dtype(p.dtype, n)) for n, p in named]

@@ -372,3 +372,19 @@ def test_lr_scheduler_created_before_and_after_wrapping():
         assert base.param_groups[0]["lr"] == pytest.approx(0.05)  # shared groups
     finally:
         opt.close()
+
+
+def test_gradients_are_registered_in_model_order_for_the_lane():
+    # The lane's buckets follow reverse registration order, as DDP's do, since
+    # backward produces gradients roughly in reverse model order. Registered
+    # by name, "stem" sorted after "layers", so the first bucket waited for the
+    # stem's gradient, the last one backward produces.
+    m = nn.Sequential()
+    m.add_module("stem", nn.Linear(6, 8))
+    m.add_module("layers", nn.Linear(8, 3))
+    opt = _wrap(m, torch.optim.SGD(m.parameters(), lr=0.1), compression=hpt.Compression.none,
+                plan=None)
+    try:
+        assert list(opt._hp_engine.layout()) == [n for n, _ in m.named_parameters()]
+    finally:
+        opt.close()
