@@ -6,21 +6,15 @@ none of which is a validation size, and every validation row carries a
 prediction from that fit.
 """
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_run import run_bench  # tests/multiprocess is on sys.path (rootdir import)
 
 
 def test_cost_model_bench_fits_on_calibration_and_predicts_validation(tmp_path):
     out = tmp_path / "cm.json"
-    p = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "cost_model.py"), "--nprocs", "2",
-         "--compressors", "onebit", "--min-size", "16384", "--max-size", "131072",
-         "--ks", "1,2", "--passes", "2", "--repeats", "1", "-o", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
+    p = run_bench("cost_model.py", ["--nprocs", 2, "--compressors", "onebit", "--min-size",
+                                    16384, "--max-size", 131072, "--ks", "1,2", "--passes", 2,
+                                    "--repeats", 1, "-o", out], tmp_path, timeout=600)
     assert "onebit: median |pred/meas-1|" in p.stdout
     report = json.loads(out.read_text())
     assert report["passes"] == 2 and report["nodes"] == 2

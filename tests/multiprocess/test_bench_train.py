@@ -7,21 +7,15 @@ row carries its step times and accuracy, that the CaSync row records which
 gradients its plan compressed, and that the verdict lines are printed.
 """
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_run import run_bench  # tests/multiprocess is on sys.path (rootdir import)
 
 
 def test_train_bench_runs_each_kind_of_configuration(tmp_path):
     out = tmp_path / "train.json"
-    p = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "train.py"), "--model", "vgg",
-         "--nprocs", "2", "--configs", "floor,ddp,ddp-powersgd1,hp-ps-onebit", "--steps", "2",
-         "--warmup", "1", "--batch", "2", "--timeout", "300", "--out", str(out)],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    p = run_bench("train.py", ["--model", "vgg", "--nprocs", 2, "--configs",
+                               "floor,ddp,ddp-powersgd1,hp-ps-onebit", "--steps", 2, "--warmup", 1,
+                               "--batch", 2, "--timeout", 300, "--out", out], tmp_path, timeout=900)
     rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"floor", "ddp", "ddp-powersgd1", "hp-ps-onebit"}
     for r in rows.values():
