@@ -90,7 +90,11 @@ class Capabilities:
 
     Attributes:
         category: one of "none", "quantization", "sparsification", "lowrank"
-            (HiPress Table 3 groups alpha/beta/gamma by this).
+            (HiPress Table 3 groups alpha/beta/gamma by this). "none" (the
+            default) means the values travel as they are, so the engine's
+            default size rule and ``plan="auto"`` keep such gradients on the
+            allreduce lane; a compressor that saves bytes must declare its
+            category.
         aggregatable: payloads can be summed with ``merge`` without decoding
             (homomorphic: identity, PowerSGD's P/Q, THC).
         fixed_size: payload size depends only on the number of elements
