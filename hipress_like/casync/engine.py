@@ -346,12 +346,17 @@ class Engine:
         if self.plan is not None:
             return self.plan.decide(name, nbytes, self.size)
         dec = SizeRule().decide(nbytes, self.size)
-        if self.compressor.capabilities.category == "none":
-            # identity saves no bytes: the rule's "compress" would only send the
-            # raw bytes through PS/Ring instead of the allreduce lane (the path
-            # of Horovod's default, Compression.none). A Plan can still ask for it.
+        if self._saves_no_bytes:
+            # the rule's "compress" would only send the raw bytes through PS/Ring
+            # instead of the allreduce lane (the path of Horovod's default,
+            # Compression.none). A Plan can still ask for it.
             dec = GradientPlan(compress=False, partitions=dec.partitions)
         return dec
+
+    @property
+    def _saves_no_bytes(self) -> bool:
+        """The compressor sends values as they are (category "none": identity)."""
+        return self.compressor.capabilities.category == "none"
 
     def register(self, specs: Sequence[Tuple[str, Sequence[int], torch.dtype]]) -> None:
         """Declare the gradients (collective; every rank, same list).
@@ -380,9 +385,9 @@ class Engine:
             raise GradientMismatchError(self._describe_mismatch(
                 [msgpack.unpackb(t) for t in theirs]))
         if self.config.plan == "auto" and self.plan is None:
-            if self.compressor.capabilities.category == "none":
-                # nothing to decide: identity saves no bytes, so every gradient
-                # takes the allreduce lane (``_decide``) and profiling is skipped
+            if self._saves_no_bytes:
+                # nothing to decide: every gradient takes the allreduce lane
+                # (``_decide``), so profiling is skipped
                 _log.info("plan='auto' with %s: nothing to compress, no profile",
                           self.compressor.name)
             else:
