@@ -53,6 +53,7 @@ from typing import Any, Callable, Dict, Sequence, Tuple
 
 import torch
 
+from . import _native
 from .base import header_nbytes
 from .ops import _as_i32, _pack_planes, _plane_codes, _uniform_from_counter, matmul
 
@@ -506,6 +507,12 @@ def _run_unpack_tail(kernel: Kernel, body: torch.Tensor, out: torch.Tensor, per:
         out[m * per + k] = tmp[0]
 
 
+def _native_f32(*tensors: torch.Tensor) -> bool:
+    """True when onebit may run ``_native``'s C loops on these tensors: float32
+    values (uint8 bodies) on the CPU, contiguous, and the library built."""
+    return (any(t.dtype == torch.float32 for t in tensors) and _native.usable(*tensors))
+
+
 def _max2(a: Any, b: Any) -> torch.Tensor:
     return a if b is None else b if a is None else torch.maximum(a, b)
 
@@ -518,6 +525,8 @@ def onebit_encode(x: torch.Tensor, body: torch.Tensor) -> Tuple[torch.Tensor, to
     the means of the x >= 0 and the x < 0 parts, as float64 0-d tensors (0
     for an empty part), from exact fixed-point sums.
     """
+    if _native_f32(x, body):
+        return _onebit_values(x, _native.onebit_pack(x, body))
     amax = _max2(*_run_pack(_K_ONEBIT_PACK, x, body, 8, (), ()))
     return _onebit_values(x, amax)
 
@@ -527,6 +536,8 @@ def onebit_encode_accumulated(mem: torch.Tensor, grad: torch.Tensor, body: torch
     """``mem += grad``, then ``onebit_encode(mem, body)``, with the addition fused into
     the packing sweep (flat contiguous tensors of one dtype; same bits as the two
     steps: the float sum rounds the same in the kernel as in ``add_``)."""
+    if _native_f32(mem, grad, body):
+        return _onebit_values(mem, _native.onebit_pack(mem, body, grad))
     n = mem.numel()
     full = n - n % 8
     r_main = r_tail = None
@@ -548,7 +559,14 @@ def _onebit_values(x: torch.Tensor, amax: torch.Tensor
     exp = torch.frexp(amax.to(torch.float64)).exponent
     scale = torch.ldexp(torch.ones((), dtype=torch.float64, device=x.device),
                         (20 - exp).clamp(max=1000))
-    ps, ts, cnt = _K_ONEBIT_SUMS(x, scale)
+    if (_native_f32(x) and bool(torch.isfinite(amax))
+            and _native.sums_scale_ok(float(scale))):  # else the error path or ~1e-32 values
+        ps_, ts_, cnt_ = _native.onebit_sums(x, float(scale))
+        ps = torch.tensor(float(ps_), dtype=torch.float64, device=x.device)
+        ts = torch.tensor(float(ts_), dtype=torch.float64, device=x.device)
+        cnt = torch.tensor(cnt_, dtype=torch.int64, device=x.device)
+    else:
+        ps, ts, cnt = _K_ONEBIT_SUMS(x, scale)
     n = x.numel()
     cnt_f = cnt.to(torch.float64)
     zero = torch.zeros_like(ps)
@@ -565,6 +583,11 @@ def onebit_decode(body: torch.Tensor, out: torch.Tensor, pos: torch.Tensor,
                   neg: torch.Tensor, mode: str = "set", d: float = 1.0) -> None:
     """``pos`` where the bit is 1 and ``neg`` where it is 0, stored into flat ``out``
     as ``mode`` says (``_emit``: set, add, or divide by ``d``)."""
+    if _native_f32(out, body, pos, neg):
+        v = torch.stack([pos, neg]).to(out.dtype)  # rounds as _emit does
+        a, b = (v / _divisor(out, d) if mode == "div" else v).tolist()
+        _native.onebit_unpack(body, out, a, b, add=mode == "add")
+        return
     _run_unpack(_K_ONEBIT_UNPACK, body, out, 8, (pos, neg, _divisor(out, d)), spec=(mode,))
 
 
@@ -576,6 +599,9 @@ def onebit_decode_add_many(bodies: Sequence[torch.Tensor], out: torch.Tensor,
     tensors. Planes go through one kernel for all payloads; the elements of the
     last partial byte are added payload by payload (same order, same bits).
     """
+    if _native_f32(out, *bodies, *(v for pn in values for v in pn)):
+        _native.onebit_unpack_add_many(bodies, out, [(float(p), float(q)) for p, q in values])
+        return
     n = out.numel()
     m = n // 8
     count = len(bodies)

@@ -177,17 +177,22 @@ def test_fused_onebit_residual_equals_decode_and_subtract(n, dtype):
 
 @pytest.mark.parametrize("n", [1001, 8 * 1021 + 5, 1 << 17])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
-@pytest.mark.parametrize("compiled", [False, True])
-def test_onebit_fused_compensation_matches_the_two_steps(n, dtype, compiled, monkeypatch):
+@pytest.mark.parametrize("kernels", ["eager", "compiled", "native"])
+def test_onebit_fused_compensation_matches_the_two_steps(n, dtype, kernels, monkeypatch):
     """EF(onebit) adds the gradient into its memory inside onebit's packing sweep
     (``encode_accumulated_``); payloads and memories must be those of adding
     first and encoding after, step after step (half memories are float32 and
     take the two steps)."""
     from hipress_like.compressors import _fused
 
+    compiled = kernels == "compiled"
     if compiled and not _fused.compile_enabled():
         pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
+    if kernels == "native" and not _fused._native.available():
+        pytest.skip("no C compiler: onebit's native loops are not built")
     monkeypatch.setattr(_fused, "MIN_COMPILE_NUMEL", 64 if compiled else 1 << 40)
+    if kernels != "native":
+        monkeypatch.setenv("HIPRESS_NO_NATIVE", "1")
     ef = get("ef", inner="onebit")
     inner = get("onebit")
     gen = torch.Generator().manual_seed(5)

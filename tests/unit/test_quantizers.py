@@ -172,6 +172,7 @@ def test_compiled_and_eager_payloads_are_identical(name, params, dtype, gil_free
     if not _fused.compile_enabled():
         pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
     monkeypatch.setattr(_fused, "MIN_COMPILE_NUMEL", 64)  # small sizes, compiled path
+    monkeypatch.setenv("HIPRESS_NO_NATIVE", "1")  # onebit's C loops: test_native.py
     # the GIL-releasing compilation (inductor cpp_wrapper) must give the same bits too
     monkeypatch.setattr(_fused, "GIL_FREE_NUMEL", 64 if gil_free else 1 << 40)
     c = C.get(name, **params)
@@ -244,14 +245,19 @@ def _ticks_during(call):
 @pytest.mark.parametrize("n", [1001, 8 * 1021 + 5, 1 << 17])
 @pytest.mark.parametrize("count", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("compiled", [False, True])
-def test_decode_add_many_matches_a_loop_of_decode_add(n, count, dtype, compiled, monkeypatch):
+@pytest.mark.parametrize("kernels", ["eager", "compiled", "native"])
+def test_decode_add_many_matches_a_loop_of_decode_add(n, count, dtype, kernels, monkeypatch):
     """A PS aggregator's merge: onebit adds all payloads in one pass over the
     accumulator, with the bits of adding them one by one (full bytes in the
     kernel, the last partial byte eagerly; half accumulators take the loop)."""
+    compiled = kernels == "compiled"
     if compiled and not _fused.compile_enabled():
         pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
+    if kernels == "native" and not _fused._native.available():
+        pytest.skip("no C compiler: onebit's native loops are not built")
     monkeypatch.setattr(_fused, "MIN_COMPILE_NUMEL", 64 if compiled else 1 << 40)
+    if kernels != "native":
+        monkeypatch.setenv("HIPRESS_NO_NATIVE", "1")
     c = C.get("onebit")
     payloads = [c.encode(_grad(n, seed=10 + i, dtype=dtype), {})[0] for i in range(count)]
     acc0 = _grad(n, seed=99, dtype=dtype)

@@ -1,0 +1,284 @@
+"""Native CPU loops for onebit, the compressor on the PS fast path (HiPress Sec. 6.2).
+
+Idea: CompLL's point (HiPress Sec. 4.3) is that an encoder must run at
+memory speed or it eats the time compression saves. ``torch.compile``
+(``_fused``) gets most loops there, but not the ones that mix a byte stream
+with eight float planes: on this project's reference host (AVX2, one core per
+two ranks) inductor's code for onebit's decode ran at 2.4 GB/s against
+~13 GB/s for the same loop written in C, and its fused ``mem += grad; pack``
+at 1.8 GB/s against 5.5. Those loops are a few lines each, so they are
+written once in C (``_native.c``), built with the system C compiler on first
+use, and called through ``ctypes``, which releases the GIL for the length of
+the call (the engine's other threads keep running, as with inductor's
+``cpp_wrapper``).
+
+Contract: same bytes and floats as the torch kernels, for every input
+(``_native.c`` says how; ``tests/unit/test_native.py`` checks it against the
+eager path). Used only for contiguous float32 CPU tensors; everything else,
+and every machine without a working C compiler, keeps the torch path.
+``HIPRESS_NO_NATIVE=1`` turns it off.
+
+Build: ``$CC`` (else Python's configured compiler, else ``cc``) with ``-O3
+-march=native -ffp-contract=off``, into ``$HIPRESS_CACHE_DIR`` (default
+``~/.cache/hipress_like``), named by a hash of the source, the compiler, the
+flags and the CPU's feature flags, so a cache shared between different
+machines never runs code built for another CPU. Ranks that start together
+race harmlessly: each builds into its own temporary file and renames it into
+place. One failed build logs one warning and the process stays on torch.
+
+Threads: one call is split into ``torch.get_num_threads()`` byte ranges run
+on a small thread pool when the tensor is large, so a process that gives
+torch several cores gets them here too.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import sysconfig
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["available", "onebit_pack", "onebit_sums", "onebit_unpack",
+           "onebit_unpack_add_many", "sums_scale_ok", "usable"]
+
+_log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("_native.c")
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared", "-std=gnu99"]
+_FALLBACK_FLAGS = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", "-std=gnu99"]
+
+#: Below this many elements a call runs on the calling thread only.
+PARALLEL_NUMEL = 1 << 20
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_tried = False
+_pool: Optional[ThreadPoolExecutor] = None
+_pool_size = 0
+
+
+def _enabled() -> bool:
+    return os.environ.get("HIPRESS_NO_NATIVE", "0") != "1"
+
+
+def _compiler() -> Optional[str]:
+    for cand in (os.environ.get("CC"), (sysconfig.get_config_var("CC") or "").split(" ")[0],
+                 "cc", "gcc", "clang"):
+        if cand and shutil.which(cand):
+            return shutil.which(cand)
+    return None
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (Linux), so a binary built with -march=native is
+    only reused on a CPU that has what it was built for."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() + platform.machine()
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("HIPRESS_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "hipress_like")
+    return Path(base) / "native"
+
+
+def _build(cc: str, flags: List[str], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([cc, *flags, "-o", tmp, str(_SOURCE)], check=True,
+                       capture_output=True, text=True, timeout=120)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _load() -> Optional[ctypes.CDLL]:
+    """Build (once per machine and source) and load the library; None if that fails."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        try:
+            _lib = _load_locked()
+        except Exception as e:  # a missing or broken toolchain must not break training
+            err = getattr(e, "stderr", "") or ""
+            _log.warning("native onebit kernels unavailable (%s: %s%s); using the torch "
+                         "kernels (same results, slower)", type(e).__name__, e,
+                         f"; {err.strip()[-500:]}" if err else "")
+            _lib = None
+        _tried = True
+    return _lib
+
+
+def _load_locked() -> ctypes.CDLL:
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.splitlines()[:1]
+    src = _SOURCE.read_bytes()
+    last: Optional[Exception] = None
+    for flags in (_FLAGS, _FALLBACK_FLAGS):
+        key = hashlib.sha256(b"\0".join([src, cc.encode(), " ".join(flags).encode(),
+                                         "".join(version).encode(),
+                                         _cpu_flags().encode()])).hexdigest()[:20]
+        target = _cache_dir() / f"onebit_{key}.so"
+        try:
+            if not target.exists():
+                _build(cc, flags, target)
+            return _declare(ctypes.CDLL(str(target)))
+        except (subprocess.CalledProcessError, OSError) as e:
+            last = e  # e.g. a compiler without -march=native: try the portable flags
+    assert last is not None
+    raise last
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    f32 = ctypes.c_float
+    lib.hp_onebit_pack.argtypes = [p, p, p, i64, i64, i64, i32]
+    lib.hp_onebit_pack.restype = ctypes.c_uint32
+    lib.hp_onebit_sums.argtypes = [p, i64, i64, f32, p]
+    lib.hp_onebit_sums.restype = None
+    lib.hp_onebit_unpack.argtypes = [p, p, i64, i64, i64, i32, f32, f32, i32]
+    lib.hp_onebit_unpack.restype = None
+    lib.hp_onebit_unpack_add_many.argtypes = [p, p, i32, p, i64, i64, i64, i32]
+    lib.hp_onebit_unpack_add_many.restype = None
+    return lib
+
+
+def available() -> bool:
+    """True when the native kernels are enabled and built (building them on first call)."""
+    return _enabled() and _load() is not None
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """True when ``tensors`` may take the native path: all contiguous float32 (or
+    uint8 payload bodies) on the CPU, and the library is available."""
+    for t in tensors:
+        if (t.device.type != "cpu" or not t.is_contiguous()
+                or t.dtype not in (torch.float32, torch.uint8)):
+            return False
+    return available()
+
+
+# ---------------------------------------------------------------- threading
+
+def _ranges(m: int, n: int) -> List[Tuple[int, int]]:
+    """Byte ranges [j0, j1) of m full bytes, one per thread for large n."""
+    if m == 0:
+        return [(0, 0)]
+    threads = torch.get_num_threads() if n >= PARALLEL_NUMEL else 1
+    threads = max(1, min(threads, m // 4096 or 1))
+    step = -(-m // threads)
+    step += -step % 64  # whole cache lines of bytes per range
+    return [(j, min(m, j + step)) for j in range(0, m, step)]
+
+
+def _map(fn, ranges: Sequence[Tuple[int, int]]) -> list:
+    """``fn(j0, j1, last)`` over ranges; the first on this thread, the rest on the pool."""
+    global _pool, _pool_size
+    if len(ranges) == 1:
+        return [fn(*ranges[0], True)]
+    with _lock:
+        if _pool is None or _pool_size < len(ranges) - 1:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool_size = len(ranges) - 1
+            _pool = ThreadPoolExecutor(_pool_size, thread_name_prefix="hipress-native")
+        pool = _pool
+    last = len(ranges) - 1
+    futs = [pool.submit(fn, j0, j1, i == last) for i, (j0, j1) in enumerate(ranges) if i]
+    first = fn(*ranges[0], last == 0)
+    return [first] + [f.result() for f in futs]
+
+
+# ---------------------------------------------------------------- kernels
+
+def _bits_to_float(u: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", u))[0]
+
+
+def onebit_pack(x: torch.Tensor, body: torch.Tensor,
+                grad: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Pack the sign bits of flat float32 ``x`` (after ``x += grad`` when given)
+    into ``body``; return max|x| as a float32 0-d tensor (NaN/Inf propagate)."""
+    lib = _load()
+    n = x.numel()
+    xp, bp = x.data_ptr(), body.data_ptr()
+    gp = grad.data_ptr() if grad is not None else None
+    parts = _map(lambda j0, j1, last: lib.hp_onebit_pack(xp, gp, bp, n, j0, j1, int(last)),
+                 _ranges(n // 8, n))
+    return torch.tensor(_bits_to_float(max(parts)), dtype=torch.float32)
+
+
+def sums_scale_ok(scale: float) -> bool:
+    """True when onebit's fixed-point ``scale`` is a float32 normal number, which
+    ``onebit_sums`` needs (it is, unless max|x| is below ~1e-32)."""
+    return 2.0 ** -126 <= scale <= 2.0 ** 127
+
+
+def onebit_sums(x: torch.Tensor, scale: float) -> Tuple[int, int, int]:
+    """onebit's exact fixed-point sums of flat float32 ``x`` (``_fused._onebit_sums_fn``):
+    (sum of rint(x*scale) over x >= 0, over all, count of x >= 0), as integers.
+
+    ``x`` must be finite, ``scale`` a power of two passing ``sums_scale_ok``
+    with max|x| * scale <= 2**20 (how ``_fused._onebit_values`` picks it).
+    """
+    lib = _load()
+    n = x.numel()
+    xp = x.data_ptr()
+
+    def part(j0, j1, last):
+        res = (ctypes.c_int64 * 3)()
+        lib.hp_onebit_sums(xp, j0 * 8, n if last else j1 * 8, scale, res)
+        return res[0], res[1], res[2]
+
+    parts = _map(part, _ranges(n // 8, n))
+    return tuple(sum(p[i] for p in parts) for i in range(3))
+
+
+def onebit_unpack(body: torch.Tensor, out: torch.Tensor, a: float, b: float,
+                  add: bool) -> None:
+    """``out = a where the bit is 1 else b`` (or ``out +=`` that, when ``add``), flat float32."""
+    lib = _load()
+    n = out.numel()
+    bp, op = body.data_ptr(), out.data_ptr()
+    _map(lambda j0, j1, last: lib.hp_onebit_unpack(bp, op, n, j0, j1, int(add), a, b, int(last)),
+         _ranges(n // 8, n))
+
+
+def onebit_unpack_add_many(bodies: Sequence[torch.Tensor], out: torch.Tensor,
+                           values: Sequence[Tuple[float, float]]) -> None:
+    """``out += decode(body_i)`` for each i in order (``values[i]`` = (a_i, b_i)), flat float32."""
+    lib = _load()
+    n = out.numel()
+    count = len(bodies)
+    ptrs = (ctypes.c_void_p * count)(*[bd.data_ptr() for bd in bodies])
+    vals = (ctypes.c_float * (2 * count))(*[v for ab in values for v in ab])
+    op = out.data_ptr()
+    _map(lambda j0, j1, last: lib.hp_onebit_unpack_add_many(ptrs, vals, count, op, n, j0, j1,
+                                                            int(last)),
+         _ranges(n // 8, n))
