@@ -49,7 +49,7 @@ import logging
 import os
 import threading
 import types
-from typing import Any, Callable, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -531,13 +531,22 @@ def onebit_encode(x: torch.Tensor, body: torch.Tensor) -> Tuple[torch.Tensor, to
     return _onebit_values(x, amax)
 
 
-def onebit_encode_accumulated(mem: torch.Tensor, grad: torch.Tensor, body: torch.Tensor
+def onebit_encode_accumulated(mem: torch.Tensor, grad: torch.Tensor, body: torch.Tensor,
+                              residual: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
                               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``mem += grad``, then ``onebit_encode(mem, body)``, with the addition fused into
     the packing sweep (flat contiguous tensors of one dtype; same bits as the two
-    steps: the float sum rounds the same in the kernel as in ``add_``)."""
+    steps: the float sum rounds the same in the kernel as in ``add_``).
+
+    ``residual`` = (value for 1, value for 0), 0-d tensors of ``mem``'s dtype:
+    first ``onebit_residual(mem, *residual)`` (the last step's residual, deferred
+    by error feedback); the native loop does it in the same sweep, same bits.
+    """
     if _native_f32(mem, grad, body):
-        return _onebit_values(mem, _native.onebit_pack(mem, body, grad))
+        res = None if residual is None else (float(residual[0]), float(residual[1]))
+        return _onebit_values(mem, _native.onebit_pack(mem, body, grad, res))
+    if residual is not None:
+        onebit_residual(mem, *residual)
     n = mem.numel()
     full = n - n % 8
     r_main = r_tail = None

@@ -61,26 +61,48 @@ HP_LOOP uint32_t hp_pack_plane(float *restrict x, const float *restrict g, uint8
     return amax;
 }
 
+/* hp_pack_plane with g, after first taking last step's residual out of x:
+ * x[j] = (x[j] - (x[j] >= 0 ? rp : rn)) + g[j], each operation rounded to
+ * float32, which is what _fused.onebit_residual and then the pack with g do
+ * in two sweeps (error feedback's deferred residual, OneBit.apply_residual_). */
+HP_LOOP uint32_t hp_pack_plane_res(float *restrict x, const float *restrict g,
+                                   uint8_t *restrict acc, int64_t len, int k, float rp,
+                                   float rn) {
+    uint32_t amax = 0;
+    for (int64_t j = 0; j < len; ++j) {
+        const float r = x[j] - (x[j] >= 0.0f ? rp : rn);
+        const float v = r + g[j];
+        x[j] = v;
+        amax = hp_umax(amax, hp_abs_bits(v));
+        acc[j] |= (uint8_t)((v >= 0.0f) << k);
+    }
+    return amax;
+}
+
 /* Sign bits of x[8m] for bytes [j0, j1), in blocks whose bytes stay in L1
  * while the eight planes are swept. Returns max|x| bits. */
 static uint32_t hp_pack_range(float *x, const float *g, uint8_t *out, int64_t m, int64_t j0,
-                              int64_t j1) {
+                              int64_t j1, const float *res) {
     uint32_t amax = 0;
     uint8_t acc[HP_BLOCK];
     for (int64_t b0 = j0; b0 < j1; b0 += HP_BLOCK) {
         const int64_t len = j1 - b0 < HP_BLOCK ? j1 - b0 : HP_BLOCK;
         memset(acc, 0, sizeof acc);
-        for (int k = 0; k < 8; ++k)
-            amax = hp_umax(amax, hp_pack_plane(x + k * m + b0, g ? g + k * m + b0 : NULL, acc,
-                                               len, k));
+        for (int k = 0; k < 8; ++k) {
+            float *xk = x + k * m + b0;
+            const float *gk = g ? g + k * m + b0 : NULL;
+            const uint32_t a = res ? hp_pack_plane_res(xk, gk, acc, len, k, res[0], res[1])
+                                   : hp_pack_plane(xk, gk, acc, len, k);
+            amax = hp_umax(amax, a);
+        }
         memcpy(out + b0, acc, (size_t)len);
     }
     return amax;
 }
 
-/* The partial last byte (n % 8 elements), with the same x += g when g is set. */
+/* The partial last byte (n % 8 elements), with the same residual and x += g. */
 static uint32_t hp_pack_tail(float *restrict x, const float *restrict g, uint8_t *restrict out,
-                             int64_t n) {
+                             int64_t n, const float *res) {
     const int64_t m = n / 8, t = n - 8 * m;
     uint32_t amax = 0;
     if (!t)
@@ -89,9 +111,13 @@ static uint32_t hp_pack_tail(float *restrict x, const float *restrict g, uint8_t
     for (int k = 0; k < 8; ++k) {
         float v = 0.0f; /* padding */
         if (k < t) {
-            v = g ? x[8 * m + k] + g[8 * m + k] : x[8 * m + k];
-            if (g)
+            v = x[8 * m + k];
+            if (res)
+                v = v - (v >= 0.0f ? res[0] : res[1]);
+            if (g) {
+                v = v + g[8 * m + k];
                 x[8 * m + k] = v;
+            }
         }
         amax = hp_umax(amax, hp_abs_bits(v));
         byte |= (uint8_t)((v >= 0.0f) << k);
@@ -100,12 +126,16 @@ static uint32_t hp_pack_tail(float *restrict x, const float *restrict g, uint8_t
     return amax;
 }
 
-/* Bytes [j0, j1) of the full part; with_tail adds the last byte. Returns max|x| bits. */
+/* Bytes [j0, j1) of the full part; with_tail adds the last byte. res, when
+ * set (only with g), is the (value for 1, value for 0) of a residual still to
+ * subtract from x first. Returns max|x| bits. */
 uint32_t hp_onebit_pack(float *x, const float *g, uint8_t *out, int64_t n, int64_t j0,
-                        int64_t j1, int with_tail) {
-    uint32_t amax = hp_pack_range(x, g, out, n / 8, j0, j1);
+                        int64_t j1, int with_tail, const float *res) {
+    if (!g)
+        res = NULL;
+    uint32_t amax = hp_pack_range(x, g, out, n / 8, j0, j1, res);
     if (with_tail)
-        amax = hp_umax(amax, hp_pack_tail(x, g, out, n));
+        amax = hp_umax(amax, hp_pack_tail(x, g, out, n, res));
     return amax;
 }
 

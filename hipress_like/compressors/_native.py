@@ -158,7 +158,7 @@ def _load_locked() -> ctypes.CDLL:
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     f32 = ctypes.c_float
-    lib.hp_onebit_pack.argtypes = [p, p, p, i64, i64, i64, i32]
+    lib.hp_onebit_pack.argtypes = [p, p, p, i64, i64, i64, i32, p]
     lib.hp_onebit_pack.restype = ctypes.c_uint32
     lib.hp_onebit_sums.argtypes = [p, i64, i64, f32, p]
     lib.hp_onebit_sums.restype = None
@@ -221,15 +221,22 @@ def _bits_to_float(u: int) -> float:
     return struct.unpack("<f", struct.pack("<I", u))[0]
 
 
-def onebit_pack(x: torch.Tensor, body: torch.Tensor,
-                grad: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Pack the sign bits of flat float32 ``x`` (after ``x += grad`` when given)
-    into ``body``; return max|x| as a float32 0-d tensor (NaN/Inf propagate)."""
+def onebit_pack(x: torch.Tensor, body: torch.Tensor, grad: Optional[torch.Tensor] = None,
+                residual: Optional[Tuple[float, float]] = None) -> torch.Tensor:
+    """Pack the sign bits of flat float32 ``x`` into ``body``; return max|x| as a
+    float32 0-d tensor (NaN/Inf propagate).
+
+    With ``grad``, ``x += grad`` first (stored back); with ``residual`` =
+    (a, b) as well, ``x -= (a if x >= 0 else b)`` before that (float32 values).
+    """
+    if residual is not None and grad is None:
+        raise ValueError("onebit_pack: a residual is only taken out together with grad")
     lib = _load()
     n = x.numel()
     xp, bp = x.data_ptr(), body.data_ptr()
     gp = grad.data_ptr() if grad is not None else None
-    parts = _map(lambda j0, j1, last: lib.hp_onebit_pack(xp, gp, bp, n, j0, j1, int(last)),
+    res = (ctypes.c_float * 2)(*residual) if residual is not None else None
+    parts = _map(lambda j0, j1, last: lib.hp_onebit_pack(xp, gp, bp, n, j0, j1, int(last), res),
                  _ranges(n // 8, n))
     return torch.tensor(_bits_to_float(max(parts)), dtype=torch.float32)
 

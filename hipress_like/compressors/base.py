@@ -358,8 +358,8 @@ class Compressor:
         dec = self.decode(payload, out=workspace(acc.numel(), acc.dtype, acc.device, "decode"))
         return acc.add_(dec.view(acc.shape))
 
-    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State
-                            ) -> Optional[Tuple[torch.Tensor, State]]:
+    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State,
+                            residual: Any = None) -> Optional[Tuple[torch.Tensor, State]]:
         """``mem += grad``, then ``encode(mem, state)``, fused where the compressor can.
 
         Error feedback's compensation step (``p = m + g``) followed by the
@@ -374,11 +374,33 @@ class Compressor:
             mem: the accumulator, of ``grad``'s shape (updated in place when fused).
             grad: the gradient.
             state: this compressor's state.
+            residual: a token from ``deferred_residual`` to apply to ``mem``
+                first (``apply_residual_``), in the same sweep where the
+                compressor can. Only passed to compressors that return tokens.
 
         Returns:
-            (payload, new state), or None.
+            (payload, new state), or None (then ``mem`` is untouched, even
+            with a ``residual``).
         """
         return None
+
+    def deferred_residual(self, payload: torch.Tensor, x: torch.Tensor) -> Any:
+        """A token that lets ``subtract_decoded_(x, payload)`` run later, or None.
+
+        Error feedback's residual ``x - decode(payload)`` costs a read and a
+        write of ``x``. A compressor whose decode of ``encode(x)`` is a function
+        of ``x`` itself (onebit: the sign of x picks one of two values) can
+        instead return a small token, which error feedback keeps in its state
+        and hands to the next ``encode_accumulated_`` (``residual=``), which
+        takes it out in the sweep it makes anyway. The default: None (the
+        residual is subtracted now).
+        """
+        return None
+
+    def apply_residual_(self, x: torch.Tensor, token: Any) -> torch.Tensor:
+        """``x -= decode(payload)`` for the payload ``token`` came from
+        (``deferred_residual``); the same bits as ``subtract_decoded_``. Returns ``x``."""
+        raise NotImplementedError(f"{self.name}: gives no deferred residuals")
 
     def decode_add_many_(self, payloads: Sequence[torch.Tensor],
                          acc: torch.Tensor) -> torch.Tensor:

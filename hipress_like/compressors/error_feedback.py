@@ -29,6 +29,17 @@ wrapped; multi-round compressors are rejected.
 State is explicit: ``{"error": tensor, "inner": inner_state}``; the memory
 is float32 for half-precision gradients (tiny residuals would vanish in
 fp16), and the inner compressor always sees the gradient's own dtype.
+
+**The residual may be deferred.** ``m_{t+1} = p_t - decode(payload)`` costs
+one read and one write of the memory. When the inner compressor can redo it
+from a small token (``Compressor.deferred_residual``: onebit's two values,
+since its decode is a function of ``p_t``'s signs), the state keeps
+``"error": p_t`` plus ``"pending": token``, and the next encode subtracts
+it inside the sweep that adds the next gradient (``encode_accumulated_``),
+with the same bits: a memory-bound step saves a third of its traffic (as
+PowerSGD keeps its error factored). ``ErrorFeedback.error(state)`` gives the
+memory itself; ``settle_(state)`` applies the token in place. A state with a
+token is complete as it is, so checkpoints carry it unchanged.
 """
 from __future__ import annotations
 
@@ -120,6 +131,22 @@ class ErrorFeedback(Compressor):
                                      device=grad.device),
                 "inner": self.inner.init(grad, seed)}
 
+    def error(self, state: State) -> torch.Tensor:
+        """The memory ``m`` of ``state`` (a new tensor when a residual is still
+        deferred; ``state`` is left as it is)."""
+        pending = state.get("pending")
+        if pending is None:
+            return state["error"]
+        return self.inner.apply_residual_(state["error"].clone(), pending)
+
+    def settle_(self, state: State) -> State:
+        """Apply a deferred residual to ``state["error"]`` in place and drop the
+        token; returns ``state``, whose ``"error"`` is then the memory itself."""
+        pending = state.pop("pending", None)
+        if pending is not None:
+            self.inner.apply_residual_(state["error"], pending)
+        return state
+
     def _memory(self, grad: torch.Tensor, state: State) -> torch.Tensor:
         err = state.get("error")
         if not isinstance(err, torch.Tensor) or err.shape != grad.shape:
@@ -134,26 +161,37 @@ class ErrorFeedback(Compressor):
 
         1. ``p = beta * m + gamma * g`` (in the memory buffer);
         2. ``payload, inner_state = inner.encode(p, inner_state)``;
-        3. ``m = p - inner.decode(payload)`` (in the same buffer).
+        3. ``m = p - inner.decode(payload)`` (in the same buffer), or, when
+           the inner compressor gives a ``deferred_residual`` token, at the
+           start of the next encode (the module docstring says why).
 
         The memory tensor of ``state`` is updated in place and returned in
-        the new state.
+        the new state (read it with ``error(state)``).
 
         Returns:
-            (the inner payload, {"error": new memory, "inner": new inner state}).
+            (the inner payload, {"error": new memory, "inner": new inner state}
+            plus ``"pending": token`` when the residual is deferred).
 
         Raises:
             TypeError, ValueError: bad gradient or a memory of another shape.
         """
         check_gradient(grad)
         mem = self._memory(grad, state)
+        pending = state.get("pending")
         if self.beta == 1.0 and self.gamma == 1.0:
-            # p = m + g added in the inner encode's own sweep where it can (onebit)
-            fused = self.inner.encode_accumulated_(mem, grad, state.get("inner", {}))
+            # p = m + g added in the inner encode's own sweep where it can (onebit),
+            # with last step's deferred residual taken out in the same sweep
+            kw = {} if pending is None else {"residual": pending}
+            fused = self.inner.encode_accumulated_(mem, grad, state.get("inner", {}), **kw)
             if fused is not None:
                 payload, inner_state = fused
+                token = self.inner.deferred_residual(payload, mem)
+                if token is not None:
+                    return payload, {"error": mem, "pending": token, "inner": inner_state}
                 return payload, {"error": self.inner.subtract_decoded_(mem, payload),
                                  "inner": inner_state}
+        if pending is not None:
+            self.inner.apply_residual_(mem, pending)
         # p = beta m + gamma g, in the memory buffer (accumulate_) when it can be
         p = accumulate_(mem, grad, self.beta, self.gamma).view(grad.shape)
         # the inner compressor sees the gradient's dtype; what that cast

@@ -80,15 +80,42 @@ class OneBit(FusedDecodeMixin, Compressor):
         """
         return self._pack(grad, grad, lambda g, body: _fused.onebit_encode(g, body)), state
 
-    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State
+    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State,
+                            residual: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
                             ) -> Optional[Tuple[torch.Tensor, State]]:
         """``mem += grad`` and ``encode(mem)`` with the addition in the packing sweep
-        (same payload and memory as the two steps; error feedback's fast path)."""
+        (same payload and memory as the two steps; error feedback's fast path).
+        A ``residual`` token (``deferred_residual``) is taken out of ``mem`` first,
+        in the same sweep on the native path."""
         if mem.dtype != grad.dtype or mem.shape != grad.shape or not mem.is_contiguous():
+            return None
+        if residual is not None and (residual[0].dtype != mem.dtype
+                                     or residual[0].device != mem.device):
             return None
         flat = mem.view(-1)
         return self._pack(grad, mem, lambda g, body: _fused.onebit_encode_accumulated(
-            flat, g, body)), state
+            flat, g, body, residual)), state
+
+    def deferred_residual(self, payload: torch.Tensor, x: torch.Tensor
+                          ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """(value for 1, value for 0) in ``x``'s dtype: enough to subtract
+        ``decode(payload)`` from ``x = encode``'s input later, since the bit of
+        ``x_i`` is ``x_i >= 0`` (None when ``subtract_decoded_`` has no fused path)."""
+        h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
+        if h.numel != x.numel() or h.dtype != x.dtype or not x.is_contiguous():
+            return None
+        return (torch.tensor(v1, dtype=x.dtype, device=x.device),
+                torch.tensor(v0, dtype=x.dtype, device=x.device))
+
+    def apply_residual_(self, x: torch.Tensor, token: Tuple[torch.Tensor, torch.Tensor]
+                        ) -> torch.Tensor:
+        """``x -= (token[0] if x >= 0 else token[1])``: ``subtract_decoded_`` from a
+        ``deferred_residual`` token, the same bits."""
+        if x.is_contiguous():
+            _fused.onebit_residual(x.view(-1), token[0], token[1])
+        else:
+            x.sub_(torch.where(x >= 0, token[0], token[1]))
+        return x
 
     def _pack(self, grad: torch.Tensor, encoded: torch.Tensor, kernel) -> torch.Tensor:
         """The payload of ``kernel(flat grad, body) -> (pos, neg, max|x|)``, which packs

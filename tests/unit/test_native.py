@@ -51,8 +51,14 @@ def _all_paths(g, mem, acc, count=3):
     c.decode_div_(p2, div, 3)
     many = acc.clone()
     c.decode_add_many_([p, p2, p][:count], many)
+    # error feedback's deferred residual: taken out in the next accumulation sweep
+    tok = c.deferred_residual(p2, m2)
+    applied = c.apply_residual_(m2.clone(), tok)
+    m3 = m2.clone()
+    p3, _ = c.encode_accumulated_(m3, g, {}, residual=tok)
     return {"payload": p, "payload_acc": p2, "mem": m2, "residual": res,
-            "decode": c.decode(p), "decode_add": add, "decode_div": div, "add_many": many}
+            "decode": c.decode(p), "decode_add": add, "decode_div": div, "add_many": many,
+            "residual_applied": applied, "payload_deferred": p3, "mem_deferred": m3}
 
 
 def _torch_paths(monkeypatch, *args, **kw):
@@ -77,6 +83,25 @@ def test_native_matches_torch_bit_for_bit(n, scale, monkeypatch):
     g, mem, acc = _grad(n, 1, scale), _grad(n, 2, scale), _grad(n, 3)
     native = _all_paths(g, mem, acc)
     _assert_same_bits(native, _torch_paths(monkeypatch, g, mem, acc), f"n={n} scale={scale}")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_deferred_residual_is_the_two_steps(n):
+    """The native sweep that takes a deferred residual out, adds the gradient and
+    packs gives the payload and memory of subtract_decoded_ followed by the
+    accumulating encode, and apply_residual_ is subtract_decoded_."""
+    c = C.get("onebit")
+    g, mem = _grad(n, 11), _grad(n, 12)
+    p, _ = c.encode_accumulated_(mem, _grad(n, 13), {})
+    tok = c.deferred_residual(p, mem)
+    two = c.subtract_decoded_(mem.clone(), p)
+    assert torch.equal(c.apply_residual_(mem.clone(), tok).view(torch.int32),
+                       two.view(torch.int32))
+    p_two, _ = c.encode_accumulated_(two, g, {})
+    one = mem.clone()
+    p_one, _ = c.encode_accumulated_(one, g, {}, residual=tok)
+    assert torch.equal(p_one, p_two)
+    assert torch.equal(one.view(torch.int32), two.view(torch.int32))
 
 
 @pytest.mark.parametrize("count", [1, 2, 3])
