@@ -200,20 +200,27 @@ def test_large_compiled_calls_release_the_gil():
     try:
         kernel(x, one, two, spec=(x.dtype,))  # compile outside the observed call
         assert ((x.dtype,), x.dtype, True) in kernel._compiled
-        # Holding the GIL, the call lets the ticker in at most around its Python
-        # prologue (measured: 0-1 tick), however idle the machine. Released, the
-        # ticker runs all through the loop (~50 ticks) when it gets the other
-        # core; on a busy shared machine it may not, so a few observations are
-        # taken and the best counts. Retrying cannot make a GIL-holding call pass.
-        seen = []
-        for _ in range(4):
-            inside, ms = _ticks_during(lambda: kernel(x, one, two, spec=(x.dtype,)))
-            seen.append(f"{inside} ticks in {ms:.1f} ms")
-            if inside >= 5:
-                break
+        _assert_releases_gil(lambda: kernel(x, one, two, spec=(x.dtype,)), "large kernel")
     finally:
         torch.set_num_threads(threads)
-    assert inside >= 5, f"another thread barely ran during large kernel calls: {seen}"
+
+
+def _assert_releases_gil(call, what):
+    """Fail unless a second Python thread keeps running during ``call``.
+
+    Holding the GIL, a call lets the ticker in at most around its Python
+    prologue (measured: 0-1 tick), however idle the machine. Released, the
+    ticker runs all through the loop (~50 ticks) when it gets the other
+    core; on a busy shared machine it may not, so a few observations are
+    taken and the best counts. Retrying cannot make a GIL-holding call pass.
+    """
+    seen = []
+    for _ in range(4):
+        inside, ms = _ticks_during(call)
+        seen.append(f"{inside} ticks in {ms:.1f} ms")
+        if inside >= 5:
+            return
+    raise AssertionError(f"another thread barely ran during {what} calls: {seen}")
 
 
 def _ticks_during(call):
