@@ -89,9 +89,6 @@ class OneBit(FusedDecodeMixin, Compressor):
         in the same sweep on the native path."""
         if mem.dtype != grad.dtype or mem.shape != grad.shape or not mem.is_contiguous():
             return None
-        if residual is not None and (residual[0].dtype != mem.dtype
-                                     or residual[0].device != mem.device):
-            return None
         flat = mem.view(-1)
         return self._pack(grad, mem, lambda g, body: _fused.onebit_encode_accumulated(
             flat, g, body, residual)), state
@@ -180,13 +177,10 @@ class OneBit(FusedDecodeMixin, Compressor):
         """``x -= decode(encode(x))`` in one pass: the bit of x_i is ``x_i >= 0``, so
         the decoded value is ``v1 if x_i >= 0 else v0``, read off x itself (the
         same bits as decoding and subtracting; error feedback's residual)."""
-        h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
-        if h.numel != x.numel() or h.dtype != x.dtype or not x.is_contiguous():
+        token = self.deferred_residual(payload, x)
+        if token is None:
             return super().subtract_decoded_(x, payload)
-        dev = x.device
-        _fused.onebit_residual(x.view(-1), torch.tensor(v1, dtype=x.dtype, device=dev),
-                               torch.tensor(v0, dtype=x.dtype, device=dev))
-        return x
+        return self.apply_residual_(x, token)
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """Header (with 16 bytes of values) plus ceil(numel / 8) bytes of bits."""

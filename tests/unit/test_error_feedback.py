@@ -183,16 +183,9 @@ def test_onebit_fused_compensation_matches_the_two_steps(n, dtype, kernels, monk
     (``encode_accumulated_``); payloads and memories must be those of adding
     first and encoding after, step after step (half memories are float32 and
     take the two steps)."""
-    from hipress_like.compressors import _fused
+    from test_quantizers import use_kernels  # tests/unit is on sys.path (rootdir import)
 
-    compiled = kernels == "compiled"
-    if compiled and not _fused.compile_enabled():
-        pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
-    if kernels == "native" and not _fused._native.available():
-        pytest.skip("no C compiler: onebit's native loops are not built")
-    monkeypatch.setattr(_fused, "MIN_COMPILE_NUMEL", 64 if compiled else 1 << 40)
-    if kernels != "native":
-        monkeypatch.setenv("HIPRESS_NO_NATIVE", "1")
+    use_kernels(kernels, monkeypatch)
     ef = get("ef", inner="onebit")
     inner = get("onebit")
     gen = torch.Generator().manual_seed(5)

@@ -249,14 +249,9 @@ def _ticks_during(call):
     return sum(1 for v in ticks if t0 < v < t1), 1e3 * (t1 - t0)
 
 
-@pytest.mark.parametrize("n", [1001, 8 * 1021 + 5, 1 << 17])
-@pytest.mark.parametrize("count", [1, 2, 3])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("kernels", ["eager", "compiled", "native"])
-def test_decode_add_many_matches_a_loop_of_decode_add(n, count, dtype, kernels, monkeypatch):
-    """A PS aggregator's merge: onebit adds all payloads in one pass over the
-    accumulator, with the bits of adding them one by one (full bytes in the
-    kernel, the last partial byte eagerly; half accumulators take the loop)."""
+def use_kernels(kernels, monkeypatch):
+    """Route onebit's kernels through one path: "eager" torch, "compiled" (inductor,
+    even for small tensors) or "native" (the C loops); skip when it is unavailable."""
     compiled = kernels == "compiled"
     if compiled and not _fused.compile_enabled():
         pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
@@ -265,6 +260,17 @@ def test_decode_add_many_matches_a_loop_of_decode_add(n, count, dtype, kernels, 
     monkeypatch.setattr(_fused, "MIN_COMPILE_NUMEL", 64 if compiled else 1 << 40)
     if kernels != "native":
         monkeypatch.setenv("HIPRESS_NO_NATIVE", "1")
+
+
+@pytest.mark.parametrize("n", [1001, 8 * 1021 + 5, 1 << 17])
+@pytest.mark.parametrize("count", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kernels", ["eager", "compiled", "native"])
+def test_decode_add_many_matches_a_loop_of_decode_add(n, count, dtype, kernels, monkeypatch):
+    """A PS aggregator's merge: onebit adds all payloads in one pass over the
+    accumulator, with the bits of adding them one by one (full bytes in the
+    kernel, the last partial byte eagerly; half accumulators take the loop)."""
+    use_kernels(kernels, monkeypatch)
     c = C.get("onebit")
     payloads = [c.encode(_grad(n, seed=10 + i, dtype=dtype), {})[0] for i in range(count)]
     acc0 = _grad(n, seed=99, dtype=dtype)
