@@ -4,7 +4,8 @@ one CaSync configuration, a few steps each.
 No timing is asserted (shared machines are noisy); the test pins that the
 benchmark launches real ranks for each kind of configuration, that every
 row carries its step times and accuracy, that the CaSync row records which
-gradients its plan compressed, and that the verdict lines are printed.
+gradients its plan compressed, that the accuracy runs follow for DDP and the
+fastest CaSync configuration, and that the verdict lines are printed.
 """
 import json
 
@@ -15,7 +16,8 @@ def test_train_bench_runs_each_kind_of_configuration(tmp_path):
     out = tmp_path / "train.json"
     p = run_bench("train.py", ["--model", "vgg", "--nprocs", 2, "--configs",
                                "floor,ddp,ddp-powersgd1,hp-ps-onebit", "--steps", 2, "--warmup", 1,
-                               "--batch", 2, "--timeout", 300, "--out", out], tmp_path, timeout=900)
+                               "--batch", 2, "--timeout", 300, "--acc-steps", 3,
+                               "--acc-configs", "ddp,best", "--out", out], tmp_path, timeout=900)
     rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"floor", "ddp", "ddp-powersgd1", "hp-ps-onebit"}
     for r in rows.values():
@@ -24,3 +26,8 @@ def test_train_bench_runs_each_kind_of_configuration(tmp_path):
     assert "6.weight" in rows["hp-ps-onebit"]["compressed"]
     assert "best of this project: hp-ps-onebit" in p.stdout
     assert "within 1.3x of the floor" in p.stdout
+    # the accuracy runs: DDP and the fastest configuration of this project, 3 steps each
+    acc = {r["config"]: r for r in json.loads(out.read_text())["accuracy_rows"]}
+    assert set(acc) == {"ddp", "hp-ps-onebit"}
+    assert all(r["steps_total"] == 3 and len(r["ms_steps"]) == 2 for r in acc.values())
+    assert "3 steps on loopback" in p.stdout
