@@ -5,7 +5,10 @@ scikit-learn's digits (upsampled to 32x32, a disjoint random batch per rank
 and step, SGD with momentum) for a fixed number of steps. Reported per
 configuration: the median step time over the timed steps (after warm-up),
 its ratio to the no-communication floor and to the DDP baselines, and the
-test accuracy reached after the fixed budget. The learning rate decays to 0
+test accuracy reached after the fixed budget, and the CPU time one rank
+spends per timed step (all its threads: autograd, the engine, gloo). With
+more ranks than cores the step is CPU-bound, and that column says where a
+configuration's time goes. The learning rate decays to 0
 (cosine) over each run's steps.
 
 The timed runs are short (45 steps), too short for the VGG-style model to
@@ -142,6 +145,8 @@ def worker(cfg):
     # instead of moving with the last steps' noise (every configuration alike).
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
     for step in range(total):
+        if step == cfg["warmup"]:
+            cpu0 = time.process_time()  # every thread of this rank: engine, gloo, autograd
         g = torch.Generator().manual_seed(cfg["seed"] * 100003 + step * size + rank)
         idx = torch.randint(0, len(xtr), (cfg["batch"],), generator=g)
         t0 = time.perf_counter()
@@ -157,9 +162,14 @@ def worker(cfg):
         acc = sum((model(xte[i:i + 120]).argmax(1) == yte[i:i + 120]).sum().item()
                   for i in range(0, len(xte), 120)) / len(xte) * 100
     timed = times[cfg["warmup"]:]
+    cpu = torch.tensor([(time.process_time() - cpu0) / max(1, len(timed)) * 1e3],
+                       dtype=torch.float64)
+    dist.all_reduce(cpu)  # the mean over ranks
+    cpu_ms = cpu.item() / size
     result = {"config": name, "model": cfg["model"], "rank": rank, "size": size,
               "ms_per_step": statistics.median(timed) * 1e3,
               "ms_steps": [t * 1e3 for t in timed], "accuracy": acc,
+              "cpu_ms_per_step": cpu_ms,
               "final_loss": statistics.mean(losses[-5:]), "steps_total": total,
               "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
     if name.startswith("hp-"):
@@ -259,14 +269,15 @@ def _report(model, rows, budget, acc_rows=None):
     acc_ref = by.get("ddp", {}).get("accuracy")
     print(f"\n{model}: {rows[0]['params_m']:.1f}M parameters, {budget}")
     print(f"{'configuration':<20} {'ms/step':>9} {'x floor':>8} {'DDP/this':>9} "
-          f"{'best hook/this':>15} {'test acc %':>11}")
+          f"{'best hook/this':>15} {'test acc %':>11} {'CPU ms/rank':>12}")
     for r in rows:
         ms = r["ms_per_step"]
         xf = f"{ms / floor:.2f}" if floor else "-"
         vd = f"{ddp / ms:.2f}" if ddp else "-"
         vh = f"{best_hook['ms_per_step'] / ms:.2f}" if best_hook else "-"
         acc = "-" if r["config"] == "floor" else f"{r['accuracy']:.1f}"
-        print(f"{r['config']:<20} {ms:9.0f} {xf:>8} {vd:>9} {vh:>15} {acc:>11}")
+        cpu = f"{r['cpu_ms_per_step']:.0f}" if "cpu_ms_per_step" in r else "-"
+        print(f"{r['config']:<20} {ms:9.0f} {xf:>8} {vd:>9} {vh:>15} {acc:>11} {cpu:>12}")
     if best_hp and floor and ddp and best_hook:
         ms = best_hp["ms_per_step"]
         print(f"\nbest of this project: {best_hp['config']} ({ms:.0f} ms/step); best DDP hook: "

@@ -22,6 +22,7 @@ def test_train_bench_runs_each_kind_of_configuration(tmp_path):
     assert set(rows) == {"floor", "ddp", "ddp-powersgd1", "hp-ps-onebit"}
     for r in rows.values():
         assert r["size"] == 2 and len(r["ms_steps"]) == 2 and 0 <= r["accuracy"] <= 100
+        assert r["cpu_ms_per_step"] > 0
     # the VGG-style model's large fully-connected weights are what the plan compresses
     assert "6.weight" in rows["hp-ps-onebit"]["compressed"]
     assert "best of this project: hp-ps-onebit" in p.stdout
