@@ -353,8 +353,8 @@ def main(argv=None):
     ap.add_argument("--configs", default="all",
                     help=f"comma-separated subset of: {', '.join(all_configs())}")
     ap.add_argument("--nprocs", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=40, help="timed steps (the accuracy budget "
-                    "is warmup + steps)")
+    ap.add_argument("--steps", type=int, default=40, help="timed steps (the table's accuracy "
+                    "column is after warmup + steps; the goal uses --acc-steps)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8, help="images per rank per step")
     ap.add_argument("--lr", type=float, default=0.05, help="peak learning rate (cosine "
@@ -365,7 +365,8 @@ def main(argv=None):
     ap.add_argument("--acc-configs", default="ddp,best",
                     help="configurations given the accuracy budget: a comma-separated list; "
                     "'best' is the fastest hp- configuration of the timed runs; 'all'")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the batches each rank draws "
+                    "(the model's initial weights are the same for every seed)")
     ap.add_argument("--netem", nargs="?", const="1gbit", default=None,
                     help="run in namespaces h0..h{N-1} over emulated links (default 1gbit)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
