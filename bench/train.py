@@ -266,7 +266,6 @@ def _report(model, rows, budget, acc_rows=None):
     best_hook = min(hooks, key=lambda r: r["ms_per_step"]) if hooks else None
     hp = [r for r in rows if r["config"].startswith("hp-")]
     best_hp = min(hp, key=lambda r: r["ms_per_step"]) if hp else None
-    acc_ref = by.get("ddp", {}).get("accuracy")
     print(f"\n{model}: {rows[0]['params_m']:.1f}M parameters, {budget}")
     print(f"{'configuration':<20} {'ms/step':>9} {'x floor':>8} {'DDP/this':>9} "
           f"{'best hook/this':>15} {'test acc %':>11} {'CPU ms/rank':>12}")
@@ -292,14 +291,14 @@ def _report(model, rows, budget, acc_rows=None):
         for label, v, target, higher in goals:
             met = v >= target if higher else v <= target
             print(f"  {label:<28} {v:5.2f}  {'met' if met else 'NOT met'}")
+        # the accuracy runs' budget when they cover DDP and the best, else the timed runs'
         acc_by = {r["config"]: r for r in acc_rows or ()}
-        if "ddp" in acc_by and best_hp["config"] in acc_by:  # the accuracy runs' budget
-            acc_ref, acc_hp = acc_by["ddp"]["accuracy"], acc_by[best_hp["config"]]["accuracy"]
-            where = f"after {acc_by['ddp']['steps_total']} steps"
-        else:  # only the timed runs' short budget
-            acc_hp, where = best_hp["accuracy"], "after the timed runs' budget"
-        if acc_ref is not None:
-            d = acc_ref - acc_hp
+        judged = acc_by if {"ddp", best_hp["config"]} <= acc_by.keys() else by
+        where = (f"after {acc_by['ddp']['steps_total']} steps" if judged is acc_by
+                 else "after the timed runs' budget")
+        if "ddp" in judged:
+            acc_ref = judged["ddp"]["accuracy"]
+            d = acc_ref - judged[best_hp["config"]]["accuracy"]
             if acc_ref < 2 * CHANCE:  # nothing learned yet: a 0-point gap proves nothing
                 print(f"  {'accuracy loss vs DDP <= 1pt':<28} {d:5.1f}  not judged: DDP is at "
                       f"{acc_ref:.1f}% (chance {CHANCE:.0f}%) {where}; raise --acc-steps")
@@ -330,20 +329,28 @@ def _accuracy_runs(ns, rows):
     names = [c for c in dict.fromkeys(names) if c != "floor"]
     print(f"\naccuracy runs: {', '.join(names)}, {ns.acc_steps} steps each on loopback",
           flush=True)
-    out = []
+    return _run_configs(ns, names, ns.acc_steps - ns.warmup, False)
+
+
+def _run_configs(ns, names, steps, netem):
+    """Launch each configuration in turn (``steps`` after ``ns.warmup``); their rows.
+
+    A failing configuration is reported and skipped: it must not hide the others.
+    """
+    rows = []
     for c in names:
-        cfg = dict(config=c, model=ns.model, steps=ns.acc_steps - ns.warmup, warmup=ns.warmup,
-                   batch=ns.batch, lr=ns.lr, seed=ns.seed)
+        cfg = dict(config=c, model=ns.model, steps=steps, warmup=ns.warmup, batch=ns.batch,
+                   lr=ns.lr, seed=ns.seed)
         t0 = time.perf_counter()
         try:
-            r = launch(cfg, ns.nprocs, False, ns.timeout)
+            r = launch(cfg, ns.nprocs, netem, ns.timeout)
         except Exception as e:
             print(f"  {c:<20} FAILED: {e}", flush=True)
             continue
-        out.append(r)
-        print(f"  {c:<20} acc {r['accuracy']:5.1f}%  ({time.perf_counter() - t0:.0f} s)",
-              flush=True)
-    return out
+        rows.append(r)
+        print(f"  {c:<20} {r['ms_per_step']:8.0f} ms/step  acc {r['accuracy']:5.1f}%  "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    return rows
 
 
 def main(argv=None):
@@ -391,20 +398,8 @@ def main(argv=None):
     budget = (f"{ns.nprocs} ranks on {link}, batch {ns.batch}/rank, {ns.warmup} warm-up + "
               f"{ns.steps} timed steps (median), accuracy after {ns.warmup + ns.steps} steps")
     print(f"bench/train.py: {ns.model}, {budget}", flush=True)
-    rows = []
     try:
-        for c in configs:
-            cfg = dict(config=c, model=ns.model, steps=ns.steps, warmup=ns.warmup,
-                       batch=ns.batch, lr=ns.lr, seed=ns.seed)
-            t0 = time.perf_counter()
-            try:
-                r = launch(cfg, ns.nprocs, bool(ns.netem), ns.timeout)
-            except Exception as e:  # keep going: one failing config must not hide the others
-                print(f"  {c:<20} FAILED: {e}", flush=True)
-                continue
-            rows.append(r)
-            print(f"  {c:<20} {r['ms_per_step']:8.0f} ms/step  acc {r['accuracy']:5.1f}%  "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        rows = _run_configs(ns, configs, ns.steps, bool(ns.netem))
     finally:
         if created:
             import netem as nm
