@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..compressors.base import all_finite
+from .replay import STATUS_LEN
 
 __all__ = ["LaneBucket", "plan_lane_buckets"]
 
@@ -60,6 +61,7 @@ class LaneBucket:
     numel: int
     key: int = -1
     buf: Optional[torch.Tensor] = None
+    store: Optional[torch.Tensor] = None  # buf plus the status words of a replayed step
     arrived: List[Tuple[int, str, torch.Tensor, Any]] = field(default_factory=list)
     flushed: bool = False
 
@@ -67,7 +69,9 @@ class LaneBucket:
         """The flat view of gradient ``idx``'s slot (allocates the buffer, zeroed,
         on ``like``'s device at first use: unsubmitted slots must stay finite)."""
         if self.buf is None:
-            self.buf = torch.zeros(self.numel, dtype=self.dtype, device=like.device)
+            self.store = torch.zeros(self.numel + STATUS_LEN, dtype=self.dtype,
+                                     device=like.device)
+            self.buf = self.store[:self.numel]
         s, e = self.slots[idx]
         return self.buf[s:e]
 
@@ -98,6 +102,15 @@ class LaneBucket:
             torch.div(self.buf[s:e].view(tensor.shape), n, out=tensor)
         for _, _, _, handle in self.arrived:
             handle._release()
+
+    def restore(self) -> None:
+        """Undo an allreduce whose result is discarded (a replayed bucket some rank
+        could not run, ``replay.py``): the buffer holds the arrived gradients again."""
+        assert self.buf is not None
+        self.buf.zero_()
+        for idx, _, tensor, _ in self.arrived:
+            s, e = self.slots[idx]
+            self.buf[s:e].view(tensor.shape).copy_(tensor)
 
     def reset(self) -> None:
         """Forget this step's arrivals (the buffer is kept)."""

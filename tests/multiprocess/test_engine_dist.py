@@ -251,3 +251,39 @@ def test_collective_lane_fuses_hundreds_of_small_gradients_over_gloo():
         for r in range(1, 4):
             assert torch.equal(res[r][0][name], res[0][0][name])
     assert 1 <= res[0][1] < 205 / 10  # a handful of fused allreduces for 205 gradients
+
+
+def _replay_vs_coordinated(ctx, strategy):
+    """PowerSGD matrices plus lane buckets, 3 steps with replay and 3 without."""
+    shapes = {"w0": (300, 200), "w1": (64, 500), "b0": (200,), "b1": (7,)}
+    plan = Plan(compressor="powersgd", params={"rank": 2},
+                rule=SizeRule(min_compress_bytes=4096, bytes_per_partition=1 << 30))
+    out = {}
+    for replay in (True, False):
+        eng = Engine(ctx.transport, EngineConfig(plan=plan, strategy=strategy, timeout=60,
+                                                 replay=replay))
+        try:
+            eng.register([(n, s, torch.float32) for n, s in shapes.items()])
+            steps = []
+            for step in range(3):
+                g = torch.Generator().manual_seed(10 * step + ctx.rank)
+                work = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
+                for n, v in work.items():
+                    eng.submit(n, v)
+                eng.synchronize()
+                steps.append(work)
+            out[replay] = (steps, eng.replayed_steps)
+        finally:
+            eng.close()
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_replayed_steps_match_coordinated_ones_over_gloo(strategy):
+    res = run_workers(_replay_vs_coordinated, 3, args=(strategy,), timeout=300)
+    for r in range(3):
+        assert res[r][True][1] == 2 and res[r][False][1] == 0
+        for step in range(3):
+            for n, v in res[r][True][0][step].items():
+                assert torch.equal(v, res[r][False][0][step][n]), (r, step, n)
+                assert torch.equal(v, res[0][True][0][step][n]), (r, step, n)
