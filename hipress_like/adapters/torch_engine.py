@@ -99,8 +99,12 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         from ..casync.engine import Engine, EngineConfig
 
         factory, config_cls = Engine, EngineConfig
+    replay = os.environ.get("HIPRESS_REPLAY", "1")
+    if replay not in ("0", "1"):
+        raise ValueError(f"HIPRESS_REPLAY must be 0 or 1, found {replay!r}")
     cfg_kwargs = dict(compressor=name, params=params, strategy=strategy, plan=plan,
-                      timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed))
+                      timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed),
+                      replay=replay == "1")
     cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
     transport = make_transport()
     try:

@@ -388,3 +388,22 @@ def test_gradients_are_registered_in_model_order_for_the_lane():
         assert list(opt._hp_engine.layout()) == [n for n, _ in m.named_parameters()]
     finally:
         opt.close()
+
+
+def test_hipress_replay_environment_variable(monkeypatch):
+    m = _model()
+    monkeypatch.setenv("HIPRESS_REPLAY", "0")
+    opt = _wrap(m, torch.optim.SGD(m.parameters(), lr=0.1), plan=None)
+    try:
+        assert opt._hp_engine.config.replay is False
+    finally:
+        opt.close()
+    monkeypatch.setenv("HIPRESS_REPLAY", "off")
+    with pytest.raises(ValueError, match="HIPRESS_REPLAY must be 0 or 1"):
+        _wrap(m, torch.optim.SGD(m.parameters(), lr=0.1), plan=None)
+    monkeypatch.delenv("HIPRESS_REPLAY")
+    opt = _wrap(m, torch.optim.SGD(m.parameters(), lr=0.1), plan=None)
+    try:
+        assert opt._hp_engine.config.replay is True
+    finally:
+        opt.close()
