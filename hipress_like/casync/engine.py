@@ -309,6 +309,7 @@ class Engine:
         self._skipped = False
         self._replayable = False  # the layout has collectives only (set by register)
         self._replayed = 0
+        self._device = torch.device("cpu")  # of the gradients (a replay's stand-in zeros)
         self._schedule: Optional[Schedule] = None  # recorded by the last coordinated step
         self._record: Optional[List[List[Tuple[int, int, torch.dtype]]]] = None
         self._comm_thread: Optional[threading.Thread] = None
@@ -549,6 +550,7 @@ class Engine:
         if tuple(tensor.shape) != info.shape or tensor.dtype != info.dtype:
             raise ValueError(f"gradient {name!r}: registered as {info.shape} {info.dtype}, "
                              f"submitted {tuple(tensor.shape)} {tensor.dtype}")
+        self._device = tensor.device
         with self._cv:
             if self._closed:
                 raise RuntimeError("submit() after synchronize() began; call it in the next step")
@@ -825,7 +827,7 @@ class Engine:
                 lane = None
                 total = sum(m[1] for m in members0)
                 xs = [items[k][1] for k, _, _ in members0] if ok else []
-                dev = xs[0].device if xs else torch.device("cpu")
+                dev = xs[0].device if xs else self._device
                 flat = torch.zeros(total + STATUS_LEN, dtype=dt0, device=dev)
                 if ok:
                     torch.cat(xs, out=flat[:total])
