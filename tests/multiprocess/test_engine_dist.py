@@ -280,10 +280,15 @@ def _replay_vs_coordinated(ctx, strategy):
 
 @pytest.mark.parametrize("strategy", ["ps", "ring"])
 def test_replayed_steps_match_coordinated_ones_over_gloo(strategy):
+    """Every rank gets the same bits either way. Between the two runs only the last
+    bits may differ: the coordinator fuses P's and Q's that are ready in the same
+    round, so their offsets in a fused allreduce, and with them gloo's summation
+    order, depend on timing (in both runs; the in-process tests pin exact bits)."""
     res = run_workers(_replay_vs_coordinated, 3, args=(strategy,), timeout=300)
     for r in range(3):
         assert res[r][True][1] == 2 and res[r][False][1] == 0
         for step in range(3):
             for n, v in res[r][True][0][step].items():
-                assert torch.equal(v, res[r][False][0][step][n]), (r, step, n)
-                assert torch.equal(v, res[0][True][0][step][n]), (r, step, n)
+                for replay in (True, False):
+                    assert torch.equal(res[r][replay][0][step][n], res[0][replay][0][step][n])
+                torch.testing.assert_close(v, res[r][False][0][step][n], rtol=1e-4, atol=1e-5)
