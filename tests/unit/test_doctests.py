@@ -12,6 +12,7 @@ import pytest
 
 MODULES = [
     "hipress_like.casync.lane",
+    "hipress_like.casync.replay",
     "hipress_like.casync.transport.inproc",
     "hipress_like.compressors._fused",
     "hipress_like.compressors.dgc",
