@@ -58,7 +58,7 @@ from .coordinator import (
 )
 from .executors import SyncExecutor, ThreadExecutor
 from .lane import LaneBucket, plan_lane_buckets
-from .replay import STATUS_LEN, Schedule, read_status, status_tensor
+from .replay import STATUS_LEN, Schedule, dtype_groups, read_status, status_tensor
 from .tasks import DeadlockError, Task, TaskGraph
 from .timeline import Event, Timeline
 from .transport.base import DEFAULT_TIMEOUT, Transport
@@ -524,7 +524,6 @@ class Engine:
         self._handles: List[Handle] = []
         self._submitted: set = set()
         self._coll_keys: set = set()  # keys of this step's collectives (replay.py)
-        self._partial_lane = False  # a lane bucket flushed with members missing
         self._digest = 0
         self._closed = False
         self._nonfinite = False
@@ -616,12 +615,14 @@ class Engine:
                 self._on_nonfinite(*bad)
                 lane.buf.zero_()  # the step is skipped everywhere; keep the sum finite
         lane.flushed = True
-        if not lane.complete():
-            self._partial_lane = True
         t = Task("allreduce", f"bucket{lane.index}", 0, lambda: lane.buf, info="sum")
         t.msg = (lane.key, COLLECTIVE)
         self._coll_keys.add(lane.key)
         self._graph.add(t, ())
+
+    def _lane_partial(self) -> bool:
+        """Some lane bucket got only part of its gradients this step (frozen parameters)."""
+        return any(lane.arrived and not lane.complete() for lane in self._lane)
 
     def _build_tasks(self, info: _GradInfo, work: torch.Tensor, handle: Handle) -> None:
         b = _StepBuilder(self, info, handle)
@@ -789,7 +790,7 @@ class Engine:
             skipped = self._comm_step()
             # a step with lane buckets missing members (parameters without gradients)
             # would miss again: keep coordinating such steps
-            if self._record and not self._partial_lane:
+            if self._record and not self._lane_partial():
                 self._schedule = Schedule.of(self._record)
         finally:
             self._record = None
@@ -808,70 +809,87 @@ class Engine:
             before) and the caller coordinates the rest of the step.
         """
         channel = self._data if self._data is not None else self.transport
-        n, last = self.size, len(sched.buckets) - 1
+        last = len(sched.buckets) - 1
         skipped = False
-        for i in range(last + 1):
+        for i, bucket in enumerate(sched.buckets):
             state = self._await_bucket(sched, i, i == last)
             t0 = time.perf_counter()
-            ok = state == "ok"
             with self._cv:
-                items = {k: self._collective[k] for k, _, _ in sched.buckets[i]} if ok else {}
+                items = [self._collective[k] for k, _, _ in bucket] if state == "ok" else []
                 skip = self._nonfinite and i == last
-            groups = sched.groups(i)
-            dt0, members0 = groups[0]
-            lane = self._lane_by_key.get(members0[0][0]) if len(members0) == 1 else None
-            copy_back: List[Tuple[torch.Tensor, List[torch.Tensor]]] = []
-            if ok and lane is not None and lane.store is not None:
-                flat, total = lane.store, lane.numel  # in place: restored on a discard
-            else:
-                lane = None
-                total = sum(m[1] for m in members0)
-                xs = [items[k][1] for k, _, _ in members0] if ok else []
-                dev = xs[0].device if xs else self._device
-                flat = torch.zeros(total + STATUS_LEN, dtype=dt0, device=dev)
-                if ok:
-                    torch.cat(xs, out=flat[:total])
-                    copy_back.append((flat, xs))
-            flat[total:] = status_tensor(state == "error", state == "miss", skip, dt0,
-                                         flat.device)
-            channel.allreduce(flat, "sum", self.config.timeout)
-            erred, missed, skipped = read_status(flat[total:])
+            xs = {k: x for (k, _, _), (_, x) in zip(bucket, items)}
+            groups = dtype_groups(bucket)
+            erred, missed, skipped = self._status_allreduce(
+                groups[0][1], xs, (state == "error", state == "miss", skip), channel)
             if erred or missed:
-                if lane is not None:
-                    lane.restore()
                 _log.debug("rank %d: replay of step %d stopped at bucket %d (%s); "
                            "coordinating the rest", self.rank, self._step, i,
                            "an error" if erred else "other gradients")
                 return None
             for _, members in groups[1:]:
-                xs = [items[k][1] for k, _, _ in members]
-                g = xs[0] if len(xs) == 1 else torch.cat(xs)
-                channel.allreduce(g, "sum", self.config.timeout)
-                if len(xs) > 1:
-                    copy_back.append((g, xs))
-            for buf, xs in copy_back:
-                off = 0
-                for x in xs:
-                    x.copy_(buf[off: off + x.numel()])
-                    off += x.numel()
-            done = set(items)
+                self._sum_fused([xs[k] for k, _, _ in members], channel)
             with self._cv:
-                for k in done:
+                for k in xs:
                     del self._collective[k]
-                self._unreported = [m for m in self._unreported if m[0] not in done]
-            grads = 0
-            for k, (t, _) in items.items():
-                ln = self._lane_by_key.get(k)
-                if ln is not None:
-                    ln.write_mean(n)
-                    grads += len(ln.arrived)
-                else:
-                    grads += 1
-                self._graph.finish(t)
-            self.timeline.add(Event("bucket", "", grads, t0, time.perf_counter(),
-                                    sum(m[1] * m[2].itemsize for m in sched.buckets[i]),
-                                    "comm", self._step))
+                self._unreported = [m for m in self._unreported if m[0] not in xs]
+            self._finish_bucket([t for t, _ in items], t0,
+                                sum(m[1] * m[2].itemsize for m in bucket))
         return skipped
+
+    def _status_allreduce(self, members, xs: Dict[int, torch.Tensor],
+                          status: Tuple[bool, bool, bool],
+                          channel: Transport) -> Tuple[bool, bool, bool]:
+        """Sum a replayed bucket's first dtype group with this rank's ``status`` (error,
+        miss, skip) behind it (``replay.py``); return the summed words, read as flags.
+
+        ``xs`` maps keys to the members' tensors, empty when this rank cannot run
+        the bucket (it sends zeros). A lane bucket alone is summed in place, in
+        its buffer's spare room, and rebuilt if the result is discarded; other
+        members are summed in a copy, written back only if the result is kept.
+        """
+        dtype = members[0][2]
+        total = sum(m[1] for m in members)
+        lane = self._lane_by_key.get(members[0][0]) if len(members) == 1 and xs else None
+        if lane is not None and lane.store is not None:
+            flat = lane.store
+        else:
+            lane = None
+            dev = next(iter(xs.values())).device if xs else self._device
+            flat = torch.zeros(total + STATUS_LEN, dtype=dtype, device=dev)
+            if xs:
+                torch.cat([xs[k] for k, _, _ in members], out=flat[:total])
+        flat[total:] = status_tensor(*status, dtype, flat.device)
+        channel.allreduce(flat, "sum", self.config.timeout)
+        words = read_status(flat[total:])
+        if words[0] or words[1]:
+            if lane is not None:
+                lane.restore()
+        elif xs and lane is None:
+            _scatter(flat, [xs[k] for k, _, _ in members])
+        return words
+
+    def _sum_fused(self, xs: List[torch.Tensor], channel: Transport) -> None:
+        """Sum ``xs`` (one dtype) across ranks with one allreduce, in place."""
+        flat = xs[0] if len(xs) == 1 else torch.cat(xs)
+        channel.allreduce(flat, "sum", self.config.timeout)
+        if len(xs) > 1:
+            _scatter(flat, xs)
+
+    def _finish_bucket(self, tasks: List[Task], t0: float, nbytes: int) -> None:
+        """After a bucket's allreduce: a static lane bucket writes its means (``lane.py``),
+        a summed payload (PowerSGD's P or Q) goes on to its next task as it is."""
+        grads = 0
+        for t in tasks:
+            lane = self._lane_by_key.get(t.msg[0])
+            if lane is not None:
+                lane.write_mean(self.size)
+                grads += len(lane.arrived)
+            else:
+                grads += 1
+            self._graph.finish(t)
+        # the event's "part" counts the gradients the fused allreduce carried
+        self.timeline.add(Event("bucket", "", grads, t0, time.perf_counter(), nbytes,
+                                "comm", self._step))
 
     def _await_bucket(self, sched: Schedule, i: int, last: bool) -> str:
         """Wait until this rank can run replayed bucket ``i``: "ok" (its members are
@@ -884,7 +902,7 @@ class Engine:
             while True:
                 if self._error is not None:
                     return "error"
-                if self._closed and (self._partial_lane or not self._coll_keys <= sched.keys
+                if self._closed and (self._lane_partial() or not self._coll_keys <= sched.keys
                                      or any(k not in self._coll_keys for k in keys)):
                     return "miss"
                 if (self._closed or not last) and all(k in self._collective for k in keys):
@@ -1083,38 +1101,17 @@ class Engine:
         Every rank runs the same buckets in the same order (the replicated
         coordinator planned them), so the allreduce calls match up.
         """
-        n = self.size
         for bucket in buckets:
             t0 = time.perf_counter()
             with self._cv:
                 items = [self._collective.pop(key) for key, _ in bucket]
-            groups: Dict[torch.dtype, List[torch.Tensor]] = {}
-            for _, x in items:  # bucket order within a group, groups by first appearance
-                groups.setdefault(x.dtype, []).append(x)
+            members = [(key, x.numel(), x.dtype) for (key, _), (_, x) in zip(bucket, items)]
             if self._record is not None:
-                self._record.append([(key, x.numel(), x.dtype) for (key, _), (_, x)
-                                     in zip(bucket, items)])
-            for xs in groups.values():
-                flat = xs[0] if len(xs) == 1 else torch.cat(xs)
-                channel.allreduce(flat, "sum", self.config.timeout)
-                if len(xs) > 1:
-                    off = 0
-                    for x in xs:
-                        x.copy_(flat[off: off + x.numel()])
-                        off += x.numel()
-            grads = 0
-            for t, _ in items:
-                lane = self._lane_by_key.get(t.msg[0])
-                if lane is not None:  # a static bucket of whole gradients: write the means
-                    lane.write_mean(n)
-                    grads += len(lane.arrived)
-                else:
-                    grads += 1
-                self._graph.finish(t)
-            nbytes = sum(nb for _, nb in bucket)
-            # the event's "part" counts the gradients the fused allreduce carried
-            self.timeline.add(Event("bucket", "", grads, t0, time.perf_counter(),
-                                    nbytes, "comm", self._step))
+                self._record.append(members)
+            xs = {key: x for (key, _), (_, x) in zip(bucket, items)}
+            for _, group in dtype_groups(members):
+                self._sum_fused([xs[k] for k, _, _ in group], channel)
+            self._finish_bucket([t for t, _ in items], t0, sum(nb for _, nb in bucket))
 
     def _exchange(self, plan, t0: float, channel: Transport) -> None:
         me, n = self.rank, self.size
@@ -1272,6 +1269,14 @@ class Engine:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _scatter(flat: torch.Tensor, xs: List[torch.Tensor]) -> None:
+    """Copy consecutive slices of ``flat`` back into the tensors it concatenates."""
+    off = 0
+    for x in xs:
+        x.copy_(flat[off: off + x.numel()].view_as(x))
+        off += x.numel()
 
 
 class _StepBuilder:

@@ -37,11 +37,12 @@ the failing rank or reports the mismatch; the next step records afresh.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import FrozenSet, List, Tuple
+from typing import Dict, FrozenSet, List, Sequence, Tuple
 
 import torch
 
-__all__ = ["Schedule", "STATUS_LEN", "ERROR", "MISS", "SKIP", "status_tensor", "read_status"]
+__all__ = ["Schedule", "STATUS_LEN", "ERROR", "MISS", "SKIP", "dtype_groups", "status_tensor",
+           "read_status"]
 
 STATUS_LEN = 3
 ERROR, MISS, SKIP = 0, 1, 2
@@ -72,13 +73,22 @@ class Schedule:
         """
         return cls(tuple(tuple(b) for b in buckets), frozenset(k for b in buckets for k, _, _ in b))
 
-    def groups(self, i: int) -> List[Tuple[torch.dtype, List[Member]]]:
-        """Bucket ``i``'s members grouped by dtype, groups in order of first appearance
-        (the order ``Engine._run_buckets`` uses, so the calls match on every rank)."""
-        out: dict = {}
-        for m in self.buckets[i]:
-            out.setdefault(m[2], []).append(m)
-        return list(out.items())
+
+
+def dtype_groups(members: Sequence[Member]) -> List[Tuple[torch.dtype, List[Member]]]:
+    """A bucket's members grouped by dtype: one allreduce per group, groups in order
+    of first appearance and members in bucket order, coordinated or replayed alike
+    (so the calls match on every rank).
+
+    Example:
+        >>> [(str(dt), [m[0] for m in ms]) for dt, ms in dtype_groups(
+        ...     [(5, 3, torch.float32), (6, 2, torch.float16), (7, 1, torch.float32)])]
+        [('torch.float32', [5, 7]), ('torch.float16', [6])]
+    """
+    out: Dict[torch.dtype, List[Member]] = {}
+    for m in members:
+        out.setdefault(m[2], []).append(m)
+    return list(out.items())
 
 
 def status_tensor(error: bool, miss: bool, skip: bool, dtype: torch.dtype,

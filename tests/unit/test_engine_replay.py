@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hipress_like.casync.engine import Engine, EngineConfig, EngineError, GradientMismatchError
-from hipress_like.casync.replay import Schedule, read_status, status_tensor
+from hipress_like.casync.replay import Schedule, dtype_groups, read_status, status_tensor
 from hipress_like.casync.transport.base import PeerError
 from hipress_like.casync.transport.inproc import run_threads
 from hipress_like.cost_model.plan import Plan, SizeRule
@@ -204,7 +204,7 @@ def test_dead_rank_during_replay_is_named_by_every_survivor():
 
 def test_schedule_and_status_words():
     s = Schedule.of([[(5, 3, torch.float32), (6, 2, torch.float16), (7, 1, torch.float32)]])
-    assert [(dt, [m[0] for m in ms]) for dt, ms in s.groups(0)] == [
+    assert [(dt, [m[0] for m in ms]) for dt, ms in dtype_groups(s.buckets[0])] == [
         (torch.float32, [5, 7]), (torch.float16, [6])]
     words = sum(status_tensor(e, m, k, torch.bfloat16, torch.device("cpu"))
                 for e, m, k in [(False, False, False)] * 300 + [(False, True, False)])
