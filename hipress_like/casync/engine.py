@@ -757,7 +757,10 @@ class Engine:
         while True:
             self._step_start.wait()
             self._step_start.clear()
-            if self._closed_engine:
+            # A rank that failed and is closing still reports its error first (one
+            # round, or one replayed bucket and one round), so its peers fail naming
+            # it instead of seeing its transport close under them.
+            if self._closed_engine and (self._error is None or self._dead):
                 return
             if not self._dead:  # after a failure the transport is not used again
                 try:
@@ -766,6 +769,8 @@ class Engine:
                     self._dead = True
                     self._fail(e, -1)
             self._step_done.set()
+            if self._closed_engine:
+                return
 
     def _sync_rounds(self) -> bool:
         """One step's communication: replay the recorded schedule when there is one
