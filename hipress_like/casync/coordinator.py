@@ -12,7 +12,11 @@ reports such a gradient as ready with destination ``COLLECTIVE`` (-1); once
 every rank has reported it, the planner puts it in the round's fused
 allreduce buckets (ready order, then key; a bucket closes once it holds
 ``fusion_bytes``, DDP's rule), as Horovod's coordinator fuses the tensors
-all ranks have ready.
+all ranks have ready. A collective that belongs to a static *group* (the
+summed round payloads of several gradients, ``layout.py``) waits until
+every member of its group is ready or declared absent on every rank, and
+the group is reduced as one bucket in its fixed order, so its result never
+depends on timing.
 
 Where HiPress runs the coordinator on one node (gather metadata, plan,
 broadcast the plan), here every rank runs the *same* deterministic planner on
@@ -31,18 +35,19 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Iterable, List, Sequence, Tuple
+from typing import Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 __all__ = ["Coordinator", "Report", "RoundPlan", "encode_report", "decode_report", "report_len",
-           "FLAG_CLOSED", "FLAG_ERROR", "FLAG_NONFINITE", "COLLECTIVE"]
+           "FLAG_CLOSED", "FLAG_ERROR", "FLAG_NONFINITE", "COLLECTIVE", "ABSENT"]
 
 FLAG_CLOSED = 1  # the rank called synchronize(): no more submissions this step
 FLAG_ERROR = 2  # the rank hit an error; peers raise too (error_arg says which gradient)
 FLAG_NONFINITE = 4  # the rank saw NaN/Inf and nonfinite="skip": the step is skipped
 
 COLLECTIVE = -1  # the destination of a message that goes through the fused allreduce lane
+ABSENT = -2  # a grouped collective that will not come this step (its gradient was not submitted)
 
 Msg = Tuple[int, int, int]  # (key, dst, nbytes)
 
@@ -123,11 +128,14 @@ class Coordinator:
         solo: keys of collectives that are already fused (the collective
             lane's static buckets): each is its own allreduce, never fused
             at run time, so its result does not depend on timing.
+        groups: key -> the keys of its static group, in order: the group
+            leaves as one bucket once each member is ready on every rank
+            or reported ``ABSENT`` by every rank.
     """
 
     def __init__(self, size: int, batch_bytes: int = 8 << 20, matching: bool = True,
                  batching: bool = True, fusion_bytes: int = 25 << 20,
-                 solo: Iterable[int] = ()):
+                 solo: Iterable[int] = (), groups: Optional[Mapping[int, Tuple[int, ...]]] = None):
         if size < 1:
             raise ValueError(f"size must be >= 1, found {size}")
         if batch_bytes < 1 or fusion_bytes < 1:
@@ -140,6 +148,9 @@ class Coordinator:
         self.batching = batching
         # collectives already fused (the lane's static buckets): each is its own allreduce
         self.solo = frozenset(solo)
+        self.groups = {k: g for k, g in (groups or {}).items() if k not in self.solo}
+        self._absent: Dict[int, int] = {}  # grouped key -> ranks that declared it absent
+        self._grouped: Dict[int, int] = {}  # grouped key ready on every rank -> nbytes
         self._queues: Dict[Tuple[int, int], Deque[Tuple[int, int, int]]] = {}
         self._round = 0
         # collective lane: key -> [ranks that reported it, nbytes]; then ready FIFO
@@ -152,6 +163,9 @@ class Coordinator:
         self._arrived = False
         for src, rep in enumerate(reports):
             for key, dst, nbytes in rep.msgs:
+                if dst == ABSENT:
+                    self._absent[key] = self._absent.get(key, 0) + 1
+                    continue
                 if dst == COLLECTIVE:
                     self._add_collective(src, key, nbytes)
                     continue
@@ -170,12 +184,16 @@ class Coordinator:
             raise ValueError(f"collective {key} reported more than once by a rank")
         if entry[0] == self.size:
             del self._partial[key]
+            if key in self.groups:
+                self._grouped[key] = nbytes
+                return
             self._ready.append((self._round, key, nbytes))
             self._arrived = True
 
     def empty(self) -> bool:
         """No message is queued on any link and no collective is pending."""
-        return not any(self._queues.values()) and not self._partial and not self._ready
+        return (not any(self._queues.values()) and not self._partial and not self._ready
+                and not self._grouped)
 
     def held(self) -> bool:
         """Ready collectives are being held for fusion (see ``plan_round``)."""
@@ -260,4 +278,18 @@ class Coordinator:
             buckets, self._ready = buckets[:closed_upto], ready[closed_items:]
         else:
             self._ready = []
-        return solo + buckets
+        return solo + self._group_buckets() + buckets
+
+    def _group_buckets(self) -> List[List[Tuple[int, int]]]:
+        """Static groups whose every member is ready (or absent) on every rank, each
+        one bucket in the group's order, groups in order of their first ready key."""
+        out: List[List[Tuple[int, int]]] = []
+        for key in sorted(self._grouped):
+            if key not in self._grouped:
+                continue  # taken with an earlier member's group
+            group = self.groups[key]
+            if all(k in self._grouped or self._absent.get(k, 0) == self.size for k in group):
+                out.append([(k, self._grouped.pop(k)) for k in group if k in self._grouped])
+                for k in group:
+                    self._absent.pop(k, None)
+        return out

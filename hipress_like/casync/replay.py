@@ -36,13 +36,20 @@ the failing rank or reports the mismatch; the next step records afresh.
 """
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["Schedule", "STATUS_LEN", "ERROR", "MISS", "SKIP", "dtype_groups", "status_tensor",
-           "read_status"]
+from .fused import finish_bucket, scatter, sum_fused
+from .tasks import DeadlockError
+
+__all__ = ["Schedule", "Replayer", "STATUS_LEN", "ERROR", "MISS", "SKIP", "dtype_groups",
+           "status_tensor", "read_status"]
+
+_log = logging.getLogger(__name__)
 
 STATUS_LEN = 3
 ERROR, MISS, SKIP = 0, 1, 2
@@ -101,3 +108,113 @@ def read_status(tail: torch.Tensor) -> Tuple[bool, bool, bool]:
     """(some rank erred, some rank missed, some rank skipped) from the summed words."""
     v = tail.detach().to("cpu", torch.float64).tolist()
     return v[ERROR] != 0.0, v[MISS] != 0.0, v[SKIP] != 0.0
+
+
+class Replayer:
+    """Runs a recorded ``Schedule`` for an engine (its lock, step state and channel).
+
+    Args:
+        eng: the engine.
+        channel: the transport the fused allreduces run on (the engine's data
+            channel when it has one).
+    """
+
+    def __init__(self, eng: Any, channel: Any):
+        self.eng = eng
+        self.channel = channel
+
+    def step(self, sched: Schedule) -> Optional[bool]:
+        """Run ``sched``'s fused allreduces in order, with no metadata round.
+
+        Each bucket runs once this rank's members are ready (the last one also
+        waits for ``synchronize``); its first dtype group carries the status
+        words that tell every rank the same thing at once.
+
+        Returns:
+            Whether the step is skipped, or None when some rank could not run
+            the schedule: the bucket in hand was discarded (its members are as
+            before) and the caller coordinates the rest of the step.
+        """
+        e = self.eng
+        last = len(sched.buckets) - 1
+        skipped = False
+        for i, bucket in enumerate(sched.buckets):
+            state = self._await_bucket(sched, i, i == last)
+            t0 = time.perf_counter()
+            with e._cv:
+                items = [e._st.collective[k] for k, _, _ in bucket] if state == "ok" else []
+                skip = e._st.nonfinite and i == last
+            xs = {k: x for (k, _, _), (_, x) in zip(bucket, items)}
+            groups = dtype_groups(bucket)
+            erred, missed, skipped = self._status_allreduce(
+                groups[0][1], xs, (state == "error", state == "miss", skip))
+            if erred or missed:
+                _log.debug("rank %d: replay of step %d stopped at bucket %d (%s); "
+                           "coordinating the rest", e.rank, e._st.index, i,
+                           "an error" if erred else "other gradients")
+                return None
+            for _, members in groups[1:]:
+                sum_fused([xs[k] for k, _, _ in members], self.channel, e.config.timeout)
+            with e._cv:
+                for k in xs:
+                    del e._st.collective[k]
+                e._st.unreported = [m for m in e._st.unreported if m[0] not in xs]
+            finish_bucket(e, [t for t, _ in items], t0,
+                          sum(m[1] * m[2].itemsize for m in bucket))
+        return skipped
+
+    def _status_allreduce(self, members: Sequence[Member], xs: Dict[int, torch.Tensor],
+                          status: Tuple[bool, bool, bool]) -> Tuple[bool, bool, bool]:
+        """Sum a replayed bucket's first dtype group with this rank's ``status`` (error,
+        miss, skip) behind it; return the summed words, read as flags.
+
+        ``xs`` maps keys to the members' tensors, empty when this rank cannot run
+        the bucket (it sends zeros). A lane bucket alone is summed in place, in
+        its buffer's spare room, and rebuilt if the result is discarded; other
+        members are summed in a copy, written back only if the result is kept.
+        """
+        e = self.eng
+        dtype = members[0][2]
+        total = sum(m[1] for m in members)
+        lane = e._lane_by_key.get(members[0][0]) if len(members) == 1 and xs else None
+        if lane is not None and lane.store is not None:
+            flat = lane.store
+        else:
+            lane = None
+            dev = next(iter(xs.values())).device if xs else e._device
+            flat = torch.zeros(total + STATUS_LEN, dtype=dtype, device=dev)
+            if xs:
+                torch.cat([xs[k] for k, _, _ in members], out=flat[:total])
+        flat[total:] = status_tensor(*status, dtype, flat.device)
+        self.channel.allreduce(flat, "sum", e.config.timeout)
+        words = read_status(flat[total:])
+        if words[0] or words[1]:
+            if lane is not None:
+                lane.restore()
+        elif xs and lane is None:
+            scatter(flat, [xs[k] for k, _, _ in members])
+        return words
+
+    def _await_bucket(self, sched: Schedule, i: int, last: bool) -> str:
+        """Wait until this rank can run replayed bucket ``i``: "ok" (its members are
+        ready; for the last bucket, also ``synchronize`` was called), "error" (this
+        rank failed) or "miss" (this rank closed a step whose gradients are not the
+        schedule's: a member will never come, or a collective outside it exists)."""
+        e = self.eng
+        keys = [k for k, _, _ in sched.buckets[i]]
+        deadline = time.monotonic() + e.config.timeout
+        with e._cv:
+            while True:
+                st = e._st
+                if e._error is not None:
+                    return "error"
+                if st.closed and (e._lane_partial() or not st.coll_keys <= sched.keys
+                                  or any(k not in st.coll_keys for k in keys)):
+                    return "miss"
+                if (st.closed or not last) and all(k in st.collective for k in keys):
+                    return "ok"
+                if time.monotonic() > deadline:
+                    raise DeadlockError([], f"replayed bucket {i} of step {st.index} not "
+                                            f"ready on rank {e.rank} within "
+                                            f"{e.config.timeout:.0f} s")
+                e._cv.wait(0.05)

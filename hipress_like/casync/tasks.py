@@ -23,12 +23,43 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Callable, Dict, Iterable, List, Optional
+from enum import Enum
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
-__all__ = ["Task", "TaskGraph", "CycleError", "DeadlockError", "COMPUTE_KINDS", "COMM_KINDS"]
+__all__ = ["Task", "TaskGraph", "Kind", "TaskState", "CycleError", "DeadlockError",
+           "COMPUTE_KINDS", "COMM_KINDS"]
 
-COMPUTE_KINDS = frozenset({"encode", "decode", "merge", "write"})
-COMM_KINDS = frozenset({"send", "recv", "allreduce"})
+
+class Kind(str, Enum):
+    """What a task does; ``str`` so that ``task.kind == "send"`` reads naturally."""
+
+    ENCODE = "encode"
+    DECODE = "decode"
+    MERGE = "merge"
+    WRITE = "write"
+    SEND = "send"
+    RECV = "recv"
+    ALLREDUCE = "allreduce"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class TaskState(str, Enum):
+    """The state set a task is in (``new`` until it is added to a graph)."""
+
+    NEW = "new"
+    WAITING = "waiting"
+    READY = "ready"
+    RUNNING = "running"
+    DONE = "done"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COMPUTE_KINDS = frozenset({Kind.ENCODE, Kind.DECODE, Kind.MERGE, Kind.WRITE})
+COMM_KINDS = frozenset({Kind.SEND, Kind.RECV, Kind.ALLREDUCE})
 
 
 class CycleError(RuntimeError):
@@ -51,24 +82,35 @@ class DeadlockError(RuntimeError):
 class Task:
     """One primitive: what it does (``fn``), what it waits for, and when it ran.
 
+    The data a task produces travels with it: ``run()`` calls ``fn`` with the
+    ``result`` of each dependency, in dependency order, and keeps what ``fn``
+    returns as this task's ``result``. Once every task that reads a result
+    has finished, the graph drops it (``TaskGraph.finish``), so a received
+    buffer lives no longer than its last reader.
+
     Attributes:
-        kind: encode, decode, merge, write, send or recv.
+        kind: a ``Kind``.
         grad: gradient name; ``part``: partition index; ``nbytes``: bytes moved.
-        fn: compute tasks: called with no arguments to run. send: called
-            with no arguments, returns the payload. recv: called with the
-            received buffer. (Comm tasks are driven and finished by the
-            communication executor.)
+        fn: called by ``run()`` with the dependencies' results. A send's
+            ``fn`` returns the payload; an allreduce's returns the tensor
+            to sum in place (its result is then its input, now summed); a
+            recv has no ``fn``: the communication executor stores the
+            received buffer as its result.
+        result: what ``fn`` returned (or the received bytes).
         start, end: ``time.perf_counter()`` stamps for the timeline.
     """
 
     __slots__ = ("id", "kind", "grad", "part", "fn", "nbytes", "info", "deps", "dependents",
-                 "pending", "state", "start", "end", "msg", "owner")
+                 "pending", "state", "start", "end", "msg", "owner", "result", "readers")
     _ids = itertools.count()
 
-    def __init__(self, kind: str, grad: str, part: int, fn: Optional[Callable[[], None]],
+    def __init__(self, kind: str, grad: str, part: int, fn: Optional[Callable[..., Any]],
                  nbytes: int = 0, info: str = ""):
-        if kind not in COMPUTE_KINDS and kind not in COMM_KINDS:
-            raise ValueError(f"unknown task kind {kind!r}")
+        try:
+            kind = Kind(kind)
+        except ValueError:
+            raise ValueError(f"unknown task kind {kind!r}; known: "
+                             f"{', '.join(k.value for k in Kind)}") from None
         self.id = next(Task._ids)
         self.kind = kind
         self.grad = grad
@@ -79,11 +121,22 @@ class Task:
         self.deps: List[Task] = []
         self.dependents: List[Task] = []
         self.pending = 0
-        self.state = "new"
+        self.state = TaskState.NEW
         self.start = 0.0
         self.end = 0.0
         self.msg = None  # (key, peer) for send/recv
         self.owner = None  # the submission handle a write task completes
+        self.result: Any = None
+        self.readers = 0  # dependents that have not finished (they read ``result``)
+
+    def inputs(self) -> List[Any]:
+        """The dependencies' results, in dependency order."""
+        return [d.result for d in self.deps]
+
+    def run(self) -> Any:
+        """Call ``fn`` on the dependencies' results; keep and return its result."""
+        self.result = self.fn(*self.inputs())
+        return self.result
 
     @property
     def queue(self) -> str:
@@ -120,17 +173,18 @@ class TaskGraph:
         released = False
         with self._lock:
             for d in deps:
-                if d.state == "new":
+                if d.state is TaskState.NEW:
                     raise ValueError(f"{d.label} must be added before its dependent {task.label}")
                 task.deps.append(d)
-                if d.state != "done":
+                d.readers += 1
+                if d.state is not TaskState.DONE:
                     d.dependents.append(task)
                     task.pending += 1
             if task.pending:
-                task.state = "waiting"
+                task.state = TaskState.WAITING
                 self.waiting[task.id] = task
             else:
-                task.state = "ready"
+                task.state = TaskState.READY
                 self.ready[task.id] = task
                 released = True
         if released:
@@ -143,15 +197,16 @@ class TaskGraph:
             path = self._path(dep, task)
             if path is not None:
                 raise CycleError([task] + path)
-            if task.state not in ("waiting", "ready"):
+            if task.state not in (TaskState.WAITING, TaskState.READY):
                 raise ValueError(f"cannot add a dependency to {task.label} in state {task.state}")
             task.deps.append(dep)
-            if dep.state != "done":
+            dep.readers += 1
+            if dep.state is not TaskState.DONE:
                 dep.dependents.append(task)
                 task.pending += 1
-                if task.state == "ready":
+                if task.state is TaskState.READY:
                     del self.ready[task.id]
-                    task.state = "waiting"
+                    task.state = TaskState.WAITING
                     self.waiting[task.id] = task
 
     @staticmethod
@@ -172,39 +227,45 @@ class TaskGraph:
     def start(self, task: Task) -> None:
         """Move ``task`` from ready to running and stamp its start time."""
         with self._lock:
-            if task.state != "ready":
+            if task.state is not TaskState.READY:
                 raise RuntimeError(f"{task.label} started in state {task.state}")
             del self.ready[task.id]
-            task.state = "running"
+            task.state = TaskState.RUNNING
             self.running[task.id] = task
             task.start = time.perf_counter()
 
     def finish(self, task: Task) -> None:
         """Mark ``task`` done and release dependents whose last dependency it was.
 
-        Mutates: the four state sets, ``task.state``/``end`` and each
-        dependent's ``pending`` count. Newly ready tasks go to ``on_ready``.
+        Mutates: the four state sets, ``task.state``/``end``, each
+        dependent's ``pending`` count, and each dependency's ``readers``
+        count (a result nobody will read again is dropped). Newly ready
+        tasks go to ``on_ready``.
         """
         released: List[Task] = []
         with self._lock:
-            if task.state == "running":
+            if task.state is TaskState.RUNNING:
                 del self.running[task.id]
-            elif task.state == "ready":  # comm tasks may finish without a start
+            elif task.state is TaskState.READY:  # comm tasks may finish without a start
                 del self.ready[task.id]
                 task.start = task.start or time.perf_counter()
             else:
                 raise RuntimeError(f"{task.label} finished in state {task.state}")
-            task.state = "done"
+            task.state = TaskState.DONE
             task.end = time.perf_counter()
             self.done[task.id] = task
             for t in task.dependents:
                 t.pending -= 1
                 if t.pending == 0:
                     del self.waiting[t.id]
-                    t.state = "ready"
+                    t.state = TaskState.READY
                     self.ready[t.id] = t
                     released.append(t)
             task.dependents = []
+            for d in task.deps:
+                d.readers -= 1
+                if d.readers == 0:
+                    d.result = None
         for t in released:
             self._on_ready(t)
 
@@ -220,7 +281,7 @@ class TaskGraph:
                 t = next(iter(self.waiting.values()))
                 path = [t]
                 while True:
-                    blockers = [d for d in t.deps if d.state != "done"]
+                    blockers = [d for d in t.deps if d.state is not TaskState.DONE]
                     if not blockers or blockers[0] in path:
                         break
                     t = blockers[0]

@@ -1,8 +1,10 @@
 """CaSync workflows: how one gradient partition becomes tasks (HiPress Sec. 3, Fig. 1).
 
 Each builder takes the engine's task-building interface (``compute``,
-``send``, ``recv``; see ``engine._StepBuilder``) and a *codec*, and adds the
-partition's tasks with their data dependencies:
+``send``, ``recv``, ``collective``; see ``builder.StepBuilder``) and a
+*codec*, and adds the partition's tasks with their data dependencies. A
+task's inputs are the tasks whose results it reads, so data moves from
+task to task, never through shared dicts:
 
 CaSync-PS, co-located (every rank aggregates a byte-balanced share):
     worker:      encode -> send(agg)           ...  recv(agg) -> decode -> write
@@ -32,20 +34,11 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..compressors.base import Compressor, State, assume_finite
+from .layout import Workflow, chunk_bounds
+from .tasks import Kind
 
-__all__ = ["RawCodec", "CompressorCodec", "ps_workflow", "ring_workflow", "rounds_workflow",
-           "rounds_collective_workflow", "chunk_bounds"]
-
-
-def chunk_bounds(n: int, k: int) -> List[tuple]:
-    """Split ``n`` elements into ``k`` contiguous near-equal (start, end) ranges."""
-    base, extra = divmod(n, k)
-    out, start = [], 0
-    for i in range(k):
-        end = start + base + (1 if i < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
+__all__ = ["RawCodec", "CompressorCodec", "add_gradient_tasks", "ps_workflow", "ring_workflow",
+           "rounds_workflow", "rounds_collective_workflow", "chunk_bounds"]
 
 
 class RawCodec:
@@ -144,87 +137,104 @@ class CompressorCodec:
         return self.comp.merge(payloads)
 
 
-def ps_workflow(b, g: int, p: int, x: torch.Tensor, codec, agg: int) -> None:
-    """Add the CaSync-PS tasks of partition ``p`` of gradient ``g`` (flat view ``x``)."""
-    me, n = b.rank, b.size
-    box: Dict[str, Any] = {}
+def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of: Any, *,
+                       vouched: bool) -> None:
+    """Add every task of gradient ``b.grad`` (its values in ``work``) for one step.
 
-    def write(payload_key: str) -> None:
-        codec.write_mean(box[payload_key], x, n)
+    Args:
+        b: the gradient's ``builder.StepBuilder``.
+        work: the gradient, contiguous (the average is written back into it).
+        states: the engine's compressor states (keyed by gradient, partition, site).
+        seed_of: a state key -> that state's RNG seed.
+        vouched: the engine checked the gradient for NaN/Inf already.
+    """
+    g = b.grad
+    if g.workflow in (Workflow.ROUNDS, Workflow.ROUNDS_ALLREDUCE):
+        codec = CompressorCodec(g.compressor, states, f"{g.name}|0", seed_of, b.size, vouched)
+        if g.workflow is Workflow.ROUNDS:
+            rounds_workflow(b, work, codec, g.parts[0][2])
+        else:
+            rounds_collective_workflow(b, work, codec)
+        return
+    flat = work.view(-1)
+    for p, (s, e, agg) in enumerate(g.parts):
+        if g.compressor is not None:
+            codec = CompressorCodec(g.compressor, states, f"{g.name}|{p}", seed_of, b.size,
+                                    vouched)
+        else:
+            codec = RawCodec(g.dtype)
+        if g.workflow is Workflow.RING:
+            ring_workflow(b, p, flat[s:e], codec)
+        else:
+            ps_workflow(b, p, flat[s:e], codec, agg)
+
+
+def ps_workflow(b, p: int, x: torch.Tensor, codec, agg: int) -> None:
+    """Add the CaSync-PS tasks of partition ``p`` (flat view ``x``) aggregated at ``agg``."""
+    me, n = b.rank, b.size
+
+    def write(pull: torch.Tensor) -> None:
+        codec.write_mean(pull, x, n)
 
     if me != agg:
-        enc = b.compute("encode", g, p, lambda: box.__setitem__("push", codec.encode(x, "push")))
-        b.send(g, p, 0, agg, lambda: box["push"], [enc])
-        rv = b.recv(g, p, 1, agg, box, "pull")
-        b.compute("write", g, p, lambda: write("pull"), [rv])
+        enc = b.compute(Kind.ENCODE, p, lambda: codec.encode(x, "push"))
+        b.send(p, 0, agg, enc)
+        rv = b.recv(p, 1, agg)
+        b.compute(Kind.WRITE, p, write, [rv])
         return
 
-    recvs = {s: b.recv(g, p, 0, s, box, f"from{s}") for s in range(n) if s != me}
+    recvs = [b.recv(p, 0, s) for s in range(n) if s != me]  # rank order, without me
     if codec.aggregatable:
-        own = b.compute("encode", g, p,
-                        lambda: box.__setitem__(f"from{me}", codec.encode(x, "own")))
-
-        def merge() -> None:
-            box["pull"] = codec.merge([box[f"from{s}"] for s in range(n)])
-
-        last = b.compute("merge", g, p, merge, [own, *recvs.values()])
+        own = b.compute(Kind.ENCODE, p, lambda: codec.encode(x, "own"))
+        last = b.compute(Kind.MERGE, p, lambda *ps: codec.merge(list(ps)),
+                         [*recvs[:me], own, *recvs[me:]])
     else:
-        def merge_encode() -> None:
+        def merge_encode(*ps: torch.Tensor) -> torch.Tensor:
             # x + the decoded partitions of the other ranks in rank order, summed in
             # x itself (the pull's decode overwrites x afterwards): no allocation.
             # Only this rank sums, so the order fixes run-to-run reproducibility,
             # not agreement between ranks (they all decode the same pull bytes).
-            codec.add_decoded_many([box.pop(f"from{s}") for s in range(n) if s != me], x)
-            box["pull"] = codec.encode(x, "pull")
+            codec.add_decoded_many(list(ps), x)
+            return codec.encode(x, "pull")
 
-        last = b.compute("merge", g, p, merge_encode, list(recvs.values()))
+        last = b.compute(Kind.MERGE, p, merge_encode, recvs)
     for s in range(n):
         if s != me:
-            b.send(g, p, 1, s, lambda: box["pull"], [last])
-    b.compute("write", g, p, lambda: write("pull"), [last])
+            b.send(p, 1, s, last)
+    b.compute(Kind.WRITE, p, write, [last])
 
 
-def ring_workflow(b, g: int, p: int, x: torch.Tensor, codec) -> None:
+def ring_workflow(b, p: int, x: torch.Tensor, codec) -> None:
     """Add the CaSync-Ring tasks of partition ``p`` (needs ``x.numel() >= N``)."""
     me, n = b.rank, b.size
     nxt, prv = (me + 1) % n, (me - 1) % n
     xs = [x[s:e] for s, e in chunk_bounds(x.numel(), n)]
-    box: Dict[str, Any] = {}
-    dep = b.compute("encode", g, p, lambda: box.__setitem__("send0", codec.encode(xs[me], "own")))
+    dep = b.compute(Kind.ENCODE, p, lambda: codec.encode(xs[me], "own"))
     for i in range(n - 1):
-        b.send(g, p, i, nxt, lambda i=i: box[f"send{i}"], [dep])
-        rv = b.recv(g, p, i, prv, box, f"recv{i}")
+        b.send(p, i, nxt, dep)
+        rv = b.recv(p, i, prv)
         c = (me - i - 1) % n
-        out = "final" if i == n - 2 else f"send{i + 1}"
         if codec.aggregatable:
-            def step(i=i, c=c, out=out) -> None:
-                box[out] = codec.merge([box[f"recv{i}"], codec.encode(xs[c], f"own{i}")])
+            def step(got: torch.Tensor, i=i, c=c) -> torch.Tensor:
+                return codec.merge([got, codec.encode(xs[c], f"own{i}")])
         else:
-            def step(i=i, c=c, out=out) -> None:
+            def step(got: torch.Tensor, i=i, c=c) -> torch.Tensor:
                 # chunk c is read only here before the gather overwrites it: sum in place
-                codec.add_decoded(box.pop(f"recv{i}"), xs[c])
-                box[out] = codec.encode(xs[c], "final" if out == "final" else f"hop{i}")
-        dep = b.compute("merge", g, p, step, [rv])
+                codec.add_decoded(got, xs[c])
+                return codec.encode(xs[c], "final" if i == n - 2 else f"hop{i}")
+        dep = b.compute(Kind.MERGE, p, step, [rv])
     own_chunk = (me + 1) % n
-
-    def write_own() -> None:
-        codec.write_mean(box["final"], xs[own_chunk], n)
-
-    b.compute("write", g, p, write_own, [dep])
-    fwd, fwd_dep = "final", dep
+    b.compute(Kind.WRITE, p, lambda final: codec.write_mean(final, xs[own_chunk], n), [dep])
+    fwd = dep
     for j in range(n - 1):
-        b.send(g, p, n - 1 + j, nxt, lambda k=fwd: box[k], [fwd_dep])
-        rv = b.recv(g, p, n - 1 + j, prv, box, f"gather{j}")
+        b.send(p, n - 1 + j, nxt, fwd)
+        rv = b.recv(p, n - 1 + j, prv)
         c = (me - j) % n
-
-        def write(j=j, c=c) -> None:
-            codec.write_mean(box[f"gather{j}"], xs[c], n)
-
-        b.compute("write", g, p, write, [rv])
-        fwd, fwd_dep = f"gather{j}", rv
+        b.compute(Kind.WRITE, p, lambda got, c=c: codec.write_mean(got, xs[c], n), [rv])
+        fwd = rv
 
 
-def rounds_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec, agg: int) -> None:
+def rounds_workflow(b, grad: torch.Tensor, codec: CompressorCodec, agg: int) -> None:
     """Add a multi-round compressor's tasks (each round a PS exchange merged by sum).
 
     Round r: every rank encodes ``encode_round(r, grad, state, merged_{r-1})``;
@@ -233,58 +243,47 @@ def rounds_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec, agg: 
     """
     me, n = b.rank, b.size
     comp, site = codec.comp, "rounds"
-    box: Dict[str, Any] = {}
-    dep = []
+    prev = None  # the task whose result is the previous round's merged payload
     for r in range(codec.rounds):
-        def enc(r=r) -> None:
-            box[f"mine{r}"] = codec.encode_round(r, grad, site, box.get(f"agg{r - 1}"))
-        e = b.compute("encode", g, 0, enc, dep)
+        def enc(*merged: torch.Tensor, r=r) -> torch.Tensor:
+            return codec.encode_round(r, grad, site, merged[0] if merged else None)
+        e = b.compute(Kind.ENCODE, 0, enc, [prev] if prev is not None else [])
         if me != agg:
-            b.send(g, 0, 2 * r, agg, lambda r=r: box[f"mine{r}"], [e])
-            dep = [b.recv(g, 0, 2 * r + 1, agg, box, f"agg{r}")]
+            b.send(0, 2 * r, agg, e)
+            prev = b.recv(0, 2 * r + 1, agg)
             continue
-        rvs = [b.recv(g, 0, 2 * r, s, box, f"r{r}from{s}") for s in range(n) if s != me]
-
-        def merge(r=r) -> None:
-            box[f"agg{r}"] = comp.merge([box[f"mine{r}"] if s == me else box[f"r{r}from{s}"]
-                                         for s in range(n)])
-        m = b.compute("merge", g, 0, merge, [e, *rvs])
+        rvs = [b.recv(0, 2 * r, s) for s in range(n) if s != me]
+        prev = b.compute(Kind.MERGE, 0, lambda *ps: comp.merge(list(ps)),
+                         [*rvs[:me], e, *rvs[me:]])
         for s in range(n):
             if s != me:
-                b.send(g, 0, 2 * r + 1, s, lambda r=r: box[f"agg{r}"], [m])
-        dep = [m]
-
-    def final() -> None:
-        codec.decode_rounds_into(grad, site, box[f"agg{codec.rounds - 1}"])
-
-    b.compute("write", g, 0, final, dep)
+                b.send(0, 2 * r + 1, s, prev)
+    b.compute(Kind.WRITE, 0, lambda merged: codec.decode_rounds_into(grad, site, merged), [prev])
 
 
-def rounds_collective_workflow(b, g: int, grad: torch.Tensor, codec: CompressorCodec) -> None:
+def rounds_collective_workflow(b, grad: torch.Tensor, codec: CompressorCodec) -> None:
     """A multi-round compressor whose payloads merge by plain summation, on the collective lane.
 
     Round r: every rank encodes ``encode_round(r, grad, state, merged_{r-1})``;
     the payload's ``summable_view`` is summed in place by a fused allreduce
-    (the coordinator fuses the same round of many gradients, as PyTorch's
-    PowerSGD hook batches them), so the payload becomes the merged one on
-    every rank: one collective per round instead of a gather at an
-    aggregator and a send back (two bulk rounds).
+    (the layout's static round groups fuse the same round of several
+    gradients, as PyTorch's PowerSGD hook batches them), so the payload
+    becomes the merged one on every rank: one collective per round instead
+    of a gather at an aggregator and a send back (two bulk rounds).
     """
     comp, site = codec.comp, "rounds"
-    box: Dict[str, Any] = {}
-    dep = []
+
+    def view(payload: torch.Tensor, r: int) -> torch.Tensor:
+        v = comp.summable_view(payload)
+        if v is None:
+            raise RuntimeError(f"{comp.name}: round {r} payload has no summable view "
+                               "(misaligned); use raw_collective=False")
+        return v
+
+    prev = None  # the collective whose result is the previous round's merged payload
     for r in range(codec.rounds):
-        def enc(r=r) -> None:
-            payload = codec.encode_round(r, grad, site, box.get(f"agg{r - 1}"))
-            view = comp.summable_view(payload)
-            if view is None:
-                raise RuntimeError(f"{comp.name}: round {r} payload has no summable view "
-                                   "(misaligned); use raw_collective=False")
-            box[f"agg{r}"], box[f"view{r}"] = payload, view
-        e = b.compute("encode", g, 0, enc, dep)
-        dep = [b.collective(g, lambda r=r: box[f"view{r}"], phase=r, deps=[e])]
-
-    def final() -> None:
-        codec.decode_rounds_into(grad, site, box[f"agg{codec.rounds - 1}"])
-
-    b.compute("write", g, 0, final, dep)
+        def enc(*merged: torch.Tensor, r=r) -> torch.Tensor:
+            return codec.encode_round(r, grad, site, merged[0] if merged else None)
+        e = b.compute(Kind.ENCODE, 0, enc, [prev] if prev is not None else [])
+        prev = b.collective(e, r, lambda payload, r=r: view(payload, r))
+    b.compute(Kind.WRITE, 0, lambda merged: codec.decode_rounds_into(grad, site, merged), [prev])

@@ -11,6 +11,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "hipress_like.casync.config",
     "hipress_like.casync.lane",
     "hipress_like.casync.replay",
     "hipress_like.casync.transport.inproc",

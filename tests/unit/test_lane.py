@@ -44,7 +44,7 @@ def test_unsubmitted_gradient_leaves_its_bucket_partial_and_the_rest_averaged():
         eng = _lane_engine(tr)
         try:
             eng.register([(k, (5,), F32) for k in "abc"])
-            assert len(eng._lane) == 1  # all three share one bucket
+            assert len(eng._layout.lane) == 1  # all three share one bucket
             out = []
             for step in range(2):
                 g = {k: torch.full((5,), float(tr.rank + 10 * i + step))
@@ -136,7 +136,7 @@ def test_static_buckets_are_never_fused_again_at_run_time(monkeypatch):
     bucket's elements moved to other offsets of the allreduce, and with gloo
     their summation order changed from run to run (ResNet-18, 4 ranks: the
     averaged gradients differed in their last bits between two runs)."""
-    from hipress_like.casync import engine as engine_mod
+    from hipress_like.casync import rounds as engine_mod
 
     seen = []
 
@@ -155,7 +155,7 @@ def test_static_buckets_are_never_fused_again_at_run_time(monkeypatch):
             eng.submit("x1", torch.ones(100))
             eng.synchronize()
             steps = [e.step for e in eng.timeline.events if e.kind == "bucket"]
-            return {b.key for b in eng._lane}, len(steps)
+            return {b.key for b in eng._layout.lane}, len(steps)
         finally:
             eng.close()
     res = run_threads(body, 2, timeout=60)

@@ -156,6 +156,20 @@ class TorchDistTransport(Transport):
     def _read_counters(self, kind: str) -> Dict[int, int]:
         return {r: int(self._store.add(self._key(kind, r), 0)) for r in range(self.size)}
 
+    def _post_failed(self) -> None:
+        """Mark this *process* as one that saw a collective fail, for every transport's
+        diagnosis: when it then exits, peers still diagnosing must not blame it for
+        the failure it only reacted to (4 ranks, rank 3 killed: a survivor used to
+        blame rank 0, which had failed and exited first)."""
+        try:
+            self._store.add(f"{_FAILED_PREFIX}/{self._global[self.rank]}", 1)
+        except Exception as e:  # the store host may be the dead one
+            log.debug("could not post the failed key: %s", e)
+
+    def _read_failed(self) -> List[int]:
+        return [r for r in range(self.size) if r != self.rank
+                and int(self._store.add(f"{_FAILED_PREFIX}/{self._global[r]}", 0))]
+
     def _diagnose(self, op: str, seq: int, cause: str) -> TransportError:
         """Find which peers made collective ``seq`` fail; return the error to raise."""
         where = f"rank {self.rank}: {op} (call #{seq}) failed ({cause})"
@@ -163,13 +177,15 @@ class TorchDistTransport(Transport):
 
         def probe() -> None:
             try:
-                closed = [r for r, v in self._read_counters("closed").items()
-                          if v and r != self.rank]
                 hb0 = self._read_counters("hb")
                 time.sleep(3 * self._interval + 0.05)  # also lets peers publish their seq
                 hb1 = self._read_counters("hb")
                 seqs = self._read_counters("seq")
-                found.update(closed=closed, hb0=hb0, hb1=hb1, seqs=seqs)
+                # read last: a survivor posts "failed" before it can close or exit
+                closed = [r for r, v in self._read_counters("closed").items()
+                          if v and r != self.rank]
+                failed = self._read_failed()
+                found.update(closed=closed, hb0=hb0, hb1=hb1, seqs=seqs, failed=failed)
             except Exception as e:
                 found["store_error"] = f"{type(e).__name__}: {e}"
 
@@ -184,11 +200,12 @@ class TorchDistTransport(Transport):
             return PeerError(
                 f"{where}; the rendezvous store is unreachable ({why}): its host, global "
                 "rank 0, has died or stalled", ranks=ranks)
-        closed = found["closed"]
+        failed = found["failed"]
+        closed = [r for r in found["closed"] if r not in failed]
         dead = [r for r in range(self.size) if r != self.rank and r not in closed
-                and found["hb1"][r] == found["hb0"][r]]
+                and r not in failed and found["hb1"][r] == found["hb0"][r]]
         behind = [r for r in range(self.size) if r != self.rank and r not in closed
-                  and r not in dead and found["seqs"][r] <= seq]
+                  and r not in failed and r not in dead and found["seqs"][r] <= seq]
         parts = []
         if closed:
             parts.append(f"rank(s) {closed} closed their transport or exited")
@@ -198,7 +215,12 @@ class TorchDistTransport(Transport):
             parts.append(f"rank(s) {behind} never entered this collective (stalled; they are "
                          f"at call(s) {[found['seqs'][r] for r in behind]})")
         if parts:
+            if failed:
+                parts.append(f"rank(s) {failed} saw the failure too (not blamed)")
             return PeerError(f"{where}: " + "; ".join(parts), ranks=sorted(closed + dead + behind))
+        if failed:
+            return PeerError(f"{where}: rank(s) {failed} failed in an earlier collective and "
+                             "left; see their logs for the rank that caused it", ranks=[])
         return TransportError(
             f"{where}; every peer is alive and inside this collective, so the exchange is "
             "slower than the timeout: raise the timeout or shrink the message")
@@ -226,6 +248,7 @@ class TorchDistTransport(Transport):
                      else f"{type(e).__name__}: {msg[:300]}")
             err = self._diagnose(op, seq, cause)
             self._broken = f"{op} (call #{seq}) failed: {err}"
+            self._post_failed()
             raise err from e
 
     def _on_device(self, t: torch.Tensor) -> torch.Tensor:
@@ -388,6 +411,9 @@ class TorchDistTransport(Transport):
         t = threading.Thread(target=post, daemon=True, name="hipress-close")
         t.start()
         t.join(2.0)
+
+
+_FAILED_PREFIX = "hipress/failed"  # + global rank: the process saw a collective fail
 
 
 def _heartbeat_store() -> dist.Store:

@@ -1,0 +1,83 @@
+"""``StepBuilder``: the interface through which a workflow adds one gradient's tasks.
+
+A workflow (``workflows.py``) never touches the task graph, the step's
+containers or handles; it calls four methods, each returning the ``Task``
+it added, and passes tasks as the inputs of later ones, so the data each
+task produces travels with it (``Task.run``):
+
+    compute(kind, part, fn, inputs)   fn(*results of inputs) -> result
+    send(part, phase, dst, payload)   sends ``payload.result`` to rank dst
+    recv(part, phase, src)            result: the bytes received from src
+    collective(payload, phase, view)  sums ``view(payload.result)`` in place
+                                      across ranks; result: the payload
+
+Message keys (``layout.msg_key``) come from the gradient's index, the
+partition, the phase and the sender, so every rank names a message alike.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+from .coordinator import COLLECTIVE
+from .layout import GradLayout, msg_key
+from .step import Handle, StepState
+from .tasks import Kind, Task, TaskGraph
+
+__all__ = ["StepBuilder"]
+
+
+class StepBuilder:
+    """Adds one gradient's tasks to the step's graph.
+
+    Args:
+        graph: the engine's task graph.
+        step: the current step (collective keys are recorded in it).
+        grad: the gradient's layout entry.
+        handle: completed by the gradient's ``write`` tasks.
+        rank, size: this rank and the world size.
+    """
+
+    def __init__(self, graph: TaskGraph, step: StepState, grad: GradLayout, handle: Handle,
+                 rank: int, size: int):
+        self._graph = graph
+        self._step = step
+        self.grad = grad
+        self._handle = handle
+        self.rank, self.size = rank, size
+
+    def compute(self, kind: Kind, p: int, fn: Callable[..., Any],
+                inputs: Iterable[Task] = ()) -> Task:
+        """Add a compute task (encode, decode, merge, write) reading ``inputs``."""
+        t = Task(kind, self.grad.name, p, fn)
+        if t.kind is Kind.WRITE:
+            t.owner = self._handle
+            self._handle._hold()
+        return self._graph.add(t, inputs)
+
+    def send(self, p: int, phase: int, dst: int, payload: Task) -> Task:
+        """Add a send of ``payload``'s result to rank ``dst``."""
+        t = Task(Kind.SEND, self.grad.name, p, _identity, info=f"->{dst} ph{phase}")
+        t.msg = (msg_key(self.grad.idx, p, phase, self.rank), dst)
+        return self._graph.add(t, [payload])
+
+    def recv(self, p: int, phase: int, src: int) -> Task:
+        """Add a receive from ``src``; its result is the received bytes."""
+        t = Task(Kind.RECV, self.grad.name, p, None, info=f"<-{src} ph{phase}")
+        t.msg = (msg_key(self.grad.idx, p, phase, src), src)
+        return self._graph.add(t, ())
+
+    def collective(self, payload: Task, phase: int,
+                   view: Optional[Callable[[Any], Any]] = None) -> Task:
+        """Add a collective-lane task: ``view(payload.result)`` (the payload itself by
+        default) is summed in place by a fused allreduce once every rank has it
+        ready; the task's result is then the payload, now merged (e.g. PowerSGD's
+        P). Whole uncompressed gradients take the lane's static buckets instead
+        (``lane.py``)."""
+        t = Task(Kind.ALLREDUCE, self.grad.name, 0, view or _identity, info="sum")
+        t.msg = (msg_key(self.grad.idx, 0, phase, 0), COLLECTIVE)
+        self._step.coll_keys.add(t.msg[0])
+        return self._graph.add(t, [payload])
+
+
+def _identity(x: Any) -> Any:
+    return x

@@ -1,0 +1,145 @@
+"""What each gradient gets: the plan's decision and the compressor instance.
+
+The engine asks two questions per gradient when it fixes its layout
+(``layout.build_layout``): does the plan compress it, into how many
+partitions (``decide``), and with which compressor instance
+(``compressor_for``). Instances are built once per distinct compressor and
+parameters and shared by the gradients that use them; each one's
+error-feedback wrapping follows ``EngineConfig.error_feedback``.
+
+The plan comes from ``EngineConfig.plan``: a ``Plan``, a plan file, None
+(HiPress's size rule), or a *plan source* called once, collectively,
+inside ``register`` (``fix_plan``): ``source(transport, sizes, config) ->
+Plan``, where ``sizes`` maps gradient names to bytes in registration order.
+The engine never imports a planner: the front ends pass one in
+(``plan="auto"``).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, Mapping, Optional
+
+from .. import compressors as _comp
+from ..compressors.base import Compressor
+from ..cost_model.plan import GradientPlan, Plan, SizeRule
+from .config import EngineConfig
+from .transport.base import Transport
+
+__all__ = ["Choice", "build_compressor"]
+
+_log = logging.getLogger(__name__)
+
+
+def build_compressor(spec: Any, params: Mapping[str, Any], error_feedback: Any) -> Compressor:
+    """A compressor from a registry name or an instance (wrapped ones included).
+
+    Args:
+        spec: a registered name or a ``Compressor`` instance (then ``params``
+            must be empty).
+        params: the compressor's parameters.
+        error_feedback: "auto" wraps biased, stateless single-round
+            compressors (onebit, TBQ, top-k, ...) in error feedback; True or
+            False force it.
+
+    Raises:
+        ValueError: an instance with parameters, or a multi-round compressor
+            whose payloads cannot be merged.
+    """
+    if isinstance(spec, Compressor):
+        if params:
+            raise ValueError(f"compressor instance {spec!r} was given with parameters "
+                             f"{dict(params)}; pass a name with parameters, or the instance alone")
+        comp = spec
+    else:
+        comp = _comp.get(spec, **dict(params))
+    caps = comp.capabilities
+    wrap = error_feedback
+    if wrap == "auto":
+        wrap = caps.category not in ("none",) and not caps.unbiased and not caps.stateful \
+            and caps.rounds == 1
+    if wrap:
+        from ..compressors.error_feedback import ErrorFeedback
+        comp = ErrorFeedback(comp)
+    if caps.rounds > 1 and not caps.aggregatable:
+        raise ValueError(f"compressor {comp.name!r} has {caps.rounds} rounds but its "
+                         "payloads are not aggregatable; CaSync cannot run it")
+    return comp
+
+
+class Choice:
+    """The plan and the compressor instances of one engine.
+
+    Args:
+        config: the engine's settings (compressor, params, plan, error_feedback).
+        size: the world size.
+
+    Attributes:
+        plan: the fixed ``Plan``, or None (the size rule, or not yet fixed).
+        default: the compressor gradients get when the plan does not name one.
+    """
+
+    def __init__(self, config: EngineConfig, size: int):
+        self.config = config
+        self.size = size
+        self.plan: Optional[Plan] = None
+        if isinstance(config.plan, Plan):
+            self.plan = config.plan
+        elif not (config.plan is None or config.plan == "auto" or callable(config.plan)):
+            self.plan = Plan.load(config.plan)
+        name, params = config.compressor, dict(config.params)
+        if name is None:
+            name = self.plan.compressor if self.plan else "onebit"
+            if self.plan and not params:
+                params = dict(self.plan.params)
+        self.default = build_compressor(name, params, config.error_feedback)
+        self._instances: Dict[Any, Compressor] = {}
+
+    def saves_no_bytes(self) -> bool:
+        """The default compressor sends values as they are (category "none": identity)."""
+        return self.default.capabilities.category == "none"
+
+    def decide(self, name: str, nbytes: int) -> GradientPlan:
+        """The plan's decision for gradient ``name`` of ``nbytes`` bytes."""
+        if self.plan is not None:
+            return self.plan.decide(name, nbytes, self.size)
+        dec = SizeRule().decide(nbytes, self.size)
+        if self.saves_no_bytes():
+            # the rule's "compress" would only send the raw bytes through PS/Ring
+            # instead of the allreduce lane (the path of Horovod's default,
+            # Compression.none). A Plan can still ask for it.
+            dec = GradientPlan(compress=False, partitions=dec.partitions)
+        return dec
+
+    def compressor_for(self, dec: GradientPlan) -> Compressor:
+        """The instance for a decision that compresses."""
+        return self.default
+
+    def fix_plan(self, transport: Transport, sizes: Mapping[str, int]) -> None:
+        """Call the plan source, if any, collectively (inside ``register``)."""
+        source = self.config.plan
+        if self.plan is not None or source is None:
+            return
+        if self.saves_no_bytes():
+            # nothing to decide: every gradient takes the allreduce lane
+            _log.info("plan='auto' with %s: nothing to compress, no profile", self.default.name)
+            return
+        if source == "auto":
+            source = _legacy_auto(self.default)
+        t0 = time.perf_counter()
+        self.plan = source(transport, dict(sizes), self.config)
+        _log.info("rank %d: plan fixed in %.1f s", transport.rank, time.perf_counter() - t0)
+
+
+def _legacy_auto(comp: Compressor):
+    """TEMPORARY until tuning/ lands: the old in-engine auto planner."""
+    def source(transport, sizes, config):
+        from ..cost_model.auto import AutoPlanner
+        from .coordinator import report_len
+        inner = getattr(comp, "inner", comp)
+        auto = AutoPlanner(inner.name, params=inner.params(), strategy=config.strategy,
+                           round_meta_bytes=8 * report_len(config.report_capacity),
+                           raw_collective=config.raw_collective, timeout=config.timeout,
+                           repeats=2, max_profile_bytes=16 << 20, max_link_bytes=4 << 20)
+        return auto.finalize(transport, sizes)
+    return source

@@ -1,0 +1,169 @@
+"""``EngineConfig``: how an engine synchronises (frozen, keyword-only, validated)."""
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import msgpack
+
+from ..cost_model.plan import Plan
+from .errors import ConfigMismatchError
+from .transport.base import DEFAULT_TIMEOUT
+
+__all__ = ["EngineConfig", "fingerprint", "check_same_config", "SHARED_FIELDS"]
+
+# Settings every rank must share: they fix the layout, or the replicated
+# coordinator's plan, or what a step means (timeouts and threads stay local).
+SHARED_FIELDS = ("strategy", "error_feedback", "coordinator", "matching", "batch_bytes",
+                 "raw_collective", "fusion_bytes", "report_capacity", "nonfinite", "seed",
+                 "replay")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How the engine synchronises. Unknown keys are an error (keyword-only).
+
+    Attributes:
+        compressor: registry name or instance for compressed gradients; None
+            takes the plan's compressor (``onebit`` without a plan).
+        params: the compressor's parameters.
+        strategy: "ps" (co-located aggregators) or "ring".
+        plan: None (default size rule; with a compressor that saves no bytes,
+            such as identity, nothing is compressed), a ``Plan``, a path to a
+            plan JSON, or "auto" (profile the first steps, then fix the plan).
+        error_feedback: "auto" wraps biased, stateless compressors (onebit,
+            TBQ, top-k, ...) in error feedback; True/False force it.
+        timeout: seconds any collective may take before peers are blamed.
+        coordinator: batch messages per link (HiPress Sec. 3.2); False sends
+            one message per link per round, for comparison.
+        matching: restrict each round to non-conflicting links (each rank
+            sends to one peer and receives from one), as HiPress does. Off by
+            default: a round is one bulk all-to-all, so letting every link go
+            moves the same bytes through each host's link in fewer rounds
+            (VGG-like list, 4 ranks, 1 Gbit/s, CaSync-PS + onebit: 9 rounds
+            and 0.17x of allreduce off, 12-21 rounds and 0.20-0.21x on).
+        batch_bytes: most bytes batched on one link per round.
+        raw_collective: uncompressed gradients (the plan says "do not
+            compress") are averaged by the transport's allreduce, fused
+            per round into buckets of up to ``fusion_bytes`` as Horovod
+            fuses tensors, and multi-round compressors whose payloads merge
+            by plain summation (PowerSGD's P and Q, ``summable_view``) sum
+            each round with a fused allreduce; False sends both through the
+            PS or Ring workflow (raw bytes / aggregator merges), as HiPress
+            does.
+        fusion_bytes: a fused allreduce bucket closes once it holds this many
+            bytes (DDP's ``bucket_cap_mb`` rule, 25 MB by default).
+        idle_wait: seconds a rank with nothing to do waits for local work
+            before joining the next round after an idle one; the batching
+            timeout. Doubles per consecutive idle round up to ``idle_wait_max``.
+        report_capacity: most new sends one rank reports per round.
+        nonfinite: "raise" (error on every rank), "skip" (every rank skips the
+            step; ``synchronize`` returns False) or "ignore" (no check).
+        seed: base of every compressor's RNG seed.
+        threads: run compute and communication on background threads
+            (overlap); False runs everything inside ``synchronize``
+            (deterministic, for tests and debugging).
+        pipeline: plan round r+1 while round r executes (needs threads and
+            a transport with ``split``; otherwise rounds run back to back).
+        timeline: record task and round times (``Engine.timeline``).
+        replay: when every gradient travels by allreduce (no PS or Ring
+            links), record the fused buckets of a coordinated step and
+            replay them in the next steps without metadata rounds, as DDP
+            fixes its bucket order after the first iteration (``replay.py``).
+            A step that submits other gradients falls back to coordinated
+            rounds by itself; False coordinates every step.
+    """
+
+    compressor: Any = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    strategy: str = "ps"
+    plan: Any = None
+    error_feedback: Any = "auto"
+    timeout: float = DEFAULT_TIMEOUT
+    coordinator: bool = True
+    matching: bool = False
+    # 8 MB: 64 ms on a 1 Gbit/s link, long enough to amortise a round's
+    # metadata exchange (~1 ms), short enough to keep the pipeline moving.
+    batch_bytes: int = 8 << 20
+    # An allreduce moves 2(N-1)/N of the bytes in N-1 pipelined steps with
+    # no incast and no metadata per partition: for bytes that stay
+    # uncompressed it beats a PS exchange (two rounds, N-to-1 incast) and
+    # matches the all_reduce DDP uses (bench/sync.py measures both).
+    raw_collective: bool = True
+    fusion_bytes: int = 25 << 20
+    # 1 ms, doubling per consecutive idle round up to idle_wait_max: a rank
+    # with news waits at most that long for idle peers, and idle polling
+    # during the framework's backward pass stays rare (2 cores, 4 ranks).
+    idle_wait: float = 0.001
+    idle_wait_max: float = 0.016
+    report_capacity: int = 512
+    nonfinite: str = "raise"
+    seed: int = 0
+    threads: bool = True
+    # Exchange round r+1's metadata while round r's data moves (HiPress Sec.
+    # 3.2), on a second channel from ``transport.split()`` when it has one.
+    pipeline: bool = True
+    timeline: bool = True
+    # ~15 metadata allgathers per step at ~1.5 ms of CPU each (4 ranks, 2 cores)
+    # become none for VGG-style + Ring/PS + PowerSGD (replay.py)
+    replay: bool = True
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("ps", "ring"):
+            raise ValueError(f"strategy must be 'ps' or 'ring', found {self.strategy!r}")
+        if self.nonfinite not in ("raise", "skip", "ignore"):
+            raise ValueError(f"nonfinite must be 'raise', 'skip' or 'ignore', "
+                             f"found {self.nonfinite!r}")
+        if self.error_feedback not in ("auto", True, False):
+            raise ValueError(f"error_feedback must be 'auto', True or False, "
+                             f"found {self.error_feedback!r}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, found {self.timeout!r}")
+        if self.batch_bytes < 1 or self.report_capacity < 1 or self.fusion_bytes < 1 \
+                or self.idle_wait < 0 \
+                or self.idle_wait_max < self.idle_wait:
+            raise ValueError("batch_bytes, fusion_bytes and report_capacity must be >= 1, and "
+                             "0 <= idle_wait <= idle_wait_max")
+        if not (self.plan is None or self.plan == "auto" or callable(self.plan)
+                or isinstance(self.plan, (Plan, str, os.PathLike))):
+            raise ValueError(f"plan must be None, 'auto', a Plan, a path or a plan source "
+                             f"(a callable), found {self.plan!r}")
+
+
+def fingerprint(config: EngineConfig, compressor: Any, plan: Optional[Plan]) -> Dict[str, Any]:
+    """What every rank's engine must agree on, as msgpack-able values: the shared
+    settings, the compressor with its parameters, and the plan (a digest of a
+    fixed plan, or how it will be made)."""
+    fp: Dict[str, Any] = {f: repr(getattr(config, f)) for f in SHARED_FIELDS}
+    fp["compressor"] = repr(compressor)
+    if plan is not None:
+        fp["plan"] = zlib.crc32(msgpack.packb(plan.to_dict(), default=repr))
+    else:
+        fp["plan"] = "from a plan source" if config.plan is not None else "size rule"
+    return fp
+
+
+def check_same_config(prints: Sequence[Mapping[str, Any]]) -> None:
+    """Raise ``ConfigMismatchError`` naming each setting that differs, and the ranks.
+
+    Example:
+        >>> try:
+        ...     check_same_config([{"strategy": "'ps'"}, {"strategy": "'ring'"}])
+        ... except ConfigMismatchError as e:
+        ...     print(str(e).split("moved): ")[1].split(". Build")[0])
+        strategy: 'ps' on rank(s) [0]; 'ring' on rank(s) [1]
+    """
+    diffs = []
+    for key in prints[0]:
+        values: Dict[Any, list] = {}
+        for r, fp in enumerate(prints):
+            values.setdefault(fp.get(key), []).append(r)
+        if len(values) > 1:
+            diffs.append(f"{key}: " + "; ".join(f"{v} on rank(s) {rs}" for v, rs in values.items()))
+    if diffs:
+        raise ConfigMismatchError(
+            "engine settings differ between ranks (found at register, before any data "
+            "moved): " + " | ".join(diffs) + ". Build every rank's optimizer with the same "
+            "compression, strategy, plan and engine settings")

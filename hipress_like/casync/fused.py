@@ -1,0 +1,53 @@
+"""Fused allreduce buckets: summing several tensors with one call, and what follows it.
+
+Shared by the coordinated rounds (``rounds.py``) and the replayed schedule
+(``replay.py``), so that a bucket is summed and finished the same way on
+either path (and gives the same bits).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, List
+
+import torch
+
+from .tasks import Task
+from .timeline import Event
+from .transport.base import Transport
+
+__all__ = ["sum_fused", "scatter", "finish_bucket"]
+
+
+def scatter(flat: torch.Tensor, xs: List[torch.Tensor]) -> None:
+    """Copy consecutive slices of ``flat`` back into the tensors it concatenates."""
+    off = 0
+    for x in xs:
+        x.copy_(flat[off: off + x.numel()].view_as(x))
+        off += x.numel()
+
+
+def sum_fused(xs: List[torch.Tensor], channel: Transport, timeout: float) -> None:
+    """Sum ``xs`` (one dtype) across ranks with one allreduce, in place."""
+    flat = xs[0] if len(xs) == 1 else torch.cat(xs)
+    channel.allreduce(flat, "sum", timeout)
+    if len(xs) > 1:
+        scatter(flat, xs)
+
+
+def finish_bucket(eng: Any, tasks: List[Task], t0: float, nbytes: int) -> None:
+    """After a bucket's allreduce: a static lane bucket writes its means (``lane.py``),
+    a summed payload (PowerSGD's P or Q) goes on to its next task as it is (the
+    allreduce task's result is its input, now summed)."""
+    grads = 0
+    for t in tasks:
+        lane = eng._lane_by_key.get(t.msg[0])
+        if lane is not None:
+            lane.write_mean(eng.size)
+            grads += len(lane.arrived)
+        else:
+            t.result = t.deps[0].result if t.deps else None
+            grads += 1
+        eng._graph.finish(t)
+    # the event's "part" counts the gradients the fused allreduce carried
+    eng.timeline.add(Event("bucket", "", grads, t0, time.perf_counter(), nbytes,
+                           "comm", eng._st.index))

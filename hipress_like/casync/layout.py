@@ -1,0 +1,258 @@
+"""The layout: what ``Engine.register`` fixes for each gradient, from the plan.
+
+Per gradient (HiPress Sec. 3.3: selective compression and partitioning):
+compressed or not, by which compressor instance, its workflow, and its K
+partitions (views, never copies) with the aggregator of each, chosen to
+balance bytes across ranks. Uncompressed gradients go to the collective
+lane's static buckets (``lane.py``); multi-round compressors whose rounds
+are plain sums get static *round groups*: the same gradients' round-r
+payloads are always summed by one fused allreduce, in one order, so the
+result never depends on which payloads happened to be ready together
+(gloo sums each chunk of a fused buffer in a ring order that depends on
+the chunk's offset: a timing-dependent fusion made 3-rank PowerSGD runs
+differ in their last bits from run to run).
+
+Message keys pack (gradient, partition, phase, source) into one int64 that
+every rank computes alike (``msg_key``); ``KEY_LIMITS`` bounds each field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..compressors.base import Compressor
+from ..cost_model.plan import GradientPlan
+from .lane import LaneBucket, plan_lane_buckets
+
+__all__ = ["Workflow", "GradLayout", "Layout", "KEY_LIMITS", "msg_key", "digest_of",
+           "check_specs", "describe_mismatch", "build_layout", "chunk_bounds"]
+
+KEY_LIMITS = {"gradients": 1 << 20, "partitions": 1 << 12, "phases": 1 << 12, "ranks": 1 << 10}
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+Spec = Tuple[str, Tuple[int, ...], torch.dtype]
+
+
+class Workflow(str, Enum):
+    """How a gradient is synchronised."""
+
+    PS = "ps"  # CaSync-PS, co-located aggregators (HiPress Sec. 3)
+    RING = "ring"  # CaSync-Ring
+    ROUNDS = "rounds"  # a multi-round compressor, each round a PS exchange
+    ALLREDUCE = "allreduce"  # uncompressed, in a static lane bucket
+    ROUNDS_ALLREDUCE = "rounds-allreduce"  # a multi-round compressor summed by allreduce
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class GradLayout:
+    """One gradient's place in the layout.
+
+    Attributes:
+        idx: registration index; name, shape, dtype, numel: as registered.
+        compressor: the instance that encodes it, None when uncompressed.
+        workflow: a ``Workflow``.
+        parts: (start, end, aggregator) per partition; aggregator -1 for
+            allreduce workflows (every rank reduces).
+    """
+
+    idx: int
+    name: str
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+    numel: int
+    compressor: Optional[Compressor]
+    workflow: Workflow
+    parts: List[Tuple[int, int, int]]
+
+    @property
+    def compress(self) -> bool:
+        """The gradient is compressed."""
+        return self.compressor is not None
+
+
+@dataclass
+class Layout:
+    """The whole layout: gradients by name, the lane's buckets, the round groups."""
+
+    grads: Dict[str, GradLayout] = field(default_factory=dict)
+    lane: List[LaneBucket] = field(default_factory=list)
+    # message key of a summed round payload -> the keys of its static group, in order
+    groups: Dict[int, Tuple[int, ...]] = field(default_factory=dict)
+
+    def lane_of(self) -> Dict[int, LaneBucket]:
+        """Gradient index -> its lane bucket."""
+        return {idx: b for b in self.lane for idx in b.slots}
+
+    def replayable(self) -> bool:
+        """Every gradient travels by allreduce (no PS or Ring links)."""
+        return all(g.workflow in (Workflow.ALLREDUCE, Workflow.ROUNDS_ALLREDUCE)
+                   for g in self.grads.values())
+
+
+def msg_key(g: int, p: int, phase: int, src: int) -> int:
+    """A message key, identical on every rank: gradient, partition, phase, source."""
+    return (((g << 12) | p) << 12 | phase) << 10 | src
+
+
+def digest_of(idx: int) -> int:
+    """A gradient's fingerprint in a step's digest (XOR of the submitted ones)."""
+    return (idx * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & ((1 << 62) - 1)
+
+
+def chunk_bounds(n: int, k: int) -> List[Tuple[int, int]]:
+    """Split ``n`` elements into ``k`` contiguous near-equal (start, end) ranges."""
+    base, extra = divmod(n, k)
+    out, start = [], 0
+    for i in range(k):
+        end = start + base + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def check_specs(specs: Sequence[Spec]) -> None:
+    """Reject what no rank can synchronise: duplicate names, non-float dtypes,
+    empty tensors, too many gradients.
+
+    Raises:
+        ValueError: naming the gradient and the fix.
+    """
+    names = [n for n, _, _ in specs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"duplicate gradient names: {dup}")
+    if 2 * len(specs) >= KEY_LIMITS["gradients"]:  # keys for gradients, then buckets
+        raise ValueError(f"at most {KEY_LIMITS['gradients'] // 2 - 1} gradients are supported")
+    for n, shape, dt in specs:
+        if dt not in FLOAT_DTYPES:
+            raise ValueError(f"gradient {n!r} has dtype {dt}; only floating dtypes can be "
+                             "synchronised")
+        if any(s == 0 for s in shape):
+            raise ValueError(f"gradient {n!r} is empty (shape {shape})")
+
+
+def describe_mismatch(lists: List[list]) -> str:
+    """Name the first gradient where the ranks' registered lists differ."""
+    ref = lists[0]
+    for r, lst in enumerate(lists[1:], start=1):
+        if lst == ref:
+            continue
+        if len(lst) != len(ref):
+            a, b = {x[0] for x in ref}, {x[0] for x in lst}
+            return (f"gradient sets differ across ranks: rank 0 has {len(ref)} gradients, "
+                    f"rank {r} has {len(lst)} (only on rank 0: {sorted(a - b)[:5]}, only on "
+                    f"rank {r}: {sorted(b - a)[:5]}); every rank must register the same "
+                    "parameters in the same order")
+        for x, y in zip(ref, lst):
+            if x != y:
+                return (f"gradient sets differ across ranks: rank 0 has {x[0]!r} "
+                        f"shape {tuple(x[1])} {x[2]}, rank {r} has {y[0]!r} shape "
+                        f"{tuple(y[1])} {y[2]}; every rank must register the same "
+                        "parameters in the same order")
+    return "gradient sets differ across ranks"
+
+
+def _numel(shape: Tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _summed_rounds(comp: Compressor) -> bool:
+    """The compressor's round payloads merge by plain summation (``summable_view``)."""
+    return type(comp).summable_view is not Compressor.summable_view
+
+
+def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPlan],
+                 compressor_for: Callable[[GradientPlan], Optional[Compressor]], *,
+                 size: int, strategy: str, raw_collective: bool, fusion_bytes: int,
+                 fuse: bool) -> Layout:
+    """Fix every gradient's workflow and partitions (see the module docstring).
+
+    Args:
+        specs: (name, shape, dtype) in registration order, checked equal on
+            every rank.
+        decide: the plan's decision for (name, bytes).
+        compressor_for: the compressor instance for a decision that
+            compresses (one instance per distinct compressor and parameters).
+        size: world size; strategy: "ps" or "ring".
+        raw_collective: uncompressed gradients and summable round payloads
+            take allreduce (``EngineConfig.raw_collective``).
+        fusion_bytes: a static bucket or round group closes at this many bytes.
+        fuse: False gives every lane gradient its own bucket.
+    """
+    n = size
+    load = [0] * n
+    grads: Dict[str, GradLayout] = {}
+    for idx, (name, shape, dt) in enumerate(specs):
+        numel = _numel(shape)
+        nbytes = numel * dt.itemsize
+        dec = decide(name, nbytes)
+        comp = compressor_for(dec) if dec.compress else None
+        k = max(1, min(dec.partitions, numel, KEY_LIMITS["partitions"] - 1))
+        if comp is None and raw_collective and n > 1:
+            wf, k = Workflow.ALLREDUCE, 1
+        elif comp is not None and comp.capabilities.rounds > 1:
+            wf, k = Workflow.ROUNDS, 1
+            if raw_collective and n > 1 and _summed_rounds(comp):
+                wf = Workflow.ROUNDS_ALLREDUCE
+        elif strategy == "ring" and numel // k >= n and n > 1:
+            wf = Workflow.RING
+        else:
+            wf = Workflow.PS
+        if wf in (Workflow.ALLREDUCE, Workflow.ROUNDS_ALLREDUCE):  # no aggregator
+            grads[name] = GradLayout(idx, name, shape, dt, numel, comp, wf, [(0, numel, -1)])
+            continue
+        parts = []
+        for s, e in chunk_bounds(numel, k):
+            agg = min(range(n), key=lambda r: (load[r], r))
+            load[agg] += e - s
+            parts.append((s, e, agg))
+        grads[name] = GradLayout(idx, name, shape, dt, numel, comp, wf, parts)
+    if n >= KEY_LIMITS["phases"] // 2:
+        raise ValueError(f"ring phases need world size < {KEY_LIMITS['phases'] // 2}")
+    lane = plan_lane_buckets([(g.idx, g.numel, g.dtype) for g in grads.values()
+                              if g.workflow is Workflow.ALLREDUCE], fusion_bytes, fuse=fuse)
+    for b in lane:
+        b.key = msg_key(len(specs) + b.index, 0, 0, 0)
+    groups = {b.key: (b.key,) for b in lane}
+    groups.update(_round_groups([g for g in grads.values()
+                                 if g.workflow is Workflow.ROUNDS_ALLREDUCE],
+                                fusion_bytes if fuse else 1))
+    return Layout(grads, lane, groups)
+
+
+def _round_groups(grads: List[GradLayout], fusion_bytes: int) -> Dict[int, Tuple[int, ...]]:
+    """Static groups of summed round payloads: in reverse registration order (as
+    backward produces them), one compressor instance and dtype per group, a
+    group closing once its members' payloads reach ``fusion_bytes``; one
+    group per round of the same members."""
+    out: Dict[int, Tuple[int, ...]] = {}
+    members: List[List[GradLayout]] = []
+    open_: Dict[tuple, Tuple[List[GradLayout], List[int]]] = {}
+    for g in reversed(grads):
+        assert g.compressor is not None
+        sig = (id(g.compressor), g.dtype)
+        cur = open_.get(sig)
+        if cur is None:
+            cur = ([], [0])
+            members.append(cur[0])
+            open_[sig] = cur
+        cur[0].append(g)
+        cur[1][0] += g.compressor.payload_nbytes(g.numel, len(g.shape))
+        if cur[1][0] >= fusion_bytes:
+            del open_[sig]
+    for group in members:
+        assert group[0].compressor is not None
+        for r in range(group[0].compressor.capabilities.rounds):
+            keys = tuple(msg_key(g.idx, 0, r, 0) for g in group)
+            for k in keys:
+                out[k] = keys
+    return out
