@@ -305,7 +305,8 @@ class Engine:
             err = self._error
             if isinstance(err, EngineError) or not isinstance(err, Exception):
                 raise err
-            raise EngineError(f"synchronisation failed on rank {self.rank}: {err}") from err
+            raise EngineError(f"synchronisation failed on rank {self.rank}: {err}",
+                              ranks=getattr(err, "ranks", ())) from err
         if self._closed:
             raise EngineError("the engine is closed")
 
@@ -411,11 +412,12 @@ class Engine:
 
         Call it on every rank: the channel from ``transport.split()`` (a
         process group of its own on torch.distributed) is destroyed once every
-        rank has closed it, waiting up to 10 s for them. A failed engine, or
-        one closed at interpreter exit, does not wait: its peers may never
-        close (they learn of this rank's exit from the transport at once),
-        and the channel is left to process exit. The transport passed in is
-        left open.
+        rank has closed it, waiting up to 10 s for them. A failed engine, one
+        closed at interpreter exit, or one whose peers already wait in a
+        collective it left (it was closed mid-step, by an exception) does not
+        wait: those peers may never close, they learn of this rank's exit from
+        the transport at once, and the channel is left to process exit. The
+        transport passed in is left open.
         """
         if self._closed:
             return
@@ -427,7 +429,7 @@ class Engine:
         exiting = not threading.main_thread().is_alive()
         wait = 0.0 if self._error is not None or exiting else min(self.config.timeout, 10.0)
         try:
-            if not self._data.free(wait):
+            if not self._data.free(wait, watch=[self.transport]):
                 _log.debug("rank %d: peers did not close their engines within %.0f s; "
                            "the data channel is left to process exit", self.rank, wait)
         except Exception as e:  # closing must not mask the caller's error

@@ -116,7 +116,7 @@ class Transport(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot open a second channel")
 
-    def free(self, timeout: float = 10.0) -> bool:
+    def free(self, timeout: float = 10.0, watch: Sequence["Transport"] = ()) -> bool:
         """Close, and release what the backend holds for this channel once every rank has.
 
         Every rank calls it when it is done with the channel. Transports whose
@@ -128,12 +128,23 @@ class Transport(ABC):
         many engines (the profiler, benchmarks) would otherwise keep one
         backend group per engine until it exits.
 
+        Args:
+            timeout: seconds to wait for the peers to close.
+            watch: other transports of this rank whose peers, if found waiting
+                in a collective this rank left (``peers_waiting``), end the
+                wait at once.
+
         Returns:
             True if released (or nothing to release); False if a peer did not
             close in time (the resources are left to process exit).
         """
         self.close()
         return True
+
+    def peers_waiting(self) -> List[int]:
+        """Peers known to wait in a collective this rank has not entered (a transport
+        that cannot tell returns [])."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release resources; further calls raise ``TransportError``."""

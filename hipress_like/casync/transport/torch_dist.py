@@ -368,22 +368,36 @@ class TorchDistTransport(Transport):
         t._owns_group = True
         return t
 
-    def free(self, timeout: float = 10.0) -> bool:
+    def free(self, timeout: float = 10.0, watch: Sequence["Transport"] = ()) -> bool:
         """Close, then destroy this transport's own process group once every rank closed.
 
         The ranks' ``closed`` keys in the store say when nobody can still be
         inside an operation on the group (no collective is used: it could
         pair up with a peer's unfinished one). A group passed in by the
-        caller is theirs and is not destroyed.
+        caller is theirs and is not destroyed. The wait ends early, leaving
+        the group to process exit, once a peer is found waiting in a
+        collective this rank never entered, on this transport or one of
+        ``watch`` (``peers_waiting``): such a peer cannot close before this
+        process exits, and waiting for it would only delay the moment its
+        transport reports the failure.
         """
         self.close()
         if not self._owns_group:
             return True
         deadline = time.monotonic() + timeout
+        next_look = 0.0
         try:
             while not all(self._read_counters("closed").values()):
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     return False
+                if now >= next_look:
+                    next_look = now + 0.1
+                    waiting = [r for t in (self, *watch) for r in t.peers_waiting()]
+                    if waiting:
+                        log.debug("rank %d: rank(s) %s wait in a collective this rank left; "
+                                  "not waiting for them to close", self.rank, sorted(set(waiting)))
+                        return False
                 time.sleep(0.005)
         except Exception as e:  # the store host is gone: leave the group to process exit
             log.debug("rank %d: cannot read the closed keys: %s", self.rank, e)
@@ -392,6 +406,16 @@ class TorchDistTransport(Transport):
             dist.destroy_process_group(self.group)
         self._owns_group = False
         return True
+
+    def peers_waiting(self) -> List[int]:
+        """Peers that have begun a collective on this transport that this rank has not
+        (from the counts they publish with each heartbeat, so up to one heartbeat
+        late)."""
+        try:
+            return [r for r, n in self._read_counters("seq").items()
+                    if r != self.rank and n > self._seq]
+        except Exception:  # the store host is gone: nothing can be said
+            return []
 
     def close(self) -> None:
         """Stop the heartbeat and tell peers this rank left on purpose."""
