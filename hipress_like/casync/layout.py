@@ -252,7 +252,9 @@ def _round_groups(grads: List[GradLayout], fusion_bytes: int) -> Dict[int, Tuple
     for group in members:
         assert group[0].compressor is not None
         for r in range(group[0].compressor.capabilities.rounds):
-            keys = tuple(msg_key(g.idx, 0, r, 0) for g in group)
+            # members in key order inside the fused buffer: what the coordinator's
+            # run-time fusion gave when a round's payloads were ready together
+            keys = tuple(sorted(msg_key(g.idx, 0, r, 0) for g in group))
             for k in keys:
                 out[k] = keys
     return out

@@ -1,0 +1,126 @@
+"""Speed A/B of two commits in one run: bench/sync.py and bench/train.py rows, alternately.
+
+Checks out ``--base`` (default: the commit before HEAD) into a temporary git
+worktree and runs, for each row, the base tree's benchmark and this tree's
+benchmark in alternation (base, new, base, new, ... ``--rounds`` times), so
+the load of a shared machine drifts over both alike. Rows:
+
+- ``sync``: bench/sync.py at ``--net`` on the VGG19-like and ResNet50-like
+  lists, one strategy+compressor per row (``--sync-only``);
+- ``train``: bench/train.py at ``--net``, one configuration per row
+  (``--train-configs``, timing only: no accuracy runs).
+
+Each row prints the base's and the new tree's median time and their ratio
+(new / base); the change is "within 5%" where the ratio is <= 1.05.
+
+    python bench/ab_speed.py --base 7d7c489                 # the issue's rows (root, netem)
+    python bench/ab_speed.py --net loopback --rounds 1 --sync-only ps+onebit \\
+        --train-configs hp-ps-onebit                        # a quick look
+
+Writes results/ab_speed.json. Timing lives here, never in tests.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)  # netem.py
+
+SYNC_ONLY = "ps+onebit,ring+onebit,ps+powersgd,ring+powersgd,ps+identity"
+TRAIN_CONFIGS = ("hp-none,hp-ps-onebit,hp-ps-terngrad,hp-ps-dgc,hp-ps-powersgd,"
+                 "hp-ps-powersgd1,hp-ring-onebit,hp-ring-powersgd,hp-ring-powersgd1")
+
+
+def _sync(tree: str, net: str, only: str, reps: int, tmp: str) -> dict:
+    out = os.path.join(tmp, "sync.json")
+    cmd = [sys.executable, os.path.join(tree, "bench", "sync.py"), "--nets", net,
+           "--lists", "vgg19,resnet50", "--reps", str(reps), "--only", only, "--out", out]
+    subprocess.run(cmd, check=True, cwd=tree, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        return {f"sync {r['list']} {r['config']}": r["seconds"] * 1e3
+                for r in json.load(f)["rows"] if r["config"] != "allreduce"}
+
+
+def _train(tree: str, net: str, config: str, model: str, steps: int, tmp: str) -> dict:
+    out = os.path.join(tmp, "train.json")
+    cmd = [sys.executable, os.path.join(tree, "bench", "train.py"), "--model", model,
+           "--configs", config, "--acc-steps", "0", "--steps", str(steps), "--out", out]
+    if net != "loopback":
+        cmd += ["--netem", net]
+    subprocess.run(cmd, check=True, cwd=tree, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        return {f"train {model} {r['config']}": r["ms_per_step"] for r in json.load(f)["rows"]}
+
+
+def main() -> int:
+    """Run the rows alternately on both trees; print and write the ratios."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", default="HEAD~1", help="git revision to compare against")
+    ap.add_argument("--net", default="1gbit", help="link rate, or 'loopback'")
+    ap.add_argument("--rounds", type=int, default=2, help="alternations per row")
+    ap.add_argument("--sync-only", default=SYNC_ONLY, help="sync rows ('' for none)")
+    ap.add_argument("--sync-reps", type=int, default=3)
+    ap.add_argument("--train-configs", default=TRAIN_CONFIGS, help="train rows ('' for none)")
+    ap.add_argument("--model", default="vgg", choices=["vgg", "resnet18"])
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per train run")
+    ap.add_argument("--out", default=os.path.join(ROOT, "results", "ab_speed.json"))
+    a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    created = False
+    if a.net != "loopback":
+        import netem as nm
+        from train import _ensure_netem
+        created = _ensure_netem(4, a.net)
+    times = {"base": {}, "new": {}}
+    try:
+        with tempfile.TemporaryDirectory(prefix="hipress-ab-") as tmp:
+            wt = os.path.join(tmp, "base")
+            subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", wt, a.base],
+                           check=True, stdout=subprocess.DEVNULL)
+            try:
+                jobs = []
+                if a.sync_only:
+                    jobs.append(lambda tree: _sync(tree, a.net, a.sync_only, a.sync_reps, tmp))
+                for c in [c for c in a.train_configs.split(",") if c]:
+                    jobs.append(lambda tree, c=c: _train(tree, a.net, c, a.model, a.steps, tmp))
+                for i, job in enumerate(jobs):
+                    for r in range(a.rounds):
+                        for side, tree in (("base", wt), ("new", ROOT)):
+                            for k, v in job(tree).items():
+                                times[side].setdefault(k, []).append(v)
+                            print(f"[{i + 1}/{len(jobs)} round {r + 1}] {side} done", flush=True)
+            finally:
+                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", wt],
+                               check=False)
+    finally:
+        if created:
+            nm.down(4)
+    rows = []
+    print(f"\n{'row':52s} {'base ms':>9s} {'new ms':>9s} {'new/base':>9s}  (net {a.net}, "
+          f"base {a.base}, {a.rounds} alternations, medians)")
+    for k in times["new"]:
+        if k not in times["base"]:
+            continue
+        b, n = statistics.median(times["base"][k]), statistics.median(times["new"][k])
+        rows.append({"row": k, "base_ms": b, "new_ms": n, "ratio": n / b})
+        print(f"{k:52s} {b:9.1f} {n:9.1f} {n / b:9.3f}{'' if n / b <= 1.05 else '  > 1.05'}")
+    worst = max((r["ratio"] for r in rows), default=float("nan"))
+    print(f"\nworst new/base: {worst:.3f} (goal <= 1.05 on every row)")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"base": a.base, "net": a.net, "rounds": a.rounds, "rows": rows,
+                   "samples": times}, f, indent=1)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
