@@ -16,7 +16,7 @@ partition, the phase and the sender, so every rank names a message alike.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, List, Optional
 
 from .coordinator import COLLECTIVE
 from .layout import GradLayout, msg_key
@@ -43,7 +43,18 @@ class StepBuilder:
         self._step = step
         self.grad = grad
         self._handle = handle
+        self._added: List[Task] = []
         self.rank, self.size = rank, size
+
+    def _add(self, t: Task, inputs: Iterable[Task]) -> Task:
+        self._added.append(t)
+        return self._graph.add(t, inputs)
+
+    def seal(self) -> None:
+        """The gradient's tasks are all added: results may be dropped after their
+        last reader (``TaskGraph.seal``)."""
+        self._graph.seal(self._added)
+        self._added = []
 
     def compute(self, kind: Kind, p: int, fn: Callable[..., Any],
                 inputs: Iterable[Task] = ()) -> Task:
@@ -52,19 +63,19 @@ class StepBuilder:
         if t.kind is Kind.WRITE:
             t.owner = self._handle
             self._handle._hold()
-        return self._graph.add(t, inputs)
+        return self._add(t, inputs)
 
     def send(self, p: int, phase: int, dst: int, payload: Task) -> Task:
         """Add a send of ``payload``'s result to rank ``dst``."""
         t = Task(Kind.SEND, self.grad.name, p, _identity, info=f"->{dst} ph{phase}")
         t.msg = (msg_key(self.grad.idx, p, phase, self.rank), dst)
-        return self._graph.add(t, [payload])
+        return self._add(t, [payload])
 
     def recv(self, p: int, phase: int, src: int) -> Task:
         """Add a receive from ``src``; its result is the received bytes."""
         t = Task(Kind.RECV, self.grad.name, p, None, info=f"<-{src} ph{phase}")
         t.msg = (msg_key(self.grad.idx, p, phase, src), src)
-        return self._graph.add(t, ())
+        return self._add(t, ())
 
     def collective(self, payload: Task, phase: int,
                    view: Optional[Callable[[Any], Any]] = None) -> Task:
@@ -76,7 +87,7 @@ class StepBuilder:
         t = Task(Kind.ALLREDUCE, self.grad.name, 0, view or _identity, info="sum")
         t.msg = (msg_key(self.grad.idx, 0, phase, 0), COLLECTIVE)
         self._step.coll_keys.add(t.msg[0])
-        return self._graph.add(t, [payload])
+        return self._add(t, [payload])
 
 
 def _identity(x: Any) -> Any:

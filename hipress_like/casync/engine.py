@@ -216,6 +216,7 @@ class Engine:
         # submit() scanned the gradient for NaN/Inf (or zeroed it): compressors skip theirs
         add_gradient_tasks(b, work, self._states, self._seed_of,
                            vouched=self.config.nonfinite != "ignore")
+        b.seal()
         self._start_step()
         handle._release()
         return handle

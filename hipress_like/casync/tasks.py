@@ -85,8 +85,9 @@ class Task:
     The data a task produces travels with it: ``run()`` calls ``fn`` with the
     ``result`` of each dependency, in dependency order, and keeps what ``fn``
     returns as this task's ``result``. Once every task that reads a result
-    has finished, the graph drops it (``TaskGraph.finish``), so a received
-    buffer lives no longer than its last reader.
+    has finished and its builder has sealed it (``TaskGraph.seal``: no more
+    readers will be added), the graph drops it, so a received buffer lives no
+    longer than its last reader.
 
     Attributes:
         kind: a ``Kind``.
@@ -127,7 +128,9 @@ class Task:
         self.msg = None  # (key, peer) for send/recv
         self.owner = None  # the submission handle a write task completes
         self.result: Any = None
-        self.readers = 0  # dependents that have not finished (they read ``result``)
+        # dependents that have not finished (they read ``result``), plus one for
+        # whoever may still add readers, until ``TaskGraph.seal`` releases it
+        self.readers = 1
 
     def inputs(self) -> List[Any]:
         """The dependencies' results, in dependency order."""
@@ -264,10 +267,22 @@ class TaskGraph:
             task.dependents = []
             for d in task.deps:
                 d.readers -= 1
-                if d.readers == 0:
+                if d.readers == 0:  # done, and sealed: nobody reads it again
                     d.result = None
         for t in released:
             self._on_ready(t)
+
+    def seal(self, tasks: Iterable[Task]) -> None:
+        """No more tasks will read these tasks' results than are in the graph now:
+        release the builder's hold, dropping results nobody will read again.
+
+        Mutates: each task's ``readers`` (and ``result``, once it is 0 and the
+        task is done)."""
+        with self._lock:
+            for t in tasks:
+                t.readers -= 1
+                if t.readers == 0 and t.state is TaskState.DONE:
+                    t.result = None
 
     def outstanding(self) -> int:
         """Number of tasks not done."""

@@ -94,3 +94,25 @@ def test_thread_executor_runs_fifo():
     assert done.wait(10)
     ex.shutdown()
     assert out == list(range(100))
+
+
+def test_a_result_outlives_its_readers_until_the_builder_seals_it():
+    """A reader added after an earlier reader finished still gets the result (a
+    send that finished in a round before the builder added the write task used
+    to leave the write with None); once sealed, the last reader drops it."""
+    g = TaskGraph(lambda t: None)
+    x = g.add(Task("encode", "w", 0, lambda: "payload"))
+    g.start(x)
+    x.run()
+    g.finish(x)
+    first = g.add(Task("send", "w", 0, lambda p: p), [x])
+    assert first.inputs() == ["payload"]
+    g.finish(first)
+    later = g.add(Task("write", "w", 0, lambda p: p), [x])
+    assert later.inputs() == ["payload"]
+    g.seal([x, first, later])
+    assert x.result == "payload"  # ``later`` has not finished
+    g.start(later)
+    later.run()
+    g.finish(later)
+    assert x.result is None
