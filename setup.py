@@ -39,7 +39,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "hipress-profile=hipress_like.cost_model.cli:main",
+            "hipress-profile=hipress_like.tuning.cli:main",
         ],
     },
 )

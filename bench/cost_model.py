@@ -55,9 +55,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hipress_like.casync.engine import EngineConfig  # noqa: E402
 from hipress_like.cost_model import Planner, Profile  # noqa: E402
 from hipress_like.cost_model.model import fit_link  # noqa: E402
-from hipress_like.cost_model.profiler import (  # noqa: E402
+from hipress_like.cost_model.profile import log_sizes  # noqa: E402
+from hipress_like.tuning.profiler import (  # noqa: E402
     engine_points,
-    log_sizes,
     measure_engine_sync,
     profile_transport,
 )

@@ -102,6 +102,10 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
     replay = os.environ.get("HIPRESS_REPLAY", "1")
     if replay not in ("0", "1"):
         raise ValueError(f"HIPRESS_REPLAY must be 0 or 1, found {replay!r}")
+    if plan == "auto":
+        from ..tuning.auto import auto_plan
+
+        plan = auto_plan()  # profiles the engine's compressor inside register()
     cfg_kwargs = dict(compressor=name, params=params, strategy=strategy, plan=plan,
                       timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed),
                       replay=replay == "1")

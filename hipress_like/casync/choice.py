@@ -11,8 +11,8 @@ The plan comes from ``EngineConfig.plan``: a ``Plan``, a plan file, None
 (HiPress's size rule), or a *plan source* called once, collectively,
 inside ``register`` (``fix_plan``): ``source(transport, sizes, config) ->
 Plan``, where ``sizes`` maps gradient names to bytes in registration order.
-The engine never imports a planner: the front ends pass one in
-(``plan="auto"``).
+The engine never imports a planner: the front ends turn ``plan="auto"``
+into ``hipress_like.tuning.auto_plan(...)``.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class Choice:
         self.plan: Optional[Plan] = None
         if isinstance(config.plan, Plan):
             self.plan = config.plan
-        elif not (config.plan is None or config.plan == "auto" or callable(config.plan)):
+        elif not (config.plan is None or callable(config.plan)):
             self.plan = Plan.load(config.plan)
         name, params = config.compressor, dict(config.params)
         if name is None:
@@ -124,22 +124,7 @@ class Choice:
             # nothing to decide: every gradient takes the allreduce lane
             _log.info("plan='auto' with %s: nothing to compress, no profile", self.default.name)
             return
-        if source == "auto":
-            source = _legacy_auto(self.default)
         t0 = time.perf_counter()
         self.plan = source(transport, dict(sizes), self.config)
         _log.info("rank %d: plan fixed in %.1f s", transport.rank, time.perf_counter() - t0)
 
-
-def _legacy_auto(comp: Compressor):
-    """TEMPORARY until tuning/ lands: the old in-engine auto planner."""
-    def source(transport, sizes, config):
-        from ..cost_model.auto import AutoPlanner
-        from .coordinator import report_len
-        inner = getattr(comp, "inner", comp)
-        auto = AutoPlanner(inner.name, params=inner.params(), strategy=config.strategy,
-                           round_meta_bytes=8 * report_len(config.report_capacity),
-                           raw_collective=config.raw_collective, timeout=config.timeout,
-                           repeats=2, max_profile_bytes=16 << 20, max_link_bytes=4 << 20)
-        return auto.finalize(transport, sizes)
-    return source

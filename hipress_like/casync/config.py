@@ -32,7 +32,10 @@ class EngineConfig:
         strategy: "ps" (co-located aggregators) or "ring".
         plan: None (default size rule; with a compressor that saves no bytes,
             such as identity, nothing is compressed), a ``Plan``, a path to a
-            plan JSON, or "auto" (profile the first steps, then fix the plan).
+            plan JSON, or a plan source: a callable ``source(transport,
+            sizes, config) -> Plan`` called once, collectively, in
+            ``register`` (``hipress_like.tuning.auto_plan()`` profiles,
+            then plans: what the front ends' ``plan="auto"`` passes).
         error_feedback: "auto" wraps biased, stateless compressors (onebit,
             TBQ, top-k, ...) in error feedback; True/False force it.
         timeout: seconds any collective may take before peers are blamed.
@@ -126,10 +129,14 @@ class EngineConfig:
                 or self.idle_wait_max < self.idle_wait:
             raise ValueError("batch_bytes, fusion_bytes and report_capacity must be >= 1, and "
                              "0 <= idle_wait <= idle_wait_max")
-        if not (self.plan is None or self.plan == "auto" or callable(self.plan)
+        if self.plan == "auto":
+            raise ValueError("EngineConfig(plan='auto'): the engine takes a plan source, not "
+                             "the string; pass plan=hipress_like.tuning.auto_plan() (what the "
+                             "front ends' plan='auto' does)")
+        if not (self.plan is None or callable(self.plan)
                 or isinstance(self.plan, (Plan, str, os.PathLike))):
-            raise ValueError(f"plan must be None, 'auto', a Plan, a path or a plan source "
-                             f"(a callable), found {self.plan!r}")
+            raise ValueError(f"plan must be None, a Plan, a path to a plan file or a plan "
+                             f"source (a callable), found {self.plan!r}")
 
 
 def fingerprint(config: EngineConfig, compressor: Any, plan: Optional[Plan]) -> Dict[str, Any]:

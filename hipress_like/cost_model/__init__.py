@@ -4,13 +4,15 @@
   measured ``Curve``s and the ``Link`` alpha-beta fit.
 - ``collectives``: alpha-beta costs of PS, Ring/Tree allreduce, Broadcast,
   Allgather (flexible-communication paper, Table I).
-- ``profiler``: ``Profile`` (versioned JSON) and how to measure it.
+- ``profile``: ``Profile`` (versioned JSON), the measured inputs.
 - ``planner``: ``Planner`` choosing <compress?, K> per gradient, giving a ``Plan``.
-- ``auto``: ``AutoPlanner`` behind ``plan="auto"``.
 - ``presets``: gradient sizes of HiPress Table 6's models.
+
+Everything here is pure (no transport, no engine): measuring profiles,
+``plan="auto"`` and the ``hipress-profile`` CLI live above the engine, in
+``hipress_like.tuning``.
 """
 from . import collectives, presets
-from .auto import AutoPlanner
 from .model import (
     SYNC_PARAMS,
     Count,
@@ -25,16 +27,7 @@ from .model import (
 )
 from .plan import PLAN_FORMAT, PLAN_VERSION, GradientPlan, Plan, PlanError, SizeRule
 from .planner import ENGINE_TO_MODEL, Choice, Planner
-from .profiler import (
-    PROFILE_FORMAT,
-    PROFILE_VERSION,
-    CompressorProfile,
-    Profile,
-    ProfileError,
-    measure_link,
-    profile_compressor,
-    profile_transport,
-)
+from .profile import PROFILE_FORMAT, PROFILE_VERSION, CompressorProfile, Profile, ProfileError
 
 __all__ = [
     "PLAN_FORMAT", "PLAN_VERSION", "GradientPlan", "Plan", "PlanError", "SizeRule",
@@ -42,5 +35,4 @@ __all__ = [
     "sync_params", "t_sync_cpr", "t_sync_orig", "collectives", "presets",
     "ENGINE_TO_MODEL", "Choice", "Planner",
     "PROFILE_FORMAT", "PROFILE_VERSION", "CompressorProfile", "Profile", "ProfileError",
-    "measure_link", "profile_compressor", "profile_transport", "AutoPlanner",
 ]

@@ -39,7 +39,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 
 from .model import Link, SyncParams, concurrent_link, sync_params, t_sync_cpr, t_sync_orig
 from .plan import STRATEGIES, GradientPlan, Plan, SizeRule
-from .profiler import CompressorProfile, Profile
+from .profile import CompressorProfile, Profile
 
 __all__ = ["ENGINE_TO_MODEL", "Choice", "EngineTerm", "Planner", "NEVER"]
 

@@ -22,14 +22,8 @@ from hipress_like.cost_model.model import (
     t_sync_orig,
 )
 from hipress_like.cost_model.presets import available, from_json, preset
-from hipress_like.cost_model.profiler import (
-    CompressorProfile,
-    Profile,
-    ProfileError,
-    log_sizes,
-    measure_link,
-    profile_compressor,
-)
+from hipress_like.cost_model.profile import CompressorProfile, Profile, ProfileError, log_sizes
+from hipress_like.tuning.profiler import measure_link, profile_compressor
 
 MS = 1e-3
 LINK = Link(latency=1e-3, bandwidth=1e9)  # T_send(b) = 1 ms + b ns
@@ -281,7 +275,7 @@ def test_profile_load_errors(tmp_path):
 
 
 def test_monotone_pools_violators():
-    from hipress_like.cost_model.profiler import monotone
+    from hipress_like.tuning.profiler import monotone
 
     assert monotone([1.0, 2.0, 3.0]) == pytest.approx([1.0, 2.0, 3.0])
     # 4 then 1: pooled to their geometric mean 2

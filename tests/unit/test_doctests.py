@@ -28,7 +28,7 @@ MODULES = [
     "hipress_like.cost_model.model",
     "hipress_like.cost_model.planner",
     "hipress_like.cost_model.presets",
-    "hipress_like.cost_model.profiler",
+    "hipress_like.cost_model.profile",
 ]
 
 

@@ -17,6 +17,7 @@ from hipress_like.casync.transport.inproc import run_threads
 from hipress_like.casync.workflows import chunk_bounds
 from hipress_like.compressors.base import PayloadError
 from hipress_like.cost_model.plan import GradientPlan, Plan, SizeRule
+from hipress_like.tuning import auto_plan
 
 SIZES = [1, 7, 8, 33, 1001, 4097]
 
@@ -119,7 +120,8 @@ def test_identity_goes_through_the_lane_without_a_plan(comp, plan, compressed):
     big = 1 << 19  # 2 MB of fp32, above SizeRule's 1 MB threshold
 
     def body(tr):
-        eng = Engine(tr, compressor=comp, plan=plan, timeout=20)
+        eng = Engine(tr, compressor=comp, plan=auto_plan() if plan == "auto" else plan,
+                     timeout=20)
         try:
             g = torch.full((big,), float(tr.rank))
             eng.register([("w", (big,), torch.float32)])
@@ -444,7 +446,7 @@ def test_state_dict_round_trip_and_timeline_export(tmp_path):
 
 def test_auto_plan_is_identical_on_every_rank():
     def body(tr):
-        eng = Engine(tr, EngineConfig(compressor="onebit", plan="auto", timeout=60))
+        eng = Engine(tr, EngineConfig(compressor="onebit", plan=auto_plan(), timeout=60))
         try:
             eng.register([("fc", (512, 256), torch.float32), ("b", (7,), torch.float32)])
             g = {"fc": torch.randn(512, 256), "b": torch.randn(7)}
@@ -483,3 +485,25 @@ def test_powersgd_rounds_by_allreduce_match_the_aggregator_path(strategy):
                 assert torch.equal(lane[r][0][step][k], agg[0][0][step][k]), (step, k, r)
     fused = [e for e in lane[0][2].events if e.kind == "bucket"]
     assert 2 <= len(fused) <= 2 * 3 * 3  # P's and Q's of the step's gradients, fused
+
+
+def test_the_engine_takes_a_plan_source_not_the_string_auto():
+    """The engine never imports the planner: plan='auto' is the front ends' word,
+    turned into a plan source; the engine says so instead of guessing."""
+    with pytest.raises(ValueError, match="auto_plan"):
+        EngineConfig(plan="auto")
+    calls = []
+
+    def source(transport, sizes, config):
+        calls.append((transport.rank, dict(sizes), config.strategy))
+        return Plan(compressor="onebit", rule=SizeRule(min_compress_bytes=1 << 40))
+
+    def body(tr):
+        eng = Engine(tr, EngineConfig(compressor="onebit", plan=source, strategy="ring"))
+        try:
+            eng.register([("a", (3, 4), torch.float32), ("b", (5,), torch.float64)])
+            return eng.layout()["a"]["compress"]
+        finally:
+            eng.close()
+    assert run_threads(body, 2, timeout=60) == [False, False]
+    assert sorted(calls) == [(r, {"a": 48, "b": 40}, "ring") for r in (0, 1)]

@@ -6,7 +6,6 @@ import pytest
 
 from hipress_like.casync.transport.inproc import run_threads
 from hipress_like.cost_model import (
-    AutoPlanner,
     CompressorProfile,
     Curve,
     GradientPlan,
@@ -20,6 +19,7 @@ from hipress_like.cost_model import (
 )
 from hipress_like.cost_model.model import sync_params, t_sync_cpr, t_sync_orig
 from hipress_like.cost_model.planner import NEVER
+from hipress_like.tuning import AutoPlanner
 
 SIZES = [4 << e for e in range(8, 28)]  # 1 KB .. 512 MB
 

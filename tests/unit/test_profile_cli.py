@@ -1,6 +1,6 @@
 """The hipress-profile CLI: each subcommand end to end, and bad input -> one line, exit 2.
 
-Subprocess tests run the real entry point (``python -m hipress_like.cost_model``);
+Subprocess tests run the real entry point (``python -m hipress_like.tuning``);
 the many bad-input cases also run in-process through ``main()`` to stay fast.
 Sizes are tiny and no test checks a timing.
 """
@@ -12,14 +12,14 @@ import sys
 import pytest
 
 from hipress_like.cost_model import Plan, Planner, Profile
-from hipress_like.cost_model.cli import main, parse_bandwidth, parse_bytes, parse_seconds
+from hipress_like.tuning.cli import main, parse_bandwidth, parse_bytes, parse_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_cli(*args, cwd):
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "hipress_like.cost_model", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "hipress_like.tuning", *map(str, args)],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -118,7 +118,7 @@ def test_report_draws_pngs(profile_path, tmp_path):
 
 def test_console_script_is_declared():
     with open(os.path.join(ROOT, "setup.py")) as f:
-        assert "hipress-profile=hipress_like.cost_model.cli:main" in f.read()
+        assert "hipress-profile=hipress_like.tuning.cli:main" in f.read()
 
 
 # -- bad input ------------------------------------------------------------------------

@@ -44,12 +44,13 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import torch
 
-from .model import Link
-from .plan import Plan, SizeRule
-from .planner import NEVER, Planner
-from .profiler import Profile, broadcast_bytes, log_sizes, profile_transport
+from ..cost_model.model import Link
+from ..cost_model.plan import Plan, SizeRule
+from ..cost_model.planner import NEVER, Planner
+from ..cost_model.profile import Profile, log_sizes
+from .profiler import broadcast_bytes, profile_transport
 
-__all__ = ["AutoPlanner"]
+__all__ = ["auto_plan", "AutoPlanner"]
 
 _log = logging.getLogger(__name__)
 
@@ -229,3 +230,59 @@ def _check_same_gradients(transport: Any, sizes: Mapping[str, int], timeout: flo
         raise ValueError(f"plan='auto': ranks observed different gradients (ranks {list(odd)} "
                          f"differ from rank 0); every rank must register the same "
                          "names and sizes")
+
+
+class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan()
+    """A plan source for ``EngineConfig(plan=...)``: profile at ``register``, then plan.
+
+    The engine calls it once, collectively, inside ``register`` with its
+    transport (idle then), the gradients' sizes in bytes in registration
+    order, and its ``EngineConfig``; it profiles the compressor and the link
+    on every rank and returns the ``Plan`` rank 0 computed (HiPress Sec. 3.3
+    profiles on the target cluster before planning). The front ends turn
+    ``plan="auto"`` into one of these.
+
+    Args:
+        compressor: the compressor to profile (a registry name, or an
+            instance: an error-feedback wrapper is profiled by its inner
+            algorithm); None takes the engine's ``config.compressor``.
+        params: its parameters (with a name).
+        **options: ``AutoPlanner`` options overriding the quick defaults.
+
+    Example:
+        >>> from hipress_like.casync.engine import EngineConfig
+        >>> cfg = EngineConfig(compressor="onebit", plan=auto_plan())
+    """
+
+    def __init__(self, compressor: Any = None, params: Optional[Mapping[str, Any]] = None,
+                 **options: Any):
+        self.compressor = compressor
+        self.params = dict(params or {})
+        self.options = options
+
+    def __call__(self, transport: Any, sizes: Mapping[str, int], config: Any) -> Plan:
+        from .. import compressors
+        from ..casync.coordinator import report_len
+
+        comp = self.compressor if self.compressor is not None else config.compressor
+        params = self.params or dict(config.params)
+        if comp is None:
+            comp = "onebit"
+        if not isinstance(comp, compressors.Compressor):
+            comp = compressors.get(comp, **params)
+        inner = getattr(comp, "inner", comp)  # profile the algorithm, not the EF wrapper
+        opts = dict(strategy=config.strategy,
+                    round_meta_bytes=8 * report_len(config.report_capacity),
+                    raw_collective=config.raw_collective, timeout=config.timeout, repeats=2,
+                    # a quick profile: curves are interpolated beyond these sizes
+                    max_profile_bytes=16 << 20, max_link_bytes=4 << 20)
+        opts.update(self.options)
+        t0 = time.perf_counter()
+        plan = AutoPlanner(inner.name, params=inner.params(), **opts).finalize(transport,
+                                                                               dict(sizes))
+        _log.info("rank %d: plan='auto' fixed in %.1f s", transport.rank,
+                  time.perf_counter() - t0)
+        return plan
+
+    def __repr__(self) -> str:
+        return f"auto_plan({self.compressor!r})"

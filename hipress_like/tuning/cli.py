@@ -5,7 +5,7 @@ Three subcommands (HiPress Sec. 3.3, Table 7, Fig. 14):
     # 1. profile: encode/decode curves per compressor, and the link
     hipress-profile profile --compressors onebit,fp16 --bandwidth 1gbit --latency 50us
     hipress-profile profile --compressors onebit --nprocs 4          # link timed over gloo
-    run_ns.sh 4 python -m hipress_like.cost_model profile --from-env  # ranks already launched
+    run_ns.sh 4 python -m hipress_like.tuning profile --from-env  # ranks already launched
 
     # 2. plan: <compress?, K> per gradient, printed like HiPress Table 7
     hipress-profile plan --profile profile.json --model vgg19 --nodes 4 --strategy ps
@@ -31,11 +31,11 @@ import statistics
 import sys
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .model import Link
-from .plan import PlanError
-from .planner import NEVER, Planner
-from .presets import PRESETS, from_json, from_module, preset
-from .profiler import Profile, ProfileError, log_sizes
+from ..cost_model.model import Link
+from ..cost_model.plan import PlanError
+from ..cost_model.planner import NEVER, Planner
+from ..cost_model.presets import PRESETS, from_json, from_module, preset
+from ..cost_model.profile import Profile, ProfileError, log_sizes
 
 __all__ = ["main", "parse_bytes", "parse_bandwidth", "parse_seconds", "MEASUREMENTS_FORMAT"]
 
@@ -281,7 +281,7 @@ def _cmd_profile(a: argparse.Namespace) -> int:
         print(f"{name}{tag}: {c.category}, r = {c.ratio:.4g} (+{c.header_bytes} B header), "
               f"encode {format_bytes(c.encode.sizes[-1])} in {c.encode.times[-1] * 1e3:.2f} ms")
         if c.engine_samples and isinstance(prof.meta.get("ranks"), int):
-            from .planner import Planner
+            from ..cost_model.planner import Planner
 
             t = Planner(prof, name, prof.meta["ranks"], a.strategy).engine_term
             if t is not None:
