@@ -16,6 +16,7 @@ into ``hipress_like.tuning.auto_plan(...)``.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any, Dict, Mapping, Optional
@@ -112,8 +113,17 @@ class Choice:
         return dec
 
     def compressor_for(self, dec: GradientPlan) -> Compressor:
-        """The instance for a decision that compresses."""
-        return self.default
+        """The instance for a decision that compresses: the one its plan entry names
+        (plan format 2), else the default; one instance per distinct compressor
+        and parameters, shared by the gradients that use it."""
+        if dec.compressor is None:
+            return self.default
+        key = (dec.compressor, json.dumps(dict(dec.params), sort_keys=True))
+        comp = self._instances.get(key)
+        if comp is None:
+            comp = build_compressor(dec.compressor, dec.params, self.config.error_feedback)
+            self._instances[key] = comp
+        return comp
 
     def fix_plan(self, transport: Transport, sizes: Mapping[str, int]) -> None:
         """Call the plan source, if any, collectively (inside ``register``)."""

@@ -69,6 +69,7 @@ from .layout import (
     describe_mismatch,
     digest_of,
     msg_key,
+    numel_of,
 )
 from .manager import TaskManager
 from .step import Handle, StepState
@@ -161,7 +162,10 @@ class Engine:
         if any(t[0] != theirs[0][0] for t in theirs):
             raise GradientMismatchError(describe_mismatch([t[0] for t in theirs]))
         check_same_config([t[1] for t in theirs])
-        self._choice.fix_plan(self.transport, {n: _numel(s) * d.itemsize for n, s, d in specs})
+        sizes = {n: numel_of(s) * d.itemsize for n, s, d in specs}
+        self._choice.fix_plan(self.transport, sizes)
+        if self.plan is not None:  # the same plan on every rank (fingerprint): same error
+            self.plan.check(sizes, strategy=self.config.strategy, world_size=self.size)
         layout = build_layout(specs, self._choice.decide, self._choice.compressor_for,
                               size=self.size, strategy=self.config.strategy,
                               raw_collective=self.config.raw_collective,
@@ -443,9 +447,3 @@ class Engine:
         self.close()
 
 
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

@@ -28,7 +28,7 @@ from ..cost_model.plan import GradientPlan
 from .lane import LaneBucket, plan_lane_buckets
 
 __all__ = ["Workflow", "GradLayout", "Layout", "KEY_LIMITS", "msg_key", "digest_of",
-           "check_specs", "describe_mismatch", "build_layout", "chunk_bounds"]
+           "check_specs", "describe_mismatch", "build_layout", "chunk_bounds", "numel_of"]
 
 KEY_LIMITS = {"gradients": 1 << 20, "partitions": 1 << 12, "phases": 1 << 12, "ranks": 1 << 10}
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -158,7 +158,8 @@ def describe_mismatch(lists: List[list]) -> str:
     return "gradient sets differ across ranks"
 
 
-def _numel(shape: Tuple[int, ...]) -> int:
+def numel_of(shape: Sequence[int]) -> int:
+    """The number of elements of a tensor of ``shape``."""
     n = 1
     for s in shape:
         n *= s
@@ -192,7 +193,7 @@ def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPla
     load = [0] * n
     grads: Dict[str, GradLayout] = {}
     for idx, (name, shape, dt) in enumerate(specs):
-        numel = _numel(shape)
+        numel = numel_of(shape)
         nbytes = numel * dt.itemsize
         dec = decide(name, nbytes)
         comp = compressor_for(dec) if dec.compress else None

@@ -4,14 +4,22 @@ A ``Plan`` is what the cost model produces (HiPress Sec. 3.3, Table 7) and
 what the engine and ``DistributedOptimizer(plan=...)`` consume. It holds
 explicit per-gradient entries plus a size rule for gradients it does not
 name, so a plan written for one model still gives sensible answers for
-another. Plans are versioned JSON, validated on load:
+another. Each entry may name its own compressor and parameters (format
+version 2): HiPress chooses per gradient, and the best choice differs by
+layer (PowerSGD for large matrices, a quantizer elsewhere, nothing for
+small ones). An entry that compresses without naming a compressor, and the
+size rule, use the plan's ``compressor``. Plans are versioned JSON,
+validated on load; version 1 files (no per-entry compressor) still load:
 
-    {"format": "hipress-like-plan", "version": 1,
+    {"format": "hipress-like-plan", "version": 2,
      "strategy": "ps", "world_size": 4,
      "compressor": "onebit", "params": {},
      "rule": {"min_compress_bytes": 4194304, "bytes_per_partition": 4194304,
               "max_partitions": 8},
-     "gradients": {"fc1.weight": {"compress": true, "partitions": 4}}}
+     "gradients": {"fc1.weight": {"compress": true, "partitions": 4,
+                                  "compressor": "powersgd", "params": {"rank": 4}},
+                   "conv1.weight": {"compress": true, "partitions": 1},
+                   "fc1.bias": {"compress": false, "partitions": 1}}}
 """
 from __future__ import annotations
 
@@ -19,13 +27,43 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-__all__ = ["GradientPlan", "SizeRule", "Plan", "PLAN_FORMAT", "PLAN_VERSION", "PlanError"]
+__all__ = ["GradientPlan", "SizeRule", "Plan", "PLAN_FORMAT", "PLAN_VERSION", "PlanError",
+           "canonical_params"]
 
 PLAN_FORMAT = "hipress-like-plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: one compressor per plan, no per-entry names
 STRATEGIES = ("ps", "ring")
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def canonical_params(params: Any, where: str = "params") -> Dict[str, Any]:
+    """Compressor parameters as a plain dict with sorted keys and JSON-safe values, so
+    two ranks (and two runs) compare them equal exactly when they are.
+
+    Raises:
+        PlanError: not a mapping, a non-string key, or a value that is not a
+            number, string, bool, None or a list of those.
+    """
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise PlanError(f"{where} must be a mapping of parameter names to values, found "
+                        f"{type(params).__name__}")
+    out = {}
+    for k in sorted(params):
+        v = params[k]
+        if not isinstance(k, str):
+            raise PlanError(f"{where}: parameter names must be strings, found {k!r}")
+        if isinstance(v, (list, tuple)) and all(isinstance(x, _SCALARS) for x in v):
+            v = list(v)
+        elif not isinstance(v, _SCALARS):
+            raise PlanError(f"{where}.{k} must be a number, string, bool, null or a list of "
+                            f"those, found {type(v).__name__}")
+        out[k] = v
+    return out
 
 
 class PlanError(ValueError):
@@ -34,16 +72,44 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class GradientPlan:
-    """The decision for one gradient: compress or not, into K partitions."""
+    """The decision for one gradient: compress or not, with what, into K partitions.
+
+    Attributes:
+        compress: whether the gradient is compressed.
+        partitions: K (HiPress Sec. 3.3).
+        compressor: the registry name to compress it with; None takes the
+            plan's compressor (and must be None when not compressing).
+        params: that compressor's parameters (with ``compressor`` only).
+    """
 
     compress: bool
     partitions: int = 1
+    compressor: Optional[str] = None
+    params: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.compress, bool):
             raise PlanError(f"compress must be true/false, found {self.compress!r}")
-        if not isinstance(self.partitions, int) or self.partitions < 1:
+        if not isinstance(self.partitions, int) or isinstance(self.partitions, bool) \
+                or self.partitions < 1:
             raise PlanError(f"partitions must be an integer >= 1, found {self.partitions!r}")
+        if self.compressor is not None:
+            if not isinstance(self.compressor, str) or not self.compressor:
+                raise PlanError(f"compressor must be a registry name or null, found "
+                                f"{self.compressor!r}")
+            if not self.compress:
+                raise PlanError(f"an entry that does not compress names compressor "
+                                f"{self.compressor!r}; drop it or set compress to true")
+        elif self.params:
+            raise PlanError(f"params {dict(self.params)} given without a compressor")
+        object.__setattr__(self, "params", canonical_params(self.params))
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-ready form; the compressor and its params only where named."""
+        d: Dict[str, Any] = {"compress": self.compress, "partitions": self.partitions}
+        if self.compressor is not None:
+            d.update(compressor=self.compressor, params=dict(self.params))
+        return d
 
 
 @dataclass(frozen=True)
@@ -90,9 +156,10 @@ class Plan:
     """A synchronisation plan for one model, strategy and world size.
 
     Args:
-        compressor: registry name used for compressed gradients.
+        compressor: registry name for compressed gradients whose entry names
+            none, and for the size rule.
         params: the compressor's constructor parameters.
-        strategy: "ps" or "ring".
+        strategy: "ps" or "ring" the plan was computed for (None: any).
         world_size: N the plan was computed for (0: any).
         rule: size rule for gradients not listed in ``gradients``.
         gradients: explicit decisions by gradient name.
@@ -101,25 +168,74 @@ class Plan:
 
     compressor: str = "onebit"
     params: Mapping[str, Any] = field(default_factory=dict)
-    strategy: str = "ps"
+    strategy: Optional[str] = None
     world_size: int = 0
     rule: SizeRule = field(default_factory=SizeRule)
     gradients: Mapping[str, GradientPlan] = field(default_factory=dict)
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise PlanError(f"strategy must be one of {STRATEGIES}, found {self.strategy!r}")
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise PlanError(f"strategy must be one of {STRATEGIES} or null, found "
+                            f"{self.strategy!r}")
         if not isinstance(self.world_size, int) or self.world_size < 0:
             raise PlanError(f"world_size must be an integer >= 0, found {self.world_size!r}")
         if not isinstance(self.compressor, str) or not self.compressor:
             raise PlanError(f"compressor must be a registry name, found {self.compressor!r}")
+        object.__setattr__(self, "params", canonical_params(self.params))
+        for name, g in self.gradients.items():
+            if not isinstance(g, GradientPlan):
+                raise PlanError(f"gradient {name!r}: expected a GradientPlan, found "
+                                f"{type(g).__name__}")
 
     def decide(self, name: str, nbytes: int, world_size: Optional[int] = None) -> GradientPlan:
         """The decision for gradient ``name`` of ``nbytes`` bytes."""
         if name in self.gradients:
             return self.gradients[name]
         return self.rule.decide(nbytes, world_size or self.world_size or 1)
+
+    def compressor_of(self, dec: GradientPlan) -> Tuple[str, Dict[str, Any]]:
+        """(name, params) a compressing decision uses: its own, else the plan's."""
+        if dec.compressor is not None:
+            return dec.compressor, dict(dec.params)
+        return self.compressor, dict(self.params)
+
+    def compressors(self) -> List[Tuple[str, Dict[str, Any]]]:
+        """The distinct (name, params) the plan's entries and rule may use, sorted."""
+        seen = {(self.compressor, json.dumps(dict(self.params), sort_keys=True))}
+        for g in self.gradients.values():
+            if g.compress:
+                name, params = self.compressor_of(g)
+                seen.add((name, json.dumps(params, sort_keys=True)))
+        return [(n, json.loads(p)) for n, p in sorted(seen)]
+
+    def check(self, sizes: Mapping[str, int], *, strategy: str, world_size: int) -> None:
+        """Refuse a plan that does not fit the run, naming what differs.
+
+        Args:
+            sizes: the model's gradients (name -> bytes).
+            strategy: the run's strategy; world_size: its N.
+
+        Raises:
+            PlanError: the plan was made for another strategy or world size,
+                or names gradients the model does not have.
+        """
+        if self.strategy is not None and self.strategy != strategy:
+            raise PlanError(f"the plan was made for strategy {self.strategy!r}, this run uses "
+                            f"{strategy!r}; pass strategy={self.strategy!r} or regenerate the "
+                            "plan (hipress-profile plan --strategy ...)")
+        if self.world_size and self.world_size != world_size:
+            raise PlanError(f"the plan was made for {self.world_size} ranks, this run has "
+                            f"{world_size}; regenerate it (hipress-profile plan -n "
+                            f"{world_size}) or set its world_size to 0 to use it anyway")
+        unknown = sorted(set(self.gradients) - set(sizes))
+        if unknown:
+            known = list(sizes)
+            raise PlanError(f"the plan names {len(unknown)} gradient(s) the model does not "
+                            f"have: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}; the "
+                            f"model's are {known[:5]}{' ...' if len(known) > 5 else ''} "
+                            "(was the plan made for another model, or are names prefixed "
+                            "differently, e.g. 'module.'?)")
 
     # -- (de)serialisation -------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -132,7 +248,7 @@ class Plan:
             "strategy": self.strategy,
             "world_size": self.world_size,
             "rule": asdict(self.rule),
-            "gradients": {k: asdict(v) for k, v in self.gradients.items()},
+            "gradients": {k: v.to_dict() for k, v in self.gradients.items()},
             "meta": dict(self.meta),
         }
 
@@ -148,23 +264,34 @@ class Plan:
         if d.get("format") != PLAN_FORMAT:
             raise PlanError(f"not a plan file: format is {d.get('format')!r}, "
                             f"expected {PLAN_FORMAT!r}")
-        if d.get("version") != PLAN_VERSION:
-            raise PlanError(f"plan version {d.get('version')!r} is not supported "
-                            f"(expected {PLAN_VERSION}); regenerate it with hipress-profile plan")
+        version = d.get("version")
+        if version not in READABLE_VERSIONS:
+            raise PlanError(f"plan version {version!r} is not supported (this library reads "
+                            f"versions {READABLE_VERSIONS}); regenerate it with "
+                            "hipress-profile plan")
         known = {"format", "version", "compressor", "params", "strategy", "world_size", "rule",
                  "gradients", "meta"}
         unknown = set(d) - known
         if unknown:
             raise PlanError(f"unknown plan keys: {sorted(unknown)}; known: {sorted(known)}")
+        entry_keys = {"compress", "partitions"} | ({"compressor", "params"}
+                                                    if version >= 2 else set())
+        grads = {}
         try:
             rule = SizeRule(**d.get("rule", {}))
-            grads = {str(k): GradientPlan(**v) for k, v in d.get("gradients", {}).items()}
+            for k, v in d.get("gradients", {}).items():
+                if not isinstance(v, Mapping) or set(v) - entry_keys:
+                    raise PlanError(f"invalid plan entry: gradient {k!r}: an entry is an "
+                                    f"object with keys "
+                                    f"{sorted(entry_keys)} (plan version {version}), found "
+                                    f"{sorted(v) if isinstance(v, Mapping) else v!r}")
+                grads[str(k)] = GradientPlan(**v)
         except TypeError as e:
             raise PlanError(f"invalid plan entry: {e}") from e
         return cls(
             compressor=d.get("compressor", "onebit"),
             params=dict(d.get("params", {})),
-            strategy=d.get("strategy", "ps"),
+            strategy=d.get("strategy"),
             world_size=d.get("world_size", 0),
             rule=rule,
             gradients=grads,

@@ -27,14 +27,20 @@ import torch
 import hipress_like as hp
 from hipress_like.casync.engine import Engine, EngineConfig
 from hipress_like.casync.launch import WorkerError, run_workers
-from hipress_like.cost_model.plan import Plan, SizeRule
+from hipress_like.cost_model.plan import GradientPlan, Plan, SizeRule
 
 SHAPES = [(3,), (64, 33), (40, 40), (128, 20), (257,), (96, 64)]
 
 
 def _plan(comp):
-    return Plan(compressor=comp, rule=SizeRule(min_compress_bytes=0, bytes_per_partition=4096,
-                                               max_partitions=3))
+    rule = SizeRule(min_compress_bytes=0, bytes_per_partition=4096, max_partitions=3)
+    if comp == "mixed":  # plan format 2: a compressor per gradient
+        return Plan(compressor="onebit", rule=rule, gradients={
+            "g1": GradientPlan(True, 1, "powersgd", {"rank": 2}),
+            "g2": GradientPlan(True, 2, "terngrad", {"bitwidth": 2}),
+            "g3": GradientPlan(True, 3, "topk", {"ratio": 0.05}),
+            "g4": GradientPlan(False)})
+    return Plan(compressor=comp, rule=rule)
 
 
 def _digest(ts):
@@ -73,7 +79,8 @@ def _twice_every_compressor(ctx, names, strategies):
 
 
 def _names():
-    return [c for c in hp.compressors.available() if c not in ("none", "ef", "error_feedback")]
+    return [c for c in hp.compressors.available()
+            if c not in ("none", "ef", "error_feedback")] + ["mixed"]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -507,3 +507,40 @@ def test_the_engine_takes_a_plan_source_not_the_string_auto():
             eng.close()
     assert run_threads(body, 2, timeout=60) == [False, False]
     assert sorted(calls) == [(r, {"a": 48, "b": 40}, "ring") for r in (0, 1)]
+
+
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_a_compressor_per_gradient_matches_each_compressor_alone(strategy):
+    """Plan format 2: each gradient takes the compressor its entry names. Every
+    rank ends with the same bits, and each gradient comes out as an engine
+    running only its compressor gives it, bit for bit. (PS gradients get K = N
+    equal partitions, so their aggregators are ranks 0..N-1 in both runs: a PS
+    aggregator adds its own values uncompressed, so who aggregates matters.)"""
+    shapes = {"fc.weight": (64, 48), "conv.weight": (30, 40), "emb": (2001,), "bias": (17,)}
+    entries = {"fc.weight": GradientPlan(True, 1, "powersgd", {"rank": 2}),
+               "conv.weight": GradientPlan(True, 3, "terngrad", {"bitwidth": 2}),
+               "emb": GradientPlan(True, 3),  # the plan's own compressor
+               "bias": GradientPlan(False)}
+    plan = Plan(compressor="onebit", gradients=entries)
+
+    def grads(rank, only=None):
+        g = torch.Generator().manual_seed(70 + rank)
+        out = {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+        return out if only is None else {only: out[only]}
+
+    mixed = run_engine(3, plan, strategy, grads=grads, steps=2)
+    layout = mixed[0][1]
+    assert layout["fc.weight"]["compressor"].startswith("PowerSGD")
+    assert "TernGrad" in layout["conv.weight"]["compressor"]
+    assert "OneBit" in layout["emb"]["compressor"]
+    assert layout["bias"]["compressor"] is None and not layout["bias"]["compress"]
+    for step in range(2):
+        for k in shapes:
+            for r in range(1, 3):
+                assert torch.equal(mixed[r][0][step][k], mixed[0][0][step][k]), (k, r)
+    for k, dec in entries.items():
+        name, params = plan.compressor_of(dec) if dec.compress else ("identity", {})
+        alone = Plan(compressor=name, params=params, gradients={k: dec})
+        ref = run_engine(3, alone, strategy, grads=lambda r, k=k: grads(r, k), steps=2)
+        for step in range(2):
+            assert torch.equal(mixed[0][0][step][k], ref[0][0][step][k]), (k, step)

@@ -176,7 +176,15 @@ def test_size_rule_is_close_to_the_model(profile):
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.update(version=2), "version 2 is not supported"),
+    (lambda d: d.update(version=3), "version 3 is not supported"),
+    (lambda d: d.update(version=1) or d["gradients"].update(
+        x={"compress": True, "partitions": 1, "compressor": "topk"}), "invalid plan entry"),
+    (lambda d: d["gradients"].update(x={"compress": False, "compressor": "topk"}),
+     "does not compress"),
+    (lambda d: d["gradients"].update(x={"compress": True, "params": {"k": 1}}),
+     "without a compressor"),
+    (lambda d: d["gradients"].update(x={"compress": True, "compressor": "topk",
+                                        "params": {"ratio": {"a": 1}}}), "params.ratio"),
     (lambda d: d.update(format="nope"), "not a plan file"),
     (lambda d: d.update(surprise=1), "unknown plan keys"),
     (lambda d: d.update(strategy="tree"), "strategy"),
