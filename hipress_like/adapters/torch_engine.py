@@ -70,7 +70,10 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         specs: (name, shape, wire dtype) for every gradient, in the same
             order on every rank.
         compression: what the user passed (name, spec, Compressor or None);
-            None means the plan's compressor if a ``Plan`` is given, else none.
+            None means the plan's compressor if a ``Plan`` is given, else none;
+            "auto" (with ``plan="auto"``) lets the cost model choose a
+            compressor per gradient among ``tuning.auto.DEFAULT_CANDIDATES``
+            and none.
         strategy: "ps" or "ring".
         plan: "auto", None, a ``Plan`` or a path.
         nonfinite: "raise" or "skip".
@@ -88,7 +91,18 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
     if nonfinite not in ("raise", "skip"):
         raise ValueError(f"nonfinite must be 'raise' or 'skip', found {nonfinite!r}")
     plan = resolve_plan(plan)
-    if compression is None and isinstance(plan, Plan):
+    candidates = None
+    if isinstance(compression, str) and compression == "auto":
+        # a compressor per gradient, chosen by the cost model among the defaults
+        if plan != "auto":
+            raise ValueError("compression='auto' chooses a compressor per gradient by "
+                             "profiling, which needs plan='auto'; pass a compressor name with "
+                             "a fixed plan, or plan='auto'")
+        from ..tuning.auto import DEFAULT_CANDIDATES
+
+        candidates = DEFAULT_CANDIDATES
+        name, params = "onebit", {}  # the fallback rule's compressor until the plan is fixed
+    elif compression is None and isinstance(plan, Plan):
         name, params = plan.compressor, dict(plan.params)
     else:
         name, params = resolve_compression(compression)
@@ -105,7 +119,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
     if plan == "auto":
         from ..tuning.auto import auto_plan
 
-        plan = auto_plan()  # profiles the engine's compressor inside register()
+        plan = auto_plan(candidates=candidates)  # profiles inside register()
     cfg_kwargs = dict(compressor=name, params=params, strategy=strategy, plan=plan,
                       timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed),
                       replay=replay == "1")

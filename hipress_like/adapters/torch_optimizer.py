@@ -311,9 +311,16 @@ class _DistributedOptimizerMixin:
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load the wrapped optimizer's state and, when it is ours, the compressor state.
 
-        Compressor state saved by another rank or another world size is not
-        loaded (residuals are per rank); that rank starts its compressor
-        state fresh and a warning says how to resume exactly.
+        Compressor state is per rank (error-feedback residuals, PowerSGD's Q):
+        state saved with another world size is dropped, and every rank's
+        compressor state starts fresh, with a warning; state saved by one rank
+        and loaded on another is refused (it would resume with the wrong
+        residuals).
+
+        Raises:
+            ValueError: the state dict holds another rank's compressor state;
+                save ``optimizer.state_dict(all_ranks=True)`` on every rank,
+                or each rank's own state dict.
         """
         state_dict = dict(state_dict)
         hip = state_dict.pop("hipress", None)
@@ -328,17 +335,20 @@ class _DistributedOptimizerMixin:
             warnings.warn(f"compressor state was saved with {hip.get('world_size')} ranks, this "
                           f"run has {self._hp_size}; starting compressor state fresh",
                           stacklevel=2)
+            self._hp_engine.reset_state()
             return
         if "engines" in hip:
             self._hp_engine.load_state_dict(hip["engines"][self._hp_rank])
         elif hip.get("rank") == self._hp_rank:
             self._hp_engine.load_state_dict(hip["engine"])
         else:
-            warnings.warn(
-                f"compressor state in this state dict belongs to rank {hip.get('rank')}, not "
-                f"rank {self._hp_rank}; rank {self._hp_rank} starts its compressor state "
-                "fresh. For an exact resume save each rank's optimizer.state_dict(), or "
-                "optimizer.state_dict(all_ranks=True) on every rank", stacklevel=2)
+            raise ValueError(
+                f"the compressor state in this state dict belongs to rank {hip.get('rank')}, "
+                f"not rank {self._hp_rank}: loading it would resume rank {self._hp_rank} with "
+                "another rank's error-feedback residuals. Save "
+                "optimizer.state_dict(all_ranks=True) on every rank (every rank's state in "
+                "one dict), or each rank's own optimizer.state_dict(); to start the "
+                "compressor state fresh, delete the 'hipress' key before loading")
 
     # -- teardown ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -387,7 +397,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             gradients in plans, logs and errors. ``None``: positional names.
         compression: ``hpt.Compression.<name>`` (or a registry name or a
             ``Compressor``). ``None``: no compression, or the plan's
-            compressor when ``plan`` is a ``Plan``.
+            compressor when ``plan`` is a ``Plan``. ``"auto"`` (with
+            ``plan="auto"``): the cost model picks a compressor per gradient
+            (onebit, TernGrad, DGC, PowerSGD or none) from a profile taken
+            when the optimizer is built.
         backward_passes_per_step: backward passes accumulated locally
             before the gradients are averaged.
         op: ``hpt.Average`` (default) or ``hpt.Sum``.

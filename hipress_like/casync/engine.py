@@ -412,6 +412,10 @@ class Engine:
         self._step = int(d.get("step", 0))
         self._st.index = self._step
 
+    def reset_state(self) -> None:
+        """Forget every compressor state (they start fresh at the next encode)."""
+        self._states.clear()
+
     def close(self) -> None:
         """Stop the background threads and free the engine's own data channel.
 

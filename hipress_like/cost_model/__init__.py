@@ -26,13 +26,13 @@ from .model import (
     t_sync_orig,
 )
 from .plan import PLAN_FORMAT, PLAN_VERSION, GradientPlan, Plan, PlanError, SizeRule
-from .planner import ENGINE_TO_MODEL, Choice, Planner
+from .planner import ENGINE_TO_MODEL, Choice, Planner, plan_per_gradient
 from .profile import PROFILE_FORMAT, PROFILE_VERSION, CompressorProfile, Profile, ProfileError
 
 __all__ = [
     "PLAN_FORMAT", "PLAN_VERSION", "GradientPlan", "Plan", "PlanError", "SizeRule",
     "SYNC_PARAMS", "Count", "Curve", "Link", "SyncParams", "fit_link", "n_batches",
     "sync_params", "t_sync_cpr", "t_sync_orig", "collectives", "presets",
-    "ENGINE_TO_MODEL", "Choice", "Planner",
+    "ENGINE_TO_MODEL", "Choice", "Planner", "plan_per_gradient",
     "PROFILE_FORMAT", "PROFILE_VERSION", "CompressorProfile", "Profile", "ProfileError",
 ]

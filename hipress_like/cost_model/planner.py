@@ -41,7 +41,7 @@ from .model import Link, SyncParams, concurrent_link, sync_params, t_sync_cpr, t
 from .plan import STRATEGIES, GradientPlan, Plan, SizeRule
 from .profile import CompressorProfile, Profile
 
-__all__ = ["ENGINE_TO_MODEL", "Choice", "EngineTerm", "Planner", "NEVER"]
+__all__ = ["ENGINE_TO_MODEL", "Choice", "EngineTerm", "Planner", "NEVER", "plan_per_gradient"]
 
 _log = logging.getLogger(__name__)
 
@@ -412,6 +412,61 @@ class Planner:
     def table(self, sizes: Sequence[int]) -> List[Choice]:
         """Choices for distinct sizes, ascending (rows of a HiPress Table 7-like table)."""
         return [self.choose(int(s)) for s in sorted(set(sizes))]
+
+
+def plan_per_gradient(planners: Sequence[Planner], gradients: Gradients, *,
+                      meta: Optional[Mapping[str, object]] = None) -> Plan:
+    """A plan that picks, per gradient, the cheapest of several compressors or none.
+
+    HiPress Sec. 3.3 decides <compress?, K> per gradient for one algorithm;
+    here each gradient also gets the algorithm: for every candidate's
+    ``Planner`` (same profile, N and strategy) the best Eq. 2 time over K,
+    against the best uncompressed time (Eq. 1, or the allreduce lane); the
+    smallest wins, ties going to the earlier candidate. The plan (format 2)
+    names each entry's compressor; its own compressor and size rule, for
+    gradients it does not name, are those of the candidate that wins the
+    most bytes.
+
+    Args:
+        planners: one per candidate compressor, built on the same profile.
+        gradients: {name: nbytes} or (name, nbytes) pairs.
+        meta: extra provenance stored in the plan.
+
+    Raises:
+        ValueError: no planner, planners for different N or strategies, an
+            empty model or duplicate names.
+    """
+    if not planners:
+        raise ValueError("plan_per_gradient needs at least one candidate planner")
+    if len({(p.n, p.strategy) for p in planners}) > 1:
+        raise ValueError("the candidate planners must share N and the strategy")
+    items = list(gradients.items() if isinstance(gradients, Mapping) else gradients)
+    plans = [p.plan(items) for p in planners]  # validates the model, fits each rule
+    entries, predicted, won = {}, {}, [0] * len(planners)
+    for name, nbytes in items:
+        choices = [p.choose(int(nbytes)) for p in planners]
+        i = min(range(len(choices)), key=lambda j: (choices[j].t_cpr, j))
+        c = choices[i]
+        if c.t_cpr < c.t_orig:
+            entries[str(name)] = GradientPlan(True, c.k_cpr, planners[i].cp.name,
+                                              dict(planners[i].cp.params))
+            predicted[str(name)] = round(c.t_cpr, 9)
+            won[i] += int(nbytes)
+        else:
+            entries[str(name)] = GradientPlan(False, c.k_orig)
+            predicted[str(name)] = round(c.t_orig, 9)
+    top = max(range(len(planners)), key=lambda j: (won[j], -j))
+    base = plans[top]
+    info = dict(base.meta)
+    info.update(candidates=[p.cp.name for p in planners], predicted_s=predicted,
+                predicted_total_s={"plan": sum(predicted.values()),
+                                   "no_compression": base.meta["predicted_total_s"][
+                                       "no_compression"],
+                                   **{f"all_{p.cp.name}": q.meta["predicted_total_s"][
+                                       "compress_all"] for p, q in zip(planners, plans)}})
+    info.update(meta or {})
+    return Plan(compressor=base.compressor, params=dict(base.params), strategy=base.strategy,
+                world_size=base.world_size, rule=base.rule, gradients=entries, meta=info)
 
 
 def _grid(lo: int, hi: int, per_octave: int) -> List[int]:

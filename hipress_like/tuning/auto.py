@@ -46,11 +46,17 @@ import torch
 
 from ..cost_model.model import Link
 from ..cost_model.plan import Plan, SizeRule
-from ..cost_model.planner import NEVER, Planner
+from ..cost_model.planner import NEVER, Planner, plan_per_gradient
 from ..cost_model.profile import Profile, log_sizes
 from .profiler import broadcast_bytes, profile_transport
 
-__all__ = ["auto_plan", "AutoPlanner"]
+__all__ = ["auto_plan", "AutoPlanner", "DEFAULT_CANDIDATES"]
+
+# What ``compression="auto"`` chooses from per gradient (and "none"): a 1-bit and
+# a 2-bit quantizer, a 0.1% sparsifier and rank-4 PowerSGD, the families of
+# HiPress Table 1 that CaSync runs here.
+DEFAULT_CANDIDATES: Dict[str, Dict[str, Any]] = {
+    "onebit": {}, "terngrad": {"bitwidth": 2}, "dgc": {"ratio": 0.001}, "powersgd": {"rank": 4}}
 
 _log = logging.getLogger(__name__)
 
@@ -74,6 +80,10 @@ class AutoPlanner:
             (its coordinator reports), timed with the link; 0 times bare links.
         raw_collective: the engine's setting: uncompressed gradients are
             modelled as a ring allreduce (True) or HiPress Eq. 1 (False).
+        candidates: {name: params} of compressors to choose from per gradient
+            (``cost_model.plan_per_gradient``; "none" is always a candidate);
+            default: only ``compressor``. ``DEFAULT_CANDIDATES`` is the set
+            ``compression="auto"`` uses.
         engine_timing: also time whole synchronisations through the engine
             (default True; see the module docstring). False plans with
             HiPress Eq. 1/2 alone, which on 2026-11-23's 4-rank host
@@ -90,7 +100,8 @@ class AutoPlanner:
                  repeats: int = 3, max_profile_bytes: int = 64 << 20,
                  max_link_bytes: int = 16 << 20, timeout: float = 300.0,
                  provisional: Optional[Plan] = None, round_meta_bytes: int = 0,
-                 raw_collective: bool = True, engine_timing: bool = True) -> None:
+                 raw_collective: bool = True, engine_timing: bool = True,
+                 candidates: Optional[Mapping[str, Mapping[str, Any]]] = None) -> None:
         if strategy not in ("ps", "ring"):
             raise ValueError(f"unknown strategy {strategy!r}; expected 'ps' or 'ring'")
         if not isinstance(warmup_iterations, int) or warmup_iterations < 1:
@@ -100,6 +111,10 @@ class AutoPlanner:
         self.raw_collective = bool(raw_collective)
         self.engine_timing = bool(engine_timing)
         self.params = dict(params or {})
+        self.candidates = {str(k): dict(v or {}) for k, v in
+                           (candidates or {compressor: self.params}).items()}
+        if not self.candidates:
+            raise ValueError("candidates must name at least one compressor")
         self.strategy = strategy
         self.link = link
         self.warmup_iterations = warmup_iterations
@@ -187,9 +202,9 @@ class AutoPlanner:
         link = self.link or (Link(0.0, 1.0) if n == 1 else None)
         if transport is None or n == 1:
             from .profiler import profile_compressor
-            comp = profile_compressor(self.compressor, self.params, prof_sizes,
-                                      repeats=self.repeats, min_time=0.0)
-            self.profile = Profile(link=link, compressors={self.compressor: comp},
+            comps = {c: profile_compressor(c, ps, prof_sizes, repeats=self.repeats,
+                                           min_time=0.0) for c, ps in self.candidates.items()}
+            self.profile = Profile(link=link, compressors=comps,
                                    meta={"ranks": n, "link_source": "given"})
         else:
             link_sizes = log_sizes(4096, max(8192, min(big, self.max_link_bytes)), 0.5)
@@ -197,7 +212,7 @@ class AutoPlanner:
             grid = [(m, k) for m in sorted({max(4096, top >> 6), max(4096, top >> 3), top})
                     for k in sorted({1, 2, n, 3 * n})]
             self.profile = profile_transport(
-                transport, {self.compressor: self.params}, sizes=prof_sizes,
+                transport, self.candidates, sizes=prof_sizes,
                 link_sizes=link_sizes, link=link, repeats=self.repeats, timeout=self.timeout,
                 round_meta_bytes=self.round_meta_bytes, raw_collective=self.raw_collective,
                 engine_overhead=self.strategy if self.engine_timing else None,
@@ -205,11 +220,13 @@ class AutoPlanner:
         rank = 0 if transport is None else transport.rank
         data = b""
         if rank == 0:
-            planner = Planner(self.profile, self.compressor, n, self.strategy,
-                              max_partitions=self.max_partitions,
-                              raw_collective=self.raw_collective)
-            plan = planner.plan(sizes, meta={"auto": "fixed", "profile": self.profile.to_dict(),
-                                             "profiling_s": time.perf_counter() - t0})
+            planners = [Planner(self.profile, c, n, self.strategy,
+                                max_partitions=self.max_partitions,
+                                raw_collective=self.raw_collective) for c in self.candidates]
+            meta = {"auto": "fixed", "profile": self.profile.to_dict(),
+                    "profiling_s": time.perf_counter() - t0}
+            plan = (planners[0].plan(sizes, meta=meta) if len(planners) == 1
+                    else plan_per_gradient(planners, sizes, meta=meta))
             data = json.dumps(plan.to_dict()).encode()
         if transport is not None and n > 1:
             data = broadcast_bytes(transport, data, self.timeout)
@@ -247,6 +264,9 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
             instance: an error-feedback wrapper is profiled by its inner
             algorithm); None takes the engine's ``config.compressor``.
         params: its parameters (with a name).
+        candidates: {name: params} to choose from per gradient (plan format
+            2; ``DEFAULT_CANDIDATES`` for the front ends' ``compression="auto"``);
+            default: only ``compressor``.
         **options: ``AutoPlanner`` options overriding the quick defaults.
 
     Example:
@@ -255,9 +275,11 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
     """
 
     def __init__(self, compressor: Any = None, params: Optional[Mapping[str, Any]] = None,
-                 **options: Any):
+                 candidates: Optional[Mapping[str, Mapping[str, Any]]] = None, **options: Any):
         self.compressor = compressor
         self.params = dict(params or {})
+        self.candidates = None if candidates is None else {k: dict(v or {})
+                                                            for k, v in candidates.items()}
         self.options = options
 
     def __call__(self, transport: Any, sizes: Mapping[str, int], config: Any) -> Plan:
@@ -277,6 +299,8 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
                     # a quick profile: curves are interpolated beyond these sizes
                     max_profile_bytes=16 << 20, max_link_bytes=4 << 20)
         opts.update(self.options)
+        if self.candidates is not None:
+            opts["candidates"] = self.candidates
         t0 = time.perf_counter()
         plan = AutoPlanner(inner.name, params=inner.params(), **opts).finalize(transport,
                                                                                dict(sizes))
@@ -285,4 +309,4 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
         return plan
 
     def __repr__(self) -> str:
-        return f"auto_plan({self.compressor!r})"
+        return f"auto_plan({self.compressor!r}, candidates={self.candidates!r})"

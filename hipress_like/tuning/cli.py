@@ -33,7 +33,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..cost_model.model import Link
 from ..cost_model.plan import PlanError
-from ..cost_model.planner import NEVER, Planner
+from ..cost_model.planner import NEVER, Planner, plan_per_gradient
 from ..cost_model.presets import PRESETS, from_json, from_module, preset
 from ..cost_model.profile import Profile, ProfileError, log_sizes
 
@@ -314,34 +314,51 @@ def _profile_from_env(specs, sizes, link_sizes, repeats, given, quiet, opts
 # -- plan ---------------------------------------------------------------------
 def _cmd_plan(a: argparse.Namespace) -> int:
     prof = Profile.load(a.profile)
-    name = _pick_compressor(prof, a.compressor)
+    if a.compressor == "all":
+        names = sorted(prof.compressors)
+    elif a.compressor and "," in a.compressor:
+        names = [_pick_compressor(prof, c) for c in a.compressor.split(",") if c]
+    else:
+        names = [_pick_compressor(prof, a.compressor)]
     sizes = _model_sizes(a.model, a.scale)
-    planner = Planner(prof, name, a.nodes, a.strategy, max_partitions=a.max_partitions,
-                      raw_collective=not a.raw_via_workflow)
-    plan = planner.plan(sizes, meta={"model": a.model, "profile": os.fspath(a.profile),
-                                     "scale": a.scale})
-    p = planner.params
-    print(f"plan: {name} on CaSync-{a.strategy.upper()} ({planner.model_strategy}: "
-          f"alpha={p.alpha}, beta={p.beta}, gamma={p.gamma}; {p.source}), N={a.nodes}, "
-          f"{len(sizes)} gradients, {format_bytes(sum(s for _, s in sizes))}")
-    counts: Dict[int, int] = {}
-    for _, s in sizes:
-        counts[s] = counts.get(s, 0) + 1
-    rows = planner.table(list(counts))
-    print(f"{'gradient size':>14} {'count':>6}  {'<compress, K>':<14}{'T_orig ms':>11}"
-          f"{'T_cpr ms':>11}{'speedup':>9}")
-    for c in rows:
-        tup = f"<{'yes' if c.compress else 'no'}, {c.partitions}>"
-        print(f"{format_bytes(c.nbytes):>14} {counts[c.nbytes]:>6}  {tup:<14}"
-              f"{c.t_orig * 1e3:>11.3f}{c.t_cpr * 1e3:>11.3f}{c.speedup:>8.2f}x")
+    planners = [Planner(prof, c, a.nodes, a.strategy, max_partitions=a.max_partitions,
+                        raw_collective=not a.raw_via_workflow) for c in names]
+    meta = {"model": a.model, "profile": os.fspath(a.profile), "scale": a.scale}
+    plan = (planners[0].plan(sizes, meta=meta) if len(planners) == 1
+            else plan_per_gradient(planners, sizes, meta=meta))
+    p = planners[0].params
+    print(f"plan: {', '.join(names)} on CaSync-{a.strategy.upper()} "
+          f"({planners[0].model_strategy}: alpha={p.alpha}, beta={p.beta}, gamma={p.gamma}; "
+          f"{p.source}), N={a.nodes}, {len(sizes)} gradients, "
+          f"{format_bytes(sum(s for _, s in sizes))}")
+    by_name = {pl.cp.name: pl for pl in planners}
+    per_gradient = len(sizes) <= a.list_limit
+    # HiPress Table 7's <compress?, K>, with the compressor in place of "yes"
+    print(f"{'gradient' if per_gradient else 'gradient size':<28} {'count':>6}  "
+          f"{'<compress, K>':<18}{'T_orig ms':>11}{'T_plan ms':>11}{'speedup':>9}")
+    groups: Dict[Any, List[str]] = {}
+    for name, s in sizes:
+        key = name if per_gradient else s
+        groups.setdefault(key, []).append(name)
+    for key, members in groups.items():
+        nbytes = dict(sizes)[members[0]]
+        dec = plan.decide(members[0], nbytes, a.nodes)
+        comp = plan.compressor_of(dec)[0] if dec.compress else "none"
+        c = (by_name.get(comp) or planners[0]).choose(nbytes)
+        t = c.t_cpr if dec.compress else c.t_orig
+        label = key if per_gradient else format_bytes(nbytes)
+        tup = f"<{comp if dec.compress else 'no'}, {dec.partitions}>"
+        print(f"{str(label)[:28]:<28} {len(members):>6}  {tup:<18}"
+              f"{c.t_orig * 1e3:>11.3f}{t * 1e3:>11.3f}{c.t_orig / t if t else 1:>8.2f}x")
     r = plan.rule
     thr = "never" if r.min_compress_bytes >= NEVER else f">= {format_bytes(r.min_compress_bytes)}"
-    print(f"compress gradients {thr}; other sizes: one partition per "
+    print(f"gradients the plan does not name: {plan.compressor} {thr}, one partition per "
           f"{format_bytes(r.bytes_per_partition)}, at most {r.max_partitions}")
     tot = plan.meta["predicted_total_s"]
+    others = ", ".join(f"{k.replace('_', ' ')} {v * 1e3:.1f} ms" for k, v in tot.items()
+                       if k != "plan")
     print(f"predicted sync time per iteration (no overlap): {tot['plan'] * 1e3:.1f} ms "
-          f"(no compression {tot['no_compression'] * 1e3:.1f} ms, compress all "
-          f"{tot['compress_all'] * 1e3:.1f} ms)")
+          f"({others})")
     plan.save(a.output)
     print(f"wrote {a.output}")
     return 0
@@ -509,8 +526,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "sizes like 4MB,16MB, a JSON file, or package.module:attr (a torch module)")
     p.add_argument("--nodes", "-N", type=_positive_int, required=True, help="number of nodes N")
     p.add_argument("--strategy", default="ps", choices=("ps", "ring"))
-    p.add_argument("--compressor", help="compressor in the profile (default: the only one)")
+    p.add_argument("--compressor", help="compressor in the profile (default: the only one); "
+                   "a comma-separated list, or 'all', chooses one per gradient (or none)")
     p.add_argument("--max-partitions", type=_positive_int, help="largest K (default 4N)")
+    p.add_argument("--list-limit", type=_positive_int, default=60,
+                   help="list each gradient by name up to this many (else by size)")
     p.add_argument("--raw-via-workflow", action="store_true",
                    help="model uncompressed gradients as HiPress Eq. 1 (the engine's "
                         "raw_collective=False) instead of a ring allreduce")

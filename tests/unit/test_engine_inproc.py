@@ -544,3 +544,36 @@ def test_a_compressor_per_gradient_matches_each_compressor_alone(strategy):
         ref = run_engine(3, alone, strategy, grads=lambda r, k=k: grads(r, k), steps=2)
         for step in range(2):
             assert torch.equal(mixed[0][0][step][k], ref[0][0][step][k]), (k, step)
+
+
+def test_auto_plan_chooses_among_candidates_per_gradient_identically_on_every_rank():
+    """plan=auto_plan(candidates=...) profiles every candidate and plans each
+    gradient with one of them or none (plan format 2); every rank fixes the
+    same plan and ends the step with the same bits."""
+    cands = {"onebit": {}, "powersgd": {"rank": 2}}
+
+    def body(tr):
+        src = auto_plan(candidates=cands, max_profile_bytes=1 << 20, max_link_bytes=1 << 16,
+                        engine_timing=False)
+        eng = Engine(tr, EngineConfig(compressor="onebit", plan=src, timeout=120))
+        try:
+            shapes = {"fc": (512, 256), "conv": (64, 32), "b": (7,)}
+            eng.register([(k, s, torch.float32) for k, s in shapes.items()])
+            g = torch.Generator().manual_seed(tr.rank)
+            grads = {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+            for k, v in grads.items():
+                eng.submit(k, v)
+            eng.synchronize()
+            return eng.plan.to_dict(), eng.layout(), grads
+        finally:
+            eng.close()
+    res = run_threads(body, 2, timeout=600)
+    plan = Plan.from_dict(res[0][0])
+    assert res[0][0]["gradients"] == res[1][0]["gradients"] and res[0][1] == res[1][1]
+    assert plan.meta["candidates"] == ["onebit", "powersgd"]
+    assert set(plan.gradients) == {"fc", "conv", "b"}
+    for name, dec in plan.gradients.items():
+        assert (dec.compressor is None) == (not dec.compress)
+        assert dec.compressor in (None, "onebit", "powersgd"), (name, dec)
+    for k in res[0][2]:
+        assert torch.equal(res[0][2][k], res[1][2][k])

@@ -429,3 +429,45 @@ def test_planner_chooses_among_given_partition_counts():
             Planner(make_profile(), "q", 4, "ps", partitions=bad)
     with pytest.raises(ValueError, match="exceed max_partitions"):
         Planner(make_profile(), "q", 4, "ps", partitions=[1, 32], max_partitions=16)
+
+
+def test_plan_per_gradient_picks_the_cheapest_compressor_or_none():
+    """Each gradient gets the candidate with the smallest predicted time, or none
+    when sending it raw is cheaper: small gradients stay raw, mid-sized ones take
+    the cheap quantizer, the largest the expensive but tight low-rank one."""
+    from hipress_like.cost_model import plan_per_gradient
+
+    pts = [float(4 << e) for e in range(10, 30, 2)]
+    fast = CompressorProfile(name="fast", category="quantization", ratio=1 / 8,
+                             header_bytes=16, encode=Curve.linear(2e-5, 2e-10, pts),
+                             decode=Curve.linear(1e-5, 1e-10, pts))
+    tight = CompressorProfile(name="tight", category="lowrank", ratio=1 / 512,
+                              header_bytes=64, params={"rank": 4},
+                              encode=Curve.linear(4e-3, 1.5e-9, pts),
+                              decode=Curve.linear(1e-3, 1e-10, pts))
+    prof = Profile(link=Link(latency=1e-4, bandwidth=1.25e8),
+                   compressors={"fast": fast, "tight": tight})
+    planners = [Planner(prof, c, 4, "ps") for c in ("fast", "tight")]
+    grads = {"bias": 1 << 10, "mid": 1 << 20, "huge": 256 << 20}
+    plan = plan_per_gradient(planners, grads)
+    for name, nbytes in grads.items():
+        choices = [p.choose(nbytes) for p in planners]
+        best = min(c.t_cpr for c in choices)
+        dec = plan.gradients[name]
+        if best < choices[0].t_orig:
+            i = min(range(2), key=lambda j: choices[j].t_cpr)
+            assert dec.compress and dec.compressor == planners[i].cp.name
+            assert dec.partitions == choices[i].k_cpr
+        else:
+            assert not dec.compress and dec.compressor is None
+    assert [plan.gradients[n].compressor for n in ("bias", "mid", "huge")] == \
+        [None, "fast", "tight"]
+    assert plan.gradients["huge"].params == {"rank": 4}
+    assert plan.compressor == "tight"  # the most bytes
+    assert plan.meta["predicted_total_s"]["plan"] <= min(
+        plan.meta["predicted_total_s"]["all_fast"], plan.meta["predicted_total_s"]["all_tight"])
+    assert Plan.from_dict(plan.to_dict()) == plan
+    with pytest.raises(ValueError, match="at least one"):
+        plan_per_gradient([], grads)
+    with pytest.raises(ValueError, match="share N"):
+        plan_per_gradient([planners[0], Planner(prof, "tight", 2, "ps")], grads)

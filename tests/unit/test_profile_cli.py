@@ -202,3 +202,30 @@ def test_units():
     for bad in ("", "12XB", "-4KB"):
         with pytest.raises(ValueError):
             parse_bytes(bad)
+
+
+def test_plan_with_several_compressors_names_one_per_gradient(tmp_path):
+    """--compressor a,b (or all) chooses per gradient; the table names the choice."""
+    from hipress_like.cost_model import CompressorProfile, Curve, Link
+
+    pts = [float(4 << e) for e in range(10, 30, 2)]
+    prof = Profile(link=Link(latency=1e-4, bandwidth=1.25e8), compressors={
+        "fast": CompressorProfile(name="fast", category="quantization", ratio=1 / 8,
+                                  header_bytes=16, encode=Curve.linear(2e-5, 2e-10, pts),
+                                  decode=Curve.linear(1e-5, 1e-10, pts)),
+        "tight": CompressorProfile(name="tight", category="lowrank", ratio=1 / 512,
+                                   header_bytes=64, encode=Curve.linear(4e-3, 1.5e-9, pts),
+                                   decode=Curve.linear(1e-3, 1e-10, pts))})
+    prof.save(tmp_path / "p.json")
+    sizes = tmp_path / "sizes.json"
+    sizes.write_text(json.dumps({"bias": 1024, "mid": 1 << 20, "huge": 256 << 20}))
+    out = tmp_path / "plan.json"
+    p = run_cli("plan", "--profile", tmp_path / "p.json", "--compressor", "all", "--model",
+                sizes, "-N", "4", "-o", out, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = {ln.split()[0]: ln for ln in p.stdout.splitlines() if ln[:4] in ("bias", "mid ",
+                                                                          "huge")}
+    assert "<no, " in rows["bias"] and "<fast, " in rows["mid"] and "<tight, " in rows["huge"]
+    plan = Plan.load(out)
+    assert [plan.gradients[n].compressor for n in ("bias", "mid", "huge")] == \
+        [None, "fast", "tight"]

@@ -309,14 +309,33 @@ def test_state_dict_round_trip_weights_only():
         opt.close()
 
 
-def test_state_dict_of_another_rank_warns():
+def test_state_dict_of_another_rank_is_refused():
+    """It used to warn that the rank 'starts fresh' while keeping its state: now
+    another rank's residuals are an error that says how to save them."""
     m = _model()
     opt = _wrap(m, torch.optim.SGD(m.parameters(), lr=0.1))
     try:
         sd = opt.state_dict()
         sd["hipress"]["rank"] = 3
-        with pytest.warns(UserWarning, match="belongs to rank 3"):
+        with pytest.raises(ValueError, match=r"belongs to rank 3.*all_ranks=True"):
             opt.load_state_dict(sd)
+    finally:
+        opt.close()
+
+
+def test_state_dict_of_another_world_size_starts_fresh_for_real():
+    m = _model()
+    opt = _wrap(m, torch.optim.SGD(m.parameters(), lr=0.1), compression="topk")
+    try:
+        _loss(m).backward()
+        opt.step()
+        # one process compresses nothing this small: stand in for a residual
+        opt.engine._states["w|0|push"] = {"residual": torch.ones(3)}
+        sd = opt.state_dict()
+        sd["hipress"]["world_size"] = 8
+        with pytest.warns(UserWarning, match="starting compressor state fresh"):
+            opt.load_state_dict(sd)
+        assert not opt.engine.state_dict()["states"]
     finally:
         opt.close()
 
