@@ -27,7 +27,9 @@ Configurations:
   hp-<strategy>-<compressor>  hipress_like.torch.DistributedOptimizer, PS or
                    Ring x onebit, terngrad, dgc, powersgd (rank 4, the default),
                    powersgd1 (rank 1, as the fastest hook) (engine default plan)
-  hp-<strategy>-auto          the same with plan="auto" (onebit)
+  hp-<strategy>-auto          the same with compression="auto", plan="auto": a
+                   compressor per gradient (onebit, TernGrad, DGC, PowerSGD or
+                   none) chosen from a profile taken when the optimizer is built
   hp-none          the same with Compression.none: every gradient in the
                    engine's allreduce lane, the engine's overhead against DDP
 
@@ -133,8 +135,9 @@ def worker(cfg):
         _, strategy, comp = name.split("-", 2) if name != "hp-none" else ("hp", "ps", "none")
         plan = "auto" if comp == "auto" else None
         params = PARAMS.get(comp, {})
-        comp = {"auto": "onebit", "powersgd1": "powersgd"}.get(comp, comp)
-        spec = hpt.Compression.get(comp, **params)
+        comp = {"powersgd1": "powersgd"}.get(comp, comp)
+        # "auto": the cost model picks a compressor per gradient (or none)
+        spec = "auto" if comp == "auto" else hpt.Compression.get(comp, **params)
         opt = hpt.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                        compression=spec, strategy=strategy, plan=plan)
     else:  # floor: the same compute, no communication at all

@@ -10,7 +10,8 @@ initialise MPI as a side effect.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import os
+from typing import Any, Optional
 
 from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
 
@@ -50,23 +51,28 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def make_transport(backend: str, **kwargs: Any) -> Transport:
-    """Build the transport for a launcher backend name.
+def make_transport(backend: Optional[str] = None, *, timeout: Optional[float] = None,
+                   **kwargs: Any) -> Transport:
+    """Build a transport: the one factory the engine's front ends and tools use.
 
     Args:
-        backend: ``"gloo"``, ``"nccl"`` or ``"torch"`` (``TorchDistTransport``
+        backend: None reads ``HIPRESS_TRANSPORT`` (default ``"torch"``);
+            ``"gloo"``, ``"nccl"`` or ``"torch"`` (``TorchDistTransport``
             over the already-initialised default torch.distributed group;
             gloo/nccl must match the group's backend), ``"mpi"``
             (``MPITransport`` over ``MPI.COMM_WORLD``) or ``"horovod"``
             (``HorovodTransport``; calls ``hvd.init()`` if needed). The
             in-process transport is not built here: use ``InProcGroup``.
+        timeout: seconds a torch.distributed group of the transport's own may
+            block (its ``group_timeout``); other transports time each call.
         **kwargs: passed to the transport's constructor.
 
     Returns:
         A ready ``Transport``.
 
     Raises:
-        ValueError: unknown backend name (the message lists the known ones),
+        ValueError: unknown backend name, from the argument or
+            ``HIPRESS_TRANSPORT`` (the message lists the known ones),
             or a gloo/nccl name that differs from the initialised group's.
         TransportError: torch.distributed is not initialised (torch backends).
         ImportError: mpi4py / horovod is not installed.
@@ -75,6 +81,8 @@ def make_transport(backend: str, **kwargs: Any) -> Transport:
         >>> torch.distributed.init_process_group("gloo")
         >>> t = make_transport("gloo")
     """
+    if backend is None:
+        backend = os.environ.get("HIPRESS_TRANSPORT", "torch")
     key = backend.lower() if isinstance(backend, str) else backend
     if key not in _FACTORY:
         hint = " (the in-process transport: use InProcGroup(size))" if key == "inproc" else ""
@@ -86,4 +94,6 @@ def make_transport(backend: str, **kwargs: Any) -> Transport:
             raise ValueError(f"make_transport({backend!r}) but the default process group uses "
                              f"{dist.get_backend()!r}; pass 'torch' to use whatever it uses")
     module, cls = _FACTORY[key]
+    if timeout is not None and module == "torch_dist":
+        kwargs.setdefault("group_timeout", float(timeout))
     return getattr(importlib.import_module(f".{module}", __name__), cls)(**kwargs)

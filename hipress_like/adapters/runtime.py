@@ -6,7 +6,8 @@ through torch.distributed, trying in order:
 1. already initialised (``run_workers``, or the user called
    ``dist.init_process_group``): adopt the default group;
 2. ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``):
-   ``env://``;
+   ``env://``; the launcher is read by ``launcher.detect``, which refuses an
+   incomplete or contradictory environment;
 3. ``mpirun`` (Open MPI, MPICH or PMIx variables): rank 0 opens a TCPStore
    on a free port and shares ``host:port`` over MPI (mpi4py); every rank
    joins that store, so MPI is only used for the rendezvous;
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Optional
 
+from .launcher import LaunchError, detect
+
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "barrier", "mpi_built", "mpi_enabled", "gloo_built",
@@ -42,7 +45,6 @@ log = logging.getLogger(__name__)
 # minutes, while a 1 GB exchange over a slow link still fits.
 _DEFAULT_TIMEOUT = 300.0
 
-_MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
 
 
 @dataclass
@@ -83,10 +85,6 @@ def _env_int(*names: str, default: Optional[int] = None) -> Optional[int]:
         if v not in (None, ""):
             return int(v)
     return default
-
-
-def _under_mpirun() -> bool:
-    return any(v in os.environ for v in _MPI_RANK_VARS)
 
 
 def _init_mpi(timeout: float) -> _Runtime:
@@ -143,6 +141,9 @@ def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = 
     Raises:
         ValueError: a sub-communicator or process sets were requested.
         RuntimeError: started by mpirun without mpi4py, or the rendezvous failed.
+        LaunchError: the launcher environment is incomplete or contradictory,
+            or names a launcher this front end cannot rendezvous through
+            (the message names the fix); never a silent world of one.
 
     Example:
         >>> import hipress_like.torch as hpt
@@ -172,13 +173,26 @@ def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = 
         _rt = _Runtime(r, n, _env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default=0),
                        _env_int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=n),
                        "adopted", False, t)
-    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        log.info("hipress_like.torch: rank %d of %d adopted from torch.distributed", r, n)
+        return
+    launch = detect()  # LaunchError on an incomplete or contradictory environment
+    if launch.launcher == "torchrun":
         dist.init_process_group(_backend(), init_method="env://", timeout=timedelta(seconds=t))
         n, r = dist.get_world_size(), dist.get_rank()
         _rt = _Runtime(r, n, _env_int("LOCAL_RANK", default=0),
                        _env_int("LOCAL_WORLD_SIZE", default=n), "torchrun", True, t)
-    elif _under_mpirun():
+    elif launch.launcher in ("mpirun", "horovodrun-mpi"):
         _rt = _init_mpi(t)
+    elif launch.launcher in ("horovodrun-gloo", "bpslaunch"):
+        how = ("horovodrun in gloo mode (HOROVOD_RANK, HOROVOD_SIZE)"
+               if launch.launcher == "horovodrun-gloo"
+               else "a bpslaunch-style environment (DMLC_WORKER_ID, DMLC_NUM_WORKER)")
+        raise LaunchError(
+            f"this process was started by {how} as rank {launch.rank} of {launch.size}, but "
+            "hipress_like.torch cannot rendezvous through that launcher yet (it would "
+            "otherwise train alone as a world of one). Launch with torchrun "
+            f"(torchrun --nproc-per-node {launch.size} script.py), with mpirun, or with "
+            "horovodrun --mpi (needs mpi4py)")
     else:
         dist.init_process_group(_backend(), store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timedelta(seconds=t))

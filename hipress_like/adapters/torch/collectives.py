@@ -4,7 +4,7 @@
 ``_async`` forms with ``synchronize(handle)`` / ``poll(handle)``). These are
 the small, blocking-by-default operations training scripts use around the
 optimizer (metric averaging); gradients go through the engine instead.
-Objects and model/optimizer state are in ``torch_objects``.
+Objects and model/optimizer state are in ``objects``.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from .torch_compression import Compression, CompressionSpec
-from .torch_runtime import _require, default_timeout
+from ..compression import Compression, CompressionSpec
+from ..runtime import _require, default_timeout
 
 __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
@@ -50,7 +50,7 @@ class _Handle:
                 for w in self._works:
                     w.wait(timeout=t)
             except RuntimeError as e:
-                from ..casync.transport import TransportError
+                from ...casync.transport import TransportError
 
                 raise TransportError(
                     f"{self._what} failed: {e}; a peer rank may have crashed or stalled "

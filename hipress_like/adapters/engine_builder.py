@@ -15,8 +15,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .torch_compression import resolve_compression
-from .torch_runtime import _require, default_timeout
+from ..casync.transport import make_transport
+from .compression import resolve_compression
+from .runtime import _require, default_timeout
 
 __all__ = ["build_engine", "wire_dtype", "resolve_plan", "STRATEGIES"]
 
@@ -124,7 +125,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                       timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed),
                       replay=replay == "1")
     cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
-    transport = make_transport()
+    transport = make_transport(timeout=timeout)  # HIPRESS_TRANSPORT: torch or mpi
     try:
         engine = factory(transport, cfg)
         engine.register(list(specs))
@@ -134,20 +135,6 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
     log.info("engine: %d gradients, compressor=%s%s, strategy=%s, plan=%s", len(specs), name,
              params or "", strategy, plan if not isinstance(plan, Plan) else "Plan")
     return engine
-
-
-def make_transport() -> Any:
-    """A fresh transport for one engine (``HIPRESS_TRANSPORT``: torch (default) or mpi)."""
-    kind = os.environ.get("HIPRESS_TRANSPORT", "torch")
-    if kind == "mpi":
-        from ..casync.transport.mpi import MPITransport
-
-        return MPITransport()
-    if kind != "torch":
-        raise ValueError(f"HIPRESS_TRANSPORT must be 'torch' or 'mpi', found {kind!r}")
-    from ..casync.transport.torch_dist import TorchDistTransport
-
-    return TorchDistTransport(group_timeout=default_timeout())
 
 
 def specs_of(named: List[Tuple[str, torch.Tensor]]

@@ -4,21 +4,49 @@ Switching a Horovod script is one line::
 
     import hipress_like.torch as hvd      # was: import horovod.torch as hvd
 
-What is here, by module:
+What is here, by module. Framework-neutral, shared with the other faces:
 
-- ``torch_runtime``: ``init`` (torchrun's env://, mpirun, or a single
-  process), ``rank``, ``size``, ``local_rank``, ``shutdown``, ...
-- ``torch_collectives``: ``allreduce``, ``allgather``, ``broadcast`` (plus
+- ``adapters.launcher``: which launcher started the job (torchrun, mpirun,
+  horovodrun, a bpslaunch-style environment or a single process).
+- ``adapters.runtime``: ``init``, ``rank``, ``size``, ``local_rank``,
+  ``shutdown``, ... (the process group every engine's transport joins).
+- ``adapters.engine_builder``: ``compression=``/``strategy=``/``plan=`` to an
+  engine over a transport of its own.
+- ``adapters.compression``: the ``Compression`` namespace.
+
+PyTorch's own (autograd hooks, optimizers, torch tensors), in this package:
+
+- ``collectives``: ``allreduce``, ``allgather``, ``broadcast`` (plus
   in-place and async forms).
-- ``torch_objects``: ``broadcast_object``, ``allgather_object``,
+- ``objects``: ``broadcast_object``, ``allgather_object``,
   ``broadcast_parameters``, ``broadcast_optimizer_state``.
-- ``torch_compression``: the ``Compression`` namespace.
-- ``torch_optimizer``: ``DistributedOptimizer`` (gradients go to the CaSync
+- ``optimizer``: ``DistributedOptimizer`` (gradients go to the CaSync
   engine from backward hooks).
-- ``torch_ddp``: ``CaSyncHookState`` + ``casync_hook`` for
+- ``ddp``: ``CaSyncHookState`` + ``casync_hook`` for
   ``DistributedDataParallel.register_comm_hook``.
 """
-from .torch_collectives import (
+from ..compression import Compression, CompressionSpec
+from ..runtime import (
+    barrier,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from .collectives import (
     Adasum,
     Average,
     Max,
@@ -39,35 +67,14 @@ from .torch_collectives import (
     poll,
     synchronize,
 )
-from .torch_compression import Compression, CompressionSpec
-from .torch_ddp import CaSyncHookState, casync_hook
-from .torch_objects import (
+from .ddp import CaSyncHookState, casync_hook
+from .objects import (
     allgather_object,
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from .torch_optimizer import DistributedOptimizer, OrderingError
-from .torch_runtime import (
-    barrier,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-)
+from .optimizer import DistributedOptimizer, OrderingError
 
 __all__ = [
     "Adasum", "Average", "Max", "Min", "Product", "Sum",

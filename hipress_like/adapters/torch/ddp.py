@@ -28,8 +28,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .torch_engine import build_engine, specs_of, wire_dtype
-from .torch_runtime import _track
+from ..engine_builder import build_engine, specs_of, wire_dtype
+from ..runtime import _track
 
 __all__ = ["CaSyncHookState", "casync_hook"]
 

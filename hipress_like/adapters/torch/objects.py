@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from .torch_collectives import Sum, _allgather_uint8, _dist, _no_process_set, allreduce_, broadcast_
-from .torch_runtime import _require
+from ..runtime import _require
+from .collectives import Sum, _allgather_uint8, _dist, _no_process_set, allreduce_, broadcast_
 
 __all__ = ["broadcast_object", "allgather_object", "broadcast_parameters",
            "broadcast_optimizer_state"]

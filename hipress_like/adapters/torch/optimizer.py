@@ -42,10 +42,10 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from .torch_collectives import Average, Sum
-from .torch_engine import build_engine, specs_of
-from .torch_gradients import resolve_names, sparse_average
-from .torch_runtime import _require, _track
+from ..engine_builder import build_engine, specs_of
+from ..runtime import _require, _track
+from .collectives import Average, Sum
+from .gradients import resolve_names, sparse_average
 
 __all__ = ["DistributedOptimizer", "OrderingError"]
 
@@ -254,7 +254,7 @@ class _DistributedOptimizerMixin:
             self.synchronize()
             self._hp_step.synchronized = False
             if isinstance(loss, torch.Tensor) and self._hp_size > 1:
-                from .torch_collectives import allreduce
+                from .collectives import allreduce
 
                 avg = allreduce(loss.detach().reshape(1).float(), name="closure loss")
                 loss = avg.reshape(loss.shape).to(loss.dtype)
@@ -299,7 +299,7 @@ class _DistributedOptimizerMixin:
         hip: Dict[str, Any] = {"format": _STATE_FORMAT, "version": _STATE_VERSION,
                                "world_size": self._hp_size}
         if all_ranks:
-            from .torch_objects import allgather_object
+            from .objects import allgather_object
 
             hip["engines"] = allgather_object(local, name="optimizer.state_dict")
         else:
