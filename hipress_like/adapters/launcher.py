@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 __all__ = ["Launch", "LaunchError", "detect", "MPI_RANK_VARS"]
 
@@ -84,6 +84,19 @@ def _check(launcher: str, rank: Optional[int], size: Optional[int], what: str) -
         raise LaunchError(f"{launcher}: rank {rank} is outside a world of {size} ({what})")
 
 
+def _pair(env: Mapping[str, str], launcher: str, rank_var: str, size_var: str,
+          fix: str) -> Optional[Tuple[int, int]]:
+    """(rank, size) from a launcher's two variables, None if neither is set."""
+    if rank_var not in env and size_var not in env:
+        return None
+    r, n = _int(env, rank_var), _int(env, size_var)
+    if r is None or n is None:
+        raise LaunchError(f"{launcher} environment with only one of {rank_var} and {size_var} "
+                          f"(no {size_var if r is not None else rank_var}); {fix}")
+    _check(launcher, r, n, f"{rank_var}, {size_var}")
+    return r, n
+
+
 def detect(env: Optional[Mapping[str, str]] = None) -> Launch:
     """Read the launcher from ``env`` (default ``os.environ``).
 
@@ -95,39 +108,28 @@ def detect(env: Optional[Mapping[str, str]] = None) -> Launch:
     """
     env = os.environ if env is None else env
     found = []
-    if "RANK" in env or "WORLD_SIZE" in env:
-        r, n = _int(env, "RANK"), _int(env, "WORLD_SIZE")
-        if r is None or n is None:
-            missing = "WORLD_SIZE" if r is not None else "RANK"
-            raise LaunchError(f"torchrun-style environment without {missing} (RANK and "
-                              "WORLD_SIZE come together, with MASTER_ADDR and MASTER_PORT); "
-                              "set both or neither")
-        _check("torchrun", r, n, "RANK, WORLD_SIZE")
-        found.append(Launch("torchrun", r, n, _int(env, "LOCAL_RANK"),
+    pair = _pair(env, "torchrun", "RANK", "WORLD_SIZE",
+                 "they come together, with MASTER_ADDR and MASTER_PORT; set both or neither")
+    if pair is not None:
+        found.append(Launch("torchrun", *pair, _int(env, "LOCAL_RANK"),
                             _int(env, "LOCAL_WORLD_SIZE")))
-    if "HOROVOD_RANK" in env or "HOROVOD_SIZE" in env:
-        r, n = _int(env, "HOROVOD_RANK"), _int(env, "HOROVOD_SIZE")
-        if r is None or n is None:
-            raise LaunchError("horovodrun environment with only one of HOROVOD_RANK and "
-                              "HOROVOD_SIZE; start the job with horovodrun, or unset them")
-        _check("horovodrun", r, n, "HOROVOD_RANK, HOROVOD_SIZE")
-        mpi = any(v in env for v in MPI_RANK_VARS)
-        found.append(Launch("horovodrun-mpi" if mpi else "horovodrun-gloo", r, n,
+    under_mpi = any(v in env for v in MPI_RANK_VARS)
+    pair = _pair(env, "horovodrun", "HOROVOD_RANK", "HOROVOD_SIZE",
+                 "start the job with horovodrun, or unset them")
+    if pair is not None:
+        found.append(Launch("horovodrun-mpi" if under_mpi else "horovodrun-gloo", *pair,
                             _int(env, "HOROVOD_LOCAL_RANK"), _int(env, "HOROVOD_LOCAL_SIZE")))
-    elif any(v in env for v in MPI_RANK_VARS):
+    elif under_mpi:
         r, n = _first(env, *MPI_RANK_VARS), _first(env, *_MPI_SIZE_VARS)
         _check("mpirun", r, n, "the MPI launcher's rank and size variables")
         found.append(Launch("mpirun", r, n, _first(env, "OMPI_COMM_WORLD_LOCAL_RANK",
                                                    "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"),
                             _first(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
                                    "MV2_COMM_WORLD_LOCAL_SIZE")))
-    if "DMLC_WORKER_ID" in env or "DMLC_NUM_WORKER" in env:
-        r, n = _int(env, "DMLC_WORKER_ID"), _int(env, "DMLC_NUM_WORKER")
-        if r is None or n is None:
-            raise LaunchError("bpslaunch-style environment with only one of DMLC_WORKER_ID and "
-                              "DMLC_NUM_WORKER; set both (one machine: DMLC_NUM_WORKER workers)")
-        _check("bpslaunch", r, n, "DMLC_WORKER_ID, DMLC_NUM_WORKER")
-        found.append(Launch("bpslaunch", r, n, r, n))
+    pair = _pair(env, "bpslaunch", "DMLC_WORKER_ID", "DMLC_NUM_WORKER",
+                 "set both (one machine: DMLC_NUM_WORKER workers)")
+    if pair is not None:
+        found.append(Launch("bpslaunch", *pair, *pair))
     if not found:
         return Launch("single", 0, 1, 0, 1)
     first = found[0]

@@ -31,8 +31,8 @@ def test_each_launcher_is_recognised(env, expected):
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"RANK": "0"}, "without WORLD_SIZE"),
-    ({"WORLD_SIZE": "2"}, "without RANK"),
+    ({"RANK": "0"}, "no WORLD_SIZE"),
+    ({"WORLD_SIZE": "2"}, "no RANK"),
     ({"RANK": "2", "WORLD_SIZE": "2"}, "rank 2 is outside a world of 2"),
     ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
     ({"RANK": "0", "WORLD_SIZE": "0"}, "world size 0"),
