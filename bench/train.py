@@ -178,6 +178,8 @@ def worker(cfg):
     if name.startswith("hp-"):
         layout = opt.engine.layout()
         result["compressed"] = sorted(n for n, v in layout.items() if v["compress"])
+        result["compressors"] = {n: v.get("compressor") for n, v in layout.items()
+                                 if v["compress"]}
         opt.close()
     if rank == 0:
         with open(cfg["result"], "w") as f:
@@ -261,6 +263,37 @@ def _ensure_netem(nprocs, rate):
     return True
 
 
+def _print_goals(goals):
+    for label, v, target, higher in goals:
+        met = v >= target if higher else v <= target
+        print(f"  {label:<32} {v:5.2f}  {'met' if met else 'NOT met'}")
+
+
+def _floor_and_auto_goals(by, best_hp, floor, rows):
+    """Issue 19's goals, judged where this host can judge them: the floor by wall
+    time with a core per rank (2 ranks), by CPU time per rank with 4 ranks on 2
+    cores (a step's wall time is then about twice one rank's CPU time); and
+    plan="auto" (a compressor per gradient) against the fastest fixed row."""
+    if not (best_hp and floor):
+        return
+    nprocs = rows[0].get("size", 0)
+    goals = [("within 1.3x of the floor", best_hp["ms_per_step"] / floor, 1.3, False)]
+    f_cpu, b_cpu = by["floor"].get("cpu_ms_per_step"), best_hp.get("cpu_ms_per_step")
+    if f_cpu and b_cpu:
+        goals.append(("CPU/rank within 1.3x of floor's", b_cpu / f_cpu, 1.3, False))
+    fixed = [r for r in rows if r["config"].startswith("hp-") and
+             not r["config"].endswith("-auto") and r["config"] != "hp-none"]
+    for auto in (r for r in rows if r["config"].endswith("-auto")):
+        if fixed:
+            best = min(fixed, key=lambda r: r["ms_per_step"])
+            goals.append((f"{auto['config']} vs {best['config']} <= 1.05",
+                          auto["ms_per_step"] / best["ms_per_step"], 1.05, False))
+    _print_goals(goals)
+    if nprocs > (os.cpu_count() or 1):
+        print(f"  ({nprocs} ranks share {os.cpu_count()} cores: judge the floor by CPU/rank "
+              "here, by wall time with a core per rank, --nprocs 2)")
+
+
 def _report(model, rows, budget, acc_rows=None):
     by = {r["config"]: r for r in rows}
     floor = by.get("floor", {}).get("ms_per_step")
@@ -289,11 +322,10 @@ def _report(model, rows, budget, acc_rows=None):
         goals = [
             ("vs best DDP hook >= 1.3x", best_hook["ms_per_step"] / ms, 1.3, True),
             ("vs DDP without hook >= 3x", ddp / ms, 3.0, True),
-            ("within 1.3x of the floor", ms / floor, 1.3, False),
         ]
-        for label, v, target, higher in goals:
-            met = v >= target if higher else v <= target
-            print(f"  {label:<28} {v:5.2f}  {'met' if met else 'NOT met'}")
+        _print_goals(goals)
+    _floor_and_auto_goals(by, best_hp, floor, rows)
+    if best_hp and floor and ddp and best_hook:
         # the accuracy runs' budget when they cover DDP and the best, else the timed runs'
         acc_by = {r["config"]: r for r in acc_rows or ()}
         judged = acc_by if {"ddp", best_hp["config"]} <= acc_by.keys() else by

@@ -95,3 +95,14 @@ def test_bad_arguments_fail_before_any_run(capsys, args, message):
         _bench().main(args)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_floor_by_cpu_per_rank_and_auto_against_the_fastest_fixed_row(capsys):
+    """Issue 19's verdicts: CPU per rank against the floor's (4 ranks share 2
+    cores), and plan='auto' against the fastest fixed-compressor row."""
+    rows = [dict(r, size=4, cpu_ms_per_step=c) for r, c in
+            zip(_rows(90.0, 89.5), (160.0, 270.0, 360.0, 200.0, 280.0))]
+    rows.append(dict(rows[-1], config="hp-ps-auto", ms_per_step=618.0, cpu_ms_per_step=210.0))
+    lines = _goal_lines(capsys, rows)
+    assert "1.25  met" in lines["CPU/rank within 1.3x of floor's"]  # 200 / 160
+    assert "1.03  met" in lines["hp-ps-auto vs hp-ps-powersgd1 <= 1.05"]  # 618 / 600
