@@ -23,10 +23,12 @@ from .base import (
     unpack_payload,
 )
 from .error_feedback import ErrorFeedback
+from .params import ParamError, ParamTypeError
 from .registry import ENTRY_POINT_GROUP, available, get, register
 
 __all__ = [
     "HEADER_VERSION", "Capabilities", "Compressor", "PayloadError", "State", "check_gradient",
     "check_body_nbytes", "header_nbytes", "pack_payload", "unpack_fields", "unpack_payload",
-    "ErrorFeedback", "ENTRY_POINT_GROUP", "available", "get", "register",
+    "ErrorFeedback", "ENTRY_POINT_GROUP", "ParamError", "ParamTypeError", "available", "get",
+    "register",
 ]

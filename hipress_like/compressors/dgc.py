@@ -29,13 +29,13 @@ are float32 for half-precision gradients so small updates accumulate.
 """
 from __future__ import annotations
 
-import math
 from typing import Dict, Optional, Tuple
 
 import torch
 
 from .base import Capabilities, State, accumulate_, accumulator_dtype, check_gradient
 from .ops import abs_at_least, extract, filter_mask, topk_among
+from .params import check_int, check_real
 from .registry import register
 from .sparse import Sparsifier, _check_ratio, num_selected, pack_sparse, sampled_threshold
 
@@ -88,17 +88,12 @@ class DGC(Sparsifier):
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, sample_ratio: float = 0.01,
                  warmup_steps: int = 0, clip_norm: Optional[float] = None) -> None:
         self.ratio = _check_ratio("dgc", ratio)
-        if not (0.0 <= float(momentum) < 1.0):
-            raise ValueError(f"dgc: momentum must be in [0, 1), found {momentum!r}")
-        self.momentum = float(momentum)
-        self.sample_ratio = _check_ratio("dgc (sample_ratio)", sample_ratio)
-        if int(warmup_steps) != warmup_steps or warmup_steps < 0:
-            raise ValueError(f"dgc: warmup_steps must be an integer >= 0, found {warmup_steps!r}")
-        self.warmup_steps = int(warmup_steps)
-        if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
-            raise ValueError(f"dgc: clip_norm must be a positive number or None, found "
-                             f"{clip_norm!r}")
-        self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self.momentum = check_real("dgc", "momentum", momentum, low=0.0, high=1.0,
+                                   high_open=True, example=0.9)
+        self.sample_ratio = _check_ratio("dgc", sample_ratio, "sample_ratio")
+        self.warmup_steps = check_int("dgc", "warmup_steps", warmup_steps, low=0, example=0)
+        self.clip_norm = None if clip_norm is None else check_real(
+            "dgc", "clip_norm", clip_norm, low=0.0, low_open=True, example=1.0)
 
     def density(self, step: int) -> float:
         """Fraction of entries sent at ``step`` (DGC Sec. 3.4 exponential warm-up).

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -57,6 +56,7 @@ from .base import (
     accumulator_dtype,
     check_gradient,
 )
+from .params import check_real
 from .registry import get, register
 
 __all__ = ["ErrorFeedback"]
@@ -66,14 +66,8 @@ _OWN_MEMORY = ("dgc", "graddrop", "powersgd")
 
 
 def _check_factor(name: str, x: Any) -> float:
-    try:
-        v = float(x)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"ef: {name} must be a positive number, found {x!r}") from e
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"ef: {name} must be a positive finite number (thesis Sec. 2.2.2: "
-                         f"{name} > 0), found {x!r}")
-    return v
+    # thesis Sec. 2.2.2: beta, gamma > 0
+    return check_real("ef", name, x, low=0.0, low_open=True, example=1.0)
 
 
 @register("ef", "error_feedback")

@@ -33,6 +33,7 @@ import torch
 from .base import Capabilities, State, accumulate_, accumulator_dtype, check_gradient
 from .dgc import _select
 from .ops import extract
+from .params import ParamError, check_real
 from .registry import register
 from .sparse import Sparsifier, _check_ratio, num_selected, pack_sparse
 
@@ -68,10 +69,11 @@ class GradDrop(Sparsifier):
     def __init__(self, ratio: float = 0.01, sample_ratio: float = 0.001,
                  max_ratio: Optional[float] = None) -> None:
         self.ratio = _check_ratio("graddrop", ratio)
-        self.sample_ratio = _check_ratio("graddrop (sample_ratio)", sample_ratio)
-        mr = min(1.0, 2.0 * self.ratio) if max_ratio is None else float(max_ratio)
+        self.sample_ratio = _check_ratio("graddrop", sample_ratio, "sample_ratio")
+        mr = min(1.0, 2.0 * self.ratio) if max_ratio is None else check_real(
+            "graddrop", "max_ratio", max_ratio, example=min(1.0, 2.0 * self.ratio))
         if not (self.ratio <= mr <= 1.0):
-            raise ValueError(f"graddrop: max_ratio must be in [ratio={self.ratio}, 1], found "
+            raise ParamError(f"graddrop: max_ratio must be in [ratio={self.ratio}, 1], found "
                              f"{max_ratio!r}")
         self.max_ratio = mr
 

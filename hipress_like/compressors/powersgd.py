@@ -117,6 +117,7 @@ from .base import (
     workspace,
 )
 from .ops import matmul, orthogonalize_, uniform
+from .params import check_bool, check_int
 from .registry import register
 
 __all__ = ["PowerSGD", "matrix_shape", "power_iteration", "ROUND_P", "ROUND_Q", "ROUND_LOCAL"]
@@ -188,10 +189,8 @@ class PowerSGD(Compressor):
                                 stateful=True)
 
     def __init__(self, rank: int = 4, warm_start: bool = True) -> None:
-        if isinstance(rank, bool) or int(rank) != rank or rank < 1:
-            raise ValueError(f"powersgd: rank must be an integer >= 1, found {rank!r}")
-        self.rank = int(rank)
-        self.warm_start = bool(warm_start)
+        self.rank = check_int("powersgd", "rank", rank, low=1, example=4)
+        self.warm_start = check_bool("powersgd", "warm_start", warm_start)
 
     def params(self) -> Dict[str, object]:
         """Constructor parameters."""

@@ -17,6 +17,7 @@ import logging
 from typing import Any, Callable, Dict, List
 
 from .base import Compressor
+from .params import ParamError
 
 __all__ = ["register", "get", "available", "ENTRY_POINT_GROUP"]
 
@@ -94,5 +95,7 @@ def get(name: Any, **params: Any) -> Compressor:
         )
     try:
         return _REGISTRY[key](**params)
+    except ParamError:
+        raise  # already says expected/found/fix (and a ParamTypeError must stay a TypeError)
     except TypeError as e:
         raise ValueError(f"invalid parameters for compressor {key!r}: {e}") from e

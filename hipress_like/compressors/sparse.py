@@ -53,6 +53,7 @@ from .base import (
     view_as_dtype,
 )
 from .ops import extract, hash32, sample_positions, topk_abs
+from .params import check_bool, check_real
 from .registry import register
 
 __all__ = [
@@ -83,14 +84,9 @@ def _pad8(n: int) -> int:
     return (n + 7) & ~7
 
 
-def _check_ratio(name: str, ratio: float) -> float:
-    try:
-        r = float(ratio)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{name}: ratio must be a number in (0, 1], found {ratio!r}") from e
-    if not (0.0 < r <= 1.0):
-        raise ValueError(f"{name}: ratio must be in (0, 1], found {ratio!r}; e.g. 0.01 keeps 1%")
-    return r
+def _check_ratio(name: str, ratio: float, param: str = "ratio") -> float:
+    """A density in (0, 1]: 0.01 keeps 1% of the elements."""
+    return check_real(name, param, ratio, low=0.0, high=1.0, low_open=True, example=0.01)
 
 
 def num_selected(ratio: float, n: int) -> int:
@@ -330,7 +326,7 @@ class RandomK(Sparsifier):
 
     def __init__(self, ratio: float = 0.01, unbiased: bool = True) -> None:
         self.ratio = _check_ratio("randomk", ratio)
-        self.unbiased = bool(unbiased)
+        self.unbiased = check_bool("randomk", "unbiased", unbiased)
         self.capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=True,
                                          unbiased=self.unbiased, stateful=True)
 

@@ -17,7 +17,6 @@ layout of ``_fused``.
 """
 from __future__ import annotations
 
-import math
 import struct
 from typing import Any, Dict, Optional, Tuple
 
@@ -37,6 +36,7 @@ from .base import (
     unpack_fields,
 )
 from .ops import packed_nbytes
+from .params import check_real
 from .registry import register
 
 __all__ = ["TBQ"]
@@ -74,12 +74,9 @@ class TBQ(FusedDecodeMixin, Compressor):
                                 unbiased=False, stateful=False)
 
     def __init__(self, threshold: float = 0.01) -> None:
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-            raise ValueError(f"tbq threshold must be a positive number, found {threshold!r}")
-        if not (math.isfinite(threshold) and threshold > 0):
-            raise ValueError(f"tbq threshold must be finite and > 0, found {threshold!r}; "
-                             "it is the magnitude sent for large elements (e.g. 0.01)")
-        self.threshold = float(threshold)
+        # the magnitude sent for large elements
+        self.threshold = check_real("tbq", "threshold", threshold, low=0.0, low_open=True,
+                                    example=0.01)
 
     def params(self) -> Dict[str, Any]:
         """Constructor parameters."""

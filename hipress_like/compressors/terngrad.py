@@ -46,6 +46,7 @@ from .base import (
     unpack_fields,
 )
 from .ops import VALID_BITS, _fmix32, mix_seed, packed_nbytes
+from .params import check_int
 from .registry import register
 
 __all__ = ["TernGrad"]
@@ -92,9 +93,8 @@ class TernGrad(FusedDecodeMixin, Compressor):
                                 unbiased=True, stateful=True)
 
     def __init__(self, bitwidth: int = 2) -> None:
-        if isinstance(bitwidth, bool) or bitwidth not in VALID_BITS:
-            raise ValueError(f"terngrad bitwidth must be one of {VALID_BITS}, found {bitwidth!r}")
-        self.bitwidth = int(bitwidth)
+        self.bitwidth = check_int("terngrad", "bitwidth", bitwidth, choices=VALID_BITS,
+                                  example=2)
 
     def params(self) -> Dict[str, Any]:
         """Constructor parameters."""
