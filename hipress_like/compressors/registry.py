@@ -34,10 +34,40 @@ def register(name: str, *aliases: str) -> Callable:
         for n in (name, *aliases):
             if n in _REGISTRY and _REGISTRY[n] is not factory:
                 raise ValueError(f"compressor name {n!r} is already registered")
+        _check_algo_id(name, factory)
+        for n in (name, *aliases):
             _REGISTRY[n] = factory
         return factory
 
     return deco
+
+
+def _algo_id(factory: Any) -> int:
+    """The payload algorithm id a registered class declares (0: none, e.g. a wrapper)."""
+    if isinstance(factory, type) and issubclass(factory, Compressor):
+        return int(factory.algo_id)
+    return 0
+
+
+def _check_algo_id(name: str, factory: Any) -> None:
+    """Reject a class whose payload algorithm id another registered class already uses.
+
+    The id in every payload header is how ``decode`` rejects a foreign
+    payload; two compressors sharing one would decode each other's bytes.
+    Id 0 means "no own payload format" (wrappers such as ``ef`` send their
+    inner compressor's payload) and is not checked.
+    """
+    aid = _algo_id(factory)
+    if aid == 0:
+        return
+    for other_name, other in _REGISTRY.items():
+        if other is not factory and _algo_id(other) == aid:
+            used = sorted(_algo_id(f) for f in set(_REGISTRY.values()) if _algo_id(f))
+            raise ValueError(
+                f"compressor {name!r} ({getattr(factory, '__qualname__', factory)}) declares "
+                f"algorithm id {aid}, already used by {other_name!r} "
+                f"({getattr(other, '__qualname__', other)}); give {name!r} its own algo_id "
+                f"(ids in use: {used}; a subclass inherits its parent's id)")
 
 
 def _load_entry_points() -> None:
@@ -54,7 +84,9 @@ def _load_entry_points() -> None:
         for ep in group:
             if ep.name not in _REGISTRY:
                 try:
-                    _REGISTRY[ep.name] = ep.load()
+                    factory = ep.load()
+                    _check_algo_id(ep.name, factory)
+                    _REGISTRY[ep.name] = factory
                 except Exception as e:  # a broken plug-in must not break the library
                     _log.warning("could not load compressor plug-in %s: %s", ep.name, e)
     except Exception as e:  # pragma: no cover - importlib failures are environmental

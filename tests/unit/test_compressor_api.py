@@ -202,3 +202,32 @@ def test_header_fields_are_little_endian_and_versioned():
     assert (magic, algo, ndim) == (b"HL", c.algo_id, 2)
     assert version == C.HEADER_VERSION
     assert body_len == 2  # 15 bits
+
+
+def test_registration_rejects_a_duplicate_algorithm_id():
+    class Clash(C.Compressor):
+        name = "clash"
+        algo_id = 10  # onebit's
+
+    with pytest.raises(ValueError, match=r"'clash' .*algorithm id 10, already used by 'onebit'"):
+        C.register("clash")(Clash)
+    assert "clash" not in C.available()
+
+
+def test_a_subclass_must_declare_its_own_algorithm_id():
+    from hipress_like.compressors.sparse import TopK
+
+    class MyTopK(TopK):
+        pass
+
+    with pytest.raises(ValueError, match="already used by 'topk'.*inherits its parent's id"):
+        C.register("mytopk")(MyTopK)
+
+
+def test_registered_algorithm_ids_are_unique():
+    from hipress_like.compressors.registry import _REGISTRY, _algo_id
+
+    ids = {}
+    for name, f in _REGISTRY.items():
+        if _algo_id(f):
+            assert ids.setdefault(_algo_id(f), f) is f, name
