@@ -89,10 +89,12 @@ class CompressorCodec:
         k = f"{self.key}|{site}"
         st = self.states.get(k)
         if st is None:
-            st = self.comp.init(x, seed=self.seed_of(k))
-            st["world_size"] = self.world_size
-            if "shared_seed" in st:  # e.g. PowerSGD's first Q must be equal on every rank
-                st["shared_seed"] = zlib.crc32(k.encode()) & 0x7FFFFFFF
+            # the run reaches the compressor through init's declared keywords
+            # (Compressor.init), never through keys written into its state
+            ctx: Dict[str, Any] = {"world_size": self.world_size}
+            if self.comp.capabilities.shared_randomness:  # e.g. PowerSGD's first Q
+                ctx["shared_seed"] = zlib.crc32(k.encode()) & 0x7FFFFFFF
+            st = self.comp.init(x, seed=self.seed_of(k), **ctx)
             self.states[k] = st
         return st
 

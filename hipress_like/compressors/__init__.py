@@ -22,7 +22,7 @@ from .base import (
     unpack_fields,
     unpack_payload,
 )
-from .error_feedback import ErrorFeedback
+from .error_feedback import ErrorFeedback, needs_error_feedback, with_error_feedback
 from .params import ParamError, ParamTypeError
 from .registry import ENTRY_POINT_GROUP, available, get, register
 
@@ -30,5 +30,5 @@ __all__ = [
     "HEADER_VERSION", "Capabilities", "Compressor", "PayloadError", "State", "check_gradient",
     "check_body_nbytes", "header_nbytes", "pack_payload", "unpack_fields", "unpack_payload",
     "ErrorFeedback", "ENTRY_POINT_GROUP", "ParamError", "ParamTypeError", "available", "get",
-    "register",
+    "register", "needs_error_feedback", "with_error_feedback",
 ]

@@ -51,6 +51,7 @@ __all__ = [
     "accumulator_dtype",
     "accumulate_",
     "Capabilities",
+    "REDUCTIONS",
     "Compressor",
     "FusedDecodeMixin",
     "PayloadError",
@@ -84,9 +85,15 @@ class PayloadError(ValueError):
     """A payload is malformed: truncated, foreign, another version, wrong size."""
 
 
+REDUCTIONS = ("sum", "max", "broadcast")
+
+
 @dataclass(frozen=True)
 class Capabilities:
-    """What a compressor is; strategies check this at construction.
+    """What a compressor is and what the engine must do for it, declared, never inferred.
+
+    Strategies and the engine read these at setup; nothing is detected from
+    method overrides, names or state keys.
 
     Attributes:
         category: one of "none", "quantization", "sparsification", "lowrank"
@@ -103,6 +110,25 @@ class Capabilities:
         unbiased: E[decode(encode(g))] == g.
         stateful: encode reads/writes per-gradient state (error feedback,
             momentum, warm start); such state must be checkpointed.
+        round_reductions: per round (``len == rounds``), the reduction the
+            round's values need across ranks: "sum" (the default for every
+            round), "max" (e.g. THC's range exchange) or "broadcast" (one
+            owner rank's payload goes to all, e.g. AR-Topk's indices).
+        summable: per round (``len == rounds``), True when the round's
+            payloads merge by summing ``kernels.summable_view(payload)``
+            elementwise in place (keep the header, add the bodies as
+            floats), so the engine may reduce them with one allreduce of the
+            view. Default: False for every round. Implies ``aggregatable``.
+        merge_widens: ``merge`` of n payloads may return a larger payload than
+            its inputs (integers widened to hold the sum, THC-style); its size
+            is ``kernels.merged_nbytes(nbytes, n)``. False: the merged payload
+            has the inputs' layout and size.
+        shared_randomness: encode draws randomness that must be equal on every
+            rank (PowerSGD's first Q): the engine passes ``shared_seed`` to
+            ``init`` (``Compressor.init`` says how).
+        keeps_memory: the compressor keeps its own error memory / residual
+            (error feedback, DGC, GradDrop, PowerSGD); wrapping it in error
+            feedback adds a second one, so automatic wrapping skips it.
     """
 
     category: str
@@ -111,12 +137,43 @@ class Capabilities:
     rounds: int = 1
     unbiased: bool = False
     stateful: bool = False
+    round_reductions: Tuple[str, ...] = ()
+    summable: Tuple[bool, ...] = ()
+    merge_widens: bool = False
+    shared_randomness: bool = False
+    keeps_memory: bool = False
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
             raise ValueError(f"category must be one of {CATEGORIES}, got {self.category!r}")
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"rounds must be an integer >= 1, got {self.rounds!r}")
+        # defaults: one "sum" and one False per round, so existing declarations hold
+        if not self.round_reductions:
+            object.__setattr__(self, "round_reductions", ("sum",) * self.rounds)
+        if not self.summable:
+            object.__setattr__(self, "summable", (False,) * self.rounds)
+        object.__setattr__(self, "round_reductions", tuple(self.round_reductions))
+        object.__setattr__(self, "summable", tuple(bool(x) for x in self.summable))
+        for field_name in ("round_reductions", "summable"):
+            v = getattr(self, field_name)
+            if len(v) != self.rounds:
+                raise ValueError(f"{field_name} must have one entry per round ({self.rounds}), "
+                                 f"got {v!r}")
+        bad = [r for r in self.round_reductions if r not in REDUCTIONS]
+        if bad:
+            raise ValueError(f"round_reductions must be among {REDUCTIONS}, got {bad!r}")
+        if any(self.summable) and not self.aggregatable:
+            raise ValueError("summable rounds merge without decoding: declare aggregatable=True")
+        if self.merge_widens and not self.aggregatable:
+            raise ValueError("merge_widens describes merge: declare aggregatable=True")
+        if self.keeps_memory and not self.stateful:
+            raise ValueError("a compressor that keeps memory is stateful: declare stateful=True")
+
+    @property
+    def all_summable(self) -> bool:
+        """Every round's payloads merge by an in-place sum of their summable view."""
+        return all(self.summable)
 
 
 def header_nbytes(ndim: int, extra_nbytes: int) -> int:
@@ -324,8 +381,26 @@ class Compressor:
     capabilities: Capabilities = Capabilities("none")
 
     # -- state -----------------------------------------------------------
-    def init(self, grad: torch.Tensor, seed: int = 0) -> State:
-        """Return the initial explicit state for ``grad`` (default: just the RNG seed)."""
+    def init(self, grad: torch.Tensor, seed: int = 0, *, world_size: int = 1,
+             shared_seed: int = 0) -> State:
+        """Return the initial explicit state for ``grad`` (default: just the RNG seed).
+
+        This is how a compressor learns about the run; nothing is injected
+        into its state afterwards. The engine calls it once per gradient,
+        partition and site, on every rank, as
+        ``init(grad, seed=s, world_size=N)``, adding ``shared_seed=S`` when
+        ``capabilities.shared_randomness``; a compressor that needs either
+        stores it in its state. Every override accepts both keywords.
+
+        Args:
+            grad: a tensor of the gradient's (partition's) shape and dtype.
+            seed: this rank's seed (differs between ranks: stochastic rounding).
+            world_size: N, the number of ranks whose payloads are merged
+                (``decode_rounds(average=True)`` divides by it).
+            shared_seed: a seed equal on every rank for this gradient and
+                partition (derived from its name), constant over steps;
+                combine it with the state's step counter for per-step draws.
+        """
         return {"seed": int(seed), "step": 0}
 
     # -- single round ----------------------------------------------------
@@ -489,12 +564,13 @@ class Compressor:
     ) -> Tuple[torch.Tensor, State]:
         """Turn the merged payload of the last round into the summed gradient (into ``out``).
 
-        ``average=True`` returns the sum divided by ``state["world_size"]``.
+        ``average=True`` returns the sum divided by ``state["world_size"]``
+        (or 1 when the state does not hold it: ``init(world_size=...)``).
         """
         if self.capabilities.rounds == 1:
             res = self.decode(aggregate, out=out)
             if average:
-                res.div_(int(state["world_size"]))
+                res.div_(int(state.get("world_size") or 1))
             return res, state
         raise NotImplementedError
 

@@ -83,7 +83,7 @@ class DGC(Sparsifier):
     name = "dgc"
     algo_id = 22
     capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=False,
-                                stateful=True)
+                                stateful=True, keeps_memory=True)
 
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, sample_ratio: float = 0.01,
                  warmup_steps: int = 0, clip_norm: Optional[float] = None) -> None:
@@ -107,7 +107,8 @@ class DGC(Sparsifier):
     def _max_density(self) -> float:
         return self.density(0)
 
-    def init(self, grad: torch.Tensor, seed: int = 0) -> State:
+    def init(self, grad: torch.Tensor, seed: int = 0, *, world_size: int = 1,
+             shared_seed: int = 0) -> State:
         """Zero velocity ``u`` and accumulation ``v`` shaped like ``grad``."""
         acc = accumulator_dtype(grad.dtype)
         return {"u": torch.zeros(grad.shape, dtype=acc, device=grad.device),

@@ -59,10 +59,9 @@ from .base import (
 from .params import check_real
 from .registry import get, register
 
-__all__ = ["ErrorFeedback"]
+__all__ = ["ErrorFeedback", "needs_error_feedback", "with_error_feedback"]
 
 _log = logging.getLogger(__name__)
-_OWN_MEMORY = ("dgc", "graddrop", "powersgd")
 
 
 def _check_factor(name: str, x: Any) -> float:
@@ -106,24 +105,31 @@ class ErrorFeedback(Compressor):
                 f"ef: {self.inner.name!r} has {self.inner.capabilities.rounds} communication "
                 "rounds; error feedback wraps single-round compressors only (PowerSGD has its "
                 "own error feedback: use it unwrapped)")
-        if self.inner.name in _OWN_MEMORY:
+        if self.inner.capabilities.keeps_memory:
             _log.warning("ef: %s keeps its own residual; wrapping it adds a second memory",
                          self.inner.name)
         self.beta = _check_factor("beta", beta)
         self.gamma = _check_factor("gamma", gamma)
         self.algo_id = self.inner.algo_id  # the payload is the inner one, unchanged
-        self.capabilities = dataclasses.replace(self.inner.capabilities, stateful=True)
+        # the payload is the inner one (same merge, same rounds); the memory is ours
+        self.capabilities = dataclasses.replace(self.inner.capabilities, stateful=True,
+                                                keeps_memory=True)
 
     def params(self) -> Dict[str, Any]:
         """Constructor parameters (the inner compressor's under ``inner_params``)."""
         return {"inner": self.inner.name, "beta": self.beta, "gamma": self.gamma,
                 "inner_params": self.inner.params()}
 
-    def init(self, grad: torch.Tensor, seed: int = 0) -> State:
-        """A zero memory shaped like ``grad`` (float32 for half types) plus the inner state."""
+    def init(self, grad: torch.Tensor, seed: int = 0, *, world_size: int = 1,
+             shared_seed: int = 0) -> State:
+        """A zero memory shaped like ``grad`` (float32 for half types) plus the inner state
+        (``world_size`` and ``shared_seed`` go to the inner compressor)."""
+        kw: Dict[str, Any] = {"world_size": world_size}
+        if self.inner.capabilities.shared_randomness:
+            kw["shared_seed"] = shared_seed
         return {"error": torch.zeros(grad.shape, dtype=accumulator_dtype(grad.dtype),
                                      device=grad.device),
-                "inner": self.inner.init(grad, seed)}
+                "inner": self.inner.init(grad, seed, **kw)}
 
     def error(self, state: State) -> torch.Tensor:
         """The memory ``m`` of ``state`` (a new tensor when a residual is still
@@ -233,3 +239,27 @@ class ErrorFeedback(Compressor):
 
     def __repr__(self) -> str:
         return f"ErrorFeedback({self.inner!r}, beta={self.beta!r}, gamma={self.gamma!r})"
+
+
+def needs_error_feedback(comp: Compressor) -> bool:
+    """True when automatic error feedback should wrap ``comp``.
+
+    It should when ``comp`` loses information for good (a biased compressor
+    that saves bytes) and keeps no memory of its own (``keeps_memory``: an
+    ``ErrorFeedback`` instance, DGC, GradDrop, PowerSGD) and no other state
+    (stateful unbiased ones such as TernGrad need none).
+    """
+    caps = comp.capabilities
+    return (caps.category != "none" and not caps.unbiased and not caps.stateful
+            and not caps.keeps_memory and caps.rounds == 1)
+
+
+def with_error_feedback(comp: Compressor) -> Compressor:
+    """``comp`` wrapped in ``ErrorFeedback``, or ``comp`` itself when it keeps memory.
+
+    Never double-wraps: an ``ErrorFeedback`` instance (or any compressor
+    declaring ``keeps_memory``) is returned unchanged.
+    """
+    if comp.capabilities.keeps_memory:
+        return comp
+    return ErrorFeedback(comp)

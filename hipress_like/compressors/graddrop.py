@@ -64,7 +64,7 @@ class GradDrop(Sparsifier):
     name = "graddrop"
     algo_id = 23
     capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=False,
-                                stateful=True)
+                                stateful=True, keeps_memory=True)
 
     def __init__(self, ratio: float = 0.01, sample_ratio: float = 0.001,
                  max_ratio: Optional[float] = None) -> None:
@@ -80,7 +80,8 @@ class GradDrop(Sparsifier):
     def _max_density(self) -> float:
         return self.max_ratio
 
-    def init(self, grad: torch.Tensor, seed: int = 0) -> State:
+    def init(self, grad: torch.Tensor, seed: int = 0, *, world_size: int = 1,
+             shared_seed: int = 0) -> State:
         """A zero residual shaped like ``grad`` (float32 for half-precision gradients)."""
         return {"residual": torch.zeros(grad.shape, dtype=accumulator_dtype(grad.dtype),
                                         device=grad.device),

@@ -185,8 +185,12 @@ class PowerSGD(Compressor):
 
     name = "powersgd"
     algo_id = 30
+    # P and Q are plain float sums (summable); the first Q must be equal on
+    # every rank (shared_randomness); the error is its own memory.
     capabilities = Capabilities("lowrank", aggregatable=True, fixed_size=True, rounds=2,
-                                stateful=True)
+                                stateful=True, round_reductions=("sum", "sum"),
+                                summable=(True, True), shared_randomness=True,
+                                keeps_memory=True)
 
     def __init__(self, rank: int = 4, warm_start: bool = True) -> None:
         self.rank = check_int("powersgd", "rank", rank, low=1, example=4)

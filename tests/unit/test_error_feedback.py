@@ -78,7 +78,7 @@ def test_payload_is_the_inner_payload_of_the_compensated_gradient():
         st = st2
     assert c.algo_id == inner.algo_id
     assert c.capabilities == type(inner.capabilities)(
-        **{**inner.capabilities.__dict__, "stateful": True})
+        **{**inner.capabilities.__dict__, "stateful": True, "keeps_memory": True})
     assert c.payload_nbytes(300) == inner.payload_nbytes(300)
 
 
