@@ -24,7 +24,9 @@ Wrapping is the house style (STYLE.md 1: like optax ``chain`` or PyTorch's
 wrapper passes the inner payload through unchanged (same ``algo_id``,
 same ``decode`` and ``merge``). Algorithms that define their own memory
 (GradDrop's residual, DGC's accumulation, PowerSGD's error) should not be
-wrapped; multi-round compressors are rejected.
+wrapped (they declare ``keeps_memory``; wrapping them warns). Multi-round
+compressors are wrapped round by round: the memory is added before round 0
+and the residual is taken against the decoded average (``decode_rounds``).
 
 State is explicit: ``{"error": tensor, "inner": inner_state}``; the memory
 is float32 for half-precision gradients (tiny residuals would vanish in
@@ -100,11 +102,6 @@ class ErrorFeedback(Compressor):
         if isinstance(self.inner, ErrorFeedback):
             raise ValueError("ef: wrapping error feedback in error feedback feeds the error "
                              "back twice; wrap the inner compressor once")
-        if self.inner.capabilities.rounds != 1:
-            raise ValueError(
-                f"ef: {self.inner.name!r} has {self.inner.capabilities.rounds} communication "
-                "rounds; error feedback wraps single-round compressors only (PowerSGD has its "
-                "own error feedback: use it unwrapped)")
         if self.inner.capabilities.keeps_memory:
             _log.warning("ef: %s keeps its own residual; wrapping it adds a second memory",
                          self.inner.name)
@@ -127,9 +124,12 @@ class ErrorFeedback(Compressor):
         kw: Dict[str, Any] = {"world_size": world_size}
         if self.inner.capabilities.shared_randomness:
             kw["shared_seed"] = shared_seed
-        return {"error": torch.zeros(grad.shape, dtype=accumulator_dtype(grad.dtype),
-                                     device=grad.device),
-                "inner": self.inner.init(grad, seed, **kw)}
+        st = {"error": torch.zeros(grad.shape, dtype=accumulator_dtype(grad.dtype),
+                                   device=grad.device),
+              "inner": self.inner.init(grad, seed, **kw)}
+        if self.inner.capabilities.rounds > 1:
+            st["world_size"] = int(world_size)  # the residual is taken from the average
+        return st
 
     def error(self, state: State) -> torch.Tensor:
         """The memory ``m`` of ``state`` (a new tensor when a residual is still
@@ -225,6 +225,68 @@ class ErrorFeedback(Compressor):
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """The inner compressor's merge (when it is aggregatable)."""
         return self.inner.merge(payloads)
+
+    def summable_view(self, payload: torch.Tensor) -> Optional[torch.Tensor]:
+        """The inner compressor's summable view (the payload is the inner one)."""
+        return self.inner.summable_view(payload)
+
+    # -- multi round ---------------------------------------------------------
+    def encode_round(self, r: int, grad: torch.Tensor, state: State,
+                     aggregate: Optional[torch.Tensor]) -> Tuple[torch.Tensor, State]:
+        """Round ``r`` of the inner compressor on the compensated gradient.
+
+        1. Round 0: ``p = beta * m + gamma * g`` (in the memory buffer), then
+           the inner round 0 of ``p``.
+        2. Rounds r > 0: the inner round r of the same ``p``.
+
+        A single-round inner compressor is plain ``encode``.
+        """
+        if self.inner.capabilities.rounds == 1:
+            if r != 0:
+                raise ValueError(f"ef: {self.inner.name!r} has one round, asked for round {r}")
+            return self.encode(grad, state)
+        if r == 0:
+            check_gradient(grad)
+            mem = self._memory(grad, state)
+            self.settle_(state)
+            p = accumulate_(mem, grad, self.beta, self.gamma).view(grad.shape)
+            x = p if p.dtype == grad.dtype else p.to(grad.dtype)
+            state = {**state, "error": p, "x": x}
+        elif "x" not in state:
+            raise ValueError(f"ef: round {r} before round 0 of this step; call encode_round(0, "
+                             "...) first")
+        payload, inner_state = self.inner.encode_round(r, state["x"], state["inner"], aggregate)
+        return payload, {**state, "inner": inner_state}
+
+    def decode_rounds(self, grad: torch.Tensor, state: State, aggregate: torch.Tensor,
+                      out: Optional[torch.Tensor] = None,
+                      average: bool = False) -> Tuple[torch.Tensor, State]:
+        """The inner decode of the last round; the memory keeps what the average missed.
+
+        A multi-round payload has no per-rank decode (PowerSGD's result is
+        ``P^ sum(Q)^T``), so the residual is taken against the decoded
+        average ``d``: ``m = p - d``. Summed over ranks this is exactly the
+        global compression error ``sum(p) - N d``, which is what an update by
+        the average needs (each rank's share also holds its deviation from
+        the mean, and those cancel in the sum). For PowerSGD, whose own error
+        is the per-rank ``M - P^ Q^T``, wrapping adds this second memory; the
+        constructor warns (``keeps_memory``).
+        """
+        if self.inner.capabilities.rounds == 1:
+            return super().decode_rounds(grad, state, aggregate, out=out, average=average)
+        if "x" not in state:
+            raise ValueError("ef: decode_rounds before the rounds of this step")
+        x, p = state["x"], state["error"]
+        res, inner_state = self.inner.decode_rounds(x, state["inner"], aggregate, out=out,
+                                                    average=average)
+        d = res.reshape(p.shape)
+        if average:
+            p.sub_(d.to(p.dtype))
+        else:
+            p.sub_(d.to(p.dtype), alpha=1.0 / int(state.get("world_size") or 1))
+        new = {k: v for k, v in state.items() if k != "x"}
+        new["inner"] = inner_state
+        return res, new
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """The inner compressor's payload size."""

@@ -115,7 +115,7 @@ def test_registry_and_constructor():
     {"inner": "topk", "beta": 0}, {"inner": "topk", "gamma": -1.0},
     {"inner": "topk", "beta": float("nan")}, {"inner": "tpok"},
     {"inner": "topk", "ratio": 3.0}, {"inner": "topk", "nonsense": 1},
-    {"inner": "powersgd"}, {"inner": TopK(), "ratio": 0.1},
+    {"inner": TopK(), "ratio": 0.1},
     {"inner": ErrorFeedback("topk")},
 ])
 def test_invalid_construction_raises(kwargs):
@@ -223,3 +223,72 @@ def test_deferred_residual_is_applied_when_the_next_encode_cannot_fuse():
     p_b, st_b = decayed.encode(g1, settled)
     assert torch.equal(p_a, p_b) and "pending" not in st_a
     assert torch.equal(st_a["error"], st_b["error"])
+
+
+# -- multi-round inner compressors ---------------------------------------------------
+def _ef_rounds_step(c, grads, states, average=False):
+    """Play the engine for a multi-round compressor (rank order), as in test_powersgd."""
+    p0 = []
+    for i, g in enumerate(grads):
+        p, states[i] = c.encode_round(0, g, states[i], None)
+        p0.append(p)
+    agg0 = c.merge(p0)
+    p1 = []
+    for i, g in enumerate(grads):
+        p, states[i] = c.encode_round(1, g, states[i], agg0)
+        p1.append(p)
+    agg1 = c.merge(p1)
+    outs = []
+    for i, g in enumerate(grads):
+        o, states[i] = c.decode_rounds(g, states[i], agg1, average=average)
+        outs.append(o)
+    return outs
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_error_feedback_wraps_multi_round_and_keeps_the_global_error(average):
+    """sum_i m_i(new) + N * average == sum_i (g_i + m_i(old)): what the average missed
+    stays in the memories (the PowerSGD wrapper's own error is inside the inner state)."""
+    n = 3
+    c = ErrorFeedback(get("powersgd", rank=1))
+    assert c.capabilities.rounds == 2 and c.capabilities.summable == (True, True)
+    shape = (8, 5)
+    states = [c.init(torch.zeros(shape, dtype=torch.float64), seed=i, world_size=n,
+                     shared_seed=4) for i in range(n)]
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        grads = [torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(n)]
+        before = sum(g + c.error(st) for g, st in zip(grads, states))
+        outs = _ef_rounds_step(c, grads, states, average=average)
+        avg = outs[0] if average else outs[0] / n
+        after = n * avg + sum(c.error(st) for st in states)
+        assert torch.allclose(after, before, atol=1e-10)
+        assert all(torch.equal(o, outs[0]) for o in outs)  # every rank decodes the same
+
+
+def test_error_feedback_over_multi_round_sends_the_compensated_gradient():
+    inner, c = get("powersgd", rank=2), ErrorFeedback(get("powersgd", rank=2))
+    g = torch.randn(6, 4, dtype=torch.float64)
+    st_i = inner.init(g, world_size=1, shared_seed=3)
+    st_c = c.init(g, world_size=1, shared_seed=3)
+    st_c["error"].fill_(0.5)
+    p_i, _ = inner.encode_round(0, g + 0.5, st_i, None)
+    p_c, _ = c.encode_round(0, g, st_c, None)
+    assert torch.equal(p_i, p_c)  # round 0 of p = m + g
+
+
+def test_error_feedback_round_order_is_checked():
+    c = ErrorFeedback(get("powersgd"))
+    g = torch.randn(4, 4)
+    st = c.init(g, world_size=1)
+    with pytest.raises(ValueError, match="before round 0"):
+        c.encode_round(1, g, st, None)
+    with pytest.raises(ValueError, match="one round, asked for round 1"):
+        ErrorFeedback(get("topk")).encode_round(1, g, ErrorFeedback(get("topk")).init(g), None)
+
+
+def test_error_feedback_forwards_the_summable_view():
+    c, inner = ErrorFeedback(get("powersgd")), get("powersgd")
+    g = torch.randn(6, 4)
+    p, _ = c.encode_round(0, g, c.init(g, world_size=1), None)
+    assert torch.equal(c.summable_view(p), inner.summable_view(p))
