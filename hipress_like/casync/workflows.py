@@ -124,15 +124,15 @@ class CompressorCodec:
 
     def write_mean(self, payload: torch.Tensor, x: torch.Tensor, n: int) -> None:
         """``x = decode(payload) / n``, straight into ``x`` (fused where the compressor can)."""
-        self.comp.decode_div_(payload, x, n)
+        self.comp.kernels.decode_div_(payload, x, n)
 
     def add_decoded(self, payload: torch.Tensor, acc: torch.Tensor) -> None:
         """``acc += decode(payload)`` (fused where the compressor can, else via a workspace)."""
-        self.comp.decode_add_(payload, acc)
+        self.comp.kernels.decode_add_(payload, acc)
 
     def add_decoded_many(self, payloads: List[torch.Tensor], acc: torch.Tensor) -> None:
         """``acc += decode(p)`` for each payload in order (one pass where the compressor can)."""
-        self.comp.decode_add_many_(payloads, acc)
+        self.comp.kernels.decode_add_many_(payloads, acc)
 
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Compressed-domain sum (aggregatable compressors)."""

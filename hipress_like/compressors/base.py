@@ -41,6 +41,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from .kernels import FusedDecodeKernels, Kernels
+
 __all__ = [
     "HEADER_VERSION",
     "decode_output",
@@ -379,6 +381,8 @@ class Compressor:
     name: str = "base"
     algo_id: int = 0
     capabilities: Capabilities = Capabilities("none")
+    # the fast paths' class (kernels.py); built lazily as ``self.kernels``
+    kernels_class: type = Kernels
 
     # -- state -----------------------------------------------------------
     def init(self, grad: torch.Tensor, seed: int = 0, *, world_size: int = 1,
@@ -417,117 +421,6 @@ class Compressor:
         """
         raise NotImplementedError
 
-    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-        """``acc += decode(payload)`` in place (a PS aggregator's or Ring hop's sum).
-
-        The default decodes into a per-thread workspace and adds it; the
-        quantizers override it with one fused pass that gives the same bits.
-
-        Args:
-            payload: a payload of this compressor.
-            acc: contiguous tensor with the payload's element count and dtype.
-
-        Returns:
-            ``acc``.
-        """
-        dec = self.decode(payload, out=workspace(acc.numel(), acc.dtype, acc.device, "decode"))
-        return acc.add_(dec.view(acc.shape))
-
-    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State,
-                            residual: Any = None) -> Optional[Tuple[torch.Tensor, State]]:
-        """``mem += grad``, then ``encode(mem, state)``, fused where the compressor can.
-
-        Error feedback's compensation step (``p = m + g``) followed by the
-        encode of ``p``: a compressor whose encode sweeps its input anyway can
-        add ``grad`` in that sweep and store the sum, saving one pass over
-        the memory. The default returns None (not fused here), as an override
-        does for a ``mem`` it cannot fuse into (another dtype, not contiguous):
-        the caller then adds and encodes in two steps. An override must give
-        the same payload and leave the same ``mem`` as those two steps.
-
-        Args:
-            mem: the accumulator, of ``grad``'s shape (updated in place when fused).
-            grad: the gradient.
-            state: this compressor's state.
-            residual: a token from ``deferred_residual`` to apply to ``mem``
-                first (``apply_residual_``), in the same sweep where the
-                compressor can. Only passed to compressors that return tokens.
-
-        Returns:
-            (payload, new state), or None (then ``mem`` is untouched, even
-            with a ``residual``).
-        """
-        return None
-
-    def deferred_residual(self, payload: torch.Tensor, x: torch.Tensor) -> Any:
-        """A token that lets ``subtract_decoded_(x, payload)`` run later, or None.
-
-        Error feedback's residual ``x - decode(payload)`` costs a read and a
-        write of ``x``. A compressor whose decode of ``encode(x)`` is a function
-        of ``x`` itself (onebit: the sign of x picks one of two values) can
-        instead return a small token, which error feedback keeps in its state
-        and hands to the next ``encode_accumulated_`` (``residual=``), which
-        takes it out in the sweep it makes anyway. The default: None (the
-        residual is subtracted now).
-        """
-        return None
-
-    def apply_residual_(self, x: torch.Tensor, token: Any) -> torch.Tensor:
-        """``x -= decode(payload)`` for the payload ``token`` came from
-        (``deferred_residual``); the same bits as ``subtract_decoded_``. Returns ``x``."""
-        raise NotImplementedError(f"{self.name}: gives no deferred residuals")
-
-    def decode_add_many_(self, payloads: Sequence[torch.Tensor],
-                         acc: torch.Tensor) -> torch.Tensor:
-        """``acc += decode(p)`` for each payload in order (a PS aggregator's merge).
-
-        The default is a loop of ``decode_add_``; onebit overrides it with one
-        pass over ``acc`` for all the payloads, which gives the same bits (each
-        element still sees the additions in the same order).
-
-        Returns:
-            ``acc``.
-        """
-        for p in payloads:
-            self.decode_add_(p, acc)
-        return acc
-
-    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
-        """``out = decode(payload) / n`` (the average of a summed payload over n ranks).
-
-        The default decodes into ``out`` and divides in place; the quantizers
-        override it with one fused pass that gives the same bits.
-
-        Args:
-            payload: a payload of this compressor.
-            out: contiguous tensor with the payload's element count and dtype.
-            n: the divisor (the number of ranks).
-
-        Returns:
-            ``out``.
-        """
-        self.decode(payload, out=out)
-        return out.div_(n)
-
-    def subtract_decoded_(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        """``x -= decode(payload)`` in place, where ``payload = encode(x)``: the residual.
-
-        Error feedback keeps this residual (m = p - C(p)). The default decodes
-        into a per-thread workspace and subtracts (two passes over ``x`` plus
-        the decode's write); compressors whose decode is a function of ``x``
-        itself (onebit: the sign of x picks one of two values) override it
-        with one fused pass that gives the same bits.
-
-        Args:
-            x: the contiguous tensor that was encoded into ``payload``.
-            payload: ``encode(x)``'s payload.
-
-        Returns:
-            ``x``.
-        """
-        dec = self.decode(payload, out=workspace(x.numel(), x.dtype, x.device, "residual"))
-        return x.sub_(dec.view(x.shape))
-
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Sum payloads in the compressed domain (aggregatable compressors only).
 
@@ -538,16 +431,51 @@ class Compressor:
             f"compressor {self.name!r} is not aggregatable: decode, sum, then encode instead"
         )
 
-    def summable_view(self, payload: torch.Tensor) -> Optional[torch.Tensor]:
-        """The part of ``payload`` that ``merge`` sums elementwise, as a view (or None).
+    # -- fast paths: compressor.kernels (kernels.py) ---------------------------
+    @property
+    def kernels(self) -> Kernels:
+        """This compressor's fast paths (``kernels.Kernels``; built once per instance)."""
+        k = self.__dict__.get("_kernels")
+        if k is None:
+            k = self.__dict__["_kernels"] = self.kernels_class(self)
+        return k
 
-        When ``merge`` of same-shaped payloads is "keep the header, add the
-        bodies as floats" (PowerSGD's P and Q), an engine may sum payloads
-        with one allreduce of this view, in place, instead of gathering them
-        at an aggregator; the payload then holds the merged result. None
-        (the default): payloads do not merge by plain summation.
-        """
-        return None
+    # The methods below forward to ``self.kernels`` for callers written before
+    # the kernels protocol (the engine, benchmarks); new code calls
+    # ``c.kernels.<name>`` and compressors override the kernels, not these.
+    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        """``self.kernels.decode_add_``: ``acc += decode(payload)``."""
+        return self.kernels.decode_add_(payload, acc)
+
+    def decode_add_many_(self, payloads: Sequence[torch.Tensor],
+                         acc: torch.Tensor) -> torch.Tensor:
+        """``self.kernels.decode_add_many_``: ``acc += decode(p)`` for each payload."""
+        return self.kernels.decode_add_many_(payloads, acc)
+
+    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
+        """``self.kernels.decode_div_``: ``out = decode(payload) / n``."""
+        return self.kernels.decode_div_(payload, out, n)
+
+    def subtract_decoded_(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        """``self.kernels.subtract_decoded_``: ``x -= decode(payload)``."""
+        return self.kernels.subtract_decoded_(x, payload)
+
+    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State,
+                            residual: Any = None) -> Optional[Tuple[torch.Tensor, State]]:
+        """``self.kernels.encode_accumulated_``: ``mem += grad; encode(mem)`` or None."""
+        return self.kernels.encode_accumulated_(mem, grad, state, residual)
+
+    def deferred_residual(self, payload: torch.Tensor, x: torch.Tensor) -> Any:
+        """``self.kernels.deferred_residual``."""
+        return self.kernels.deferred_residual(payload, x)
+
+    def apply_residual_(self, x: torch.Tensor, token: Any) -> torch.Tensor:
+        """``self.kernels.apply_residual_``."""
+        return self.kernels.apply_residual_(x, token)
+
+    def summable_view(self, payload: torch.Tensor) -> Optional[torch.Tensor]:
+        """``self.kernels.summable_view`` (declared by ``capabilities.summable``)."""
+        return self.kernels.summable_view(payload)
 
     # -- multi round -------------------------------------------------------
     def encode_round(
@@ -597,27 +525,10 @@ class Compressor:
 
 
 class FusedDecodeMixin:
-    """``decode_add_``/``decode_div_`` through the compressor's own one-pass decode.
+    """Sets ``kernels_class`` to ``FusedDecodeKernels`` (for compressors written
+    before the kernels protocol; new ones set ``kernels_class`` themselves)."""
 
-    For compressors whose decode is one pointwise kernel (the quantizers):
-    they implement ``_decode(payload, out, mode, d)`` with the modes of
-    ``_fused._emit`` ("set", "add", "div" by ``d``), and this mixin (listed
-    before ``Compressor``) routes the fused sums and averages through it.
-    """
-
-    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-        """``acc += decode(payload)`` in one fused pass (same bits as decode, then add)."""
-        if not acc.is_contiguous():
-            return super().decode_add_(payload, acc)  # type: ignore[misc]
-        self._decode(payload, acc, "add", 1.0)  # type: ignore[attr-defined]
-        return acc
-
-    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
-        """``out = decode(payload) / n`` in one fused pass (same bits as decode, then divide)."""
-        if not out.is_contiguous():
-            return super().decode_div_(payload, out, n)  # type: ignore[misc]
-        self._decode(payload, out, "div", float(n))  # type: ignore[attr-defined]
-        return out
+    kernels_class = FusedDecodeKernels
 
 
 def decode_output(h: Header, out: Optional[torch.Tensor], device: Any) -> torch.Tensor:

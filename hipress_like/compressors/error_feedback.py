@@ -58,6 +58,7 @@ from .base import (
     accumulator_dtype,
     check_gradient,
 )
+from .kernels import InnerKernels
 from .params import check_real
 from .registry import get, register
 
@@ -108,6 +109,8 @@ class ErrorFeedback(Compressor):
         self.beta = _check_factor("beta", beta)
         self.gamma = _check_factor("gamma", gamma)
         self.algo_id = self.inner.algo_id  # the payload is the inner one, unchanged
+        # so its fast paths (decode-add, summable view, ...) are the inner ones
+        self.kernels_class = InnerKernels
         # the payload is the inner one (same merge, same rounds); the memory is ours
         self.capabilities = dataclasses.replace(self.inner.capabilities, stateful=True,
                                                 keeps_memory=True)
@@ -137,14 +140,14 @@ class ErrorFeedback(Compressor):
         pending = state.get("pending")
         if pending is None:
             return state["error"]
-        return self.inner.apply_residual_(state["error"].clone(), pending)
+        return self.inner.kernels.apply_residual_(state["error"].clone(), pending)
 
     def settle_(self, state: State) -> State:
         """Apply a deferred residual to ``state["error"]`` in place and drop the
         token; returns ``state``, whose ``"error"`` is then the memory itself."""
         pending = state.pop("pending", None)
         if pending is not None:
-            self.inner.apply_residual_(state["error"], pending)
+            self.inner.kernels.apply_residual_(state["error"], pending)
         return state
 
     def _memory(self, grad: torch.Tensor, state: State) -> torch.Tensor:
@@ -182,16 +185,16 @@ class ErrorFeedback(Compressor):
             # p = m + g added in the inner encode's own sweep where it can (onebit),
             # with last step's deferred residual taken out in the same sweep
             kw = {} if pending is None else {"residual": pending}
-            fused = self.inner.encode_accumulated_(mem, grad, state.get("inner", {}), **kw)
+            fused = self.inner.kernels.encode_accumulated_(mem, grad, state.get("inner", {}), **kw)
             if fused is not None:
                 payload, inner_state = fused
-                token = self.inner.deferred_residual(payload, mem)
+                token = self.inner.kernels.deferred_residual(payload, mem)
                 if token is not None:
                     return payload, {"error": mem, "pending": token, "inner": inner_state}
-                return payload, {"error": self.inner.subtract_decoded_(mem, payload),
+                return payload, {"error": self.inner.kernels.subtract_decoded_(mem, payload),
                                  "inner": inner_state}
         if pending is not None:
-            self.inner.apply_residual_(mem, pending)
+            self.inner.kernels.apply_residual_(mem, pending)
         # p = beta m + gamma g, in the memory buffer (accumulate_) when it can be
         p = accumulate_(mem, grad, self.beta, self.gamma).view(grad.shape)
         # the inner compressor sees the gradient's dtype; what that cast
@@ -199,7 +202,7 @@ class ErrorFeedback(Compressor):
         x = p if p.dtype == grad.dtype else p.to(grad.dtype)
         payload, inner_state = self.inner.encode(x, state.get("inner", {}))
         if x is p:  # m = p - decode(payload), in place (fused where the inner can)
-            err = self.inner.subtract_decoded_(p, payload)
+            err = self.inner.kernels.subtract_decoded_(p, payload)
         else:
             dec = self.inner.decode(payload)
             err = p.sub_(dec.to(p.dtype))
@@ -209,26 +212,9 @@ class ErrorFeedback(Compressor):
         """The inner compressor's decode (into ``out`` when given)."""
         return self.inner.decode(payload, out=out)
 
-    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-        """The inner compressor's ``decode_add_``."""
-        return self.inner.decode_add_(payload, acc)
-
-    def decode_add_many_(self, payloads: List[torch.Tensor],
-                         acc: torch.Tensor) -> torch.Tensor:
-        """The inner compressor's ``decode_add_many_``."""
-        return self.inner.decode_add_many_(payloads, acc)
-
-    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
-        """The inner compressor's ``decode_div_``."""
-        return self.inner.decode_div_(payload, out, n)
-
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """The inner compressor's merge (when it is aggregatable)."""
         return self.inner.merge(payloads)
-
-    def summable_view(self, payload: torch.Tensor) -> Optional[torch.Tensor]:
-        """The inner compressor's summable view (the payload is the inner one)."""
-        return self.inner.summable_view(payload)
 
     # -- multi round ---------------------------------------------------------
     def encode_round(self, r: int, grad: torch.Tensor, state: State,

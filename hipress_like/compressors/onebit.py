@@ -31,7 +31,6 @@ from . import _fused
 from .base import (
     Capabilities,
     Compressor,
-    FusedDecodeMixin,
     State,
     check_body_nbytes,
     check_gradient,
@@ -40,6 +39,7 @@ from .base import (
     pack_payload,
     unpack_fields,
 )
+from .kernels import FusedDecodeKernels
 from .ops import packed_nbytes
 from .registry import register
 
@@ -49,7 +49,7 @@ _EXTRA = struct.Struct("<dd")  # value for bit 1 (x >= 0), value for bit 0 (x < 
 
 
 @register("onebit")
-class OneBit(FusedDecodeMixin, Compressor):
+class OneBit(Compressor):
     """1-bit SGD quantizer (biased; wrap it in error feedback).
 
     Algorithm (Seide et al. 2014, Sec. 2, tensor-wise):
@@ -70,6 +70,7 @@ class OneBit(FusedDecodeMixin, Compressor):
     algo_id = 10
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=False, stateful=False)
+    kernels_class: type  # _OneBitKernels, set below the class
 
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
         """Compress ``grad`` to sign bits plus two float64 reconstruction values.
@@ -79,40 +80,6 @@ class OneBit(FusedDecodeMixin, Compressor):
             ValueError: empty input, or NaN/Inf in it.
         """
         return self._pack(grad, grad, lambda g, body: _fused.onebit_encode(g, body)), state
-
-    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State,
-                            residual: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
-                            ) -> Optional[Tuple[torch.Tensor, State]]:
-        """``mem += grad`` and ``encode(mem)`` with the addition in the packing sweep
-        (same payload and memory as the two steps; error feedback's fast path).
-        A ``residual`` token (``deferred_residual``) is taken out of ``mem`` first,
-        in the same sweep on the native path."""
-        if mem.dtype != grad.dtype or mem.shape != grad.shape or not mem.is_contiguous():
-            return None
-        flat = mem.view(-1)
-        return self._pack(grad, mem, lambda g, body: _fused.onebit_encode_accumulated(
-            flat, g, body, residual)), state
-
-    def deferred_residual(self, payload: torch.Tensor, x: torch.Tensor
-                          ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-        """(value for 1, value for 0) in ``x``'s dtype: enough to subtract
-        ``decode(payload)`` from ``x = encode``'s input later, since the bit of
-        ``x_i`` is ``x_i >= 0`` (None when ``subtract_decoded_`` has no fused path)."""
-        h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
-        if h.numel != x.numel() or h.dtype != x.dtype or not x.is_contiguous():
-            return None
-        return (torch.tensor(v1, dtype=x.dtype, device=x.device),
-                torch.tensor(v0, dtype=x.dtype, device=x.device))
-
-    def apply_residual_(self, x: torch.Tensor, token: Tuple[torch.Tensor, torch.Tensor]
-                        ) -> torch.Tensor:
-        """``x -= (token[0] if x >= 0 else token[1])``: ``subtract_decoded_`` from a
-        ``deferred_residual`` token, the same bits."""
-        if x.is_contiguous():
-            _fused.onebit_residual(x.view(-1), token[0], token[1])
-        else:
-            x.sub_(torch.where(x >= 0, token[0], token[1]))
-        return x
 
     def _pack(self, grad: torch.Tensor, encoded: torch.Tensor, kernel) -> torch.Tensor:
         """The payload of ``kernel(flat grad, body) -> (pos, neg, max|x|)``, which packs
@@ -152,6 +119,49 @@ class OneBit(FusedDecodeMixin, Compressor):
                              torch.tensor(v0, dtype=h.dtype, device=dev), mode, d)
         return out
 
+    def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
+        """Header (with 16 bytes of values) plus ceil(numel / 8) bytes of bits."""
+        return header_nbytes(ndim, _EXTRA.size) + packed_nbytes(numel, 1)
+
+
+class _OneBitKernels(FusedDecodeKernels):
+    """OneBit's fast paths: fused decode-add/div, a one-pass sum of many payloads,
+    and error feedback's residual read off the signs (same bits as the defaults)."""
+
+    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State,
+                            residual: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                            ) -> Optional[Tuple[torch.Tensor, State]]:
+        """``mem += grad`` and ``encode(mem)`` with the addition in the packing sweep
+        (same payload and memory as the two steps; error feedback's fast path).
+        A ``residual`` token (``deferred_residual``) is taken out of ``mem`` first,
+        in the same sweep on the native path."""
+        if mem.dtype != grad.dtype or mem.shape != grad.shape or not mem.is_contiguous():
+            return None
+        flat = mem.view(-1)
+        return self.comp._pack(grad, mem, lambda g, body: _fused.onebit_encode_accumulated(
+            flat, g, body, residual)), state
+
+    def deferred_residual(self, payload: torch.Tensor, x: torch.Tensor
+                          ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """(value for 1, value for 0) in ``x``'s dtype: enough to subtract
+        ``decode(payload)`` from ``x = encode``'s input later, since the bit of
+        ``x_i`` is ``x_i >= 0`` (None when ``subtract_decoded_`` has no fused path)."""
+        h, (v1, v0) = unpack_fields(payload, self.comp.algo_id, _EXTRA, "onebit")
+        if h.numel != x.numel() or h.dtype != x.dtype or not x.is_contiguous():
+            return None
+        return (torch.tensor(v1, dtype=x.dtype, device=x.device),
+                torch.tensor(v0, dtype=x.dtype, device=x.device))
+
+    def apply_residual_(self, x: torch.Tensor, token: Tuple[torch.Tensor, torch.Tensor]
+                        ) -> torch.Tensor:
+        """``x -= (token[0] if x >= 0 else token[1])``: ``subtract_decoded_`` from a
+        ``deferred_residual`` token, the same bits."""
+        if x.is_contiguous():
+            _fused.onebit_residual(x.view(-1), token[0], token[1])
+        else:
+            x.sub_(torch.where(x >= 0, token[0], token[1]))
+        return x
+
     def decode_add_many_(self, payloads: Sequence[torch.Tensor],
                          acc: torch.Tensor) -> torch.Tensor:
         """``acc += decode(p)`` for each payload in order, in one pass over ``acc``.
@@ -163,7 +173,7 @@ class OneBit(FusedDecodeMixin, Compressor):
             return super().decode_add_many_(payloads, acc)
         bodies, values = [], []
         for payload in payloads:
-            h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
+            h, (v1, v0) = unpack_fields(payload, self.comp.algo_id, _EXTRA, "onebit")
             check_body_nbytes(h, packed_nbytes(h.numel, 1), "onebit")
             if h.numel != acc.numel() or h.dtype != acc.dtype or payload.device != acc.device:
                 return super().decode_add_many_(payloads, acc)
@@ -182,6 +192,5 @@ class OneBit(FusedDecodeMixin, Compressor):
             return super().subtract_decoded_(x, payload)
         return self.apply_residual_(x, token)
 
-    def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
-        """Header (with 16 bytes of values) plus ceil(numel / 8) bytes of bits."""
-        return header_nbytes(ndim, _EXTRA.size) + packed_nbytes(numel, 1)
+
+OneBit.kernels_class = _OneBitKernels

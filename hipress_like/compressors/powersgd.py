@@ -116,6 +116,7 @@ from .base import (
     view_as_dtype,
     workspace,
 )
+from .kernels import Kernels
 from .ops import matmul, orthogonalize_, uniform
 from .params import check_bool, check_int
 from .registry import register
@@ -386,18 +387,13 @@ class PowerSGD(Compressor):
         return self.round_nbytes(shape, ROUND_P) + self.round_nbytes(shape, ROUND_Q)
 
     def summable_view(self, payload: torch.Tensor) -> Optional[torch.Tensor]:
-        """The P or Q values of a round-0/1 payload as a float view (``merge`` sums them).
+        """``self.kernels.summable_view`` (P's or Q's values as a float view).
 
-        Raises:
-            PayloadError: malformed payload or a local single-round payload.
+        Kept as an override while engine.py's ``_build_layout`` detects summable
+        payloads by ``type(c).summable_view is not Compressor.summable_view``;
+        drop it when the engine reads ``capabilities.summable``.
         """
-        x = self._parse(payload)
-        if x.round == ROUND_LOCAL:
-            raise PayloadError("local single-round powersgd payloads are not summable")
-        try:
-            return x.h.body.view(x.values.dtype)
-        except RuntimeError:  # misaligned: a copy would not be a view into the payload
-            return None
+        return self.kernels.summable_view(payload)
 
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Sum same-round payloads (P's or Q's) in the given order.
@@ -559,3 +555,24 @@ class PowerSGD(Compressor):
         if out is None:
             return res
         return decode_output(x.h, out, payload.device).copy_(res)
+
+
+class _PowerSGDKernels(Kernels):
+    """PowerSGD's payloads merge by summing their values (``capabilities.summable``)."""
+
+    def summable_view(self, payload: torch.Tensor) -> Optional[torch.Tensor]:
+        """The P or Q values of a round-0/1 payload as a float view (``merge`` sums them).
+
+        Raises:
+            PayloadError: malformed payload or a local single-round payload.
+        """
+        x = self.comp._parse(payload)
+        if x.round == ROUND_LOCAL:
+            raise PayloadError("local single-round powersgd payloads are not summable")
+        try:
+            return x.h.body.view(x.values.dtype)
+        except RuntimeError:  # misaligned: a copy would not be a view into the payload
+            return None
+
+
+PowerSGD.kernels_class = _PowerSGDKernels

@@ -26,7 +26,6 @@ from . import _fused
 from .base import (
     Capabilities,
     Compressor,
-    FusedDecodeMixin,
     State,
     check_body_nbytes,
     check_gradient,
@@ -35,6 +34,7 @@ from .base import (
     pack_payload,
     unpack_fields,
 )
+from .kernels import FusedDecodeKernels
 from .ops import packed_nbytes
 from .params import check_real
 from .registry import register
@@ -45,7 +45,7 @@ _EXTRA = struct.Struct("<d")  # tau
 
 
 @register("tbq")
-class TBQ(FusedDecodeMixin, Compressor):
+class TBQ(Compressor):
     """Threshold binary quantization (biased; wrap it in error feedback).
 
     Algorithm (Strom 2015, Sec. 3):
@@ -72,6 +72,7 @@ class TBQ(FusedDecodeMixin, Compressor):
     algo_id = 11
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=False, stateful=False)
+    kernels_class = FusedDecodeKernels  # one-pass decode-add and decode-div
 
     def __init__(self, threshold: float = 0.01) -> None:
         # the magnitude sent for large elements

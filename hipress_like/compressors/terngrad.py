@@ -35,7 +35,6 @@ from . import _fused
 from .base import (
     Capabilities,
     Compressor,
-    FusedDecodeMixin,
     PayloadError,
     State,
     check_body_nbytes,
@@ -45,6 +44,7 @@ from .base import (
     pack_payload,
     unpack_fields,
 )
+from .kernels import FusedDecodeKernels
 from .ops import VALID_BITS, _fmix32, mix_seed, packed_nbytes
 from .params import check_int
 from .registry import register
@@ -66,7 +66,7 @@ def step_seed(seed: int, step: int) -> int:
 
 
 @register("terngrad")
-class TernGrad(FusedDecodeMixin, Compressor):
+class TernGrad(Compressor):
     """TernGrad (Wen et al. 2017) in HiPress's Fig. 5 formulation; unbiased.
 
     Algorithm (HiPress Fig. 5):
@@ -91,6 +91,7 @@ class TernGrad(FusedDecodeMixin, Compressor):
     algo_id = 12
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=True, stateful=True)
+    kernels_class = FusedDecodeKernels  # one-pass decode-add and decode-div
 
     def __init__(self, bitwidth: int = 2) -> None:
         self.bitwidth = check_int("terngrad", "bitwidth", bitwidth, choices=VALID_BITS,

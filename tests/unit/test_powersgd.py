@@ -1,6 +1,7 @@
 """PowerSGD (hipress_like/compressors/powersgd.py): two-round protocol, accuracy, payloads."""
 from __future__ import annotations
 
+import logging
 import struct
 
 import pytest
@@ -232,7 +233,7 @@ def test_warm_start_off_draws_a_fresh_q_each_step():
     assert not torch.equal(p_first[0], p_second[0])
 
 
-def test_protocol_misuse_raises_clearly():
+def test_protocol_misuse_raises_clearly(caplog):
     c = PowerSGD(rank=2)
     g = torch.randn(6, 5)
     st = c.init(g)  # no world_size
@@ -259,8 +260,10 @@ def test_protocol_misuse_raises_clearly():
         c.encode_round(0, torch.randn(3, 3), c.init(g, world_size=1), None)
     with pytest.raises(ValueError, match="interrupted step"):
         c.encode_round(0, g, st, None)  # round 0 again before decode_rounds of this step
-    with pytest.raises(ValueError):
-        get("ef", inner="powersgd")  # PowerSGD has its own error feedback
+    # PowerSGD has its own error feedback: wrapping it adds a second memory, with a warning
+    with caplog.at_level(logging.WARNING):
+        get("ef", inner="powersgd")
+    assert "keeps its own residual" in caplog.text
 
 
 def test_corrupted_payloads_raise_payload_error():
