@@ -27,9 +27,13 @@ truncated, foreign or wrong-version payload is rejected with a clear error:
     ...    body     the compressed data
 
 Multi-round algorithms (PowerSGD's P then Q) declare ``capabilities.rounds``
-> 1 and implement ``encode_round``/``decode_rounds``; the scheduler runs each
-round and sums the payloads of a round with ``merge`` (they must be
-aggregatable per round). A compressor never calls a transport.
+> 1, the reduction of each round (``round_reductions``: sum, max or
+broadcast) and which rounds merge by a plain sum (``summable``), and
+implement ``encode_round``/``decode_rounds``; the scheduler runs each round.
+The run reaches a compressor only through ``init``'s keywords
+(``world_size``; ``shared_seed`` when ``capabilities.shared_randomness``).
+Fast paths live in ``compressor.kernels`` (kernels.py). A compressor never
+calls a transport.
 """
 from __future__ import annotations
 
@@ -372,10 +376,16 @@ def check_body_nbytes(h: Header, expected: int, name: str, detail: str = "") -> 
 class Compressor:
     """Base class of every CompLL algorithm.
 
-    Subclasses set ``name``, ``algo_id`` (unique small int) and
-    ``capabilities``, validate parameters in ``__init__`` (``ValueError``),
-    and implement ``encode``/``decode`` (and ``merge`` when aggregatable,
-    ``encode_round``/``decode_rounds`` when ``rounds > 1``).
+    The surface a compressor implements is ``init``, ``encode``, ``decode``,
+    ``capabilities``, ``payload_nbytes``, ``params`` (plus ``merge`` when
+    aggregatable and ``encode_round``/``decode_rounds`` when ``rounds > 1``).
+    Subclasses set ``name``, ``algo_id`` (unique small int; the registry
+    rejects a duplicate) and ``capabilities`` (declared: nothing is inferred
+    from overrides), and validate parameters in ``__init__`` with
+    ``params.check_*`` (``ParamTypeError``/``ParamError``). Faster versions
+    of decode-add, decode-div, the error-feedback residual or a summable
+    view go in a ``kernels.Kernels`` subclass named by ``kernels_class``;
+    the same-named methods below only forward to ``self.kernels``.
     """
 
     name: str = "base"
