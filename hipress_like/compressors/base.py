@@ -45,7 +45,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from .kernels import FusedDecodeKernels, Kernels
+from .kernels import FusedDecodeKernels, Kernels, workspace
 
 __all__ = [
     "HEADER_VERSION",
@@ -574,32 +574,6 @@ def view_as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return t.view(dtype)
     except RuntimeError:
         return t.clone().view(dtype)
-
-
-_workspaces = threading.local()
-
-
-def workspace(numel: int, dtype: torch.dtype, device: Any, slot: str) -> torch.Tensor:
-    """A reusable scratch tensor of ``numel`` elements for this thread and ``slot``.
-
-    Decoding into a fresh gradient-sized tensor every step costs more in
-    page faults than the decode (a 64 MB allocation ~ 4 memory copies
-    here), so callers that only need a temporary (error feedback's
-    ``decode``, an aggregator's per-source decode) borrow this buffer. It
-    grows to the largest size asked for and is kept per thread (the
-    engine's compute executor is one thread per engine) and per ``slot``
-    (one per nesting level of use). The contents are garbage; a second
-    call with the same slot in the same thread returns the same memory.
-    """
-    cache = getattr(_workspaces, "buffers", None)
-    if cache is None:
-        cache = _workspaces.buffers = {}
-    key = (slot, dtype, str(device))
-    buf = cache.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = torch.empty(numel, dtype=dtype, device=device)
-        cache[key] = buf
-    return buf[:numel]
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -26,20 +26,46 @@ side to the inner kernels, so nothing is forwarded by hand.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+import threading
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .base import Compressor, State
+__all__ = ["Kernels", "FusedDecodeKernels", "InnerKernels", "workspace"]
 
-__all__ = ["Kernels", "FusedDecodeKernels", "InnerKernels"]
+# base.py imports this module (and re-exports ``workspace``), so nothing here
+# imports base (the import graph stays acyclic); its types are aliased below.
+_Compressor = Any  # base.Compressor
+_State = Dict[str, Any]  # base.State
 
 
-def _workspace(numel: int, dtype: torch.dtype, device: Any, slot: str) -> torch.Tensor:
-    from .base import workspace  # base imports this module
+_workspaces = threading.local()
 
-    return workspace(numel, dtype, device, slot)
+
+def workspace(numel: int, dtype: torch.dtype, device: Any, slot: str) -> torch.Tensor:
+    """A reusable scratch tensor of ``numel`` elements for this thread and ``slot``.
+
+    Decoding into a fresh gradient-sized tensor every step costs more in
+    page faults than the decode (a 64 MB allocation ~ 4 memory copies
+    here), so callers that only need a temporary (error feedback's
+    ``decode``, an aggregator's per-source decode) borrow this buffer. It
+    grows to the largest size asked for and is kept per thread (the
+    engine's compute executor is one thread per engine) and per ``slot``
+    (one per nesting level of use). The contents are garbage; a second
+    call with the same slot in the same thread returns the same memory.
+    """
+    cache = getattr(_workspaces, "buffers", None)
+    if cache is None:
+        cache = _workspaces.buffers = {}
+    key = (slot, dtype, str(device))
+    buf = cache.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(numel, dtype=dtype, device=device)
+        cache[key] = buf
+    return buf[:numel]
+
+
+_workspace = workspace
 
 
 class Kernels:
@@ -49,7 +75,7 @@ class Kernels:
         comp: the compressor these kernels belong to.
     """
 
-    def __init__(self, comp: "Compressor") -> None:
+    def __init__(self, comp: _Compressor) -> None:
         self.comp = comp
 
     def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
@@ -83,8 +109,8 @@ class Kernels:
         dec = self.comp.decode(payload, out=_workspace(x.numel(), x.dtype, x.device, "residual"))
         return x.sub_(dec.view(x.shape))
 
-    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: "State",
-                            residual: Any = None) -> Optional[Tuple[torch.Tensor, "State"]]:
+    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: _State,
+                            residual: Any = None) -> Optional[Tuple[torch.Tensor, _State]]:
         """``mem += grad``, then ``encode(mem, state)``, fused; None when not fused here.
 
         When None is returned ``mem`` is untouched (even with a ``residual``)
