@@ -113,8 +113,9 @@ class _CompressionNamespace:
 Compression = _CompressionNamespace()
 
 
-def resolve_compression(compression: Any) -> Tuple[str, Dict[str, Any]]:
-    """Turn what a user passed as ``compression=`` into (registry name, params).
+def resolve_compression(compression: Any) -> Tuple[Any, Dict[str, Any]]:
+    """Turn what a user passed as ``compression=`` into (registry name, params), or
+    (the instance, {}) for a ``Compressor`` instance.
 
     Accepts ``None`` (no compression), a name, a ``CompressionSpec`` or a
     CompLL ``Compressor`` instance.
@@ -134,7 +135,8 @@ def resolve_compression(compression: Any) -> Tuple[str, Dict[str, Any]]:
     elif isinstance(compression, CompressionSpec):
         spec = compression
     elif isinstance(compression, Compressor):
-        return compression.name, dict(compression.params())
+        # the instance itself (wrapped ones included): the engine takes it as it is
+        return compression, {}
     else:
         raise TypeError(
             f"compression must be a name, a Compression.<name> spec or a "

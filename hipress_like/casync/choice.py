@@ -23,6 +23,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from .. import compressors as _comp
 from ..compressors.base import Compressor
+from ..compressors.error_feedback import needs_error_feedback, with_error_feedback
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
 from .config import EngineConfig
 from .transport.base import Transport
@@ -39,9 +40,10 @@ def build_compressor(spec: Any, params: Mapping[str, Any], error_feedback: Any) 
         spec: a registered name or a ``Compressor`` instance (then ``params``
             must be empty).
         params: the compressor's parameters.
-        error_feedback: "auto" wraps biased, stateless single-round
-            compressors (onebit, TBQ, top-k, ...) in error feedback; True or
-            False force it.
+        error_feedback: "auto" wraps biased single-round compressors that keep
+            no memory of their own (onebit, TBQ, top-k, ...) in error feedback;
+            True wraps any compressor that keeps no memory (an ErrorFeedback
+            instance is never wrapped twice); False never wraps.
 
     Raises:
         ValueError: an instance with parameters, or a multi-round compressor
@@ -55,13 +57,9 @@ def build_compressor(spec: Any, params: Mapping[str, Any], error_feedback: Any) 
     else:
         comp = _comp.get(spec, **dict(params))
     caps = comp.capabilities
-    wrap = error_feedback
-    if wrap == "auto":
-        wrap = caps.category not in ("none",) and not caps.unbiased and not caps.stateful \
-            and caps.rounds == 1
+    wrap = needs_error_feedback(comp) if error_feedback == "auto" else error_feedback
     if wrap:
-        from ..compressors.error_feedback import ErrorFeedback
-        comp = ErrorFeedback(comp)
+        comp = with_error_feedback(comp)  # never wraps twice: declared keeps_memory
     if caps.rounds > 1 and not caps.aggregatable:
         raise ValueError(f"compressor {comp.name!r} has {caps.rounds} rounds but its "
                          "payloads are not aggregatable; CaSync cannot run it")

@@ -167,8 +167,9 @@ def numel_of(shape: Sequence[int]) -> int:
 
 
 def _summed_rounds(comp: Compressor) -> bool:
-    """The compressor's round payloads merge by plain summation (``summable_view``)."""
-    return type(comp).summable_view is not Compressor.summable_view
+    """Every round's payloads merge by plain summation of ``kernels.summable_view``
+    (declared: ``Capabilities.summable``)."""
+    return comp.capabilities.all_summable
 
 
 def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPlan],

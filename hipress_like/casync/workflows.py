@@ -276,7 +276,7 @@ def rounds_collective_workflow(b, grad: torch.Tensor, codec: CompressorCodec) ->
     comp, site = codec.comp, "rounds"
 
     def view(payload: torch.Tensor, r: int) -> torch.Tensor:
-        v = comp.summable_view(payload)
+        v = comp.kernels.summable_view(payload)
         if v is None:
             raise RuntimeError(f"{comp.name}: round {r} payload has no summable view "
                                "(misaligned); use raw_collective=False")

@@ -577,3 +577,36 @@ def test_auto_plan_chooses_among_candidates_per_gradient_identically_on_every_ra
         assert dec.compressor in (None, "onebit", "powersgd"), (name, dec)
     for k in res[0][2]:
         assert torch.equal(res[0][2][k], res[1][2][k])
+
+
+@pytest.mark.parametrize("error_feedback", ["auto", True, False])
+def test_a_wrapped_compressor_instance_works_where_a_name_does(error_feedback):
+    """An ErrorFeedback instance used to fail inside the engine; it is taken as it
+    is (never wrapped twice), and gives what the name with error feedback gives."""
+    from hipress_like.compressors.error_feedback import ErrorFeedback
+
+    plan = Plan(compressor="topk", rule=SizeRule(min_compress_bytes=0))
+    g = lambda rank: {"w": torch.randn(5000, generator=torch.Generator().manual_seed(rank))}
+
+    def body(tr, comp):
+        eng = Engine(tr, EngineConfig(compressor=comp, plan=plan, timeout=30,
+                                      error_feedback=error_feedback))
+        try:
+            eng.register([("w", (5000,), torch.float32)])
+            out = []
+            for _ in range(2):
+                x = g(tr.rank)["w"].clone()
+                eng.submit("w", x)
+                eng.synchronize()
+                out.append(x)
+            return repr(eng.compressor), out
+        finally:
+            eng.close()
+    inst = run_threads(lambda tr: body(tr, ErrorFeedback(hp.compressors.get("topk"))), 2,
+                       timeout=60)
+    named = run_threads(lambda tr: body(tr, "topk"), 2, timeout=60)
+    assert inst[0][0].count("ErrorFeedback") == 1
+    if error_feedback != False:  # noqa: E712 - the setting's three values
+        assert named[0][0] == inst[0][0]
+        for a, b in zip(inst[0][1], named[0][1]):
+            assert torch.equal(a, b)

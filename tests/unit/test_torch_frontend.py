@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import hipress_like as hp
 import hipress_like.torch as hpt
 
 
@@ -424,5 +425,21 @@ def test_hipress_replay_environment_variable(monkeypatch):
     opt = _wrap(m, torch.optim.SGD(m.parameters(), lr=0.1), plan=None)
     try:
         assert opt._hp_engine.config.replay is True
+    finally:
+        opt.close()
+
+
+def test_a_wrapped_compressor_instance_is_taken_as_it_is():
+    """DistributedOptimizer(compression=<an ErrorFeedback instance>) used to fail
+    inside the engine; the instance is used as given, never wrapped twice."""
+    from hipress_like.compressors.error_feedback import ErrorFeedback
+
+    m = _model()
+    inst = ErrorFeedback(hp.compressors.get("topk", ratio=0.1))
+    opt = _wrap(m, torch.optim.SGD(m.parameters(), lr=0.1), compression=inst)
+    try:
+        _loss(m).backward()
+        opt.step()
+        assert opt.engine.compressor is inst
     finally:
         opt.close()
