@@ -133,6 +133,10 @@ class Choice:
             _log.info("plan='auto' with %s: nothing to compress, no profile", self.default.name)
             return
         t0 = time.perf_counter()
-        self.plan = source(transport, dict(sizes), self.config)
+        plan = source(transport, dict(sizes), self.config)
+        if not isinstance(plan, Plan):
+            raise TypeError(f"the plan source {source!r} returned {type(plan).__name__}; a "
+                            "plan source must return a hipress_like.cost_model.Plan")
+        self.plan = plan
         _log.info("rank %d: plan fixed in %.1f s", transport.rank, time.perf_counter() - t0)
 

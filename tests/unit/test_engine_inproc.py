@@ -508,6 +508,15 @@ def test_the_engine_takes_a_plan_source_not_the_string_auto():
     assert run_threads(body, 2, timeout=60) == [False, False]
     assert sorted(calls) == [(r, {"a": 48, "b": 40}, "ring") for r in (0, 1)]
 
+    def bad(tr):
+        eng = Engine(tr, EngineConfig(compressor="onebit", plan=lambda *a: {"rule": {}}))
+        try:
+            eng.register([("a", (3, 4), torch.float32)])
+        finally:
+            eng.close()
+    with pytest.raises(TypeError, match="returned dict; a plan source must return"):
+        run_threads(bad, 1, timeout=60)
+
 
 @pytest.mark.parametrize("strategy", ["ps", "ring"])
 def test_a_compressor_per_gradient_matches_each_compressor_alone(strategy):
