@@ -417,16 +417,11 @@ class Engine:
         self._states.clear()
 
     def close(self) -> None:
-        """Stop the background threads and free the engine's own data channel.
-
-        Call it on every rank: the channel from ``transport.split()`` (a
-        process group of its own on torch.distributed) is destroyed once every
-        rank has closed it, waiting up to 10 s for them. A failed engine, one
-        closed at interpreter exit, or one whose peers already wait in a
-        collective it left (it was closed mid-step, by an exception) does not
-        wait: those peers may never close, they learn of this rank's exit from
-        the transport at once, and the channel is left to process exit. The
-        transport passed in is left open.
+        """Stop the threads; free the data channel from ``transport.split()`` once every
+        rank has closed it (up to 10 s). A failed engine, one closed at interpreter
+        exit, or one whose peers wait in a collective it left (closed mid-step by an
+        exception) does not wait for peers that may never close: they learn of this
+        rank's exit from the transport at once. The transport passed in stays open.
         """
         if self._closed:
             return
@@ -449,5 +444,3 @@ class Engine:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
