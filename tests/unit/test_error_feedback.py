@@ -228,21 +228,9 @@ def test_deferred_residual_is_applied_when_the_next_encode_cannot_fuse():
 # -- multi-round inner compressors ---------------------------------------------------
 def _ef_rounds_step(c, grads, states, average=False):
     """Play the engine for a multi-round compressor (rank order), as in test_powersgd."""
-    p0 = []
-    for i, g in enumerate(grads):
-        p, states[i] = c.encode_round(0, g, states[i], None)
-        p0.append(p)
-    agg0 = c.merge(p0)
-    p1 = []
-    for i, g in enumerate(grads):
-        p, states[i] = c.encode_round(1, g, states[i], agg0)
-        p1.append(p)
-    agg1 = c.merge(p1)
-    outs = []
-    for i, g in enumerate(grads):
-        o, states[i] = c.decode_rounds(g, states[i], agg1, average=average)
-        outs.append(o)
-    return outs
+    from test_powersgd import _run_step
+
+    return _run_step(c, grads, states, average=average)[0]
 
 
 @pytest.mark.parametrize("average", [False, True])

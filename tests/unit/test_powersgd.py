@@ -19,7 +19,7 @@ from hipress_like.compressors.powersgd import (
 )
 
 
-def _run_step(c, grads, states):
+def _run_step(c, grads, states, average=False):
     """Play the engine: round 0, merge, round 1, merge, decode (rank order)."""
     p0 = []
     for i, g in enumerate(grads):
@@ -33,7 +33,7 @@ def _run_step(c, grads, states):
     agg1 = c.merge(p1)
     outs = []
     for i, g in enumerate(grads):
-        o, states[i] = c.decode_rounds(g, states[i], agg1)
+        o, states[i] = c.decode_rounds(g, states[i], agg1, average=average)
         outs.append(o)
     return outs, p0, p1
 
