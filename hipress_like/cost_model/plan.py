@@ -29,6 +29,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
+from ._files import load_json
+
 __all__ = ["GradientPlan", "SizeRule", "Plan", "PLAN_FORMAT", "PLAN_VERSION", "PlanError",
            "canonical_params"]
 
@@ -311,12 +313,4 @@ class Plan:
         Raises:
             PlanError: unreadable JSON or an invalid plan (the message names the file).
         """
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise PlanError(f"cannot read plan {os.fspath(path)!r}: {e}") from e
-        try:
-            return cls.from_dict(d)
-        except PlanError as e:
-            raise PlanError(f"{os.fspath(path)}: {e}") from e
+        return load_json(path, cls.from_dict, PlanError, "plan")

@@ -41,6 +41,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ._files import load_json
 from .collectives import ring_allreduce
 from .model import CATEGORIES, Curve, Link
 
@@ -298,15 +299,7 @@ class Profile:
         Raises:
             ProfileError: unreadable file, bad JSON or an invalid profile (names the file).
         """
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise ProfileError(f"cannot read profile {os.fspath(path)!r}: {e}") from e
-        try:
-            return cls.from_dict(d)
-        except ProfileError as e:
-            raise ProfileError(f"{os.fspath(path)}: {e}") from e
+        return load_json(path, cls.from_dict, ProfileError, "profile")
 
 
 def _engine_samples(samples: Any, where: str) -> Tuple[Tuple[int, int, float], ...]:

@@ -184,9 +184,8 @@ class _DistributedOptimizerMixin:
                 key = id(p)
                 if p.requires_grad and key not in st.handles and key not in st.sparse:
                     self._hp_submit(p)
-            ok = bool(self._hp_engine.synchronize())
-            for p, handle, wire in st.handles.values():
-                handle.wait()
+            ok = bool(self._hp_engine.synchronize())  # every handle is complete after it
+            for p, _, wire in st.handles.values():
                 with torch.no_grad():
                     if wire is not None:
                         p.grad.copy_(wire)
