@@ -219,7 +219,7 @@ class Engine:
         b = StepBuilder(self._graph, self._st, g, handle, self.rank, self.size)
         # submit() scanned the gradient for NaN/Inf (or zeroed it): compressors skip theirs
         add_gradient_tasks(b, work, self._states, self._seed_of,
-                           vouched=self.config.nonfinite != "ignore")
+                           vouched=self.config.nonfinite != "ignore", step=self._st.index)
         b.seal()
         self._start_step()
         handle._release()

@@ -1,4 +1,4 @@
-"""Fused allreduce buckets: summing several tensors with one call, and what follows it.
+"""Fused allreduce buckets: reducing several tensors with one call, and what follows it.
 
 Shared by the coordinated rounds (``rounds.py``) and the replayed schedule
 (``replay.py``), so that a bucket is summed and finished the same way on
@@ -15,7 +15,7 @@ from .tasks import Task
 from .timeline import Event
 from .transport.base import Transport
 
-__all__ = ["sum_fused", "scatter", "finish_bucket"]
+__all__ = ["reduce_fused", "scatter", "finish_bucket"]
 
 
 def scatter(flat: torch.Tensor, xs: List[torch.Tensor]) -> None:
@@ -26,10 +26,12 @@ def scatter(flat: torch.Tensor, xs: List[torch.Tensor]) -> None:
         off += x.numel()
 
 
-def sum_fused(xs: List[torch.Tensor], channel: Transport, timeout: float) -> None:
-    """Sum ``xs`` (one dtype) across ranks with one allreduce, in place."""
+def reduce_fused(xs: List[torch.Tensor], channel: Transport, timeout: float,
+                 op: str = "sum") -> None:
+    """Reduce ``xs`` (one dtype) across ranks with one allreduce (``op``: sum or
+    max), in place."""
     flat = xs[0] if len(xs) == 1 else torch.cat(xs)
-    channel.allreduce(flat, "sum", timeout)
+    channel.allreduce(flat, op, timeout)
     if len(xs) > 1:
         scatter(flat, xs)
 

@@ -28,7 +28,8 @@ from ..cost_model.plan import GradientPlan
 from .lane import LaneBucket, plan_lane_buckets
 
 __all__ = ["Workflow", "GradLayout", "Layout", "KEY_LIMITS", "msg_key", "digest_of",
-           "check_specs", "describe_mismatch", "build_layout", "chunk_bounds", "numel_of"]
+           "check_specs", "describe_mismatch", "build_layout", "chunk_bounds", "row_chunks",
+           "part_view", "numel_of"]
 
 KEY_LIMITS = {"gradients": 1 << 20, "partitions": 1 << 12, "phases": 1 << 12, "ranks": 1 << 10}
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -42,6 +43,7 @@ class Workflow(str, Enum):
     PS = "ps"  # CaSync-PS, co-located aggregators (HiPress Sec. 3)
     RING = "ring"  # CaSync-Ring
     ROUNDS = "rounds"  # a multi-round compressor, each round a PS exchange
+    ROUNDS_RING = "rounds-ring"  # a multi-round compressor, each round a ring allreduce
     ALLREDUCE = "allreduce"  # uncompressed, in a static lane bucket
     ROUNDS_ALLREDUCE = "rounds-allreduce"  # a multi-round compressor summed by allreduce
 
@@ -84,6 +86,8 @@ class Layout:
     lane: List[LaneBucket] = field(default_factory=list)
     # message key of a summed round payload -> the keys of its static group, in order
     groups: Dict[int, Tuple[int, ...]] = field(default_factory=dict)
+    # message key of a round payload reduced by another op than "sum" -> that op
+    ops: Dict[int, str] = field(default_factory=dict)
 
     def lane_of(self) -> Dict[int, LaneBucket]:
         """Gradient index -> its lane bucket."""
@@ -114,6 +118,34 @@ def chunk_bounds(n: int, k: int) -> List[Tuple[int, int]]:
         out.append((start, end))
         start = end
     return out
+
+
+def row_chunks(shape: Sequence[int], k: int) -> List[Tuple[int, int]]:
+    """``k`` contiguous flat ranges of a tensor of ``shape``, made of whole rows
+    (``shape[0]`` rows of ``prod(shape[1:])`` elements) when it has two or
+    more dimensions and at least ``k`` rows; near-equal element ranges
+    otherwise. A multi-round compressor's partitions and Ring chunks use
+    them, so a low-rank compressor sees a block of rows of the same matrix.
+
+    Example:
+        >>> row_chunks((5, 3), 2), row_chunks((7,), 2)
+        ([(0, 9), (9, 15)], [(0, 4), (4, 7)])
+    """
+    if len(shape) >= 2 and shape[0] >= k:
+        row = numel_of(shape[1:])
+        return [(s * row, e * row) for s, e in chunk_bounds(shape[0], k)]
+    return chunk_bounds(numel_of(shape), k)
+
+
+def part_view(flat: torch.Tensor, s: int, e: int, shape: Sequence[int]) -> torch.Tensor:
+    """Elements ``[s, e)`` of a gradient of ``shape`` (``flat``: its flat view), shaped
+    as whole rows when the range is (``row_chunks``), flat otherwise."""
+    x = flat[s:e]
+    if len(shape) >= 2:
+        row = numel_of(shape[1:])
+        if s % row == 0 and e % row == 0:
+            return x.view(-1, *shape[1:])
+    return x
 
 
 def check_specs(specs: Sequence[Spec]) -> None:
@@ -166,10 +198,12 @@ def numel_of(shape: Sequence[int]) -> int:
     return n
 
 
-def _summed_rounds(comp: Compressor) -> bool:
-    """Every round's payloads merge by plain summation of ``kernels.summable_view``
-    (declared: ``Capabilities.summable``)."""
-    return comp.capabilities.all_summable
+def _lane_rounds(comp: Compressor) -> bool:
+    """Every round's payloads reduce elementwise on ``kernels.summable_view`` by a
+    sum or a max (declared: ``Capabilities.summable``, ``round_reductions``), so
+    the collective lane's allreduces can carry them."""
+    caps = comp.capabilities
+    return caps.all_summable and all(r in ("sum", "max") for r in caps.round_reductions)
 
 
 def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPlan],
@@ -202,9 +236,16 @@ def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPla
         if comp is None and raw_collective and n > 1:
             wf, k = Workflow.ALLREDUCE, 1
         elif comp is not None and comp.capabilities.rounds > 1:
-            wf, k = Workflow.ROUNDS, 1
-            if raw_collective and n > 1 and _summed_rounds(comp):
-                wf = Workflow.ROUNDS_ALLREDUCE
+            if raw_collective and n > 1 and _lane_rounds(comp):
+                wf, k = Workflow.ROUNDS_ALLREDUCE, 1
+            elif strategy == "ring" and numel // k >= n and n > 1:
+                wf = Workflow.ROUNDS_RING
+                if 2 * (n - 1) * comp.capabilities.rounds >= KEY_LIMITS["phases"]:
+                    raise ValueError(f"{comp.name}: {comp.capabilities.rounds} ring rounds "
+                                     f"need 2(N-1) phases each; world size {n} is too large "
+                                     "(use strategy='ps')")
+            else:
+                wf = Workflow.ROUNDS
         elif strategy == "ring" and numel // k >= n and n > 1:
             wf = Workflow.RING
         else:
@@ -213,7 +254,8 @@ def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPla
             grads[name] = GradLayout(idx, name, shape, dt, numel, comp, wf, [(0, numel, -1)])
             continue
         parts = []
-        for s, e in chunk_bounds(numel, k):
+        multi = wf in (Workflow.ROUNDS, Workflow.ROUNDS_RING)
+        for s, e in (row_chunks(shape, k) if multi else chunk_bounds(numel, k)):
             agg = min(range(n), key=lambda r: (load[r], r))
             load[agg] += e - s
             parts.append((s, e, agg))
@@ -225,10 +267,11 @@ def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPla
     for b in lane:
         b.key = msg_key(len(specs) + b.index, 0, 0, 0)
     groups = {b.key: (b.key,) for b in lane}
-    groups.update(_round_groups([g for g in grads.values()
-                                 if g.workflow is Workflow.ROUNDS_ALLREDUCE],
-                                fusion_bytes if fuse else 1))
-    return Layout(grads, lane, groups)
+    lane_rounds = [g for g in grads.values() if g.workflow is Workflow.ROUNDS_ALLREDUCE]
+    groups.update(_round_groups(lane_rounds, fusion_bytes if fuse else 1))
+    ops = {msg_key(g.idx, 0, r, 0): op for g in lane_rounds
+           for r, op in enumerate(g.compressor.capabilities.round_reductions) if op != "sum"}
+    return Layout(grads, lane, groups, ops)
 
 
 def _round_groups(grads: List[GradLayout], fusion_bytes: int) -> Dict[int, Tuple[int, ...]]:

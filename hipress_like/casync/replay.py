@@ -39,14 +39,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .fused import finish_bucket, scatter, sum_fused
+from .fused import finish_bucket, reduce_fused, scatter
 from .tasks import DeadlockError
 
-__all__ = ["Schedule", "Replayer", "STATUS_LEN", "ERROR", "MISS", "SKIP", "dtype_groups",
+__all__ = ["Schedule", "Replayer", "STATUS_LEN", "ERROR", "MISS", "SKIP", "dtype_groups", "op_of",
            "status_tensor", "read_status"]
 
 _log = logging.getLogger(__name__)
@@ -82,20 +82,27 @@ class Schedule:
 
 
 
-def dtype_groups(members: Sequence[Member]) -> List[Tuple[torch.dtype, List[Member]]]:
-    """A bucket's members grouped by dtype: one allreduce per group, groups in order
-    of first appearance and members in bucket order, coordinated or replayed alike
-    (so the calls match on every rank).
+def dtype_groups(members: Sequence[Member], ops: Optional[Mapping[int, str]] = None
+                 ) -> List[Tuple[torch.dtype, List[Member]]]:
+    """A bucket's members grouped by dtype and reduction (``ops``: key -> op, "sum"
+    when absent; ``op_of`` reads it back): one allreduce per group, groups in
+    order of first appearance and members in bucket order, coordinated or
+    replayed alike (so the calls match on every rank).
 
     Example:
         >>> [(str(dt), [m[0] for m in ms]) for dt, ms in dtype_groups(
         ...     [(5, 3, torch.float32), (6, 2, torch.float16), (7, 1, torch.float32)])]
         [('torch.float32', [5, 7]), ('torch.float16', [6])]
     """
-    out: Dict[torch.dtype, List[Member]] = {}
+    out: Dict[Tuple[torch.dtype, str], List[Member]] = {}
     for m in members:
-        out.setdefault(m[2], []).append(m)
-    return list(out.items())
+        out.setdefault((m[2], op_of(m[0], ops)), []).append(m)
+    return [(dt, ms) for (dt, _), ms in out.items()]
+
+
+def op_of(key: int, ops: Optional[Mapping[int, str]]) -> str:
+    """The reduction of collective ``key``: the layout's ``ops`` entry, else "sum"."""
+    return ops.get(key, "sum") if ops else "sum"
 
 
 def status_tensor(error: bool, miss: bool, skip: bool, dtype: torch.dtype,
@@ -145,7 +152,8 @@ class Replayer:
                 items = [e._st.collective[k] for k, _, _ in bucket] if state == "ok" else []
                 skip = e._st.nonfinite and i == last
             xs = {k: x for (k, _, _), (_, x) in zip(bucket, items)}
-            groups = dtype_groups(bucket)
+            ops = e._layout.ops
+            groups = dtype_groups(bucket, ops)
             erred, missed, skipped = self._status_allreduce(
                 groups[0][1], xs, (state == "error", state == "miss", skip))
             if erred or missed:
@@ -154,7 +162,8 @@ class Replayer:
                            "an error" if erred else "other gradients")
                 return None
             for _, members in groups[1:]:
-                sum_fused([xs[k] for k, _, _ in members], self.channel, e.config.timeout)
+                reduce_fused([xs[k] for k, _, _ in members], self.channel, e.config.timeout,
+                             op_of(members[0][0], ops))
             with e._cv:
                 for k in xs:
                     del e._st.collective[k]
@@ -165,8 +174,9 @@ class Replayer:
 
     def _status_allreduce(self, members: Sequence[Member], xs: Dict[int, torch.Tensor],
                           status: Tuple[bool, bool, bool]) -> Tuple[bool, bool, bool]:
-        """Sum a replayed bucket's first dtype group with this rank's ``status`` (error,
-        miss, skip) behind it; return the summed words, read as flags.
+        """Reduce a replayed bucket's first group with this rank's ``status`` (error,
+        miss, skip) behind it; return the reduced words, read as flags (a sum
+        or a max of 0/1 words is nonzero when any rank set one).
 
         ``xs`` maps keys to the members' tensors, empty when this rank cannot run
         the bucket (it sends zeros). A lane bucket alone is summed in place, in
@@ -186,7 +196,7 @@ class Replayer:
             if xs:
                 torch.cat([xs[k] for k, _, _ in members], out=flat[:total])
         flat[total:] = status_tensor(*status, dtype, flat.device)
-        self.channel.allreduce(flat, "sum", e.config.timeout)
+        self.channel.allreduce(flat, op_of(members[0][0], e._layout.ops), e.config.timeout)
         words = read_status(flat[total:])
         if words[0] or words[1]:
             if lane is not None:

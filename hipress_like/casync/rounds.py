@@ -39,8 +39,8 @@ from .coordinator import (
     encode_report,
 )
 from .errors import EngineError, GradientMismatchError
-from .fused import finish_bucket, sum_fused
-from .replay import dtype_groups
+from .fused import finish_bucket, reduce_fused
+from .replay import dtype_groups, op_of
 from .tasks import DeadlockError, Task, TaskState
 from .timeline import Event
 from .transport.base import Transport
@@ -278,7 +278,7 @@ class Rounds:
             self._exchange(plan, time.perf_counter() if plan.buckets else t0, channel)
 
     def _run_buckets(self, buckets: Any, channel: Transport) -> None:
-        """The collective lane: one fused allreduce (a sum) per bucket and dtype; a
+        """The collective lane: one fused allreduce per bucket, dtype and op; a
         static bucket of whole gradients then writes their means (``lane.py``), a
         summed payload (PowerSGD's P or Q) goes on to its next task as it is.
 
@@ -294,8 +294,9 @@ class Rounds:
             if self.record is not None:
                 self.record.append(members)
             xs = {key: x for (key, _), (_, x) in zip(bucket, items)}
-            for _, group in dtype_groups(members):
-                sum_fused([xs[k] for k, _, _ in group], channel, e.config.timeout)
+            for _, group in dtype_groups(members, e._layout.ops):
+                reduce_fused([xs[k] for k, _, _ in group], channel, e.config.timeout,
+                             op_of(group[0][0], e._layout.ops))
             finish_bucket(e, [t for t, _ in items], t0, sum(nb for _, nb in bucket))
 
     def _exchange(self, plan: Any, t0: float, channel: Transport) -> None:

@@ -19,8 +19,19 @@ CaSync-Ring, on N chunks of the partition:
     aggregatable codecs merge payloads; sparsifiers re-select after each merge
     (HiPress Sec. 5.3) because the merged sum is encoded again.
 
-Multi-round compressors (PowerSGD's P then Q): each round is a PS exchange
-whose payloads are merged by summation; see ``rounds_workflow``.
+Multi-round compressors (PowerSGD's P then Q, THC's range then values,
+AR-Topk's indices then values) run every round as a full exchange before
+the next one starts, each round reduced as the compressor declares (sum,
+max, or the owner's payload: ``Compressor.merge_round``):
+    PS, per partition:   encode_round(r) -> send(agg) ; agg: merge_round -> send(all)
+    Ring, per partition: N chunks, each round a ring allreduce of the chunks'
+                         round-r payloads (merge_round at each hop, then the
+                         owner's result forwarded unchanged)
+    collective lane:     rounds whose payloads reduce elementwise (sum or max)
+                         on their ``summable_view``: one fused allreduce per round
+and after the last round ``decode_rounds`` writes the average. A gradient
+of two or more dimensions is partitioned by whole rows, so a low-rank
+compressor sees a block of the same matrix view.
 
 Every rank's final value is ``decode(the same bytes) / N``: the aggregator
 (PS) or chunk owner (Ring) decodes its own encoded result rather than using
@@ -33,12 +44,13 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..compressors.base import Compressor, State, assume_finite
-from .layout import Workflow, chunk_bounds
+from ..compressors.base import STEP_SEED, Compressor, State, assume_finite, mix_seed
+from .layout import Workflow, chunk_bounds, part_view, row_chunks
 from .tasks import Kind
 
 __all__ = ["RawCodec", "CompressorCodec", "add_gradient_tasks", "ps_workflow", "ring_workflow",
-           "rounds_workflow", "rounds_collective_workflow", "chunk_bounds"]
+           "rounds_workflow", "rounds_ring_workflow", "rounds_collective_workflow",
+           "chunk_bounds"]
 
 
 class RawCodec:
@@ -70,12 +82,17 @@ class CompressorCodec:
     """A compressor plus the explicit states of one partition, keyed by site.
 
     Sites name each place the partition is encoded ("push", "pull", "hop3",
-    ...), so error-feedback residuals never mix between roles.
+    ...), so error-feedback residuals never mix between roles. ``step`` is
+    the engine's step count: with ``capabilities.shared_randomness`` it
+    becomes the state's per-step seed (``base.STEP_SEED``).
     """
 
     def __init__(self, comp: Compressor, states: Dict[str, State], key: str,
-                 seed_of: Any, world_size: int, vouched: bool = False):
+                 seed_of: Any, world_size: int, vouched: bool = False, step: int = 0,
+                 rank: int = 0):
         self.comp = comp
+        self.step = step
+        self.rank = rank
         self.vouched = vouched  # the engine scanned the gradient for NaN/Inf already
         self.states = states
         self.key = key
@@ -93,9 +110,13 @@ class CompressorCodec:
             # (Compressor.init), never through keys written into its state
             ctx: Dict[str, Any] = {"world_size": self.world_size}
             if self.comp.capabilities.shared_randomness:  # e.g. PowerSGD's first Q
-                ctx["shared_seed"] = zlib.crc32(k.encode()) & 0x7FFFFFFF
+                ctx["shared_seed"] = _shared_seed(k)
+            if "broadcast" in self.comp.capabilities.round_reductions:  # the owner knows itself
+                ctx["rank"] = self.rank
             st = self.comp.init(x, seed=self.seed_of(k), **ctx)
             self.states[k] = st
+        if self.comp.capabilities.shared_randomness:
+            st[STEP_SEED] = mix_seed(_shared_seed(k), self.step)
         return st
 
     def encode(self, x: torch.Tensor, site: str) -> torch.Tensor:
@@ -139,8 +160,13 @@ class CompressorCodec:
         return self.comp.merge(payloads)
 
 
+def _shared_seed(key: str) -> int:
+    """A partition's seed, equal on every rank: from its state key (name, partition, site)."""
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
+
+
 def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of: Any, *,
-                       vouched: bool) -> None:
+                       vouched: bool, step: int = 0) -> None:
     """Add every task of gradient ``b.grad`` (its values in ``work``) for one step.
 
     Args:
@@ -149,23 +175,25 @@ def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of:
         states: the engine's compressor states (keyed by gradient, partition, site).
         seed_of: a state key -> that state's RNG seed.
         vouched: the engine checked the gradient for NaN/Inf already.
+        step: the engine's step count (per-step shared seeds).
     """
     g = b.grad
-    if g.workflow in (Workflow.ROUNDS, Workflow.ROUNDS_ALLREDUCE):
-        codec = CompressorCodec(g.compressor, states, f"{g.name}|0", seed_of, b.size, vouched)
-        if g.workflow is Workflow.ROUNDS:
-            rounds_workflow(b, work, codec, g.parts[0][2])
-        else:
-            rounds_collective_workflow(b, work, codec)
-        return
     flat = work.view(-1)
     for p, (s, e, agg) in enumerate(g.parts):
         if g.compressor is not None:
             codec = CompressorCodec(g.compressor, states, f"{g.name}|{p}", seed_of, b.size,
-                                    vouched)
+                                    vouched, step, b.rank)
         else:
             codec = RawCodec(g.dtype)
-        if g.workflow is Workflow.RING:
+        if g.workflow in (Workflow.ROUNDS, Workflow.ROUNDS_RING, Workflow.ROUNDS_ALLREDUCE):
+            x = work if len(g.parts) == 1 else part_view(flat, s, e, g.shape)
+            if g.workflow is Workflow.ROUNDS:
+                rounds_workflow(b, p, x, codec, agg)
+            elif g.workflow is Workflow.ROUNDS_RING:
+                rounds_ring_workflow(b, p, x, codec)
+            else:
+                rounds_collective_workflow(b, x, codec)
+        elif g.workflow is Workflow.RING:
             ring_workflow(b, p, flat[s:e], codec)
         else:
             ps_workflow(b, p, flat[s:e], codec, agg)
@@ -236,38 +264,86 @@ def ring_workflow(b, p: int, x: torch.Tensor, codec) -> None:
         fwd = rv
 
 
-def rounds_workflow(b, grad: torch.Tensor, codec: CompressorCodec, agg: int) -> None:
-    """Add a multi-round compressor's tasks (each round a PS exchange merged by sum).
+def rounds_workflow(b, p: int, x: torch.Tensor, codec: CompressorCodec, agg: int) -> None:
+    """Add a multi-round compressor's CaSync-PS tasks for partition ``p`` (values ``x``).
 
-    Round r: every rank encodes ``encode_round(r, grad, state, merged_{r-1})``;
-    aggregator ``agg`` merges the N payloads in rank order and sends the sum
-    to all; after the last round ``decode_rounds`` gives the summed gradient.
+    Round r: every rank encodes ``encode_round(r, x, state, merged_{r-1})``;
+    aggregator ``agg`` reduces the N payloads in rank order
+    (``merge_round``: sum, max or the owner's) and sends the result to all;
+    after the last round ``decode_rounds`` writes the average into ``x``.
     """
     me, n = b.rank, b.size
     comp, site = codec.comp, "rounds"
     prev = None  # the task whose result is the previous round's merged payload
     for r in range(codec.rounds):
         def enc(*merged: torch.Tensor, r=r) -> torch.Tensor:
-            return codec.encode_round(r, grad, site, merged[0] if merged else None)
-        e = b.compute(Kind.ENCODE, 0, enc, [prev] if prev is not None else [])
+            return codec.encode_round(r, x, site, merged[0] if merged else None)
+        e = b.compute(Kind.ENCODE, p, enc, [prev] if prev is not None else [])
         if me != agg:
-            b.send(0, 2 * r, agg, e)
-            prev = b.recv(0, 2 * r + 1, agg)
+            b.send(p, 2 * r, agg, e)
+            prev = b.recv(p, 2 * r + 1, agg)
             continue
-        rvs = [b.recv(0, 2 * r, s) for s in range(n) if s != me]
-        prev = b.compute(Kind.MERGE, 0, lambda *ps: comp.merge(list(ps)),
+        rvs = [b.recv(p, 2 * r, s) for s in range(n) if s != me]
+        prev = b.compute(Kind.MERGE, p, lambda *ps, r=r: comp.merge_round(r, list(ps)),
                          [*rvs[:me], e, *rvs[me:]])
         for s in range(n):
             if s != me:
-                b.send(0, 2 * r + 1, s, prev)
-    b.compute(Kind.WRITE, 0, lambda merged: codec.decode_rounds_into(grad, site, merged), [prev])
+                b.send(p, 2 * r + 1, s, prev)
+    b.compute(Kind.WRITE, p, lambda merged: codec.decode_rounds_into(x, site, merged), [prev])
+
+
+def rounds_ring_workflow(b, p: int, x: torch.Tensor, codec: CompressorCodec) -> None:
+    """Add a multi-round compressor's CaSync-Ring tasks for partition ``p`` (values ``x``).
+
+    ``x`` is cut into N chunks (whole rows when it has two or more
+    dimensions), each with its own state. Round r is a ring allreduce of the
+    chunks' round-r payloads: N-1 reduce hops (``merge_round`` of the
+    received partial result and this rank's own payload for that chunk),
+    then N-1 hops forwarding each chunk owner's result unchanged, so every
+    rank holds the same merged bytes for every chunk before round r+1
+    encodes. Phases: ``2(N-1)`` per round.
+    """
+    me, n = b.rank, b.size
+    comp = codec.comp
+    xs = [x.view(-1)[s:e].view(-1, *x.shape[1:]) if x.dim() >= 2 else x[s:e]
+          for s, e in row_chunks(x.shape, n)]
+    sites = [f"rounds{c}" for c in range(n)]
+    merged: List[Optional[Any]] = [None] * n  # per chunk: the task holding round r-1's result
+    for r in range(codec.rounds):
+        base = r * 2 * (n - 1)
+        own = []
+        for c in range(n):
+            def enc(*m: torch.Tensor, r=r, c=c) -> torch.Tensor:
+                return codec.encode_round(r, xs[c], sites[c], m[0] if m else None)
+            own.append(b.compute(Kind.ENCODE, p, enc, [merged[c]] if merged[c] else []))
+        nxt, prv = (me + 1) % n, (me - 1) % n
+        dep = own[me]
+        for i in range(n - 1):  # reduce: chunk (me - i) leaves, chunk (me - i - 1) arrives
+            b.send(p, base + i, nxt, dep)
+            rv = b.recv(p, base + i, prv)
+            c = (me - i - 1) % n
+            dep = b.compute(Kind.MERGE, p, lambda got, mine, r=r: comp.merge_round(r, [got, mine]),
+                            [rv, own[c]])
+        done = [None] * n
+        done[(me + 1) % n] = dep  # this rank owns chunk me+1's full result
+        fwd = dep
+        for j in range(n - 1):  # gather: forward each owner's result unchanged
+            b.send(p, base + n - 1 + j, nxt, fwd)
+            rv = b.recv(p, base + n - 1 + j, prv)
+            done[(me - j) % n] = rv
+            fwd = rv
+        merged = done
+    for c in range(n):
+        b.compute(Kind.WRITE, p,
+                  lambda m, c=c: codec.decode_rounds_into(xs[c], sites[c], m), [merged[c]])
 
 
 def rounds_collective_workflow(b, grad: torch.Tensor, codec: CompressorCodec) -> None:
-    """A multi-round compressor whose payloads merge by plain summation, on the collective lane.
+    """A multi-round compressor whose rounds reduce elementwise, on the collective lane.
 
     Round r: every rank encodes ``encode_round(r, grad, state, merged_{r-1})``;
-    the payload's ``summable_view`` is summed in place by a fused allreduce
+    the payload's ``summable_view`` is reduced in place (sum, or max where
+    the round declares it) by a fused allreduce
     (the layout's static round groups fuse the same round of several
     gradients, as PyTorch's PowerSGD hook batches them), so the payload
     becomes the merged one on every rank: one collective per round instead
@@ -287,5 +363,6 @@ def rounds_collective_workflow(b, grad: torch.Tensor, codec: CompressorCodec) ->
         def enc(*merged: torch.Tensor, r=r) -> torch.Tensor:
             return codec.encode_round(r, grad, site, merged[0] if merged else None)
         e = b.compute(Kind.ENCODE, 0, enc, [prev] if prev is not None else [])
-        prev = b.collective(e, r, lambda payload, r=r: view(payload, r))
+        prev = b.collective(e, r, lambda payload, r=r: view(payload, r),
+                            op=comp.capabilities.round_reductions[r])
     b.compute(Kind.WRITE, 0, lambda merged: codec.decode_rounds_into(grad, site, merged), [prev])

@@ -8,37 +8,25 @@ optax's ``GradientTransformation(init, update)``:
     out = c.decode(payload)                # same shape and dtype as grad
     merged = c.merge([p0, p1, ...])        # only if capabilities.aggregatable
 
-Payloads are bytes only. Each starts with a fixed little-endian header that
-carries everything ``decode`` needs (dtype, shape, algorithm id, the body
-length), so a payload can be decoded by any rank without side channels and a
-truncated, foreign or wrong-version payload is rejected with a clear error:
-
-    offset size field
-    0      2    magic b"HL"
-    2      1    header version (HEADER_VERSION)
-    3      1    algorithm id (see ``Compressor.algo_id``)
-    4      1    dtype code (_DTYPES)
-    5      1    ndim
-    6      2    length of the algorithm's fixed fields ("extra"), bytes
-    8      8    body length, bytes
-    16     8*ndim   shape (int64 each)
-    ...    extra    algorithm fixed fields (scales, k, seeds, ...), zero-padded
-                    to a multiple of 8 so the body can be viewed as floats
-    ...    body     the compressed data
+Payloads are bytes only: a fixed little-endian header (dtype, shape,
+algorithm id, body length; ``payload.py`` has the wire format) makes each
+one self-describing, so any rank can decode it and a truncated, foreign or
+wrong-version payload is rejected with a clear error.
 
 Multi-round algorithms (PowerSGD's P then Q) declare ``capabilities.rounds``
 > 1, the reduction of each round (``round_reductions``: sum, max or
 broadcast) and which rounds merge by a plain sum (``summable``), and
 implement ``encode_round``/``decode_rounds``; the scheduler runs each round.
 The run reaches a compressor only through ``init``'s keywords
-(``world_size``; ``shared_seed`` when ``capabilities.shared_randomness``).
+(``world_size``; ``shared_seed`` when ``capabilities.shared_randomness``;
+``rank`` for broadcast rounds) and one documented state field, the per-step
+shared seed (``STEP_SEED``).
 Fast paths live in ``compressor.kernels`` (kernels.py). A compressor never
 calls a transport.
 """
 from __future__ import annotations
 
 import contextlib
-import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -46,6 +34,17 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from .kernels import FusedDecodeKernels, Kernels, workspace
+from .payload import (
+    _DTYPES,
+    HEADER_VERSION,
+    Header,
+    PayloadError,
+    check_body_nbytes,
+    header_nbytes,
+    pack_payload,
+    unpack_fields,
+    unpack_payload,
+)
 
 __all__ = [
     "HEADER_VERSION",
@@ -58,6 +57,9 @@ __all__ = [
     "accumulate_",
     "Capabilities",
     "REDUCTIONS",
+    "STEP_SEED",
+    "step_seed",
+    "mix_seed",
     "Compressor",
     "FusedDecodeMixin",
     "PayloadError",
@@ -70,25 +72,12 @@ __all__ = [
     "check_body_nbytes",
 ]
 
-HEADER_VERSION = 1
-_MAGIC = b"HL"
-_FIXED = struct.Struct("<2sBBBBHQ")  # magic, version, algo, dtype, ndim, extra_len, body_len
-
-_DTYPES: Dict[torch.dtype, int] = {
-    torch.float32: 1,
-    torch.float16: 2,
-    torch.bfloat16: 3,
-    torch.float64: 4,
-}
-_DTYPE_OF = {v: k for k, v in _DTYPES.items()}
 
 State = Dict[str, Any]
 
 CATEGORIES = ("none", "quantization", "sparsification", "lowrank")
 
 
-class PayloadError(ValueError):
-    """A payload is malformed: truncated, foreign, another version, wrong size."""
 
 
 REDUCTIONS = ("sum", "max", "broadcast")
@@ -121,10 +110,11 @@ class Capabilities:
             round), "max" (e.g. THC's range exchange) or "broadcast" (one
             owner rank's payload goes to all, e.g. AR-Topk's indices).
         summable: per round (``len == rounds``), True when the round's
-            payloads merge by summing ``kernels.summable_view(payload)``
-            elementwise in place (keep the header, add the bodies as
-            floats), so the engine may reduce them with one allreduce of the
-            view. Default: False for every round. Implies ``aggregatable``.
+            payloads merge by reducing ``kernels.summable_view(payload)``
+            elementwise in place with the round's reduction, sum or max
+            (keep the header, reduce the bodies), so the engine may reduce
+            them with one allreduce of the view. Default: False for every
+            round. Implies ``aggregatable``; a broadcast round cannot be.
         merge_widens: ``merge`` of n payloads may return a larger payload than
             its inputs (integers widened to hold the sum, THC-style); its size
             is ``kernels.merged_nbytes(nbytes, n)``. False: the merged payload
@@ -169,6 +159,9 @@ class Capabilities:
         bad = [r for r in self.round_reductions if r not in REDUCTIONS]
         if bad:
             raise ValueError(f"round_reductions must be among {REDUCTIONS}, got {bad!r}")
+        if any(s and r == "broadcast" for s, r in zip(self.summable, self.round_reductions)):
+            raise ValueError("a broadcast round has no elementwise reduction: it cannot be "
+                             "summable")
         if any(self.summable) and not self.aggregatable:
             raise ValueError("summable rounds merge without decoding: declare aggregatable=True")
         if self.merge_widens and not self.aggregatable:
@@ -182,13 +175,8 @@ class Capabilities:
         return all(self.summable)
 
 
-def header_nbytes(ndim: int, extra_nbytes: int) -> int:
-    """Bytes taken by the header for a tensor of ``ndim`` dims and ``extra_nbytes`` fields."""
-    return _FIXED.size + 8 * ndim + _pad8(extra_nbytes)
 
 
-def _pad8(n: int) -> int:
-    return (n + 7) & ~7
 
 
 def all_finite(x: torch.Tensor) -> bool:
@@ -260,119 +248,6 @@ def check_gradient(grad: Any, *, nonfinite: str = "raise", name: str = "gradient
         )
 
 
-def pack_payload(
-    algo_id: int,
-    grad_dtype: torch.dtype,
-    shape: Sequence[int],
-    extra: bytes,
-    body_nbytes: int,
-    device: Any = "cpu",
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Allocate a payload with its header written; return (payload, body view).
-
-    The caller writes the compressed data into the returned body view (a
-    1-D uint8 view of the payload, no copy).
-    """
-    ndim = len(shape)
-    extra = extra + b"\0" * (_pad8(len(extra)) - len(extra))  # keep the body 8-byte aligned
-    hdr = _FIXED.pack(_MAGIC, HEADER_VERSION, algo_id, _DTYPES[grad_dtype], ndim, len(extra),
-                      body_nbytes)
-    hdr += struct.pack(f"<{ndim}q", *shape) + extra
-    payload = torch.empty(len(hdr) + body_nbytes, dtype=torch.uint8, device=device)
-    payload[: len(hdr)] = torch.frombuffer(bytearray(hdr), dtype=torch.uint8).to(device)
-    return payload, payload[len(hdr):]
-
-
-@dataclass(frozen=True)
-class Header:
-    """A parsed payload header."""
-
-    algo_id: int
-    dtype: torch.dtype
-    shape: Tuple[int, ...]
-    extra: bytes
-    body: torch.Tensor  # 1-D uint8 view into the payload
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
-
-def _bytes_of(t: torch.Tensor) -> bytes:
-    return t.detach().cpu().numpy().tobytes()
-
-
-def unpack_payload(payload: torch.Tensor, algo_id: Optional[int] = None) -> Header:
-    """Parse and validate a payload's header.
-
-    Raises:
-        PayloadError: not a 1-D uint8 tensor, truncated, wrong magic/version,
-            another algorithm's payload, or a body length that does not match.
-    """
-    if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.dim() != 1:
-        raise PayloadError(
-            f"payload must be a 1-D torch.uint8 tensor, found "
-            f"{getattr(payload, 'dtype', type(payload).__name__)} "
-            f"with shape {tuple(getattr(payload, 'shape', ()))}"
-        )
-    n = payload.numel()
-    if n < _FIXED.size:
-        raise PayloadError(f"payload truncated: {n} bytes, the header alone needs {_FIXED.size}")
-    head = _bytes_of(payload[: _FIXED.size])
-    magic, version, aid, dcode, ndim, extra_len, body_len = _FIXED.unpack(head)
-    if magic != _MAGIC:
-        raise PayloadError(f"not a hipress-like payload (magic {magic!r}, expected {_MAGIC!r})")
-    if version != HEADER_VERSION:
-        raise PayloadError(
-            f"payload header version {version} is not supported (this build reads "
-            f"version {HEADER_VERSION}); all ranks must run the same hipress-like version"
-        )
-    if algo_id is not None and aid != algo_id:
-        raise PayloadError(f"payload was produced by algorithm id {aid}, expected {algo_id}")
-    if dcode not in _DTYPE_OF:
-        raise PayloadError(f"payload has unknown dtype code {dcode}")
-    hlen = _FIXED.size + 8 * ndim + extra_len
-    if n < hlen:
-        raise PayloadError(f"payload truncated: {n} bytes, header declares {hlen}")
-    if n != hlen + body_len:
-        raise PayloadError(
-            f"payload size mismatch: {n} bytes, header declares {hlen} + body {body_len} = "
-            f"{hlen + body_len} (truncated or padded in transit)"
-        )
-    rest = _bytes_of(payload[_FIXED.size: hlen])
-    shape = struct.unpack(f"<{ndim}q", rest[: 8 * ndim])
-    if any(s < 0 for s in shape):
-        raise PayloadError(f"payload declares a negative shape {shape}")
-    return Header(aid, _DTYPE_OF[dcode], tuple(shape), rest[8 * ndim:], payload[hlen:])
-
-
-def unpack_fields(payload: torch.Tensor, algo_id: int, fields: struct.Struct,
-                  name: str) -> Tuple[Header, Tuple[Any, ...]]:
-    """Parse a payload whose header extra starts with fixed ``fields``.
-
-    Returns:
-        The header and the unpacked fields.
-
-    Raises:
-        PayloadError: malformed header, or an extra shorter than ``fields``.
-    """
-    h = unpack_payload(payload, algo_id)
-    if len(h.extra) < fields.size:
-        raise PayloadError(f"{name} payload extra has {len(h.extra)} bytes, "
-                           f"expected {fields.size}")
-    return h, fields.unpack_from(h.extra)
-
-
-def check_body_nbytes(h: Header, expected: int, name: str, detail: str = "") -> None:
-    """Raise ``PayloadError`` unless the body has exactly ``expected`` bytes."""
-    if h.body.numel() != expected:
-        raise PayloadError(f"{name} body has {h.body.numel()} bytes, expected {expected} "
-                           f"for {h.numel} elements{detail}")
-
-
 class Compressor:
     """Base class of every CompLL algorithm.
 
@@ -403,8 +278,11 @@ class Compressor:
         into its state afterwards. The engine calls it once per gradient,
         partition and site, on every rank, as
         ``init(grad, seed=s, world_size=N)``, adding ``shared_seed=S`` when
-        ``capabilities.shared_randomness``; a compressor that needs either
-        stores it in its state. Every override accepts both keywords.
+        ``capabilities.shared_randomness`` and ``rank=R`` when a round's
+        reduction is "broadcast" (the owner must know itself); a compressor
+        that needs one stores it in its state. Every override accepts
+        ``world_size`` and ``shared_seed``; one with broadcast rounds also
+        ``rank``.
 
         Args:
             grad: a tensor of the gradient's (partition's) shape and dtype.
@@ -412,8 +290,9 @@ class Compressor:
             world_size: N, the number of ranks whose payloads are merged
                 (``decode_rounds(average=True)`` divides by it).
             shared_seed: a seed equal on every rank for this gradient and
-                partition (derived from its name), constant over steps;
-                combine it with the state's step counter for per-step draws.
+                partition (derived from its name), constant over steps. For
+                per-step draws read ``step_seed(state)``: the engine writes
+                ``state[STEP_SEED]`` before each step's encodes.
         """
         return {"seed": int(seed), "step": 0}
 
@@ -440,6 +319,23 @@ class Compressor:
         raise TypeError(
             f"compressor {self.name!r} is not aggregatable: decode, sum, then encode instead"
         )
+
+    def merge_round(self, r: int, payloads: List[torch.Tensor]) -> torch.Tensor:
+        """Reduce round ``r``'s payloads (one per rank, in rank order) by the
+        round's declared reduction (``capabilities.round_reductions[r]``).
+
+        The engine calls this wherever a multi-round compressor's round meets
+        at one place: a CaSync-PS aggregator (all N payloads) or a Ring hop
+        (two partial results). The default is ``merge`` (a sum). A "max"
+        round returns the elementwise maximum; a "broadcast" round returns
+        the owner's payload, which every compressor can recognise without
+        its state: non-owners encode an empty contribution (``encode_round``
+        knows the owner from shared information: the step seed, the previous
+        round's aggregate), so the reduction keeps the one non-empty payload.
+        Merging is associative and gives the same bytes in any grouping the
+        workflows use.
+        """
+        return self.merge(payloads)
 
     # -- fast paths: compressor.kernels (kernels.py) ---------------------------
     @property
@@ -532,6 +428,35 @@ class Compressor:
     def params(self) -> Dict[str, Any]:
         """Constructor parameters (for reprs, plans and checkpoints)."""
         return {}
+
+
+# The one field the engine writes into a compressor's state, documented here:
+# for a compressor declaring ``capabilities.shared_randomness``, before every
+# step's first ``encode``/``encode_round`` of a gradient partition, the engine
+# sets ``state[STEP_SEED]`` to an int in [0, 2**31) that is equal on every
+# rank for that partition and step and differs between steps (it mixes the
+# partition's shared seed with the engine's step count, which checkpoints
+# carry, so a resumed run draws what an uninterrupted one would).
+STEP_SEED = "step_seed"
+
+
+def step_seed(state: State) -> int:
+    """This step's shared seed: ``state[STEP_SEED]`` when the engine set it, else
+    a mix of the state's ``shared_seed`` and ``step`` (for calls outside the
+    engine, e.g. tests and benchmarks that drive a compressor by hand)."""
+    v = state.get(STEP_SEED)
+    if v is not None:
+        return int(v)
+    return mix_seed(int(state.get("shared_seed", 0)), int(state.get("step", 0)))
+
+
+def mix_seed(seed: int, step: int) -> int:
+    """A well-spread 31-bit seed from (``seed``, ``step``): SplitMix64's finaliser
+    (Steele et al., "Fast splittable pseudorandom number generators", 2014)."""
+    z = (seed * 0x9E3779B97F4A7C15 + step + 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & 0x7FFFFFFF
 
 
 class FusedDecodeMixin:

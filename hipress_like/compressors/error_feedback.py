@@ -52,6 +52,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from .base import (
+    STEP_SEED,
     Compressor,
     State,
     accumulate_,
@@ -121,12 +122,14 @@ class ErrorFeedback(Compressor):
                 "inner_params": self.inner.params()}
 
     def init(self, grad: torch.Tensor, seed: int = 0, *, world_size: int = 1,
-             shared_seed: int = 0) -> State:
+             shared_seed: int = 0, rank: Optional[int] = None) -> State:
         """A zero memory shaped like ``grad`` (float32 for half types) plus the inner state
-        (``world_size`` and ``shared_seed`` go to the inner compressor)."""
+        (``world_size``, ``shared_seed`` and ``rank`` go to the inner compressor)."""
         kw: Dict[str, Any] = {"world_size": world_size}
         if self.inner.capabilities.shared_randomness:
             kw["shared_seed"] = shared_seed
+        if rank is not None:
+            kw["rank"] = rank
         st = {"error": torch.zeros(grad.shape, dtype=accumulator_dtype(grad.dtype),
                                    device=grad.device),
               "inner": self.inner.init(grad, seed, **kw)}
@@ -185,7 +188,8 @@ class ErrorFeedback(Compressor):
             # p = m + g added in the inner encode's own sweep where it can (onebit),
             # with last step's deferred residual taken out in the same sweep
             kw = {} if pending is None else {"residual": pending}
-            fused = self.inner.kernels.encode_accumulated_(mem, grad, state.get("inner", {}), **kw)
+            fused = self.inner.kernels.encode_accumulated_(mem, grad, self._inner_state(state),
+                                                           **kw)
             if fused is not None:
                 payload, inner_state = fused
                 token = self.inner.kernels.deferred_residual(payload, mem)
@@ -200,7 +204,7 @@ class ErrorFeedback(Compressor):
         # the inner compressor sees the gradient's dtype; what that cast
         # rounds away stays in the (float32 for half types) memory
         x = p if p.dtype == grad.dtype else p.to(grad.dtype)
-        payload, inner_state = self.inner.encode(x, state.get("inner", {}))
+        payload, inner_state = self.inner.encode(x, self._inner_state(state))
         if x is p:  # m = p - decode(payload), in place (fused where the inner can)
             err = self.inner.kernels.subtract_decoded_(p, payload)
         else:
@@ -215,6 +219,18 @@ class ErrorFeedback(Compressor):
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """The inner compressor's merge (when it is aggregatable)."""
         return self.inner.merge(payloads)
+
+    def merge_round(self, r: int, payloads: List[torch.Tensor]) -> torch.Tensor:
+        """The inner compressor's reduction of round ``r``."""
+        return self.inner.merge_round(r, payloads)
+
+    @staticmethod
+    def _inner_state(state: State) -> State:
+        """The inner state, with the engine's per-step seed passed down to it."""
+        inner = state.get("inner", {})
+        if STEP_SEED in state:
+            inner[STEP_SEED] = state[STEP_SEED]
+        return inner
 
     # -- multi round ---------------------------------------------------------
     def encode_round(self, r: int, grad: torch.Tensor, state: State,
@@ -241,7 +257,8 @@ class ErrorFeedback(Compressor):
         elif "x" not in state:
             raise ValueError(f"ef: round {r} before round 0 of this step; call encode_round(0, "
                              "...) first")
-        payload, inner_state = self.inner.encode_round(r, state["x"], state["inner"], aggregate)
+        payload, inner_state = self.inner.encode_round(r, state["x"], self._inner_state(state),
+                                                       aggregate)
         return payload, {**state, "inner": inner_state}
 
     def decode_rounds(self, grad: torch.Tensor, state: State, aggregate: torch.Tensor,

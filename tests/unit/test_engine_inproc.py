@@ -465,7 +465,9 @@ def test_auto_plan_is_identical_on_every_rank():
 @pytest.mark.parametrize("strategy", ["ps", "ring"])
 def test_powersgd_rounds_by_allreduce_match_the_aggregator_path(strategy):
     """PowerSGD's P and Q summed by the fused allreduce lane give the same bits as
-    summing them at an aggregator (the in-process allreduce sums in rank order)."""
+    summing them at an aggregator (the in-process allreduce sums in rank order).
+    Under Ring without the lane, each round is a ring allreduce of N row blocks
+    (``rounds-ring``): a block-wise approximation, the same on every rank."""
     sizes = [(64, 48), (30, 10), (1000,)]
 
     def grads(rank):
@@ -478,11 +480,13 @@ def test_powersgd_rounds_by_allreduce_match_the_aggregator_path(strategy):
     agg = run_engine(3, plan, strategy, grads=grads, steps=3, cfg={"raw_collective": False})
     for k in lane[0][1]:
         assert lane[0][1][k]["workflow"] == "rounds-allreduce"
-        assert agg[0][1][k]["workflow"] == "rounds"
+        assert agg[0][1][k]["workflow"] == ("rounds-ring" if strategy == "ring" else "rounds")
     for step in range(3):
         for k in lane[0][0][step]:
             for r in range(3):
-                assert torch.equal(lane[r][0][step][k], agg[0][0][step][k]), (step, k, r)
+                assert torch.equal(agg[r][0][step][k], agg[0][0][step][k]), (step, k, r)
+                if strategy == "ps":
+                    assert torch.equal(lane[r][0][step][k], agg[0][0][step][k]), (step, k, r)
     fused = [e for e in lane[0][2].events if e.kind == "bucket"]
     assert 2 <= len(fused) <= 2 * 3 * 3  # P's and Q's of the step's gradients, fused
 
