@@ -36,11 +36,12 @@ Example (what an engine or ``DistributedOptimizer(plan="auto")`` does):
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import time
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -89,6 +90,13 @@ class AutoPlanner:
             HiPress Eq. 1/2 alone, which on 2026-11-23's 4-rank host
             predicted 0.3-0.7x of the measured compressed times; it saves
             about 10-30 s of profiling.
+        trials: with several candidates on several ranks, also time the
+            per-gradient plan and each candidate's own plan through the
+            engine on the model's gradient sizes (``trial_repeats`` steps
+            each, after a warm-up step) and keep the fastest (default True).
+            The cost model ranks compressors within a few percent at best;
+            the trials catch its misses for a few seconds more of start-up.
+        trial_repeats: timed steps per trial plan.
 
     Raises:
         ValueError: bad strategy or warmup_iterations.
@@ -101,7 +109,8 @@ class AutoPlanner:
                  max_link_bytes: int = 16 << 20, timeout: float = 300.0,
                  provisional: Optional[Plan] = None, round_meta_bytes: int = 0,
                  raw_collective: bool = True, engine_timing: bool = True,
-                 candidates: Optional[Mapping[str, Mapping[str, Any]]] = None) -> None:
+                 candidates: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                 trials: bool = True, trial_repeats: int = 3) -> None:
         if strategy not in ("ps", "ring"):
             raise ValueError(f"unknown strategy {strategy!r}; expected 'ps' or 'ring'")
         if not isinstance(warmup_iterations, int) or warmup_iterations < 1:
@@ -110,6 +119,10 @@ class AutoPlanner:
         self.compressor = compressor
         self.raw_collective = bool(raw_collective)
         self.engine_timing = bool(engine_timing)
+        self.trials = bool(trials)
+        if not isinstance(trial_repeats, int) or trial_repeats < 1:
+            raise ValueError(f"trial_repeats must be an integer >= 1, found {trial_repeats!r}")
+        self.trial_repeats = trial_repeats
         self.params = dict(params or {})
         self.candidates = {str(k): dict(v or {}) for k, v in
                            (candidates or {compressor: self.params}).items()}
@@ -225,16 +238,49 @@ class AutoPlanner:
                                 raw_collective=self.raw_collective) for c in self.candidates]
             meta = {"auto": "fixed", "profile": self.profile.to_dict(),
                     "profiling_s": time.perf_counter() - t0}
-            plan = (planners[0].plan(sizes, meta=meta) if len(planners) == 1
-                    else plan_per_gradient(planners, sizes, meta=meta))
-            data = json.dumps(plan.to_dict()).encode()
+            plans = [planners[0].plan(sizes, meta=meta) if len(planners) == 1
+                     else plan_per_gradient(planners, sizes, meta=meta)]
+            if self.trials and len(planners) > 1 and n > 1:
+                plans += [p.plan(sizes, meta={"auto": "trial"}) for p in planners]
+            data = json.dumps([p.to_dict() for p in plans]).encode()
         if transport is not None and n > 1:
             data = broadcast_bytes(transport, data, self.timeout)
-        plan = Plan.from_dict(json.loads(data))
+        plans = [Plan.from_dict(d) for d in json.loads(data)]
+        plan = plans[0] if len(plans) == 1 else self._best_of(transport, plans, sizes)
         _log.info("plan='auto' fixed after %d iteration(s): threshold %s bytes, %d of %d "
                   "gradients compressed", self.iterations, plan.rule.min_compress_bytes,
                   sum(g.compress for g in plan.gradients.values()), len(plan.gradients))
         return plan
+
+
+    def _best_of(self, transport: Any, plans: List[Plan], sizes: Mapping[str, int]) -> Plan:
+        """Time each plan through the engine (collective) and return the fastest,
+        the per-gradient one (``plans[0]``) on a tie within 2 %; the timings go
+        into its ``meta["trials"]``."""
+        from .profiler import time_engine_steps
+
+        labels = ["per-gradient"] + [f"all-{p.compressor}" for p in plans[1:]]
+        times = []
+        for label, p in zip(labels, plans):
+            times.append(time_engine_steps(transport, p, sizes, self.strategy,
+                                           repeats=self.trial_repeats, timeout=self.timeout,
+                                           engine_config={"raw_collective": self.raw_collective}))
+            _log.info("plan='auto' trial %s: %.1f ms per synchronisation", label,
+                      1e3 * times[-1])
+        # rank 0's figures decide on every rank (they are the slowest rank's already)
+        agreed = torch.tensor(times, dtype=torch.float64)
+        transport.broadcast(agreed, 0, self.timeout)
+        times = agreed.tolist()
+        best = min(range(len(plans)), key=lambda i: (times[i], i))
+        if times[0] <= times[best] * 1.02:
+            best = 0
+        meta = dict(plans[0].meta)  # the profile and predictions, whichever plan wins
+        meta["trials"] = {lab: round(t, 6) for lab, t in zip(labels, times)}
+        meta["trial_chosen"] = labels[best]
+        chosen = dataclasses.replace(plans[best], meta=meta)
+        _log.info("plan='auto' keeps %s (%s)", labels[best],
+                  ", ".join(f"{lab} {1e3 * t:.0f} ms" for lab, t in zip(labels, times)))
+        return chosen
 
 
 def _check_same_gradients(transport: Any, sizes: Mapping[str, int], timeout: float) -> None:

@@ -311,7 +311,6 @@ def measure_engine_sync(transport: Any, strategy: str = "ps",
     Returns:
         ``(bytes, K, seconds)`` per point, rank 0's numbers on every rank.
     """
-    from ..casync.engine import Engine, EngineConfig
     from ..cost_model.plan import GradientPlan, Plan
 
     name = compressor.name if compressor else "identity"
@@ -324,31 +323,52 @@ def measure_engine_sync(transport: Any, strategy: str = "ps",
                     gradients={"_probe": GradientPlan(compress=compressor is not None,
                                                       partitions=int(k))})
         cfg = dict(engine_config or {})
-        cfg.update(plan=plan, strategy=strategy, timeline=False, timeout=timeout,
-                   compressor=name, params=params)
-        eng = Engine(transport, EngineConfig(**cfg))
-        try:
-            eng.register([("_probe", (numel,), torch.float32)])
-            gen = torch.Generator().manual_seed(transport.rank)
-            src = torch.randn(numel, generator=gen)
-            grad = src.clone()
-            ts = []
-            for i in range(repeats + 1):
-                grad.copy_(src)
-                transport.barrier(timeout)
-                t0 = time.perf_counter()
-                eng.submit("_probe", grad)
-                eng.synchronize()
-                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                transport.allreduce(dt, "max", timeout)
-                if i:  # the first step warms up buffers, threads and compressor state
-                    ts.append(float(dt.item()))
-        finally:
-            eng.close()
-        out.append((4 * numel, int(k), statistics.median(ts)))
+        cfg.update(compressor=name, params=params)
+        t = time_engine_steps(transport, plan, {"_probe": 4 * numel}, strategy, repeats=repeats,
+                              timeout=timeout, engine_config=cfg)
+        out.append((4 * numel, int(k), t))
     agreed = torch.tensor([t for _, _, t in out], dtype=torch.float64)
     transport.broadcast(agreed, 0, timeout)
     return tuple((m, k, float(t)) for (m, k, _), t in zip(out, agreed.tolist()))
+
+
+def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strategy: str, *,
+                      repeats: int = 3, timeout: float = 300.0,
+                      engine_config: Optional[Mapping[str, Any]] = None) -> float:
+    """Median seconds of the slowest rank to synchronise float32 gradients of
+    ``sizes`` ({name: bytes}, registration order) through an engine running
+    ``plan``, over ``repeats`` steps after one warm-up step. Collective.
+
+    Every rank submits every gradient at once (no backward to overlap with),
+    so this times the synchronisation alone, as the cost model predicts it.
+    """
+    from ..casync.engine import Engine, EngineConfig
+
+    cfg = dict(engine_config or {})
+    cfg.update(plan=plan, strategy=strategy, timeline=False, timeout=timeout)
+    eng = Engine(transport, EngineConfig(**cfg))
+    try:
+        specs = [(name, (max(1, int(nb) // 4),), torch.float32) for name, nb in sizes.items()]
+        eng.register(specs)
+        gen = torch.Generator().manual_seed(transport.rank)
+        src = {name: torch.randn(shape, generator=gen) for name, shape, _ in specs}
+        work = {name: v.clone() for name, v in src.items()}
+        ts = []
+        for i in range(repeats + 1):
+            for name, v in work.items():
+                v.copy_(src[name])
+            transport.barrier(timeout)
+            t0 = time.perf_counter()
+            for name, v in work.items():
+                eng.submit(name, v)
+            eng.synchronize()
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            transport.allreduce(dt, "max", timeout)
+            if i:  # the first step warms up buffers, threads and compressor state
+                ts.append(float(dt.item()))
+    finally:
+        eng.close()
+    return statistics.median(ts)
 
 
 def engine_points(max_bytes: int, n: int, lo: int = 64 << 10) -> List[Tuple[int, int]]:

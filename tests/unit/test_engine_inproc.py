@@ -584,6 +584,14 @@ def test_auto_plan_chooses_among_candidates_per_gradient_identically_on_every_ra
     plan = Plan.from_dict(res[0][0])
     assert res[0][0]["gradients"] == res[1][0]["gradients"] and res[0][1] == res[1][1]
     assert plan.meta["candidates"] == ["onebit", "powersgd"]
+    # the per-gradient plan and each candidate's own plan were timed; the kept
+    # one is the fastest (the per-gradient one on a 2 % tie)
+    trials = plan.meta["trials"]
+    assert set(trials) == {"per-gradient", "all-onebit", "all-powersgd"}
+    assert all(t > 0 for t in trials.values())
+    chosen = plan.meta["trial_chosen"]
+    assert trials[chosen] <= 1.02 * min(trials.values())
+    assert chosen == "per-gradient" or trials[chosen] < trials["per-gradient"] / 1.02
     assert set(plan.gradients) == {"fc", "conv", "b"}
     for name, dec in plan.gradients.items():
         assert (dec.compressor is None) == (not dec.compress)
