@@ -391,14 +391,15 @@ class Engine:
     def state_dict(self) -> Dict[str, Any]:
         """Compressor states (error feedback, warm starts, momenta) and the step count."""
         return {"format": "hipress-like-engine", "version": 1, "step": self._step,
-                "compressor": repr(self.compressor),
+                "compressor": repr(self.compressor), "compressors": self._layout.compressors(),
                 "states": {k: dict(v) for k, v in self._states.items()}}
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
         """Restore ``state_dict()`` output (same compressor and gradients).
 
         Raises:
-            ValueError: not an engine state, or saved with another compressor.
+            ValueError: not an engine state, or saved with another compressor or,
+                per gradient, another plan.
         """
         if not isinstance(d, Mapping) or d.get("format") != "hipress-like-engine":
             raise ValueError("not a hipress-like engine state_dict")
@@ -407,6 +408,8 @@ class Engine:
         if d.get("compressor") != repr(self.compressor):
             raise ValueError(f"state was saved with compressor {d.get('compressor')}, this "
                              f"engine uses {self.compressor!r}")
+        if (why := self._layout.compressor_mismatch(d.get("compressors"))) is not None:
+            raise ValueError(why)
         self._states.clear()
         self._states.update({k: dict(v) for k, v in d["states"].items()})
         self._step = int(d.get("step", 0))

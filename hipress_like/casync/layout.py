@@ -93,6 +93,24 @@ class Layout:
         """Gradient index -> its lane bucket."""
         return {idx: b for b in self.lane for idx in b.slots}
 
+    def compressors(self) -> Dict[str, str]:
+        """Compressed gradient -> its compressor's repr (saved in engine states)."""
+        return {n: repr(g.compressor) for n, g in self.grads.items() if g.compressor is not None}
+
+    def compressor_mismatch(self, saved: Optional[Dict[str, str]]) -> Optional[str]:
+        """Why a state saved with per-gradient compressors ``saved`` does not fit this
+        layout (None when it fits, or when either side is not known yet)."""
+        now = self.compressors()
+        if not saved or not self.grads:
+            return None
+        bad = sorted(n for n in set(saved) | set(now) if saved.get(n) != now.get(n))
+        if not bad:
+            return None
+        n = bad[0]
+        return (f"state was saved with another plan: gradient {n!r} was compressed by "
+                f"{saved.get(n) or 'nothing'}, this engine uses {now.get(n) or 'nothing'} "
+                f"({len(bad)} gradient(s) differ); load it under the plan it was saved with")
+
     def replayable(self) -> bool:
         """Every gradient travels by allreduce (no PS or Ring links)."""
         return all(g.workflow in (Workflow.ALLREDUCE, Workflow.ROUNDS_ALLREDUCE)

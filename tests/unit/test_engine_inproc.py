@@ -444,6 +444,33 @@ def test_state_dict_round_trip_and_timeline_export(tmp_path):
     assert {"encode", "merge", "send", "recv", "write", "round"} <= kinds
 
 
+def test_a_state_saved_under_another_per_gradient_plan_is_refused():
+    """Same default compressor, another compressor for one gradient: loading the
+    state would hand one compressor's residuals to another; it names the gradient."""
+    def plan(w_comp):
+        return Plan(compressor="onebit", rule=SizeRule(min_compress_bytes=0),
+                    gradients={"w": GradientPlan(True, 1, w_comp),
+                               "v": GradientPlan(True, 1, "onebit")})
+
+    def body(tr):
+        saved = None
+        for w_comp in ("terngrad", "topk"):
+            eng = Engine(tr, EngineConfig(compressor=None, plan=plan(w_comp), timeout=10))
+            try:
+                eng.register([("w", (100,), torch.float32), ("v", (50,), torch.float32)])
+                if saved is not None:
+                    eng.load_state_dict(saved)
+                eng.submit("w", torch.randn(100))
+                eng.submit("v", torch.randn(50))
+                eng.synchronize()
+                saved = eng.state_dict()
+                eng.load_state_dict(saved)  # its own state fits
+            finally:
+                eng.close()
+    with pytest.raises(Exception, match="gradient .w. was compressed by"):
+        run_threads(body, 2, timeout=60)
+
+
 def test_auto_plan_is_identical_on_every_rank():
     def body(tr):
         eng = Engine(tr, EngineConfig(compressor="onebit", plan=auto_plan(), timeout=60))
