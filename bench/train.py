@@ -180,6 +180,9 @@ def worker(cfg):
         result["compressed"] = sorted(n for n, v in layout.items() if v["compress"])
         result["compressors"] = {n: v.get("compressor") for n, v in layout.items()
                                  if v["compress"]}
+        plan = opt.engine.plan
+        if plan is not None and "trials" in plan.meta:  # plan="auto": what it measured
+            result["plan_trials"] = dict(plan.meta["trials"], chosen=plan.meta["trial_chosen"])
         opt.close()
     if rank == 0:
         with open(cfg["result"], "w") as f:
