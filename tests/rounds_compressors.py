@@ -31,7 +31,7 @@ from hipress_like.compressors.payload import pack_payload, unpack_payload
 from hipress_like.cost_model.plan import Plan, SizeRule
 
 LEVELS = 7
-SHAPES = [(24, 10), (7, 3), (301,)]
+SHAPES = [(24, 10), (7, 3), (2, 40), (301,)]  # (2, 40): fewer rows than ranks
 
 
 def grads_of(rank: int):

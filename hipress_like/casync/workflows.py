@@ -305,8 +305,7 @@ def rounds_ring_workflow(b, p: int, x: torch.Tensor, codec: CompressorCodec) -> 
     """
     me, n = b.rank, b.size
     comp = codec.comp
-    xs = [x.view(-1)[s:e].view(-1, *x.shape[1:]) if x.dim() >= 2 else x[s:e]
-          for s, e in row_chunks(x.shape, n)]
+    xs = [part_view(x.view(-1), s, e, x.shape) for s, e in row_chunks(x.shape, n)]
     sites = [f"rounds{c}" for c in range(n)]
     merged: List[Optional[Any]] = [None] * n  # per chunk: the task holding round r-1's result
     for r in range(codec.rounds):

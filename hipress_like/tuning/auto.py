@@ -267,10 +267,7 @@ class AutoPlanner:
                                            engine_config={"raw_collective": self.raw_collective}))
             _log.info("plan='auto' trial %s: %.1f ms per synchronisation", label,
                       1e3 * times[-1])
-        # rank 0's figures decide on every rank (they are the slowest rank's already)
-        agreed = torch.tensor(times, dtype=torch.float64)
-        transport.broadcast(agreed, 0, self.timeout)
-        times = agreed.tolist()
+        # every rank holds the same figures: each step's time is the slowest rank's
         best = min(range(len(plans)), key=lambda i: (times[i], i))
         if times[0] <= times[best] * 1.02:
             best = 0
