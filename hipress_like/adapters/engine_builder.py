@@ -64,7 +64,7 @@ def resolve_plan(plan: Any) -> Any:
 
 def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                  compression: Any, strategy: str, plan: Any, nonfinite: str,
-                 timeout: Optional[float], seed: int) -> Any:
+                 timeout: Optional[float], seed: int, compression_back: Any = None) -> Any:
     """Open a transport, build an engine and register ``specs`` (collective).
 
     Args:
@@ -80,6 +80,10 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         nonfinite: "raise" or "skip".
         timeout: seconds for any wait (default: ``init``'s timeout).
         seed: compressor RNG seed (identical on every rank).
+        compression_back: the master compressor that encodes each aggregate
+            on its way back (bidirectional compression, Natural Compression
+            Alg. 1), as a name, spec or instance; None: the aggregate goes
+            back encoded by the worker's compressor.
 
     Returns:
         The registered engine.
@@ -107,6 +111,11 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         name, params = plan.compressor, dict(plan.params)
     else:
         name, params = resolve_compression(compression)
+    back, back_params = (None, {}) if compression_back is None else resolve_compression(
+        compression_back)
+    if back is not None and compression is None and not isinstance(plan, Plan):
+        raise ValueError("compression_back sets the compressor of the aggregates; it needs a "
+                         "worker compressor (compression=...)")
     timeout = float(timeout if timeout is not None else default_timeout())
     if _engine_factory is not None:
         factory, config_cls = _engine_factory, None
@@ -121,7 +130,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         from ..tuning.auto import auto_plan
 
         plan = auto_plan(candidates=candidates)  # profiles inside register()
-    cfg_kwargs = dict(compressor=name, params=params, strategy=strategy, plan=plan,
+    cfg_kwargs = dict(compressor=name, params=params, compressor_back=back,
+                      params_back=back_params, strategy=strategy, plan=plan,
                       timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed),
                       replay=replay == "1")
     cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
@@ -132,8 +142,9 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
     except BaseException:
         transport.close()
         raise
-    log.info("engine: %d gradients, compressor=%s%s, strategy=%s, plan=%s", len(specs), name,
-             params or "", strategy, plan if not isinstance(plan, Plan) else "Plan")
+    log.info("engine: %d gradients, compressor=%s%s%s, strategy=%s, plan=%s", len(specs), name,
+             params or "", f", back={back}{back_params or ''}" if back is not None else "",
+             strategy, plan if not isinstance(plan, Plan) else "Plan")
     return engine
 
 

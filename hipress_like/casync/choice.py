@@ -1,11 +1,14 @@
 """What each gradient gets: the plan's decision and the compressor instance.
 
-The engine asks two questions per gradient when it fixes its layout
+The engine asks three questions per gradient when it fixes its layout
 (``layout.build_layout``): does the plan compress it, into how many
-partitions (``decide``), and with which compressor instance
-(``compressor_for``). Instances are built once per distinct compressor and
-parameters and shared by the gradients that use them; each one's
-error-feedback wrapping follows ``EngineConfig.error_feedback``.
+partitions (``decide``), with which compressor instance
+(``compressor_for``), and which master compressor encodes its aggregate on
+the way back (``back_for``: None unless the plan entry or the config names
+one, Natural Compression's bidirectional Alg. 1). Instances are built once
+per distinct compressor and parameters and shared by the gradients that use
+them; each one's error-feedback wrapping follows
+``EngineConfig.error_feedback``.
 
 The plan comes from ``EngineConfig.plan``: a ``Plan``, a plan file, None
 (HiPress's size rule), or a *plan source* called once, collectively,
@@ -28,7 +31,7 @@ from ..cost_model.plan import GradientPlan, Plan, SizeRule
 from .config import EngineConfig
 from .transport.base import Transport
 
-__all__ = ["Choice", "build_compressor"]
+__all__ = ["Choice", "build_compressor", "build_master"]
 
 _log = logging.getLogger(__name__)
 
@@ -66,6 +69,25 @@ def build_compressor(spec: Any, params: Mapping[str, Any], error_feedback: Any) 
     return comp
 
 
+def build_master(spec: Any, params: Mapping[str, Any], error_feedback: Any) -> Compressor:
+    """A master compressor (Natural Compression Alg. 1's C_M), checked at setup.
+
+    The aggregator encodes the aggregate with it alone, once per partition:
+    it must be a single-round compressor; its error feedback follows the
+    same rule as the worker's (the aggregator's residual is its own site).
+
+    Raises:
+        ValueError: a multi-round compressor (its rounds need every rank),
+            or an unknown name / bad parameters.
+    """
+    comp = build_compressor(spec, params, error_feedback)
+    if comp.capabilities.rounds > 1:
+        raise ValueError(f"compressor {comp.name!r} cannot encode an aggregate as a master "
+                         f"compressor: it has {comp.capabilities.rounds} rounds, which need "
+                         "every rank; use a single-round compressor for compression_back")
+    return comp
+
+
 class Choice:
     """The plan and the compressor instances of one engine.
 
@@ -93,6 +115,10 @@ class Choice:
                 params = dict(self.plan.params)
         self.default = build_compressor(name, params, config.error_feedback)
         self._instances: Dict[Any, Compressor] = {}
+        self.default_back: Optional[Compressor] = None
+        if config.compressor_back is not None:
+            self.default_back = build_master(config.compressor_back, config.params_back,
+                                             config.error_feedback)
 
     def saves_no_bytes(self) -> bool:
         """The default compressor sends values as they are (category "none": identity)."""
@@ -122,6 +148,33 @@ class Choice:
             comp = build_compressor(dec.compressor, dec.params, self.config.error_feedback)
             self._instances[key] = comp
         return comp
+
+    def back_for(self, dec: GradientPlan, worker: Compressor) -> Optional[Compressor]:
+        """The master compressor of a compressing decision (its plan entry's, else the
+        config's), or None when the aggregate goes back with the worker's compressor.
+
+        Raises:
+            ValueError: a master compressor for a multi-round worker compressor
+                (its rounds are reduced, not re-encoded at an aggregator).
+        """
+        if dec.compressor_back is not None:
+            key = ("back", dec.compressor_back,
+                   json.dumps(dict(dec.params_back), sort_keys=True))
+            back = self._instances.get(key)
+            if back is None:
+                back = build_master(dec.compressor_back, dec.params_back,
+                                    self.config.error_feedback)
+                self._instances[key] = back
+        else:
+            back = self.default_back
+            if back is not None and worker.capabilities.rounds > 1 and worker is not self.default:
+                return None  # a plan's multi-round choice: its rounds are reduced, not re-encoded
+        if back is not None and worker.capabilities.rounds > 1:
+            raise ValueError(f"a master compressor ({back.name}) re-encodes an aggregate, "
+                             f"but {worker.name} has {worker.capabilities.rounds} rounds "
+                             "whose payloads are reduced, not re-encoded; drop "
+                             "compression_back for it or use a single-round compressor")
+        return back
 
     def fix_plan(self, transport: Transport, sizes: Mapping[str, int]) -> None:
         """Call the plan source, if any, collectively (inside ``register``)."""

@@ -29,6 +29,14 @@ class EngineConfig:
         compressor: registry name or instance for compressed gradients; None
             takes the plan's compressor (``onebit`` without a plan).
         params: the compressor's parameters.
+        compressor_back: the master compressor (Natural Compression Alg. 1's
+            C_M): registry name or instance that encodes each aggregate on
+            its way back to the workers (PS aggregators re-encode with it;
+            Ring's gather forwards its payloads). None (default): the
+            aggregate is encoded with the worker's compressor, as HiPress
+            does. A plan entry's ``compressor_back`` overrides it. Only for
+            single-round worker and master compressors.
+        params_back: the master compressor's parameters.
         strategy: "ps" (co-located aggregators) or "ring".
         plan: None (default size rule; with a compressor that saves no bytes,
             such as identity, nothing is compressed), a ``Plan``, a path to a
@@ -81,6 +89,8 @@ class EngineConfig:
 
     compressor: Any = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    compressor_back: Any = None
+    params_back: Mapping[str, Any] = field(default_factory=dict)
     strategy: str = "ps"
     plan: Any = None
     error_feedback: Any = "auto"
@@ -129,6 +139,9 @@ class EngineConfig:
                 or self.idle_wait_max < self.idle_wait:
             raise ValueError("batch_bytes, fusion_bytes and report_capacity must be >= 1, and "
                              "0 <= idle_wait <= idle_wait_max")
+        if self.compressor_back is None and self.params_back:
+            raise ValueError(f"params_back {dict(self.params_back)} given without a "
+                             "compressor_back")
         if self.plan == "auto":
             raise ValueError("EngineConfig(plan='auto'): the engine takes a plan source, not "
                              "the string; pass plan=hipress_like.tuning.auto_plan() (what the "
@@ -145,6 +158,7 @@ def fingerprint(config: EngineConfig, compressor: Any, plan: Optional[Plan]) -> 
     fixed plan, or how it will be made)."""
     fp: Dict[str, Any] = {f: repr(getattr(config, f)) for f in SHARED_FIELDS}
     fp["compressor"] = repr(compressor)
+    fp["compressor_back"] = repr((config.compressor_back, sorted(config.params_back.items())))
     if plan is not None:
         fp["plan"] = zlib.crc32(msgpack.packb(plan.to_dict(), default=repr))
     else:

@@ -1,11 +1,9 @@
-"""The CaSync engine: a facade over the layout, the step state, the task graph and
-the communication paths.
+"""The CaSync engine: a facade over layout, step state, task graph and communication.
 
 State, in the manner of dask's ``local.py``. The engine holds:
 
 - ``_layout`` (``layout.Layout``, fixed by ``register``): per gradient its
-  compressor, workflow and partitions; the lane's static buckets; the
-  static round groups.
+  compressors, workflow, partitions; the lane's buckets and round groups.
 - ``_st`` (``step.StepState``): everything the current step owns; replaced
   by a fresh one when ``synchronize`` returns.
 - ``_graph`` (``tasks.TaskGraph``): the step's tasks in the sets waiting,
@@ -170,7 +168,8 @@ class Engine:
                               size=self.size, strategy=self.config.strategy,
                               raw_collective=self.config.raw_collective,
                               fusion_bytes=self.config.fusion_bytes,
-                              fuse=self.config.coordinator)
+                              fuse=self.config.coordinator,
+                              back_for=self._choice.back_for)
         self._layout = layout
         self._lane_of = layout.lane_of()
         self._lane_by_key = {b.key: b for b in layout.lane}
@@ -381,10 +380,11 @@ class Engine:
         return self._comm.replayed
 
     def layout(self) -> Dict[str, Dict[str, Any]]:
-        """Per gradient: compress?, compressor, workflow, partitions and aggregators."""
+        """Per gradient: compress?, compressor, master compressor (``back``), workflow,
+        partitions and aggregators."""
         return {n: {"compress": g.compress, "workflow": g.workflow.value,
-                    "compressor": repr(g.compressor) if g.compressor is not None else None,
-                    "partitions": [(s, e, a) for s, e, a in g.parts]}
+                    "partitions": list(g.parts), "back": repr(g.back) if g.back else None,
+                    "compressor": repr(g.compressor) if g.compressor is not None else None}
                 for n, g in self._layout.grads.items()}
 
     # -- state -----------------------------------------------------------------

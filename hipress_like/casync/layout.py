@@ -61,6 +61,8 @@ class GradLayout:
         workflow: a ``Workflow``.
         parts: (start, end, aggregator) per partition; aggregator -1 for
             allreduce workflows (every rank reduces).
+        back: the master compressor that encodes the aggregate on its way
+            back (bidirectional compression); None: ``compressor`` does.
     """
 
     idx: int
@@ -71,6 +73,7 @@ class GradLayout:
     compressor: Optional[Compressor]
     workflow: Workflow
     parts: List[Tuple[int, int, int]]
+    back: Optional[Compressor] = None
 
     @property
     def compress(self) -> bool:
@@ -95,7 +98,8 @@ class Layout:
 
     def compressors(self) -> Dict[str, str]:
         """Compressed gradient -> its compressor's repr (saved in engine states)."""
-        return {n: repr(g.compressor) for n, g in self.grads.items() if g.compressor is not None}
+        return {n: repr(g.compressor) + (f" back {g.back!r}" if g.back is not None else "")
+                for n, g in self.grads.items() if g.compressor is not None}
 
     def compressor_mismatch(self, saved: Optional[Dict[str, str]]) -> Optional[str]:
         """Why a state saved with per-gradient compressors ``saved`` does not fit this
@@ -227,7 +231,9 @@ def _lane_rounds(comp: Compressor) -> bool:
 def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPlan],
                  compressor_for: Callable[[GradientPlan], Optional[Compressor]], *,
                  size: int, strategy: str, raw_collective: bool, fusion_bytes: int,
-                 fuse: bool) -> Layout:
+                 fuse: bool,
+                 back_for: Optional[Callable[[GradientPlan, Compressor], Optional[Compressor]]]
+                 = None) -> Layout:
     """Fix every gradient's workflow and partitions (see the module docstring).
 
     Args:
@@ -241,6 +247,8 @@ def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPla
             take allreduce (``EngineConfig.raw_collective``).
         fusion_bytes: a static bucket or round group closes at this many bytes.
         fuse: False gives every lane gradient its own bucket.
+        back_for: the master compressor for a compressing decision and its
+            worker compressor, or None (the worker's encodes the aggregate).
     """
     n = size
     load = [0] * n
@@ -250,6 +258,7 @@ def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPla
         nbytes = numel * dt.itemsize
         dec = decide(name, nbytes)
         comp = compressor_for(dec) if dec.compress else None
+        back = back_for(dec, comp) if comp is not None and back_for is not None else None
         k = max(1, min(dec.partitions, numel, KEY_LIMITS["partitions"] - 1))
         if comp is None and raw_collective and n > 1:
             wf, k = Workflow.ALLREDUCE, 1
@@ -277,7 +286,7 @@ def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPla
             agg = min(range(n), key=lambda r: (load[r], r))
             load[agg] += e - s
             parts.append((s, e, agg))
-        grads[name] = GradLayout(idx, name, shape, dt, numel, comp, wf, parts)
+        grads[name] = GradLayout(idx, name, shape, dt, numel, comp, wf, parts, back)
     if n >= KEY_LIMITS["phases"] // 2:
         raise ValueError(f"ring phases need world size < {KEY_LIMITS['phases'] // 2}")
     lane = plan_lane_buckets([(g.idx, g.numel, g.dtype) for g in grads.values()

@@ -19,6 +19,14 @@ CaSync-Ring, on N chunks of the partition:
     aggregatable codecs merge payloads; sparsifiers re-select after each merge
     (HiPress Sec. 5.3) because the merged sum is encoded again.
 
+Bidirectional compression (Natural Compression, Alg. 1): with a master
+compressor C_M (``GradLayout.back``), the aggregate is encoded with C_M
+where it starts its way back: the PS aggregator's pull encode (after an
+aggregatable merge, the merged payload is decoded into the partition and
+encoded again), and the Ring chunk owner's encode after the last reduce
+hop, whose C_M payload the gather forwards unchanged; every final decode
+is C_M's. Workers' payloads and the reduce hops stay C_W's.
+
 Multi-round compressors (PowerSGD's P then Q, THC's range then values,
 AR-Topk's indices then values) run every round as a full exchange before
 the next one starts, each round reduced as the compressor declares (sum,
@@ -58,6 +66,7 @@ class RawCodec:
 
     aggregatable = True
     rounds = 1
+    back = None  # raw sums go back as they are
 
     def __init__(self, dtype: torch.dtype):
         self.dtype = dtype
@@ -84,13 +93,16 @@ class CompressorCodec:
     Sites name each place the partition is encoded ("push", "pull", "hop3",
     ...), so error-feedback residuals never mix between roles. ``step`` is
     the engine's step count: with ``capabilities.shared_randomness`` it
-    becomes the state's per-step seed (``base.STEP_SEED``).
+    becomes the state's per-step seed (``base.STEP_SEED``). ``back`` is the
+    master compressor of bidirectional compression (None: ``comp`` encodes
+    the aggregate too): ``encode_back`` and ``write_mean`` use it.
     """
 
     def __init__(self, comp: Compressor, states: Dict[str, State], key: str,
                  seed_of: Any, world_size: int, vouched: bool = False, step: int = 0,
-                 rank: int = 0):
+                 rank: int = 0, back: Optional[Compressor] = None):
         self.comp = comp
+        self.back = back
         self.step = step
         self.rank = rank
         self.vouched = vouched  # the engine scanned the gradient for NaN/Inf already
@@ -101,21 +113,23 @@ class CompressorCodec:
         self.aggregatable = comp.capabilities.aggregatable
         self.rounds = comp.capabilities.rounds
 
-    def state(self, x: torch.Tensor, site: str) -> State:
-        """The state for ``site``, initialised on first use."""
+    def state(self, x: torch.Tensor, site: str, comp: Optional[Compressor] = None) -> State:
+        """The state for ``site`` (of ``comp``, default the worker compressor),
+        initialised on first use."""
+        comp = comp or self.comp
         k = f"{self.key}|{site}"
         st = self.states.get(k)
         if st is None:
             # the run reaches the compressor through init's declared keywords
             # (Compressor.init), never through keys written into its state
             ctx: Dict[str, Any] = {"world_size": self.world_size}
-            if self.comp.capabilities.shared_randomness:  # e.g. PowerSGD's first Q
+            if comp.capabilities.shared_randomness:  # e.g. PowerSGD's first Q
                 ctx["shared_seed"] = _shared_seed(k)
-            if "broadcast" in self.comp.capabilities.round_reductions:  # the owner knows itself
+            if "broadcast" in comp.capabilities.round_reductions:  # the owner knows itself
                 ctx["rank"] = self.rank
-            st = self.comp.init(x, seed=self.seed_of(k), **ctx)
+            st = comp.init(x, seed=self.seed_of(k), **ctx)
             self.states[k] = st
-        if self.comp.capabilities.shared_randomness:
+        if comp.capabilities.shared_randomness:
             st[STEP_SEED] = mix_seed(_shared_seed(k), self.step)
         return st
 
@@ -125,6 +139,22 @@ class CompressorCodec:
         with assume_finite(self.vouched):
             payload, self.states[f"{self.key}|{site}"] = self.comp.encode(x, st)
         return payload
+
+    def encode_back(self, x: torch.Tensor, site: str) -> torch.Tensor:
+        """Encode an aggregate on its way back: with the master compressor when
+        there is one (its own state at ``site``), else as ``encode``."""
+        if self.back is None:
+            return self.encode(x, site)
+        st = self.state(x, site, self.back)
+        with assume_finite(self.vouched):
+            payload, self.states[f"{self.key}|{site}"] = self.back.encode(x, st)
+        return payload
+
+    def reencode(self, merged: torch.Tensor, x: torch.Tensor, site: str) -> torch.Tensor:
+        """A merged (summed) worker payload, decoded into ``x`` and encoded with the
+        master compressor (bidirectional compression over an aggregatable C_W)."""
+        self.comp.decode(merged, out=x)
+        return self.encode_back(x, site)
 
     def encode_round(self, r: int, grad: torch.Tensor, site: str,
                      aggregate: Optional[torch.Tensor]) -> torch.Tensor:
@@ -144,8 +174,10 @@ class CompressorCodec:
             grad, st, aggregate, out=grad, average=True)
 
     def write_mean(self, payload: torch.Tensor, x: torch.Tensor, n: int) -> None:
-        """``x = decode(payload) / n``, straight into ``x`` (fused where the compressor can)."""
-        self.comp.kernels.decode_div_(payload, x, n)
+        """``x = decode(payload) / n`` for an aggregate's payload (the master
+        compressor's when there is one), straight into ``x`` (fused where the
+        compressor can)."""
+        (self.back or self.comp).kernels.decode_div_(payload, x, n)
 
     def add_decoded(self, payload: torch.Tensor, acc: torch.Tensor) -> None:
         """``acc += decode(payload)`` (fused where the compressor can, else via a workspace)."""
@@ -182,7 +214,7 @@ def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of:
     for p, (s, e, agg) in enumerate(g.parts):
         if g.compressor is not None:
             codec = CompressorCodec(g.compressor, states, f"{g.name}|{p}", seed_of, b.size,
-                                    vouched, step, b.rank)
+                                    vouched, step, b.rank, g.back)
         else:
             codec = RawCodec(g.dtype)
         if g.workflow in (Workflow.ROUNDS, Workflow.ROUNDS_RING, Workflow.ROUNDS_ALLREDUCE):
@@ -216,8 +248,13 @@ def ps_workflow(b, p: int, x: torch.Tensor, codec, agg: int) -> None:
     recvs = [b.recv(p, 0, s) for s in range(n) if s != me]  # rank order, without me
     if codec.aggregatable:
         own = b.compute(Kind.ENCODE, p, lambda: codec.encode(x, "own"))
-        last = b.compute(Kind.MERGE, p, lambda *ps: codec.merge(list(ps)),
-                         [*recvs[:me], own, *recvs[me:]])
+        if codec.back is None:
+            def merge(*ps: torch.Tensor) -> torch.Tensor:
+                return codec.merge(list(ps))
+        else:  # bidirectional: the sum goes back encoded by the master compressor
+            def merge(*ps: torch.Tensor) -> torch.Tensor:
+                return codec.reencode(codec.merge(list(ps)), x, "pull")
+        last = b.compute(Kind.MERGE, p, merge, [*recvs[:me], own, *recvs[me:]])
     else:
         def merge_encode(*ps: torch.Tensor) -> torch.Tensor:
             # x + the decoded partitions of the other ranks in rank order, summed in
@@ -225,7 +262,7 @@ def ps_workflow(b, p: int, x: torch.Tensor, codec, agg: int) -> None:
             # Only this rank sums, so the order fixes run-to-run reproducibility,
             # not agreement between ranks (they all decode the same pull bytes).
             codec.add_decoded_many(list(ps), x)
-            return codec.encode(x, "pull")
+            return codec.encode_back(x, "pull")
 
         last = b.compute(Kind.MERGE, p, merge_encode, recvs)
     for s in range(n):
@@ -244,14 +281,20 @@ def ring_workflow(b, p: int, x: torch.Tensor, codec) -> None:
         b.send(p, i, nxt, dep)
         rv = b.recv(p, i, prv)
         c = (me - i - 1) % n
+        last_hop = i == n - 2  # chunk c's sum is complete here: it goes back from this rank
         if codec.aggregatable:
-            def step(got: torch.Tensor, i=i, c=c) -> torch.Tensor:
-                return codec.merge([got, codec.encode(xs[c], f"own{i}")])
+            def step(got: torch.Tensor, i=i, c=c, last_hop=last_hop) -> torch.Tensor:
+                merged = codec.merge([got, codec.encode(xs[c], f"own{i}")])
+                if last_hop and codec.back is not None:  # bidirectional: C_M from here on
+                    return codec.reencode(merged, xs[c], "final")
+                return merged
         else:
-            def step(got: torch.Tensor, i=i, c=c) -> torch.Tensor:
+            def step(got: torch.Tensor, i=i, c=c, last_hop=last_hop) -> torch.Tensor:
                 # chunk c is read only here before the gather overwrites it: sum in place
                 codec.add_decoded(got, xs[c])
-                return codec.encode(xs[c], "final" if i == n - 2 else f"hop{i}")
+                if last_hop:
+                    return codec.encode_back(xs[c], "final")
+                return codec.encode(xs[c], f"hop{i}")
         dep = b.compute(Kind.MERGE, p, step, [rv])
     own_chunk = (me + 1) % n
     b.compute(Kind.WRITE, p, lambda final: codec.write_mean(final, xs[own_chunk], n), [dep])

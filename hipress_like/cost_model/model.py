@@ -41,6 +41,8 @@ __all__ = [
     "n_batches",
     "t_sync_orig",
     "t_sync_cpr",
+    "t_sync_bidi",
+    "bidi_counts",
     "Link",
     "Curve",
     "fit_link",
@@ -240,6 +242,71 @@ def t_sync_cpr(m: float, k: int, n: int, r: float, t_send: TimeFn, t_enc: TimeFn
     part = m / k
     comm = a * t_send(r * part)
     comp = b * t_enc(part) + g * t_dec(r * part)
+    return comm + comp + (n_batches(k, n) - 1) * max(comm, comp)
+
+
+def bidi_counts(params: SyncParams, n: int, k: int, aggregatable: bool
+                ) -> Tuple[Tuple[int, int], Tuple[int, int], Tuple[int, int]]:
+    """Eq. 2's counts split by direction for bidirectional compression.
+
+    Natural Compression's Alg. 1 sends workers' payloads with C_W and the
+    aggregate back with C_M. Of HiPress's ``alpha`` transfers, half carry
+    worker payloads (pushes, Ring's reduce hops) and half the aggregate
+    (pulls, Ring's gather hops); of its ``beta`` encodes and ``gamma``
+    decodes, one each is the aggregate's (its encode at the aggregator or
+    chunk owner, the exposed final decode), the rest C_W's, at least one
+    each: the workers' own encode and the aggregator's decode happen
+    before the aggregate exists, so they never overlap C_M's (HiPress's
+    co-located ``beta = K`` folds them together at K = 1). An aggregatable
+    C_W (``beta = gamma = 1``: no decode at the aggregator) gains one C_W
+    decode (the merged sum) and one C_M encode.
+
+    Returns:
+        ((alpha_w, alpha_m), (beta_w, beta_m), (gamma_w, gamma_m)).
+
+    Example:
+        >>> bidi_counts(sync_params("ring", "quantization"), 4, 1, False)
+        ((3, 3), (3, 1), (3, 1))
+    """
+    a, b, g = params.values(n, k)
+    split = ((a + 1) // 2, a // 2)
+    if aggregatable:
+        return split, (b, 1), (g, 1)
+    return split, (max(b - 1, 1), 1), (max(g - 1, 1), 1)
+
+
+def t_sync_bidi(m: float, k: int, n: int, r_w: float, r_m: float, t_send: TimeFn,
+                enc_w: TimeFn, dec_w: TimeFn, enc_m: TimeFn, dec_m: TimeFn,
+                params: SyncParams, aggregatable: bool = False) -> float:
+    """HiPress Eq. 2 with a master compressor on the way back (bidirectional).
+
+    With ``bidi_counts``' split (subscript w: worker compressor C_W at rate
+    ``r_w``; m: master compressor C_M at rate ``r_m``), for ``K <= N``:
+
+    ``T = a_w*T_send(r_w*m/K) + a_m*T_send(r_m*m/K) + b_w*T_enc_w(m/K)
+    + b_m*T_enc_m(m/K) + g_w*T_dec_w(r_w*m/K) + g_m*T_dec_m(r_m*m/K)``,
+
+    and batches pipeline as in ``t_sync_cpr``. With C_M = C_W (same rate and
+    curves), a non-aggregatable C_W and ``beta, gamma >= 2`` this is
+    exactly Eq. 2.
+
+    Example:
+        >>> p = sync_params("ring", "quantization")
+        >>> lin = lambda a, b: (lambda x: a + b * x)
+        >>> f = lin(0, 1e-9)
+        >>> one = t_sync_cpr(8e6, 1, 4, 1 / 32, lin(1e-3, 1e-9), f, f, p)
+        >>> two = t_sync_bidi(8e6, 1, 4, 1 / 32, 1 / 32, lin(1e-3, 1e-9), f, f, f, f, p)
+        >>> abs(one - two) < 1e-15
+        True
+    """
+    _check_kn(k, n)
+    if not (r_w > 0 and r_m > 0):
+        raise ValueError(f"compression rates must be > 0, found {r_w!r} and {r_m!r}")
+    (aw, am), (bw, bm), (gw, gm) = bidi_counts(params, n, min(k, n), aggregatable)
+    part = m / k
+    comm = aw * t_send(r_w * part) + am * t_send(r_m * part)
+    comp = (bw * enc_w(part) + bm * enc_m(part) + gw * dec_w(r_w * part)
+            + gm * dec_m(r_m * part))
     return comm + comp + (n_batches(k, n) - 1) * max(comm, comp)
 
 

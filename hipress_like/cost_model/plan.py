@@ -19,7 +19,16 @@ validated on load; version 1 files (no per-entry compressor) still load:
      "gradients": {"fc1.weight": {"compress": true, "partitions": 4,
                                   "compressor": "powersgd", "params": {"rank": 4}},
                    "conv1.weight": {"compress": true, "partitions": 1},
+                   "fc2.weight": {"compress": true, "partitions": 2,
+                                  "compressor": "onebit", "params": {},
+                                  "compressor_back": "natural", "params_back": {}},
                    "fc1.bias": {"compress": false, "partitions": 1}}}
+
+An entry may also name a *master* compressor (``compressor_back`` and
+``params_back``; optional keys of version 2): bidirectional compression
+(Natural Compression, Alg. 1) encodes the aggregate with it before it goes
+back to the workers; without one, the aggregate is encoded with the
+entry's own compressor, as HiPress does.
 """
 from __future__ import annotations
 
@@ -82,12 +91,18 @@ class GradientPlan:
         compressor: the registry name to compress it with; None takes the
             plan's compressor (and must be None when not compressing).
         params: that compressor's parameters (with ``compressor`` only).
+        compressor_back: the master compressor that encodes the aggregate on
+            its way back (Natural Compression Alg. 1's C_M); None: the
+            worker's compressor (or the engine's ``compressor_back``).
+        params_back: its parameters (with ``compressor_back`` only).
     """
 
     compress: bool
     partitions: int = 1
     compressor: Optional[str] = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    compressor_back: Optional[str] = None
+    params_back: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.compress, bool):
@@ -104,13 +119,27 @@ class GradientPlan:
                                 f"{self.compressor!r}; drop it or set compress to true")
         elif self.params:
             raise PlanError(f"params {dict(self.params)} given without a compressor")
+        if self.compressor_back is not None:
+            if not isinstance(self.compressor_back, str) or not self.compressor_back:
+                raise PlanError(f"compressor_back must be a registry name or null, found "
+                                f"{self.compressor_back!r}")
+            if not self.compress:
+                raise PlanError(f"an entry that does not compress names compressor_back "
+                                f"{self.compressor_back!r}; drop it or set compress to true")
+        elif self.params_back:
+            raise PlanError(f"params_back {dict(self.params_back)} given without a "
+                            "compressor_back")
         object.__setattr__(self, "params", canonical_params(self.params))
+        object.__setattr__(self, "params_back", canonical_params(self.params_back,
+                                                                 "params_back"))
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready form; the compressor and its params only where named."""
         d: Dict[str, Any] = {"compress": self.compress, "partitions": self.partitions}
         if self.compressor is not None:
             d.update(compressor=self.compressor, params=dict(self.params))
+        if self.compressor_back is not None:
+            d.update(compressor_back=self.compressor_back, params_back=dict(self.params_back))
         return d
 
 
@@ -209,6 +238,9 @@ class Plan:
             if g.compress:
                 name, params = self.compressor_of(g)
                 seen.add((name, json.dumps(params, sort_keys=True)))
+                if g.compressor_back is not None:
+                    seen.add((g.compressor_back, json.dumps(dict(g.params_back),
+                                                            sort_keys=True)))
         return [(n, json.loads(p)) for n, p in sorted(seen)]
 
     def check(self, sizes: Mapping[str, int], *, strategy: str, world_size: int) -> None:
@@ -276,8 +308,9 @@ class Plan:
         unknown = set(d) - known
         if unknown:
             raise PlanError(f"unknown plan keys: {sorted(unknown)}; known: {sorted(known)}")
-        entry_keys = {"compress", "partitions"} | ({"compressor", "params"}
-                                                    if version >= 2 else set())
+        entry_keys = {"compress", "partitions"} | (
+            {"compressor", "params", "compressor_back", "params_back"}
+            if version >= 2 else set())
         grads = {}
         try:
             rule = SizeRule(**d.get("rule", {}))

@@ -37,7 +37,15 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .model import Link, SyncParams, concurrent_link, sync_params, t_sync_cpr, t_sync_orig
+from .model import (
+    Link,
+    SyncParams,
+    concurrent_link,
+    sync_params,
+    t_sync_bidi,
+    t_sync_cpr,
+    t_sync_orig,
+)
 from .plan import STRATEGIES, GradientPlan, Plan, SizeRule
 from .profile import CompressorProfile, Profile
 
@@ -171,6 +179,10 @@ class Planner:
         profile: measured link and compressor curves.
         compressor: name of a compressor in ``profile``.
         n: number of nodes N (>= 1).
+        back: name of a master compressor in ``profile`` that encodes the
+            aggregate on its way back (bidirectional compression, Natural
+            Compression Alg. 1); None: ``compressor`` both ways. Priced by
+            ``model.t_sync_bidi``; the plan's compressing entries name it.
         strategy: the engine's strategy, "ps" (co-located) or "ring".
         max_partitions: largest K considered (default ``4 * N``; beyond N,
             partitions are batched, Sec. 3.3).
@@ -191,7 +203,8 @@ class Planner:
     def __init__(self, profile: Profile, compressor: str, n: int, strategy: str = "ps", *,
                  max_partitions: Optional[int] = None, model_strategy: Optional[str] = None,
                  k_tolerance: float = 0.01, raw_collective: bool = True,
-                 partitions: Optional[Sequence[int]] = None) -> None:
+                 partitions: Optional[Sequence[int]] = None,
+                 back: Optional[str] = None) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"the number of nodes N must be an integer >= 1, found {n!r}")
         if strategy not in STRATEGIES:
@@ -203,6 +216,9 @@ class Planner:
             raise ValueError(f"k_tolerance must be in [0, 1), found {k_tolerance!r}")
         self.profile = profile
         self.cp: CompressorProfile = profile.compressor(compressor)
+        # bidirectional compression: the aggregate goes back by another compressor
+        self.back: Optional[CompressorProfile] = (
+            profile.compressor(back) if back is not None else None)
         self.n = n
         self.strategy = strategy
         self.model_strategy = model_strategy or ENGINE_TO_MODEL[strategy]
@@ -263,7 +279,14 @@ class Planner:
         return t + self._overhead if self.n > 1 else t
 
     def eq2(self, m: float, k: int) -> float:
-        """HiPress Eq. 2 alone with the profile's curves (seconds); ``r`` includes the header."""
+        """HiPress Eq. 2 alone with the profile's curves (seconds); ``r`` includes the header.
+        With a master compressor (``back``), Eq. 2 priced in both directions
+        (``model.t_sync_bidi``)."""
+        if self.back is not None:
+            mb = self.back
+            return t_sync_bidi(m, k, self.n, self.cp.rate(m / k), mb.rate(m / k), self.link(k),
+                               self.cp.encode, self.cp.decode, mb.encode, mb.decode,
+                               self.params, self.cp.category in ("lowrank", "none"))
         return t_sync_cpr(m, k, self.n, self.cp.rate(m / k), self.link(k),
                           self.cp.encode, self.cp.decode, self.params)
 
@@ -280,8 +303,9 @@ class Planner:
         if self.engine_term is None:
             return t + self._overhead_cpr
         part = m / k
+        back = self.back or self.cp
         floor = (self.cp.encode(part) + self.link(k)(self.cp.payload_bytes(part))
-                 + self.cp.decode(self.cp.payload_bytes(part)))
+                 + back.decode(back.payload_bytes(part)))
         return max(t + self.engine_term(m, k), floor)
 
     def _best_k(self, f, m: float) -> Tuple[int, float]:
@@ -386,6 +410,10 @@ class Planner:
                 cache[nbytes] = self.choose(nbytes)
             c = cache[nbytes]
             entries[str(name)] = c.gradient_plan()
+            if self.back is not None and c.compress:
+                entries[str(name)] = GradientPlan(
+                    True, c.partitions, self.cp.name, dict(self.cp.params),
+                    self.back.name, dict(self.back.params))
             predicted[str(name)] = round(c.time, 9)
         # The rule is fitted over the model's own size range (beyond the
         # profiled sizes the curves are extrapolations).
@@ -448,8 +476,10 @@ def plan_per_gradient(planners: Sequence[Planner], gradients: Gradients, *,
         i = min(range(len(choices)), key=lambda j: (choices[j].t_cpr, j))
         c = choices[i]
         if c.t_cpr < c.t_orig:
-            entries[str(name)] = GradientPlan(True, c.k_cpr, planners[i].cp.name,
-                                              dict(planners[i].cp.params))
+            pl = planners[i]
+            entries[str(name)] = GradientPlan(
+                True, c.k_cpr, pl.cp.name, dict(pl.cp.params),
+                pl.back.name if pl.back else None, dict(pl.back.params) if pl.back else {})
             predicted[str(name)] = round(c.t_cpr, 9)
             won[i] += int(nbytes)
         else:

@@ -97,6 +97,11 @@ class AutoPlanner:
             The cost model ranks compressors within a few percent at best;
             the trials catch its misses for a few seconds more of start-up.
         trial_repeats: timed steps per trial plan.
+        back: (name, params) of a master compressor (bidirectional
+            compression, Natural Compression Alg. 1), profiled with the
+            candidates and priced in both directions by every candidate's
+            planner (``model.t_sync_bidi``); the plan's compressing entries
+            name it. None: each compressor both ways.
 
     Raises:
         ValueError: bad strategy or warmup_iterations.
@@ -110,7 +115,8 @@ class AutoPlanner:
                  provisional: Optional[Plan] = None, round_meta_bytes: int = 0,
                  raw_collective: bool = True, engine_timing: bool = True,
                  candidates: Optional[Mapping[str, Mapping[str, Any]]] = None,
-                 trials: bool = True, trial_repeats: int = 3) -> None:
+                 trials: bool = True, trial_repeats: int = 3,
+                 back: Optional[Sequence[Any]] = None) -> None:
         if strategy not in ("ps", "ring"):
             raise ValueError(f"unknown strategy {strategy!r}; expected 'ps' or 'ring'")
         if not isinstance(warmup_iterations, int) or warmup_iterations < 1:
@@ -128,6 +134,12 @@ class AutoPlanner:
                            (candidates or {compressor: self.params}).items()}
         if not self.candidates:
             raise ValueError("candidates must name at least one compressor")
+        self.back = None if back is None else (str(back[0]), dict(back[1] or {}))
+        if self.back is not None and self.candidates.get(self.back[0], self.back[1]) \
+                != self.back[1]:
+            raise ValueError(f"the master compressor {self.back[0]!r} is also a candidate with "
+                             f"other parameters ({self.candidates[self.back[0]]} against "
+                             f"{self.back[1]}); give both the same parameters")
         self.strategy = strategy
         self.link = link
         self.warmup_iterations = warmup_iterations
@@ -213,10 +225,13 @@ class AutoPlanner:
         prof_sizes = log_sizes(4096, max(4096, min(big, self.max_profile_bytes)), 0.5)
         # A single process never communicates: the link is irrelevant (alpha = 0).
         link = self.link or (Link(0.0, 1.0) if n == 1 else None)
+        profiled = dict(self.candidates)
+        if self.back is not None:
+            profiled.setdefault(*self.back)
         if transport is None or n == 1:
             from .profiler import profile_compressor
             comps = {c: profile_compressor(c, ps, prof_sizes, repeats=self.repeats,
-                                           min_time=0.0) for c, ps in self.candidates.items()}
+                                           min_time=0.0) for c, ps in profiled.items()}
             self.profile = Profile(link=link, compressors=comps,
                                    meta={"ranks": n, "link_source": "given"})
         else:
@@ -225,7 +240,7 @@ class AutoPlanner:
             grid = [(m, k) for m in sorted({max(4096, top >> 6), max(4096, top >> 3), top})
                     for k in sorted({1, 2, n, 3 * n})]
             self.profile = profile_transport(
-                transport, self.candidates, sizes=prof_sizes,
+                transport, profiled, sizes=prof_sizes,
                 link_sizes=link_sizes, link=link, repeats=self.repeats, timeout=self.timeout,
                 round_meta_bytes=self.round_meta_bytes, raw_collective=self.raw_collective,
                 engine_overhead=self.strategy if self.engine_timing else None,
@@ -235,7 +250,12 @@ class AutoPlanner:
         if rank == 0:
             planners = [Planner(self.profile, c, n, self.strategy,
                                 max_partitions=self.max_partitions,
-                                raw_collective=self.raw_collective) for c in self.candidates]
+                                raw_collective=self.raw_collective,
+                                # a multi-round candidate's rounds are reduced, not
+                                # re-encoded: it keeps its own compressor both ways
+                                back=self.back[0] if self.back and _rounds(
+                                    c, self.candidates[c]) == 1 else None)
+                        for c in self.candidates]
             meta = {"auto": "fixed", "profile": self.profile.to_dict(),
                     "profiling_s": time.perf_counter() - t0}
             plans = [planners[0].plan(sizes, meta=meta) if len(planners) == 1
@@ -292,6 +312,14 @@ def _check_same_gradients(transport: Any, sizes: Mapping[str, int], timeout: flo
                          "names and sizes")
 
 
+def _rounds(name: str, params: Mapping[str, Any]) -> int:
+    """A candidate's number of rounds (a master compressor cannot follow a
+    multi-round one: its rounds are reduced, not re-encoded)."""
+    from .. import compressors
+
+    return compressors.get(name, **params).capabilities.rounds
+
+
 class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan()
     """A plan source for ``EngineConfig(plan=...)``: profile at ``register``, then plan.
 
@@ -341,6 +369,13 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
                     raw_collective=config.raw_collective, timeout=config.timeout, repeats=2,
                     # a quick profile: curves are interpolated beyond these sizes
                     max_profile_bytes=16 << 20, max_link_bytes=4 << 20)
+        if config.compressor_back is not None:
+            back = config.compressor_back
+            if isinstance(back, compressors.Compressor):
+                back = getattr(back, "inner", back)
+                opts["back"] = (back.name, back.params())
+            else:
+                opts["back"] = (back, dict(config.params_back))
         opts.update(self.options)
         if self.candidates is not None:
             opts["candidates"] = self.candidates

@@ -321,8 +321,9 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     else:
         names = [_pick_compressor(prof, a.compressor)]
     sizes = _model_sizes(a.model, a.scale)
+    back = _pick_compressor(prof, a.back) if a.back else None
     planners = [Planner(prof, c, a.nodes, a.strategy, max_partitions=a.max_partitions,
-                        raw_collective=not a.raw_via_workflow) for c in names]
+                        raw_collective=not a.raw_via_workflow, back=back) for c in names]
     meta = {"model": a.model, "profile": os.fspath(a.profile), "scale": a.scale}
     plan = (planners[0].plan(sizes, meta=meta) if len(planners) == 1
             else plan_per_gradient(planners, sizes, meta=meta))
@@ -347,6 +348,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         c = (by_name.get(comp) or planners[0]).choose(nbytes)
         t = c.t_cpr if dec.compress else c.t_orig
         label = key if per_gradient else format_bytes(nbytes)
+        if dec.compress and dec.compressor_back:
+            comp = f"{comp}/{dec.compressor_back}"
         tup = f"<{comp if dec.compress else 'no'}, {dec.partitions}>"
         print(f"{str(label)[:28]:<28} {len(members):>6}  {tup:<18}"
               f"{c.t_orig * 1e3:>11.3f}{t * 1e3:>11.3f}{c.t_orig / t if t else 1:>8.2f}x")
@@ -528,6 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", default="ps", choices=("ps", "ring"))
     p.add_argument("--compressor", help="compressor in the profile (default: the only one); "
                    "a comma-separated list, or 'all', chooses one per gradient (or none)")
+    p.add_argument("--back", help="a master compressor in the profile that encodes each "
+                   "aggregate on its way back (bidirectional compression); priced in both "
+                   "directions and named in the plan's entries")
     p.add_argument("--max-partitions", type=_positive_int, help="largest K (default 4N)")
     p.add_argument("--list-limit", type=_positive_int, default=60,
                    help="list each gradient by name up to this many (else by size)")

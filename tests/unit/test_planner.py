@@ -471,3 +471,55 @@ def test_plan_per_gradient_picks_the_cheapest_compressor_or_none():
         plan_per_gradient([], grads)
     with pytest.raises(ValueError, match="share N"):
         plan_per_gradient([planners[0], Planner(prof, "tight", 2, "ps")], grads)
+
+
+def _two_compressor_profile():
+    pts = [float(4 << e) for e in range(10, 30, 2)]
+    prof = make_profile()
+    slow_small = CompressorProfile(name="m", category="quantization", ratio=1 / 4, header_bytes=0,
+                                   encode=Curve.linear(1e-5, 2e-10, pts),
+                                   decode=Curve.linear(1e-5, 2e-10, pts))
+    return dataclasses.replace(prof, compressors={**prof.compressors, "m": slow_small})
+
+
+def test_bidirectional_counts_split_eq2_by_direction():
+    """Natural Compression Alg. 1 priced with HiPress's counts: half the transfers
+    and one encode and one decode belong to the master compressor; a master
+    equal to the worker gives Eq. 2 exactly."""
+    from hipress_like.cost_model.model import bidi_counts, t_sync_bidi
+    p = sync_params("ps-colocated", "quantization")
+    assert bidi_counts(p, 4, 4, False) == ((3, 3), (3, 1), (3, 1))
+    # K = 1: HiPress's beta = K folds the worker's encode in; it is counted apart
+    assert bidi_counts(p, 4, 1, False) == ((3, 3), (1, 1), (3, 1))
+    assert bidi_counts(sync_params("ring", "lowrank"), 4, 1, True) == ((3, 3), (1, 1), (1, 1))
+    prof = _two_compressor_profile()
+    q, m = prof.compressor("q"), prof.compressor("m")
+    link = prof.link
+    for size, k in ((1 << 20, 2), (64 << 20, 4), (64 << 20, 8)):
+        same = t_sync_bidi(size, k, 4, q.rate(size / k), q.rate(size / k), link, q.encode,
+                           q.decode, q.encode, q.decode, p)
+        assert same == pytest.approx(t_sync_cpr(size, k, 4, q.rate(size / k), link, q.encode,
+                                                q.decode, p))
+    # by hand, N = 4, K = 4: 3 pushes at q's rate, 3 pulls at m's, 3 + 1 encodes, 3 + 1 decodes
+    size, part = 64 << 20, (64 << 20) / 4
+    want = (3 * link(q.rate(part) * part) + 3 * link(m.rate(part) * part)
+            + 3 * q.encode(part) + m.encode(part)
+            + 3 * q.decode(q.rate(part) * part) + m.decode(m.rate(part) * part))
+    got = t_sync_bidi(size, 4, 4, q.rate(part), m.rate(part), link, q.encode, q.decode,
+                      m.encode, m.decode, p)
+    assert got == pytest.approx(want)
+
+
+def test_planner_prices_a_master_compressor_and_names_it_in_the_plan():
+    prof = _two_compressor_profile()
+    one = Planner(prof, "q", 4, "ps", raw_collective=False)
+    bidi = Planner(prof, "q", 4, "ps", raw_collective=False, back="m")
+    m = 64 << 20
+    # the master's pulls carry 8x the bytes of q's: the priced time grows
+    assert bidi.choose(m).t_cpr > one.choose(m).t_cpr
+    plan = bidi.plan({"w": m, "b": 1024})
+    w = plan.gradients["w"]
+    assert w.compress and (w.compressor, w.compressor_back) == ("q", "m")
+    assert plan.gradients["b"].compressor_back is None or plan.gradients["b"].compress
+    with pytest.raises(ProfileError):
+        Planner(prof, "q", 4, "ps", back="nope")

@@ -229,3 +229,28 @@ def test_plan_with_several_compressors_names_one_per_gradient(tmp_path):
     plan = Plan.load(out)
     assert [plan.gradients[n].compressor for n in ("bias", "mid", "huge")] == \
         [None, "fast", "tight"]
+
+
+def test_plan_with_a_master_compressor_names_it_per_gradient(tmp_path):
+    """--back prices bidirectional compression and writes compressor_back."""
+    from hipress_like.cost_model import CompressorProfile, Curve, Link
+
+    pts = [float(4 << e) for e in range(10, 30, 2)]
+    prof = Profile(link=Link(latency=1e-4, bandwidth=1.25e8), compressors={
+        name: CompressorProfile(name=name, category="quantization", ratio=r, header_bytes=16,
+                                encode=Curve.linear(2e-5, 2e-10, pts),
+                                decode=Curve.linear(1e-5, 1e-10, pts))
+        for name, r in (("w", 1 / 32), ("m", 9 / 32))})
+    prof.save(tmp_path / "p.json")
+    sizes = tmp_path / "sizes.json"
+    sizes.write_text(json.dumps({"bias": 1024, "huge": 256 << 20}))
+    out = tmp_path / "plan.json"
+    p = run_cli("plan", "--profile", tmp_path / "p.json", "--compressor", "w", "--back", "m",
+                "--model", sizes, "-N", "4", "-o", out, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "<w/m, " in p.stdout
+    g = Plan.load(out).gradients["huge"]
+    assert (g.compress, g.compressor, g.compressor_back) == (True, "w", "m")
+    bad = run_cli("plan", "--profile", tmp_path / "p.json", "--compressor", "w", "--back",
+                  "nope", "--model", sizes, "-N", "4", "-o", out, cwd=tmp_path)
+    assert bad.returncode != 0 and "nope" in bad.stderr

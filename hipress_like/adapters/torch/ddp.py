@@ -51,6 +51,9 @@ class CaSyncHookState:
         nonfinite: "raise" or "skip" (skipped steps get zero gradients).
         timeout: seconds before a stalled or dead peer becomes an error.
         seed: the compressors' random seed (same on all ranks).
+        compression_back: the master compressor of bidirectional compression
+            (see ``DistributedOptimizer``); None: the aggregate goes back
+            encoded by ``compression``.
 
     Example:
         >>> ddp = DistributedDataParallel(model)
@@ -60,13 +63,14 @@ class CaSyncHookState:
 
     def __init__(self, model: torch.nn.Module, compression: Any = None, strategy: str = "ps",
                  plan: Any = "auto", nonfinite: str = "raise", timeout: Optional[float] = None,
-                 seed: int = 0):
+                 seed: int = 0, compression_back: Any = None):
         module = getattr(model, "module", model)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.names: Dict[int, str] = {id(p): n for n, p in named}
         self._by_ptr: Dict[int, str] = {p.data_ptr(): n for n, p in named}
         self.engine = build_engine(specs_of(named), compression=compression, strategy=strategy,
-                                   plan=plan, nonfinite=nonfinite, timeout=timeout, seed=seed)
+                                   plan=plan, nonfinite=nonfinite, timeout=timeout, seed=seed,
+                                   compression_back=compression_back)
         # (future, buffer, [(view, wire copy)]) of the buckets submitted this iteration
         self._pending: List[Tuple[torch.futures.Future, torch.Tensor,
                                   List[Tuple[torch.Tensor, torch.Tensor]]]] = []

@@ -76,7 +76,8 @@ class _DistributedOptimizerMixin:
     # -- set-up -----------------------------------------------------------------------
     def _hp_setup(self, named_parameters: Any, compression: Any, strategy: str, plan: Any,
                   backward_passes_per_step: int, op: str, sparse_as_dense: bool,
-                  nonfinite: str, timeout: Optional[float], seed: int) -> None:
+                  nonfinite: str, timeout: Optional[float], seed: int,
+                  compression_back: Any = None) -> None:
         rt = _require()
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be an int >= 1, found "
@@ -103,7 +104,7 @@ class _DistributedOptimizerMixin:
         specs = specs_of([(self._hp_names[id(p)], p) for p in self._hp_params])
         self._hp_engine = build_engine(specs, compression=compression, strategy=strategy,
                                        plan=plan, nonfinite=nonfinite, timeout=timeout,
-                                       seed=seed)
+                                       seed=seed, compression_back=compression_back)
         self._hp_ensure_hooks()
         _track(self)
 
@@ -383,7 +384,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
                          process_set: Any = None, *, strategy: str = "ps", plan: Any = "auto",
                          nonfinite: str = "raise", timeout: Optional[float] = None,
-                         seed: int = 0) -> torch.optim.Optimizer:
+                         seed: int = 0, compression_back: Any = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged by CaSync.
 
     A collective call: every rank constructs it at the same point, with the
@@ -420,6 +421,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         nonfinite: "raise" on NaN/Inf gradients, or "skip" the step on every rank.
         timeout: seconds before a stalled or dead peer becomes an error.
         seed: seed of the compressors' random streams (same on all ranks).
+        compression_back: bidirectional compression (Natural Compression,
+            Alg. 1): the master compressor that encodes each aggregate on its
+            way back to the workers (PS aggregators re-encode with it, Ring's
+            gather forwards its payloads), e.g. ``compression=
+            hpt.Compression.natural, compression_back=hpt.Compression.natural``.
+            ``None``: the aggregate goes back encoded by ``compression``.
+            Single-round compressors only; a plan entry's
+            ``compressor_back`` overrides it per gradient.
 
     Returns:
         The distributed optimizer (an instance of a subclass of
@@ -453,5 +462,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          if not callable(getattr(type(optimizer), k, None))})
     opt._hp_engine = None
     opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step, op,
-                  sparse_as_dense, nonfinite, timeout, seed)
+                  sparse_as_dense, nonfinite, timeout, seed, compression_back)
     return opt
