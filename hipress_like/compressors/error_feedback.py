@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -81,7 +81,10 @@ class ErrorFeedback(Compressor):
         inner: the wrapped compressor, or its registry name.
         beta: memory decay factor, > 0 (default 1.0).
         gamma: weight of the new gradient, > 0 (default 1.0).
-        **inner_params: parameters for ``inner`` when it is given by name.
+        inner_params: parameters for ``inner`` when it is given by name, as
+            one mapping (what ``params()`` returns, so
+            ``get("ef", **c.params())`` rebuilds ``c``).
+        **kwargs: the same parameters given flat (``ratio=0.01``).
 
     Raises:
         ValueError: a bad factor, an unknown inner name or bad inner
@@ -97,7 +100,12 @@ class ErrorFeedback(Compressor):
     name = "ef"
 
     def __init__(self, inner: Any = "identity", beta: float = 1.0, gamma: float = 1.0,
-                 **inner_params: Any) -> None:
+                 inner_params: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> None:
+        both = sorted(set(inner_params or {}) & set(kwargs))
+        if both:
+            raise ValueError(f"ef: inner parameter(s) {both} given both in inner_params and "
+                             "as keywords; give each once")
+        inner_params = {**dict(inner_params or {}), **kwargs}
         if isinstance(inner, Compressor) and inner_params:
             raise ValueError("ef: inner parameters cannot be given with a compressor instance")
         self.inner = get(inner, **inner_params)
@@ -311,12 +319,14 @@ def needs_error_feedback(comp: Compressor) -> bool:
 
     It should when ``comp`` loses information for good (a biased compressor
     that saves bytes) and keeps no memory of its own (``keeps_memory``: an
-    ``ErrorFeedback`` instance, DGC, GradDrop, PowerSGD) and no other state
-    (stateful unbiased ones such as TernGrad need none).
+    ``ErrorFeedback`` instance, DGC, GradDrop, PowerSGD). Other state (an
+    RNG step, as in a biased random-k or a sparsifier composed with a
+    quantizer) does not keep the lost part, so it does not exempt them;
+    unbiased ones such as TernGrad need none.
     """
     caps = comp.capabilities
-    return (caps.category != "none" and not caps.unbiased and not caps.stateful
-            and not caps.keeps_memory and caps.rounds == 1)
+    return (caps.category != "none" and not caps.unbiased and not caps.keeps_memory
+            and caps.rounds == 1)
 
 
 def with_error_feedback(comp: Compressor) -> Compressor:

@@ -95,3 +95,5 @@ def test_automatic_error_feedback_never_double_wraps():
     assert isinstance(wrapped, ErrorFeedback) and needs_error_feedback(C.get("onebit"))
     for name in ("dgc", "graddrop", "powersgd", "terngrad", "identity"):
         assert not needs_error_feedback(C.get(name)), name
+    # a biased random-k keeps an RNG step, not the lost part: it is wrapped
+    assert needs_error_feedback(C.get("randomk", unbiased=False))
