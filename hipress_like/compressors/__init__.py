@@ -7,9 +7,21 @@
 Algorithms register themselves on import; this package imports them all.
 """
 # Importing the algorithm modules registers them (identity/none, fp16, onebit,
-# tbq, terngrad, topk, randomk, dgc, graddrop, powersgd, ef).
-from . import compose  # noqa: F401, I001  (registers "compose")
-from . import dgc, graddrop, identity, onebit, powersgd, sparse, tbq, terngrad  # noqa: F401
+# tbq, terngrad, topk, randomk, dgc, graddrop, powersgd, ef, natural,
+# natural_dithering, dithering, compose).
+from . import (  # noqa: F401
+    compose,
+    dgc,
+    dithering,
+    graddrop,
+    identity,
+    natural,
+    onebit,
+    powersgd,
+    sparse,
+    tbq,
+    terngrad,
+)
 from .base import (
     HEADER_VERSION,
     Capabilities,

@@ -1,4 +1,5 @@
-"""Native CPU loops for onebit, the compressor on the PS fast path (HiPress Sec. 6.2).
+"""Native CPU loops for onebit, the compressor on the PS fast path (HiPress Sec. 6.2),
+and for natural compression C_nat (natural.py).
 
 Idea: CompLL's point (HiPress Sec. 4.3) is that an encoder must run at
 memory speed or it eats the time compression saves. ``torch.compile``
@@ -6,7 +7,9 @@ memory speed or it eats the time compression saves. ``torch.compile``
 with eight float planes: on this project's reference host (AVX2, one core per
 two ranks) inductor's code for onebit's decode ran at 2.4 GB/s against
 ~13 GB/s for the same loop written in C, and its fused ``mem += grad; pack``
-at 1.8 GB/s against 5.5. Those loops are a few lines each, so they are
+at 1.8 GB/s against 5.5. C_nat's loops are of the same kind (a hash and a few
+integer operations per element into a byte stream and a bit plane; its eager
+torch path is ~100x slower). Those loops are a few lines each, so they are
 written once in C (``_native.c``), built with the system C compiler on first
 use, and called through ``ctypes``, which releases the GIL for the length of
 the call (the engine's other threads keep running, as with inductor's
@@ -49,8 +52,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["available", "onebit_pack", "onebit_sums", "onebit_unpack",
-           "onebit_unpack_add_many", "sums_scale_ok", "usable"]
+__all__ = ["available", "natural_decode", "natural_encode", "onebit_pack",
+           "onebit_sums", "onebit_unpack", "onebit_unpack_add_many", "sums_scale_ok", "usable"]
 
 _log = logging.getLogger(__name__)
 
@@ -166,6 +169,17 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hp_onebit_unpack.restype = None
     lib.hp_onebit_unpack_add_many.argtypes = [p, p, i32, p, i64, i64, i64, i32]
     lib.hp_onebit_unpack_add_many.restype = None
+    u32 = ctypes.c_uint32
+    lib.hp_natural_encode_fast.argtypes = [p, p, p, i64, i64, i64, u32, i32, i32, p]
+    lib.hp_natural_encode_fast.restype = None
+    lib.hp_natural_rebase.argtypes = [p, i64, i64, i32]
+    lib.hp_natural_rebase.restype = None
+    lib.hp_natural_emax.argtypes = [p, i64, i64, i64, u32, i32, i32]
+    lib.hp_natural_emax.restype = ctypes.c_int32
+    lib.hp_natural_encode.argtypes = [p, p, p, i64, i64, i64, u32, i32, i32, i32]
+    lib.hp_natural_encode.restype = None
+    lib.hp_natural_decode.argtypes = [p, p, p, i64, i64, i64, i32, i32, f32, i32]
+    lib.hp_natural_decode.restype = None
     return lib
 
 
@@ -288,4 +302,58 @@ def onebit_unpack_add_many(bodies: Sequence[torch.Tensor], out: torch.Tensor,
     op = out.data_ptr()
     _map(lambda j0, j1, last: lib.hp_onebit_unpack_add_many(ptrs, vals, count, op, n, j0, j1,
                                                             int(last)),
+         _ranges(n // 8, n))
+
+
+# ---------------------------------------------------------------- natural compression
+
+def natural_encode(x: torch.Tensor, signs: torch.Tensor, codes: torch.Tensor, key: int,
+                   cap: int) -> Optional[int]:
+    """C_nat of flat float32 ``x`` (natural.py defines the rules): the sign plane into
+    ``signs`` (ceil(n/8) bytes) and one exponent code per element into ``codes``
+    (n bytes), from the hash stream keyed by ``key``, output exponents capped at
+    ``cap``. Returns the base exponent, or None when ``x`` holds a NaN or an Inf
+    (the bytes are then garbage).
+
+    One sweep over ``x`` writes each element's output exponent and finds their
+    maximum (the base), a byte-wide sweep turns exponents into codes. An input
+    with a subnormal number takes two general sweeps instead (max, then codes).
+    """
+    lib = _load()
+    n = x.numel()
+    xp, sp, cp = x.data_ptr(), signs.data_ptr(), codes.data_ptr()
+    key &= 0xFFFFFFFF
+    ranges = _ranges(n // 8, n)
+
+    def fast(j0, j1, last):
+        st = (ctypes.c_uint32 * 3)()
+        lib.hp_natural_encode_fast(xp, sp, cp, n, j0, j1, key, cap, int(last), st)
+        return st[0], st[1], st[2]
+
+    parts = _map(fast, ranges)
+    if max(p[0] for p in parts) >= 0x7F800000:
+        return None
+    if min(p[1] for p in parts) >= 0x7FFFFF:  # no subnormal: exponents are exact
+        base = max(p[2] for p in parts)
+        _map(lambda j0, j1, last: lib.hp_natural_rebase(cp, j0 * 8, n if last else j1 * 8,
+                                                        base), ranges)
+        return base
+    emax = max(_map(lambda j0, j1, last: lib.hp_natural_emax(xp, n, j0, j1, key, cap,
+                                                             int(last)), ranges))
+    base = emax if emax > -(1 << 31) else 0
+    _map(lambda j0, j1, last: lib.hp_natural_encode(xp, sp, cp, n, j0, j1, key, base, cap,
+                                                    int(last)), ranges)
+    return base
+
+
+def natural_decode(signs: torch.Tensor, codes: torch.Tensor, out: torch.Tensor, base: int,
+                   mode: str, d: float = 1.0) -> None:
+    """``out = v``, ``out += v`` or ``out = v / d`` (``mode`` "set", "add", "div") for
+    the C_nat values v of a payload, flat float32 ``out``."""
+    lib = _load()
+    n = out.numel()
+    sp, cp, op = signs.data_ptr(), codes.data_ptr(), out.data_ptr()
+    mcode = {"set": 0, "add": 1, "div": 2}[mode]
+    _map(lambda j0, j1, last: lib.hp_natural_decode(sp, cp, op, n, j0, j1, base, mcode, d,
+                                                    int(last)),
          _ranges(n // 8, n))

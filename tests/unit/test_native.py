@@ -216,3 +216,86 @@ def test_cache_dir_defaults_under_home(monkeypatch):
     monkeypatch.delenv("HIPRESS_CACHE_DIR", raising=False)
     assert _native._cache_dir() == (
         Path(os.path.expanduser("~")) / ".cache" / "hipress_like" / "native")
+
+
+# -- natural compression (C_nat) ------------------------------------------------------
+
+def _natural_edge_inputs():
+    """Inputs for each rule of natural.py's module docstring."""
+    f32 = torch.finfo(torch.float32)
+    pw = torch.tensor([2.0 ** k for k in range(-126, 128)])
+    sub = torch.tensor([k * 2.0 ** -149 for k in (1, 2, 3, 5, 1000, 2 ** 23 - 1)])
+    return {
+        "powers": torch.cat([pw, -pw]),
+        "subnormals": torch.cat([sub, -sub, torch.tensor([1.0, -3.5, 0.0, -0.0])]),
+        "below_code_range": torch.cat([sub, torch.tensor([2.0 ** 127, 0.75 * 2.0 ** -127])]),
+        "overflow": torch.tensor([f32.max, -f32.max, 1.5 * 2.0 ** 127, 1.0, 1e-30]),
+        "zeros": torch.zeros(17),
+        "negative_zeros": -torch.zeros(17),
+        "just_above_powers": torch.nextafter(pw, torch.tensor(float("inf"))),
+        "float16": torch.tensor([65504.0, -6e-8, 1e-5, 0.0, 3.0] * 5).half(),
+        "bfloat16": (_grad(1001, 4) * 1e30).bfloat16(),
+    }
+
+
+def _natural_paths(g, seed=1, step=0):
+    """Every natural entry point the engine calls: payload, decode, decode-add, decode-div."""
+    c = C.get("natural")
+    p, _ = c.encode(g, {"seed": seed, "step": step})
+    acc = _grad(g.numel(), 9).to(g.dtype)
+    return {"payload": p, "decode": c.decode(p),
+            "decode_add": c.kernels.decode_add_(p, acc.clone()),
+            "decode_div": c.kernels.decode_div_(p, torch.empty_like(g), 3)}
+
+
+def _as_bits(t):
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(ints[t.element_size()])
+
+
+def _assert_natural_same_bits(a, b, what):
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, (what, k)
+        assert torch.equal(_as_bits(a[k]), _as_bits(b[k])), f"{what}: {k} differs"
+
+
+def _natural_torch_paths(monkeypatch, *args):
+    with monkeypatch.context() as m:
+        m.setenv("HIPRESS_NO_NATIVE", "1")
+        return _natural_paths(*args)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("scale", SCALES)
+def test_natural_native_matches_torch_bit_for_bit(n, scale, monkeypatch):
+    g = _grad(n, 1, scale)
+    _assert_natural_same_bits(_natural_paths(g, 5, 2),
+                              _natural_torch_paths(monkeypatch, g, 5, 2), f"n={n} scale={scale}")
+
+
+@pytest.mark.parametrize("kind", list(_natural_edge_inputs()))
+def test_natural_native_matches_torch_on_edge_inputs(kind, monkeypatch):
+    g = _natural_edge_inputs()[kind]
+    for seed in range(3):
+        _assert_natural_same_bits(_natural_paths(g, seed),
+                                  _natural_torch_paths(monkeypatch, g, seed), f"{kind} seed={seed}")
+
+
+def test_natural_calls_split_over_threads_give_the_same_bits(monkeypatch):
+    monkeypatch.setattr(_native, "PARALLEL_NUMEL", 1024)
+    n = 8 * 50_000 + 5
+    g = _grad(n, 7)
+    g_sub = g.clone()
+    g_sub[123] = 1e-40  # a subnormal: the general two-pass path
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [_natural_paths(g), _natural_paths(g_sub)]
+        torch.set_num_threads(3)
+        assert len(_native._ranges(n // 8, n)) == 3
+        many = [_natural_paths(g), _natural_paths(g_sub)]
+    finally:
+        torch.set_num_threads(threads)
+    for a, b, x in zip(one, many, (g, g_sub)):
+        _assert_natural_same_bits(a, b, "threads")
+        _assert_natural_same_bits(a, _natural_torch_paths(monkeypatch, x), "threads vs torch")
