@@ -26,7 +26,10 @@ Configurations:
                    buckets in flight abort on gloo in torch 2.13)
   hp-<strategy>-<compressor>  hipress_like.torch.DistributedOptimizer, PS or
                    Ring x onebit, terngrad, dgc, powersgd (rank 4, the default),
-                   powersgd1 (rank 1, as the fastest hook) (engine default plan)
+                   powersgd1 (rank 1, as the fastest hook), natural (C_nat
+                   workers, the aggregate re-encoded with the worker's C_nat)
+                   and natural2 (C_nat both ways, compression_back=natural:
+                   Natural Compression Alg. 1) (engine default plan)
   hp-<strategy>-auto          the same with compression="auto", plan="auto": a
                    compressor per gradient (onebit, TernGrad, DGC, PowerSGD or
                    none) chosen from a profile taken when the optimizer is built
@@ -61,7 +64,9 @@ sys.path.insert(0, HERE)  # netem.py
 
 # "powersgd" is the compressor's default rank (4); "powersgd1" is rank 1, the
 # rank of the fastest DDP hook, so the two PowerSGDs are compared like for like.
-HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd", "powersgd1")
+HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd", "powersgd1", "natural", "natural2")
+# rows that send the aggregate back with a master compressor (compression_back)
+BACK = {"natural2": "natural"}
 DDP_CONFIGS = ("ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4")
 # The plan leaves small gradients uncompressed, so momentum must stay in the
 # optimizer for all of them: DGC runs as a sparsifier with its own momentum
@@ -135,11 +140,13 @@ def worker(cfg):
         _, strategy, comp = name.split("-", 2) if name != "hp-none" else ("hp", "ps", "none")
         plan = "auto" if comp == "auto" else None
         params = PARAMS.get(comp, {})
-        comp = {"powersgd1": "powersgd"}.get(comp, comp)
+        back = BACK.get(comp)
+        comp = {"powersgd1": "powersgd", "natural2": "natural"}.get(comp, comp)
         # "auto": the cost model picks a compressor per gradient (or none)
         spec = "auto" if comp == "auto" else hpt.Compression.get(comp, **params)
         opt = hpt.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                       compression=spec, strategy=strategy, plan=plan)
+                                       compression=spec, strategy=strategy, plan=plan,
+                                       compression_back=back)
     else:  # floor: the same compute, no communication at all
         opt = base
     times, losses = [], []

@@ -42,6 +42,9 @@ class DigitsConfig:
     Attributes:
         compressor: registry name ("identity" for no compression).
         params: compressor parameters.
+        compressor_back: a master compressor for the aggregates (bidirectional
+            compression, ``DistributedOptimizer(compression_back=...)``), or None.
+        params_back: its parameters.
         strategy: "ps" or "ring".
         plan: "auto", None, or a plan file path.
         compress_all: ignore the plan's size threshold and compress every
@@ -56,6 +59,8 @@ class DigitsConfig:
 
     compressor: str = "onebit"
     params: Dict[str, Any] = field(default_factory=dict)
+    compressor_back: Optional[str] = None
+    params_back: Dict[str, Any] = field(default_factory=dict)
     strategy: str = "ps"
     plan: Optional[str] = "auto"
     compress_all: bool = False
@@ -142,9 +147,11 @@ def train_digits(ctx: Any, cfg_dict: Dict[str, Any]) -> Dict[str, Any]:
     hpt.broadcast_parameters(model.state_dict(), root_rank=0)
     hpt.broadcast_optimizer_state(opt, root_rank=0)
     compression = hpt.Compression.get(cfg.compressor, **cfg.params)
+    back = (hpt.Compression.get(cfg.compressor_back, **cfg.params_back)
+            if cfg.compressor_back else None)
     opt = hpt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=compression, strategy=cfg.strategy,
-                                   plan=_plan_arg(cfg), seed=cfg.seed)
+                                   plan=_plan_arg(cfg), seed=cfg.seed, compression_back=back)
     # Each rank takes a disjoint shard of every epoch's shuffled order.
     steps = len(xtr) // (cfg.batch_size * size)
     # Cosine decay to zero: the last epochs settle instead of jittering, so runs

@@ -23,9 +23,27 @@ EPOCHS = 10
 PARAMS = {"dgc": (("momentum", 0.0), ("warmup_steps", 22))}
 
 
+# Natural Compression's family (Horvath et al.): C_nat, natural dithering, C_nat after
+# top-k (error feedback wraps the biased composition by default), and C_nat both ways.
+NATURAL = {
+    "natural": dict(compressor="natural"),
+    "natural_dithering": dict(compressor="natural_dithering"),
+    "topk_natural_ef": dict(compressor="compose", params=(
+        ("sparsifier", "topk"), ("sparsifier_params", (("ratio", 0.01),)),
+        ("quantizer", "natural"))),
+    "natural_bidirectional": dict(compressor="natural", compressor_back="natural"),
+}
+
+
+def _thaw(params):
+    return {k: _thaw(v) if isinstance(v, tuple) and v and isinstance(v[0], tuple) else v
+            for k, v in params}
+
+
 @functools.lru_cache(maxsize=None)
-def _accuracy(compressor, strategy="ps"):
-    cfg = DigitsConfig(compressor=compressor, params=dict(PARAMS.get(compressor, ())),
+def _accuracy(compressor, strategy="ps", params=None, compressor_back=None):
+    params = _thaw(params) if params is not None else dict(PARAMS.get(compressor, ()))
+    cfg = DigitsConfig(compressor=compressor, params=params, compressor_back=compressor_back,
                        strategy=strategy, plan=None, epochs=EPOCHS, progress=False)
     res = run_workers(train_digits, 4, args=(asdict(cfg),), timeout=900)
     assert len({r["param_digest"] for r in res}) == 1, "replicas diverged"
@@ -48,3 +66,23 @@ def test_digits_accuracy_powersgd():
 @pytest.mark.parametrize("compressor", ["onebit", "terngrad", "dgc"])
 def test_digits_accuracy(compressor):
     _check(compressor)
+
+
+def _check_natural(case, strategy="ps"):
+    kw = NATURAL[case]
+    base = _accuracy("identity", strategy)
+    acc = _accuracy(kw["compressor"], strategy, kw.get("params", ()),
+                    kw.get("compressor_back"))
+    assert acc >= base - 1.0, f"{case}: {acc:.1f}% vs {base:.1f}% uncompressed"
+
+
+def test_digits_accuracy_natural_both_ways():
+    """C_W = C_M = C_nat (Natural Compression Alg. 1) in the default suite."""
+    _check_natural("natural_bidirectional")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["natural", "natural_dithering", "topk_natural_ef"])
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_digits_accuracy_natural_family(case, strategy):
+    _check_natural(case, strategy)

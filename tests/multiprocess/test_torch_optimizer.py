@@ -82,7 +82,17 @@ def identical_worker(ctx, names):
             out[f"{name}/{strategy}"] = _digest(model)
             assert out[f"{name}/{strategy}"] != init, f"{name}/{strategy}: nothing was learned"
             opt.close()
+    for worker, master in _bidirectional():  # compression_back: the aggregate's own codec
+        for strategy in ("ps", "ring"):
+            model, opt = _build(worker, strategy, compression_back=master)
+            _train(model, opt, ctx.rank, steps=3)
+            out[f"{worker}/{master}/{strategy}"] = _digest(model)
+            opt.close()
     return out
+
+
+def _bidirectional():
+    return [("terngrad", "onebit"), ("natural", "natural")]
 
 
 def exact_average_worker(ctx):
@@ -267,7 +277,7 @@ def test_replicas_bitwise_identical_every_compressor():
     res = run_workers(identical_worker, 3, args=(names,), timeout=300)
     for key in res[0]:
         assert len({r[key] for r in res}) == 1, f"{key}: replicas diverged"
-    assert len(res[0]) == 2 * len(names)
+    assert len(res[0]) == 2 * len(names) + 2 * len(_bidirectional())
 
 
 def test_identity_equals_exact_average():
