@@ -21,13 +21,15 @@ truncated, foreign or wrong-version payload is rejected with a clear error:
 from __future__ import annotations
 
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["HEADER_VERSION", "PayloadError", "Header", "pack_payload", "unpack_payload",
-           "unpack_fields", "check_body_nbytes", "header_nbytes", "FLOAT_DTYPES"]
+__all__ = ["HEADER_VERSION", "PayloadError", "Header", "PayloadPool", "pack_payload",
+           "unpack_payload", "unpack_fields", "check_body_nbytes", "header_nbytes",
+           "FLOAT_DTYPES"]
 
 HEADER_VERSION = 1
 _MAGIC = b"HL"
@@ -64,20 +66,76 @@ def pack_payload(
     extra: bytes,
     body_nbytes: int,
     device: Any = "cpu",
+    pool: Optional["PayloadPool"] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Allocate a payload with its header written; return (payload, body view).
 
     The caller writes the compressed data into the returned body view (a
-    1-D uint8 view of the payload, no copy).
+    1-D uint8 view of the payload, no copy). ``pool``: take the bytes from
+    a ``PayloadPool`` (a buffer no one references any more) instead of a
+    fresh allocation.
     """
     ndim = len(shape)
     extra = extra + b"\0" * (_pad8(len(extra)) - len(extra))  # keep the body 8-byte aligned
     hdr = _FIXED.pack(_MAGIC, HEADER_VERSION, algo_id, _DTYPES[grad_dtype], ndim, len(extra),
                       body_nbytes)
     hdr += struct.pack(f"<{ndim}q", *shape) + extra
-    payload = torch.empty(len(hdr) + body_nbytes, dtype=torch.uint8, device=device)
+    total = len(hdr) + body_nbytes
+    payload = (pool.empty(total, device) if pool is not None
+               else torch.empty(total, dtype=torch.uint8, device=device))
     payload[: len(hdr)] = torch.frombuffer(bytearray(hdr), dtype=torch.uint8).to(device)
     return payload, payload[len(hdr):]
+
+
+def _use_count(t: torch.Tensor) -> Optional[int]:
+    """How many tensors (and other holders) share ``t``'s storage, or None when this
+    torch does not say (a private API: ``torch.multiprocessing`` uses it)."""
+    fn = getattr(torch._C, "_storage_Use_Count", None)
+    if fn is None:
+        return None
+    return int(fn(t.untyped_storage()._cdata))
+
+
+class PayloadPool:
+    """Payload buffers a compressor reuses once nothing references them any more.
+
+    A fresh CPU payload of tens of MB costs a page fault per 4 KB on first
+    touch: on this project's host an 18 MB C_nat payload spent ~10 ms
+    faulting against ~14 ms of encoding (glibc's heap handed out fresh
+    pages on most calls). The pool keeps up to ``keep`` buffers per size
+    and hands out a *view* of one whose storage nothing else holds (the
+    storage's use count is back to what it was when the buffer was made),
+    so a payload still being sent, decoded or held by the caller is never
+    overwritten. CPU only (other devices have caching allocators); where
+    torch does not expose the use count, every call allocates.
+    """
+
+    def __init__(self, keep: int = 4):
+        self.keep = keep
+        self._bufs: Dict[Tuple[int, str], list] = {}
+        self._lock = threading.Lock()
+
+    def empty(self, nbytes: int, device: Any = "cpu") -> torch.Tensor:
+        """A 1-D uint8 tensor of ``nbytes`` bytes (uninitialised) on ``device``."""
+        dev = torch.device(device)
+        if dev.type != "cpu":
+            return torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        with self._lock:
+            bufs = self._bufs.setdefault((nbytes, str(dev)), [])
+            for buf, idle in bufs:
+                if _use_count(buf) == idle:
+                    return buf.view(-1)
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+            idle = _use_count(buf)
+            if idle is not None and len(bufs) < self.keep:
+                bufs.append((buf, idle))
+            return buf.view(-1)
+
+    def __getstate__(self) -> Dict[str, Any]:  # compressors are copied and pickled
+        return {"keep": self.keep}
+
+    def __setstate__(self, d: Dict[str, Any]) -> None:
+        self.__init__(d["keep"])
 
 
 @dataclass(frozen=True)

@@ -459,3 +459,35 @@ def test_dithering_saturates_values_beyond_the_dtype(name, dtype):
     out = _draws(c, g, 30)
     assert bool(torch.isfinite(out).all())
     assert set(out.abs().unique().tolist()) == {0.0, big}
+
+
+def test_payload_pool_never_hands_out_bytes_still_referenced():
+    """Natural reuses idle payload buffers (PayloadPool): a payload the caller
+    still holds, or any view of it, keeps its bytes; a dropped one is reused."""
+    import copy
+    import pickle
+
+    from hipress_like.compressors.payload import PayloadPool, _use_count
+
+    c = C.get("natural")
+    g = torch.randn(4096)
+    st = c.init(g, seed=3)
+    p1, st = c.encode(g, st)
+    keep = p1.clone()
+    p2, st = c.encode(g, st)
+    assert p2.data_ptr() != p1.data_ptr() and torch.equal(p1, keep)
+    body = p1[40:]  # a view alone keeps the buffer busy
+    del p1
+    p3, st = c.encode(g, st)
+    assert p3.data_ptr() not in (body.data_ptr() - 40, p2.data_ptr())
+    if _use_count(p2) is not None:  # this torch tells: idle buffers are reused
+        ptr = p2.data_ptr()
+        del p2
+        p4, st = c.encode(g, st)
+        assert p4.data_ptr() == ptr
+    # copies of a compressor get their own, empty pool
+    for other in (copy.deepcopy(c), pickle.loads(pickle.dumps(c))):
+        assert other._pool is not c._pool and not other._pool._bufs
+    pool = PayloadPool(keep=1)
+    a, b = pool.empty(64), pool.empty(64)
+    assert a.data_ptr() != b.data_ptr()
