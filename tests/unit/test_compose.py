@@ -32,7 +32,8 @@ from hipress_like.compressors.terngrad import TernGrad
 
 SPARSIFIERS = [("topk", {"ratio": 0.1}), ("randomk", {"ratio": 0.1}),
                ("dgc", {"ratio": 0.1}), ("graddrop", {"ratio": 0.1})]
-QUANTIZERS = [("terngrad", {"bitwidth": 2}), ("onebit", {}), ("tbq", {"threshold": 0.5})]
+QUANTIZERS = [("terngrad", {"bitwidth": 2}), ("onebit", {}), ("tbq", {"threshold": 0.5}),
+              ("natural", {})]
 EXTRA = struct.Struct("<QQQ")  # compose's header extra: k, index item size, inner length
 
 
@@ -249,7 +250,8 @@ def test_shared_randomness_of_a_part_is_declared_and_its_seeds_arrive_through_in
 def test_bits_per_kept_value_at_a_million_entries():
     d = 1 << 20
     k = num_selected(0.01, d)
-    for q, params, b in [("terngrad", {"bitwidth": 2}, 2), ("onebit", {}, 1)]:
+    # natural: 9 bits a value, C_nat o top-k (the paper counts 10 + log2(d) = 30 bits here)
+    for q, params, b in [("terngrad", {"bitwidth": 2}, 2), ("onebit", {}, 1), ("natural", {}, 9)]:
         c = compose(("topk", {"ratio": 0.01}), (q, params))
         g = _grad((d,), seed=10)
         payload, _ = c.encode(g, c.init(g))
