@@ -73,6 +73,7 @@ def _check_natural(case, strategy="ps"):
     base = _accuracy("identity", strategy)
     acc = _accuracy(kw["compressor"], strategy, kw.get("params", ()),
                     kw.get("compressor_back"))
+    print(f"digits {case} {strategy}: {acc:.1f}% (uncompressed {base:.1f}%)")
     assert acc >= base - 1.0, f"{case}: {acc:.1f}% vs {base:.1f}% uncompressed"
 
 
