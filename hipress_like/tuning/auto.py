@@ -264,7 +264,8 @@ class AutoPlanner:
             plans = [planners[0].plan(sizes, meta=meta) if len(planners) == 1
                      else plan_per_gradient(planners, sizes, meta=meta)]
             if self.trials and len(planners) > 1 and n > 1:
-                plans += [p.plan(sizes, meta={"auto": "trial"}) for p in planners]
+                plans += [name_entries(p.plan(sizes, meta={"auto": "trial"}))
+                          for p in planners]
             data = json.dumps([p.to_dict() for p in plans]).encode()
         if transport is not None and n > 1:
             data = broadcast_bytes(transport, data, self.timeout)
@@ -301,6 +302,21 @@ class AutoPlanner:
         _log.info("plan='auto' keeps %s (%s)", labels[best],
                   ", ".join(f"{lab} {1e3 * t:.0f} ms" for lab, t in zip(labels, times)))
         return chosen
+
+
+def name_entries(plan: Plan) -> Plan:
+    """``plan`` with every compressing entry naming its compressor (format 2).
+
+    A one-compressor plan leaves its entries unnamed, meaning "the plan's
+    compressor"; an engine whose config names a compressor (the front ends'
+    ``compression="auto"`` starts from onebit until the plan is fixed) would
+    give those entries its own. A candidate's plan kept by the trials must
+    run with the compressor it was timed with, so its entries say it.
+    """
+    grads = {n: (dataclasses.replace(g, compressor=plan.compressor, params=dict(plan.params))
+                 if g.compress and g.compressor is None else g)
+             for n, g in plan.gradients.items()}
+    return dataclasses.replace(plan, gradients=grads)
 
 
 def _check_same_gradients(transport: Any, sizes: Mapping[str, int], timeout: float) -> None:

@@ -523,3 +523,15 @@ def test_planner_prices_a_master_compressor_and_names_it_in_the_plan():
     assert plan.gradients["b"].compressor_back is None or plan.gradients["b"].compress
     with pytest.raises(ProfileError):
         Planner(prof, "q", 4, "ps", back="nope")
+
+
+def test_a_candidates_own_plan_names_its_compressor_in_every_compressing_entry():
+    """A trial-chosen candidate plan must not fall back to the engine's configured
+    compressor (compression="auto" starts from onebit): its entries name it."""
+    from hipress_like.tuning.auto import name_entries
+    plan = Planner(make_profile(), "q", 4, "ps").plan({"big": 64 << 20, "small": 64})
+    assert plan.gradients["big"].compress and plan.gradients["big"].compressor is None
+    named = name_entries(plan)
+    assert named.gradients["big"].compressor == "q"
+    assert named.gradients["small"] == plan.gradients["small"]  # uncompressed stays unnamed
+    assert named.rule == plan.rule and named.compressor == plan.compressor
