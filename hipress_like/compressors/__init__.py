@@ -8,7 +8,7 @@ Algorithms register themselves on import; this package imports them all.
 """
 # Importing the algorithm modules registers them (identity/none, fp16, onebit,
 # tbq, terngrad, topk, randomk, dgc, graddrop, powersgd, ef, natural,
-# natural_dithering, dithering, compose).
+# natural_dithering, dithering, compose, thc).
 from . import (  # noqa: F401
     compose,
     dgc,
@@ -21,6 +21,7 @@ from . import (  # noqa: F401
     sparse,
     tbq,
     terngrad,
+    thc,
 )
 from .base import (
     HEADER_VERSION,
