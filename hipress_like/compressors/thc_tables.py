@@ -30,27 +30,24 @@ table for other (b, g, p) than asked for is an error):
      "objective": <E[SQ variance] of the truncated normal, per coordinate>,
      "solver": "dp-exact-1", "source": "<where (b, g, p) comes from>"}
 
-Shipped tables (``thc_tables/*.json``, solved with this module's CLI):
+Shipped tables (``thc_tables/*.json``, solved with ``thc_tables_cli``):
 
-    python -m hipress_like.compressors.thc_tables solve --bits 4 --granularity 30 \\
+    python -m hipress_like.compressors.thc_tables_cli solve --bits 4 --granularity 30 \\
         --p 1/32 -o hipress_like/compressors/thc_tables/b4_g30_p0.03125.json
-    python -m hipress_like.compressors.thc_tables check FILE
-    python -m hipress_like.compressors.thc_tables list
+    python -m hipress_like.compressors.thc_tables_cli check FILE
+    python -m hipress_like.compressors.thc_tables_cli list
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 __all__ = ["FORMAT", "VERSION", "SOLVER", "TABLE_DIR", "MAX_GRANULARITY", "Table",
            "TableError", "t_p", "interval_cost", "objective", "solve", "from_json",
-           "load", "dump", "file_name", "shipped", "shipped_tables", "main"]
+           "load", "dump", "file_name", "shipped", "shipped_tables"]
 
 FORMAT = "hipress-like/thc-table"
 VERSION = 1
@@ -212,7 +209,7 @@ def from_json(obj: Any, where: str = "table",
     if obj.get("version") != VERSION:
         raise TableError(f"{where}: table format version {obj.get('version')!r} is not "
                          f"supported (this build reads version {VERSION}); re-solve it with "
-                         "`python -m hipress_like.compressors.thc_tables solve`")
+                         "`python -m hipress_like.compressors.thc_tables_cli solve`")
     missing = [k for k in _REQUIRED if k not in obj]
     unknown = sorted(set(obj) - set(_REQUIRED) - set(_OPTIONAL))
     if missing or unknown:
@@ -306,57 +303,5 @@ def shipped(bits: int, granularity: int, p: float) -> Table:
     have = ", ".join(f"(b={b}, g={g}, p={q!r})" for b, g, q in sorted(tables))
     raise TableError(
         f"no shipped THC table for bits={bits}, granularity={granularity}, p={p!r} (shipped: "
-        f"{have}); solve one with `python -m hipress_like.compressors.thc_tables solve "
+        f"{have}); solve one with `python -m hipress_like.compressors.thc_tables_cli solve "
         f"--bits {bits} --granularity {granularity} --p {p!r} -o FILE` and pass table=FILE")
-
-
-def _parse_p(s: str) -> float:
-    try:
-        return float(Fraction(s))
-    except (ValueError, ZeroDivisionError) as e:
-        raise argparse.ArgumentTypeError(f"p must be a number such as 0.03125 or 1/32, "
-                                         f"found {s!r}") from e
-
-
-def main(argv: Optional[Iterable[str]] = None) -> int:
-    """``solve`` a table into a file, ``check`` files, or ``list`` the shipped ones."""
-    ap = argparse.ArgumentParser(prog="python -m hipress_like.compressors.thc_tables",
-                                 description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("solve", help="solve T_{b,g,p} exactly and write it as JSON")
-    s.add_argument("--bits", type=int, required=True)
-    s.add_argument("--granularity", type=int, required=True)
-    s.add_argument("--p", type=_parse_p, required=True, help="e.g. 1/32 or 0.03125")
-    s.add_argument("--source", default="", help="where this (b, g, p) choice comes from")
-    s.add_argument("-o", "--output", required=True)
-    c = sub.add_parser("check", help="validate table files and re-solve each for optimality")
-    c.add_argument("files", nargs="+")
-    sub.add_parser("list", help="list the shipped tables")
-    args = ap.parse_args(list(argv) if argv is not None else None)
-    try:
-        if args.cmd == "solve":
-            t = solve(args.bits, args.granularity, args.p, args.source)
-            dump(t, args.output)
-            print(f"{args.output}: b={t.bits} g={t.granularity} p={t.p!r} "
-                  f"values={list(t.values)} objective={t.objective:.6g}")
-        elif args.cmd == "check":
-            for f in args.files:
-                t = load(f)
-                best = solve(t.bits, t.granularity, t.p)
-                if t.objective > best.objective * (1 + 1e-9) + 1e-15:
-                    raise TableError(f"{f}: objective {t.objective!r} is not optimal "
-                                     f"({best.objective!r} with {list(best.values)})")
-                print(f"{f}: ok (b={t.bits} g={t.granularity} p={t.p!r}, optimal "
-                      f"objective {t.objective:.6g})")
-        else:
-            for (b, g, q), t in sorted(shipped_tables().items()):
-                print(f"b={b} g={g} p={q!r} objective={t.objective:.6g} values="
-                      f"{list(t.values)}  [{t.source}]")
-    except TableError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,6 +9,7 @@ carry ``compressor_back`` per entry, and every setup error names its cause.
 """
 import pytest
 import torch
+from test_engine_inproc import run_engine  # tests/unit is on sys.path (rootdir imports)
 
 import hipress_like.compressors as C
 from hipress_like.casync.engine import Engine, EngineConfig
@@ -31,23 +32,9 @@ def plan_all(comp="identity", k=1, gradients=None):
 
 
 def run(n, plan, strategy="ps", steps=1, **cfg):
-    def body(tr):
-        eng = Engine(tr, EngineConfig(compressor=None, plan=plan, strategy=strategy, timeout=30,
-                                      **cfg))
-        try:
-            gs = grads(tr.rank)
-            eng.register([(k, tuple(v.shape), v.dtype) for k, v in gs.items()])
-            outs = []
-            for _ in range(steps):
-                work = {k: v.clone() for k, v in gs.items()}
-                for k, v in work.items():
-                    eng.submit(k, v)
-                eng.synchronize()
-                outs.append(work)
-            return outs, eng.layout()
-        finally:
-            eng.close()
-    return run_threads(body, n, timeout=120)
+    """Each rank's (outputs per step, layout) (``test_engine_inproc.run_engine``)."""
+    return [(outs, layout) for outs, layout, _ in
+            run_engine(n, plan, strategy, steps=steps, cfg=cfg, grads=grads)]
 
 
 def master_of(x):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hipress_like.compressors as C
-from hipress_like.compressors import thc_tables
+from hipress_like.compressors import thc_tables, thc_tables_cli
 from hipress_like.compressors.base import STEP_SEED
 from hipress_like.compressors.error_feedback import ErrorFeedback
 from hipress_like.compressors.params import ParamError, ParamTypeError
@@ -429,7 +429,7 @@ def test_table_files_are_validated(tmp_path):
     good = thc_tables.shipped(4, 30, 1 / 32).to_json()
     f = tmp_path / "t.json"
     thc_tables.dump(thc_tables.solve(4, 16, 1 / 64), f)
-    assert thc_tables.main(["check", str(f)]) == 0
+    assert thc_tables_cli.main(["check", str(f)]) == 0
     assert THC(granularity=16, p=1 / 64, table=str(f)).values == thc_tables.load(f).values
     with pytest.raises(thc_tables.TableError, match="expected bits=4, granularity=30"):
         THC(table=str(f))  # a table for other parameters
@@ -451,7 +451,7 @@ def test_table_files_are_validated(tmp_path):
                                  objective=thc_tables.objective(
                                      [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 30],
                                      30, 1 / 32))))
-    assert thc_tables.main(["check", str(f)]) == 1  # valid but not optimal
+    assert thc_tables_cli.main(["check", str(f)]) == 1  # valid but not optimal
 
 
 # -- the engine runs both rounds ----------------------------------------------------------
