@@ -40,6 +40,7 @@ __all__ = [
     "sync_params",
     "n_batches",
     "t_sync_orig",
+    "t_sync_homomorphic",
     "t_sync_cpr",
     "t_sync_bidi",
     "bidi_counts",
@@ -307,6 +308,47 @@ def t_sync_bidi(m: float, k: int, n: int, r_w: float, r_m: float, t_send: TimeFn
     comm = aw * t_send(r_w * part) + am * t_send(r_m * part)
     comp = (bw * enc_w(part) + bm * enc_m(part) + gw * dec_w(r_w * part)
             + gm * dec_m(r_m * part))
+    return comm + comp + (n_batches(k, n) - 1) * max(comm, comp)
+
+
+def t_sync_homomorphic(m: float, k: int, n: int, r_up: float, r_down: float, t_send: TimeFn,
+                       t_enc: TimeFn, t_dec: TimeFn, params: SyncParams,
+                       ring: bool = False) -> float:
+    """HiPress Eq. 2 for a quantizer whose payloads the aggregator sums without decoding.
+
+    THC (Sec. 4) sums table values as integers: no decode, merge and
+    re-encode at the aggregator, so the counts are HiPress Table 3's
+    low-rank row (``params``: one encode, one decode), but the sums are
+    wider than the indices (Sec. 6.2: b-bit indices, w-bit sums), so the
+    transfers carrying sums move ``r_down * m / K`` bytes, not
+    ``r_up * m / K``. PS: half of ``alpha`` are pushes of indices, half
+    pulls of sums. Ring (``ring=True``): only the first reduce hop carries
+    indices; every later hop a partial or whole sum. Then
+
+    ``T = a_up*T_send(r_up*m/K) + a_down*T_send(r_down*m/K) + beta*T_enc(m/K)
+    + gamma*T_dec(r_down*m/K)``,
+
+    batches pipelining as in ``t_sync_cpr``. The aggregator's integer sums
+    are not priced, as HiPress leaves out low-rank merges. With
+    ``r_up == r_down`` this is ``t_sync_cpr`` with the same ``params``.
+
+    Example:
+        >>> p = sync_params("ring", "lowrank")
+        >>> lin = lambda a, b: (lambda x: a + b * x)
+        >>> f = lin(0, 1e-9)  # hops: 1 MB of indices (2 ms), 5 x 2 MB of sums (3 ms each),
+        >>> # then one 8 MB encode (8 ms) and one 2 MB decode (2 ms)
+        >>> round(t_sync_homomorphic(8e6, 1, 4, 1 / 8, 1 / 4, lin(1e-3, 1e-9), f, f, p,
+        ...                          ring=True), 6)
+        0.027
+    """
+    _check_kn(k, n)
+    if not (r_up > 0 and r_down > 0):
+        raise ValueError(f"compression rates must be > 0, found {r_up!r} and {r_down!r}")
+    a, b, g = params.values(n, min(k, n))
+    a_up = min(a, 1) if ring else (a + 1) // 2
+    part = m / k
+    comm = a_up * t_send(r_up * part) + (a - a_up) * t_send(r_down * part)
+    comp = b * t_enc(part) + g * t_dec(r_down * part)
     return comm + comp + (n_batches(k, n) - 1) * max(comm, comp)
 
 

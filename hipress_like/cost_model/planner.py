@@ -44,6 +44,7 @@ from .model import (
     sync_params,
     t_sync_bidi,
     t_sync_cpr,
+    t_sync_homomorphic,
     t_sync_orig,
 )
 from .plan import STRATEGIES, GradientPlan, Plan, SizeRule
@@ -222,7 +223,13 @@ class Planner:
         self.n = n
         self.strategy = strategy
         self.model_strategy = model_strategy or ENGINE_TO_MODEL[strategy]
-        self.params: SyncParams = sync_params(self.model_strategy, self.cp.category)
+        # A quantizer whose payloads sum without decoding (THC Sec. 4) is priced by
+        # Table 3's low-rank counts (no decode-merge-encode at the aggregator), its
+        # widened sums on the way back (``model.t_sync_homomorphic``).
+        self.homomorphic = self.cp.aggregatable and self.cp.category not in ("lowrank", "none")
+        self.params: SyncParams = sync_params(
+            self.model_strategy, "lowrank" if self.homomorphic else self.cp.category)
+        self._merged_nbytes: Optional[Callable[[int, int], int]] = None
         if partitions is not None:
             ks = sorted(set(partitions))
             if not ks or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in ks):
@@ -286,9 +293,25 @@ class Planner:
             mb = self.back
             return t_sync_bidi(m, k, self.n, self.cp.rate(m / k), mb.rate(m / k), self.link(k),
                                self.cp.encode, self.cp.decode, mb.encode, mb.decode,
-                               self.params, self.cp.category in ("lowrank", "none"))
+                               self.params, self.cp.aggregatable)
+        if self.homomorphic and self.n > 1:
+            return t_sync_homomorphic(m, k, self.n, self.cp.rate(m / k),
+                                      self.merged_rate(m / k), self.link(k), self.cp.encode,
+                                      self.cp.decode, self.params, self.model_strategy == "ring")
         return t_sync_cpr(m, k, self.n, self.cp.rate(m / k), self.link(k),
                           self.cp.encode, self.cp.decode, self.params)
+
+    def merged_rate(self, nbytes: float) -> float:
+        """Bytes of the merged payload of N ranks per input byte, for an ``nbytes``
+        partition: the compressor's own ``kernels.merged_nbytes`` (THC's sums are
+        w/b times its indices, THC Sec. 6.2); the payload rate when merges keep the size."""
+        if self._merged_nbytes is None:
+            from .. import compressors  # the layer below: builds the profiled compressor
+
+            self._merged_nbytes = compressors.get(self.cp.name, **dict(self.cp.params)
+                                                  ).kernels.merged_nbytes
+        payload = max(1, int(round(self.cp.payload_bytes(nbytes))))
+        return self._merged_nbytes(payload, self.n) / nbytes
 
     def t_cpr(self, m: float, k: int) -> float:
         """Compressed synchronisation time: Eq. 2 plus the engine's cost beyond it (seconds).

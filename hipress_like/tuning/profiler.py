@@ -128,20 +128,22 @@ def profile_compressor(
         raise ValueError("no size to profile fits in memory")
     gen = torch.Generator().manual_seed(0)
     enc_t, dec_t, pay = [], [], []
+    encode, decode, sent = _codec(c)
     for nbytes in _iterate(sizes, progress, f"{name} encode/decode"):
         grad = torch.randn(max(1, nbytes // 4), generator=gen)
         out = torch.empty_like(grad)
-        state = c.init(grad)
+        state = c.init(grad, world_size=1)
         if barrier:
             barrier()
         # as the engine runs them: it has scanned the gradient for NaN/Inf already
         # (assume_finite), and it decodes into existing buffers (out=), never into a
         # fresh tensor, whose page faults cost several memory copies here
         with assume_finite():
-            enc_t.append(_time(lambda g=grad, s=state: c.encode(g, s), repeats, min_time))
-            payload, _ = c.encode(grad, state)
-        pay.append(int(payload.numel()))
-        dec_t.append(_time(lambda p=payload, o=out: c.decode(p, out=o), repeats, min_time))
+            enc_t.append(_time(lambda g=grad, s=state: encode(g, s), repeats, min_time))
+            payload, _ = encode(grad, state)
+        pay.append(sent(payload))
+        dec_t.append(_time(lambda p=payload, g=grad, s=state, o=out: decode(p, g, s, o),
+                           repeats, min_time))
         del grad, payload, out
     ratio, header = _fit_payload(sizes, pay)
     enc_t, dec_t = monotone(enc_t), monotone(dec_t)
@@ -150,6 +152,43 @@ def profile_compressor(
         aggregatable=c.capabilities.aggregatable, ratio=ratio, header_bytes=header,
         error_feedback=bool(error_feedback), encode=Curve(tuple(sizes), tuple(enc_t)),
         decode=_curve_by_payload(pay, dec_t))
+
+
+def _codec(c: Any) -> Tuple[Callable[..., Any], Callable[..., Any], Callable[..., int]]:
+    """(encode(grad, state), decode(payload, grad, state, out), sent(payload)): ``c`` as
+    the engine runs it, and the bytes a rank sends for it.
+
+    A single-round compressor: ``encode`` and ``decode(out=)``. A compressor
+    with several rounds (PowerSGD's P and Q, THC's range then indices) runs
+    them all, each round's aggregate being this rank's own payload merged
+    by the round's reduction (a world of one), and decodes with
+    ``decode_rounds``: its encode curve holds every round's encode, its
+    bytes every round's payload (PowerSGD's P and Q; THC's few bytes of
+    range per block and its indices), and its decode curve the work after
+    the last merge.
+    """
+    rounds = c.capabilities.rounds
+    if rounds == 1:
+        return ((lambda g, s: c.encode(g, s)), (lambda p, g, s, o: c.decode(p, out=o)),
+                lambda p: int(p.numel()))
+
+    last: List[Any] = [None, 0]  # the last encode's state (its decode needs it) and bytes
+
+    def encode(grad: torch.Tensor, state: Any) -> Tuple[torch.Tensor, Any]:
+        agg, total = None, 0
+        for r in range(rounds):
+            payload, state = c.encode_round(r, grad, state, agg)
+            total += int(payload.numel())
+            if r < rounds - 1:
+                agg = c.merge_round(r, [payload])
+        last[0], last[1] = state, total
+        return payload, state
+
+    def decode(payload: torch.Tensor, grad: torch.Tensor, state: Any, out: torch.Tensor):
+        return c.decode_rounds(grad, last[0], c.merge_round(rounds - 1, [payload]), out=out,
+                               average=True)
+
+    return encode, decode, lambda p: last[1]
 
 
 def monotone(times: Sequence[float]) -> List[float]:

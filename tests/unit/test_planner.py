@@ -535,3 +535,47 @@ def test_a_candidates_own_plan_names_its_compressor_in_every_compressing_entry()
     assert named.gradients["big"].compressor == "q"
     assert named.gradients["small"] == plan.gradients["small"]  # uncompressed stays unnamed
     assert named.rule == plan.rule and named.compressor == plan.compressor
+
+
+def _thc_profile(n_link=1.25e8):
+    pts = [float(4 << e) for e in range(10, 30, 2)]
+    cp = CompressorProfile(name="thc", category="quantization", aggregatable=True,
+                           ratio=1 / 8, header_bytes=96, encode=Curve.linear(2e-5, 1e-9, pts),
+                           decode=Curve.linear(1e-5, 5e-10, pts))
+    return Profile(link=Link(latency=1e-4, bandwidth=n_link), compressors={"thc": cp})
+
+
+@pytest.mark.parametrize("strategy, model", [("ps", "ps-colocated"), ("ring", "ring")])
+def test_thc_priced_as_aggregatable_with_widened_sums(strategy, model):
+    """THC sums without decoding: Table 3's low-rank counts (one encode, one decode), with
+    the merged sums' bytes from THC's own merged_nbytes on the way back (THC Sec. 4, 6.2:
+    4 ranks x g=30 fit 8 bits, so sums are twice the 4-bit indices)."""
+    from hipress_like.cost_model.model import t_sync_homomorphic
+
+    prof = _thc_profile()
+    pl = Planner(prof, "thc", 4, strategy, k_tolerance=0.0, raw_collective=False)
+    assert pl.homomorphic and pl.params == sync_params(model, "lowrank")
+    cp, m = prof.compressor("thc"), 64 << 20
+    for k in (1, 3, 8):
+        part = m / k
+        down = pl.merged_rate(part)
+        assert down == pytest.approx(2 * cp.rate(part), rel=1e-3)
+        want = t_sync_homomorphic(m, k, 4, cp.rate(part), down, prof.link, cp.encode,
+                                  cp.decode, sync_params(model, "lowrank"), model == "ring")
+        assert pl.eq2(m, k) == pytest.approx(want)
+    # where the work, not the link, dominates (100 Gbit/s), no decode-merge-encode at the
+    # aggregator is cheaper than pricing THC as a quantizer of the same rate; on a slow
+    # link its wider sums cost more bytes than that saves, and the model says so
+    fast = _thc_profile(1.25e10)
+    pf = Planner(fast, "thc", 4, strategy, k_tolerance=0.0, raw_collective=False)
+    quant = t_sync_cpr(m, 1, 4, cp.rate(m), fast.link, cp.encode, cp.decode,
+                       sync_params(model, "quantization"))
+    assert pf.eq2(m, 1) < quant
+
+
+def test_thc_merged_rate_follows_world_size():
+    """Sec. 6.2: 8 ranks x g=30 = 240 still fit 8 bits; 16 ranks need 16-bit sums."""
+    prof = _thc_profile()
+    r8 = Planner(prof, "thc", 8, "ps").merged_rate(1 << 20)
+    r16 = Planner(prof, "thc", 16, "ps").merged_rate(1 << 20)
+    assert r16 == pytest.approx(2 * r8, rel=1e-3)
