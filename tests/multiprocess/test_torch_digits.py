@@ -87,3 +87,15 @@ def test_digits_accuracy_natural_both_ways():
 @pytest.mark.parametrize("strategy", ["ps", "ring"])
 def test_digits_accuracy_natural_family(case, strategy):
     _check_natural(case, strategy)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_digits_accuracy_thc(strategy):
+    """THC at 4 bits with its Sec. 8 defaults (T_{4,30,1/32}, the randomized Hadamard
+    transform, error feedback around the biased clamp: Alg. 3 l. 22), PS and Ring:
+    within 1 point of uncompressed, replicas identical (THC issue, Must hold 2)."""
+    base = _accuracy("identity", strategy)
+    acc = _accuracy("thc", strategy)
+    print(f"digits thc {strategy}: {acc:.1f}% (uncompressed {base:.1f}%)")
+    assert acc >= base - 1.0, f"thc {strategy}: {acc:.1f}% vs {base:.1f}% uncompressed"
