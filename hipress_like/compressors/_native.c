@@ -477,3 +477,78 @@ void hp_natural_decode(const uint8_t *signs, const uint8_t *codes, float *out, i
         for (int64_t k = 0; k < t; ++k)
             hp_nat_dec(signs + m, codes + 8 * m + k, out + 8 * m + k, 1, (int)k, base, mode, d);
 }
+
+/* ------------------------------------------------------------------------
+ * THC's randomized Hadamard transform (thc.py, THC Sec. 5.1), per block of
+ * B = 2^logb floats, in the L1 cache:
+ *
+ *   forward  y_j = H (D (x_j * s_j)): D_ii = -1 iff the top bit of
+ *            fmix32((uint32)(first + i) ^ key) is set (thc._rademacher),
+ *            then the unnormalised Walsh-Hadamard butterflies.
+ *   fwht     y_j = H y_j in place (the decode's inverse, on exact integers).
+ *
+ * The butterflies are the radix-2 stages h = 1, 2, 4, ..., B/2 in that order,
+ * each (a, b) -> (a + b, a - b): the same operations, in the same order, as
+ * thc._fwht_rows' butterfly path, so the floats are identical to it. The
+ * first three stages run on eight values in registers; the rest are plain
+ * loops over contiguous runs, which the compiler vectorises.
+ * ------------------------------------------------------------------------ */
+
+static inline void hp_fwht8(float *v) {
+    float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
+    float a4 = v[4] + v[5], a5 = v[4] - v[5], a6 = v[6] + v[7], a7 = v[6] - v[7];
+    float b0 = a0 + a2, b2 = a0 - a2, b1 = a1 + a3, b3 = a1 - a3;
+    float b4 = a4 + a6, b6 = a4 - a6, b5 = a5 + a7, b7 = a5 - a7;
+    v[0] = b0 + b4; v[4] = b0 - b4; v[1] = b1 + b5; v[5] = b1 - b5;
+    v[2] = b2 + b6; v[6] = b2 - b6; v[3] = b3 + b7; v[7] = b3 - b7;
+}
+
+static void hp_fwht_block(float *restrict y, int64_t size) {
+    int64_t h, i, j;
+    if (size < 8) {
+        for (h = 1; h < size; h *= 2)
+            for (i = 0; i < size; i += 2 * h)
+                for (j = i; j < i + h; j++) {
+                    float a = y[j], b = y[j + h];
+                    y[j] = a + b;
+                    y[j + h] = a - b;
+                }
+        return;
+    }
+    for (i = 0; i < size; i += 8)
+        hp_fwht8(y + i);
+    for (h = 8; h < size; h *= 2)
+        for (i = 0; i < size; i += 2 * h) {
+            float *restrict p = y + i, *restrict q = y + i + h;
+            for (j = 0; j < h; j++) {
+                float a = p[j], b = q[j];
+                p[j] = a + b;
+                q[j] = a - b;
+            }
+        }
+}
+
+/* Rows [r0, r1) of B = size floats: y = H D (x * scale[row]), elements
+ * numbered from first (D's counter). */
+void hp_thc_rht(const float *restrict x, float *restrict y, int64_t size,
+                const float *restrict scale, uint32_t key, int64_t first, int64_t r0,
+                int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = x + r * size;
+        float *yr = y + r * size;
+        const float s = scale[r];
+        const uint32_t base = (uint32_t)(first + r * size);
+        for (int64_t i = 0; i < size; i++) {
+            const float v = xr[i] * s;
+            const uint32_t neg = hp_fmix32((base + (uint32_t)i) ^ key) >> 31;
+            yr[i] = neg ? -v : v;
+        }
+        hp_fwht_block(yr, size);
+    }
+}
+
+/* Rows [r0, r1) of B = size floats: y = H y in place. */
+void hp_thc_fwht(float *y, int64_t size, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++)
+        hp_fwht_block(y + r * size, size);
+}

@@ -1,5 +1,5 @@
 """Native CPU loops for onebit, the compressor on the PS fast path (HiPress Sec. 6.2),
-and for natural compression C_nat (natural.py).
+for natural compression C_nat (natural.py) and THC's Hadamard transform (thc.py).
 
 Idea: CompLL's point (HiPress Sec. 4.3) is that an encoder must run at
 memory speed or it eats the time compression saves. ``torch.compile``
@@ -14,6 +14,10 @@ written once in C (``_native.c``), built with the system C compiler on first
 use, and called through ``ctypes``, which releases the GIL for the length of
 the call (the engine's other threads keep running, as with inductor's
 ``cpp_wrapper``).
+
+THC's transform is another loop of that kind: per block of 4096 floats, a
+hash per element (the signs D) and twelve butterfly stages, all in the L1
+cache, where torch makes a pass over memory per factor.
 
 Contract: same bytes and floats as the torch kernels, for every input
 (``_native.c`` says how; ``tests/unit/test_native.py`` checks it against the
@@ -53,7 +57,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 __all__ = ["available", "natural_decode", "natural_encode", "onebit_pack",
-           "onebit_sums", "onebit_unpack", "onebit_unpack_add_many", "sums_scale_ok", "usable"]
+           "onebit_sums", "onebit_unpack", "onebit_unpack_add_many", "sums_scale_ok",
+           "thc_fwht", "thc_rht", "usable"]
 
 _log = logging.getLogger(__name__)
 
@@ -180,6 +185,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hp_natural_encode.restype = None
     lib.hp_natural_decode.argtypes = [p, p, p, i64, i64, i64, i32, i32, f32, i32]
     lib.hp_natural_decode.restype = None
+    lib.hp_thc_rht.argtypes = [p, p, i64, p, u32, i64, i64, i64]
+    lib.hp_thc_rht.restype = None
+    lib.hp_thc_fwht.argtypes = [p, i64, i64, i64]
+    lib.hp_thc_fwht.restype = None
     return lib
 
 
@@ -357,3 +366,34 @@ def natural_decode(signs: torch.Tensor, codes: torch.Tensor, out: torch.Tensor, 
     _map(lambda j0, j1, last: lib.hp_natural_decode(sp, cp, op, n, j0, j1, base, mcode, d,
                                                     int(last)),
          _ranges(n // 8, n))
+
+
+# ---------------------------------------------------------------- THC
+
+def _rows(rows: int, size: int) -> List[Tuple[int, int]]:
+    """Row ranges [r0, r1), one per thread when the rows are many."""
+    threads = torch.get_num_threads() if rows * size >= PARALLEL_NUMEL else 1
+    threads = max(1, min(threads, rows))
+    step = -(-rows // threads)
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)] or [(0, 0)]
+
+
+def thc_rht(x: torch.Tensor, y: torch.Tensor, size: int, scale: torch.Tensor, key: int,
+            first: int) -> None:
+    """``y = H D (x * scale[row])`` per row of ``size`` floats (THC Sec. 5.1), unnormalised:
+    flat float32 ``x`` and ``y`` of rows * size elements, float32 ``scale`` per row, D's
+    signs from ``key`` with elements numbered from ``first`` (``thc_kernels._rademacher``). The
+    floats equal ``thc_kernels._fwht_rows``' butterfly path."""
+    lib = _load()
+    rows = x.numel() // size
+    xp, yp, sp = x.data_ptr(), y.data_ptr(), scale.data_ptr()
+    key &= 0xFFFFFFFF
+    _map(lambda r0, r1, last: lib.hp_thc_rht(xp, yp, size, sp, key, first, r0, r1),
+         _rows(rows, size))
+
+
+def thc_fwht(y: torch.Tensor, size: int) -> None:
+    """``y = H y`` in place per row of ``size`` floats (flat float32), unnormalised."""
+    lib = _load()
+    yp = y.data_ptr()
+    _map(lambda r0, r1, last: lib.hp_thc_fwht(yp, size, r0, r1), _rows(y.numel() // size, size))

@@ -47,3 +47,27 @@ def test_multi_round_compressors_over_gloo(comp, strategy, k, raw):
                     assert torch.equal(v, ref[r][0][step][name]), (name, step)
                 else:
                     torch.testing.assert_close(v, ref[r][0][step][name], rtol=0, atol=1e-5)
+
+
+def _thc_worker(ctx, strategy, k):
+    from hipress_like.compressors.thc import THC
+
+    outs, layout, _ = run_rounds(ctx.transport, THC(), strategy, k, 2, False)
+    return outs, layout
+
+
+@pytest.mark.parametrize("strategy,k", [("ps", 2)])
+def test_thc_over_gloo_gives_the_in_process_bits(strategy, k):
+    """THC's range round (max) and integer sums cross real processes: every rank holds
+    the bytes the in-process run computes (its merges are exact integers)."""
+    from hipress_like.compressors.thc import THC
+
+    n = 3
+    got = run_workers(_thc_worker, n, args=(strategy, k), timeout=180)
+    ref = run_threads(lambda tr: run_rounds(tr, THC(), strategy, k, 2, False), n, timeout=120)
+    for r in range(n):
+        assert got[r][1] == ref[r][1]
+        for step in range(2):
+            for name, v in got[r][0][step].items():
+                assert torch.equal(v, got[0][0][step][name])
+                assert torch.equal(v, ref[r][0][step][name]), (name, step)
