@@ -45,6 +45,7 @@ COMPRESSORS = {
     "powersgd": ("powersgd", {"rank": 4}),
     "natural": ("natural", {}),  # C_nat workers; the aggregate re-encoded by C_nat
     "natural2": ("natural", {}),  # C_nat both ways (Natural Compression Alg. 1)
+    "thc": ("thc", {}),  # 4 bits, T_{4,30,1/32}, the transform; sums merge as integers
 }
 # configurations whose aggregates go back by a master compressor (compression_back)
 BACK = {"natural2": ("natural", {})}
@@ -243,6 +244,10 @@ def _goals(rows):
     v = get("1gbit", "vgg19", "ps+onebit")
     if v is not None:
         out.append(("1 Gbit/s, vgg19: ps+onebit / allreduce", v, "<= 0.15", v <= 0.15))
+    thc, one = get("1gbit", "vgg19", "ps+thc"), get("1gbit", "vgg19", "ps+onebit")
+    if thc is not None and one is not None:  # THC issue: within 1.2x of PS + onebit
+        out.append(("1 Gbit/s, vgg19: ps+thc / ps+onebit", thc / one, "<= 1.2",
+                    thc / one <= 1.2))
     nat = get("1gbit", "vgg19", "ps+natural2")
     for other in ("onebit", "terngrad"):  # reported, no goal: C_nat sends 9 bits a value
         v = get("1gbit", "vgg19", f"ps+{other}")

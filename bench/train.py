@@ -64,7 +64,8 @@ sys.path.insert(0, HERE)  # netem.py
 
 # "powersgd" is the compressor's default rank (4); "powersgd1" is rank 1, the
 # rank of the fastest DDP hook, so the two PowerSGDs are compared like for like.
-HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd", "powersgd1", "natural", "natural2")
+HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd", "powersgd1", "natural", "natural2",
+                  "thc")
 # rows that send the aggregate back with a master compressor (compression_back)
 BACK = {"natural2": "natural"}
 DDP_CONFIGS = ("ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4")

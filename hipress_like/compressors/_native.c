@@ -552,3 +552,77 @@ void hp_thc_fwht(float *y, int64_t size, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++)
         hp_fwht_block(y + r * size, size);
 }
+
+/* ------------------------------------------------------------------------
+ * THC's aggregator (thc.py merge_round(1)) for 4-bit indices summed into
+ * 8-bit lanes, the common case (b = 4, N g <= 255): out = sum_i T[z_i],
+ * plus partial sums of width 8. Index word j holds fields k = 0..7 (bits
+ * 4k..4k+3); the sum has two arrays of m words, array a's word j holding
+ * fields 4a..4a+3 in its bytes. With AVX2 a 16-entry byte table is one
+ * vpshufb: per 32 bytes of indices (64 values) two lookups, two unpacks
+ * (which put array 0's and array 1's words side by side), byte adds (no
+ * lane carries: every sum is at most 255), and one shuffle at the end that
+ * separates the arrays. Words past the last multiple of 8 run in scalar.
+ * ------------------------------------------------------------------------ */
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+static inline void hp_thc_merge_word(const uint32_t *const *idx, int nidx,
+                                     const uint32_t *const *sums, int nsum,
+                                     const uint8_t *T, uint32_t *out, int64_t m, int64_t j) {
+    uint32_t a0 = 0, a1 = 0;
+    for (int i = 0; i < nidx; i++) {
+        const uint32_t v = idx[i][j];
+        for (int k = 0; k < 4; k++) {
+            a0 += (uint32_t)T[(v >> (4 * k)) & 15u] << (8 * k);
+            a1 += (uint32_t)T[(v >> (4 * k + 16)) & 15u] << (8 * k);
+        }
+    }
+    for (int i = 0; i < nsum; i++) {
+        a0 += sums[i][j];
+        a1 += sums[i][m + j];
+    }
+    out[j] = a0;
+    out[m + j] = a1;
+}
+
+/* Words [j0, j1) of the two output arrays. Returns 1 (AVX2) or 0 (scalar). */
+int hp_thc_merge_b4w8(const uint32_t *const *idx, int nidx, const uint32_t *const *sums,
+                      int nsum, const uint8_t *T, uint32_t *out, int64_t m, int64_t j0,
+                      int64_t j1) {
+    int64_t j = j0;
+#if defined(__AVX2__)
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)T));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (; j + 8 <= j1; j += 8) {
+        __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+        for (int i = 0; i < nidx; i++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(idx[i] + j));
+            const __m256i tlo = _mm256_shuffle_epi8(tab, _mm256_and_si256(v, low));
+            const __m256i thi = _mm256_shuffle_epi8(
+                tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+            /* per 128-bit lane: words (w0 a0, w0 a1, w1 a0, w1 a1) and (w2 ..., w3 ...) */
+            acc0 = _mm256_add_epi8(acc0, _mm256_unpacklo_epi8(tlo, thi));
+            acc1 = _mm256_add_epi8(acc1, _mm256_unpackhi_epi8(tlo, thi));
+        }
+        __m256i r0 = _mm256_castps_si256(_mm256_shuffle_ps(
+            _mm256_castsi256_ps(acc0), _mm256_castsi256_ps(acc1), _MM_SHUFFLE(2, 0, 2, 0)));
+        __m256i r1 = _mm256_castps_si256(_mm256_shuffle_ps(
+            _mm256_castsi256_ps(acc0), _mm256_castsi256_ps(acc1), _MM_SHUFFLE(3, 1, 3, 1)));
+        for (int i = 0; i < nsum; i++) {
+            r0 = _mm256_add_epi8(r0, _mm256_loadu_si256((const __m256i *)(sums[i] + j)));
+            r1 = _mm256_add_epi8(r1, _mm256_loadu_si256((const __m256i *)(sums[i] + m + j)));
+        }
+        _mm256_storeu_si256((__m256i *)(out + j), r0);
+        _mm256_storeu_si256((__m256i *)(out + m + j), r1);
+    }
+#endif
+    for (; j < j1; j++)
+        hp_thc_merge_word(idx, nidx, sums, nsum, T, out, m, j);
+#if defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}

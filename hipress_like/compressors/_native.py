@@ -58,7 +58,7 @@ import torch
 
 __all__ = ["available", "natural_decode", "natural_encode", "onebit_pack",
            "onebit_sums", "onebit_unpack", "onebit_unpack_add_many", "sums_scale_ok",
-           "thc_fwht", "thc_rht", "usable"]
+           "thc_fwht", "thc_merge_b4w8", "thc_rht", "usable"]
 
 _log = logging.getLogger(__name__)
 
@@ -189,6 +189,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hp_thc_rht.restype = None
     lib.hp_thc_fwht.argtypes = [p, i64, i64, i64]
     lib.hp_thc_fwht.restype = None
+    lib.hp_thc_merge_b4w8.argtypes = [p, i32, p, i32, p, p, i64, i64, i64]
+    lib.hp_thc_merge_b4w8.restype = i32
     return lib
 
 
@@ -397,3 +399,21 @@ def thc_fwht(y: torch.Tensor, size: int) -> None:
     lib = _load()
     yp = y.data_ptr()
     _map(lambda r0, r1, last: lib.hp_thc_fwht(yp, size, r0, r1), _rows(y.numel() // size, size))
+
+
+def thc_merge_b4w8(indices: Sequence[torch.Tensor], sums: Sequence[torch.Tensor],
+                   table: torch.Tensor, out: torch.Tensor, m: int) -> None:
+    """THC's round-1 merge for 4-bit indices into 8-bit sums (thc.py ``merge_round``):
+    ``out`` (two arrays of ``m`` int32 words) = sum over ``indices`` (m words each) of
+    ``table[z]`` per field, plus ``sums`` (two arrays of m words each, width 8). Every
+    sum must fit 8 bits (the caller checked N g <= 255); ``table`` is 16 uint8 values."""
+    lib = _load()
+    ip = (ctypes.c_void_p * max(1, len(indices)))(*[t.data_ptr() for t in indices])
+    sp = (ctypes.c_void_p * max(1, len(sums)))(*[t.data_ptr() for t in sums])
+    tp, op = table.data_ptr(), out.data_ptr()
+    ni, ns = len(indices), len(sums)
+    threads = torch.get_num_threads() if m * 8 >= PARALLEL_NUMEL else 1
+    step = -(-m // max(1, threads))
+    step += -step % 8  # whole vectors of words per thread
+    ranges = [(j, min(m, j + step)) for j in range(0, m, step)] or [(0, 0)]
+    _map(lambda j0, j1, last: lib.hp_thc_merge_b4w8(ip, ni, sp, ns, tp, op, m, j0, j1), ranges)

@@ -78,7 +78,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import thc_tables
+from . import _native, thc_tables
 from ._fused import Kernel, compute_dtype
 from ._fused import minmax as _fused_minmax
 from .base import (
@@ -241,6 +241,9 @@ class THC(Compressor):
         self.crc = zlib.crc32(struct.pack(f"<BI{len(values)}I", self.bits, self.granularity,
                                           *values))
         self._phi, self._tz = _hinges(values)
+        # the table as 16 bytes for the native 4-bit merge (its sums are 8-bit: g <= 255)
+        self._tab8 = (torch.tensor(values, dtype=torch.uint8)
+                      if self.bits == 4 and max(values) <= 255 else None)
         if not transform:  # [min, max] is the true range: no clamping, unbiased SQ
             self.capabilities = Capabilities(
                 "quantization", aggregatable=True, rounds=2, round_reductions=("max", "sum"),
@@ -450,6 +453,15 @@ class THC(Compressor):
         lanes = 32 // width
         spec = (kinds_w, self.bits, width, self._tz)
         arrays = lay.planes // lanes
+        # 4-bit indices into 8-bit sums (N g <= 255) on the CPU: one table lookup per
+        # 16 values (``_native.thc_merge_b4w8``); the tail word stays on the kernel below
+        native = (lay.m > 0 and self.bits == 4 and width == 8 and self._tab8 is not None
+                  and all(k in (0, 8) for k in kinds_w)
+                  and _native.usable(body, *[p.body for p in ps]))
+        if native:
+            _native.thc_merge_b4w8([w[: lay.m] for k, w in zip(kinds_w, words) if not k],
+                                   [w for k, w in zip(kinds_w, words) if k], self._tab8, dst,
+                                   lay.m)
         for h in range(arrays):  # output array h: fields h * lanes + l of the index words
             k0 = h * lanes
             args = []
@@ -459,7 +471,7 @@ class THC(Compressor):
                 bits_per = kind or self.bits
                 args.append((w, arr, torch.tensor(bits_per * (k0 % in_lanes), dtype=torch.int32,
                                                   device=dev)))
-            if lay.m:
+            if lay.m and not native:
                 _K_MERGE(dst[h * lay.m: (h + 1) * lay.m],
                          *[t for w, arr, sh in args for t in (w[arr * lay.m: (arr + 1) * lay.m],
                                                                sh)],

@@ -81,3 +81,27 @@ def test_encode_differs_from_torch_only_by_float_rounding(monkeypatch):
     b = _rounds(c, grads)[1]
     sa, sb = a[-4 * (n // 8):].view(torch.uint8), b[-4 * (n // 8):].view(torch.uint8)
     assert (sa != sb).float().mean().item() < 1e-3
+
+
+@pytest.mark.parametrize("n", [64, 8 * 37 + 5, 3 * thc.BLOCK + 2570])
+@pytest.mark.parametrize("table", [None, "uniform"])
+def test_native_merge_gives_the_kernels_bytes(n, table, monkeypatch):
+    """4-bit indices into 8-bit sums through the C lookup (vector words, scalar words past
+    the last multiple of 8, the kernel's tail word): the bytes of the torch kernels, for a
+    PS aggregator's N index payloads and for Ring's [partial sum, indices] hops."""
+    gen = torch.Generator().manual_seed(n)
+    grads = [torch.randn(n, generator=gen) for _ in range(4)]
+    c = thc.THC(table=table) if table else thc.THC()
+    enc, _ = _rounds(c, grads)
+    idx = [p for p, _ in enc]
+
+    def merges():
+        ps = c.merge_round(1, idx)
+        ring = c.merge_round(1, [c.merge_round(1, [c.merge_round(1, idx[:2]), idx[2]]), idx[3]])
+        return ps, ring
+
+    native = merges()
+    monkeypatch.setenv("HIPRESS_NO_NATIVE", "1")
+    for a, b in zip(native, merges()):
+        assert torch.equal(a, b)
+    assert torch.equal(native[0], native[1])  # any grouping, the same exact sums
