@@ -40,8 +40,8 @@ costs as much as a matmul with rank 4). The state keeps ``e`` as
 ``state["error"] - state["error_p"] @ state["q"]^T``: decode leaves M in the
 error buffer and records ``P^``; the next round 0 subtracts ``P^ Q^T`` while
 it forms ``M = grad + e`` and computes ``P = M Q`` in the same sweep
-(``_fused.powersgd_form_m``), and decode writes ``P^ Q^T`` with one write
-of ``out`` (``_fused.powersgd_lowrank``). Per step the matrix is swept by
+(``_fused_lowrank.powersgd_form_m``), and decode writes ``P^ Q^T`` with one write
+of ``out`` (``_fused_lowrank.powersgd_lowrank``). Per step the matrix is swept by
 the NaN check, by round 0 (read grad and the buffer, write the buffer), by
 ``M^T P^`` and by the decode's write, instead of two more passes for
 ``M = grad + e`` and ``e = M - P^ Q^T``. ``PowerSGD.error(state)`` returns
@@ -99,7 +99,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _fused
+from . import _fused_lowrank
 from .base import (
     Capabilities,
     Compressor,
@@ -291,7 +291,7 @@ class PowerSGD(Compressor):
 
         When the matrix view needs no padding and the error buffer is a
         contiguous accumulator, M is formed in the buffer itself, in the
-        same sweep as ``P = M Q`` (``_fused.powersgd_form_m``; no 64 MB
+        same sweep as ``P = M Q`` (``_fused_lowrank.powersgd_form_m``; no 64 MB
         allocation) and the buffer stays the error after decode. Otherwise M
         is a fresh padded matrix. Either way it travels to round 1 and decode
         in ``state["m"]``.
@@ -304,8 +304,8 @@ class PowerSGD(Compressor):
             m = err.view(rows, cols)
             if p_prev is not None:
                 p_prev, qt_prev = p_prev.to(m.dtype), qt_prev.to(m.dtype)
-            p = _fused.powersgd_form_m(m, grad.detach().reshape(rows, cols), p_prev, qt_prev,
-                                       q.t().contiguous())
+            p = _fused_lowrank.powersgd_form_m(m, grad.detach().reshape(rows, cols), p_prev,
+                                               qt_prev, q.t().contiguous())
             return p, dict(state, m=m, error=None, error_p=None)
         m = self._matrix(grad, state)
         return matmul(m, q), dict(state, m=m, error_p=None)
@@ -506,7 +506,7 @@ class PowerSGD(Compressor):
             approx = workspace(rows * cols, m.dtype, m.device, "powersgd").view(rows, cols)
         else:
             approx = torch.empty(rows, cols, dtype=m.dtype, device=m.device)
-        _fused.powersgd_lowrank(p, qt, approx)
+        _fused_lowrank.powersgd_lowrank(p, qt, approx)
         if fused:  # M stays as the error, factored: e = M - P^ q_avg^T
             new_state.update(error=m.reshape(grad.shape), error_p=p)
         else:  # a fresh (padded) M: e = M - P^ (sum_Q / N)^T, kept explicit

@@ -354,7 +354,7 @@ def test_fused_kernels_compiled_and_eager(monkeypatch):
     """The decompression gives the same bits compiled and eager (ranks that decode the
     same sums agree even if one fell back to eager); round 0's fused M and P = M Q agree
     to rounding (their sums run in another order)."""
-    from hipress_like.compressors import _fused
+    from hipress_like.compressors import _fused, _fused_lowrank
 
     if not _fused.compile_enabled():
         pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
@@ -367,11 +367,11 @@ def test_fused_kernels_compiled_and_eager(monkeypatch):
 
     def run():
         out = torch.empty_like(g)
-        _fused.powersgd_lowrank(p_prev, qt, out)
+        _fused_lowrank.powersgd_lowrank(p_prev, qt, out)
         e = e0.clone()
-        p = _fused.powersgd_form_m(e, g, p_prev, qt_prev, qt)
+        p = _fused_lowrank.powersgd_form_m(e, g, p_prev, qt_prev, qt)
         e_first = e0.clone()
-        p_first = _fused.powersgd_form_m(e_first, g, None, None, qt)
+        p_first = _fused_lowrank.powersgd_form_m(e_first, g, None, None, qt)
         return out, e, p, e_first, p_first
 
     compiled = run()
