@@ -30,6 +30,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import re
@@ -124,6 +125,47 @@ def _tbf(ns: str, dev: str, rate: str, parent: Sequence[str] = ("root",)) -> Non
         "burst", str(_burst_bytes(rate)), "latency", "20ms")
 
 
+# One emulation session at a time: the namespaces have fixed names, so a second
+# benchmark or test would otherwise tear down the first one's hosts in its cleanup.
+LOCK_PATH = os.environ.get("HIPRESS_NETEM_LOCK", "/run/lock/hipress-netem.lock")
+LOCK_WAIT = float(os.environ.get("HIPRESS_NETEM_LOCK_WAIT", "7200"))
+_lock_fd: Optional[int] = None
+
+
+def _acquire_session(wait: float = LOCK_WAIT) -> None:
+    """Hold the session lock (an flock, released by the kernel if this process dies);
+    wait up to ``wait`` seconds for another session to end, saying so once."""
+    global _lock_fd
+    if _lock_fd is not None:
+        return
+    os.makedirs(os.path.dirname(LOCK_PATH), exist_ok=True)
+    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline, told = time.monotonic() + wait, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise NetemError(f"another network-emulation session has held {LOCK_PATH} "
+                                 f"for over {wait:.0f} s; wait for it to finish or stop it"
+                                 ) from None
+            if not told:
+                log.warning("another network-emulation session is running (lock %s); "
+                            "waiting for it to finish", LOCK_PATH)
+                told = True
+            time.sleep(1.0)
+    _lock_fd = fd
+
+
+def _release_session() -> None:
+    global _lock_fd
+    if _lock_fd is not None:
+        os.close(_lock_fd)  # closing the descriptor drops the flock
+        _lock_fd = None
+
+
 def up(n: int, rate: str = "1gbit", delay: Optional[str] = None, *, mtu: int = 1500) -> None:
     """Create hosts ``h0..h{n-1}`` on a switch, each link shaped to ``rate``.
 
@@ -136,9 +178,14 @@ def up(n: int, rate: str = "1gbit", delay: Optional[str] = None, *, mtu: int = 1
 
     Raises:
         PermissionError: not root.
-        NetemError: namespaces already exist (run ``down`` first), the kernel
-            lacks netem for ``delay``, or an ``ip``/``tc`` command failed (the
-            partial setup is removed).
+        NetemError: this process already brought them up (``down`` first),
+            another process's session outlasted ``HIPRESS_NETEM_LOCK_WAIT``
+            seconds, the kernel lacks netem for ``delay``, or an ``ip``/``tc``
+            command failed (the partial setup is removed).
+
+    Sessions queue: ``up`` holds a lock (``LOCK_PATH``) until ``down``, so a
+    second benchmark or test waits for the first instead of tearing its hosts
+    down; namespaces found while holding it are a dead run's and are removed.
 
     From then on SIGTERM raises ``SystemExit`` in the main thread (unless the
     program set its own handler), so a caller's ``finally: down()`` runs
@@ -148,10 +195,15 @@ def up(n: int, rate: str = "1gbit", delay: Optional[str] = None, *, mtu: int = 1
     if not 1 <= n <= MAX_HOSTS:
         raise ValueError(f"n must be in [1, {MAX_HOSTS}], got {n}")
     _rate_bits(rate)
+    if _lock_fd is not None and _namespaces():
+        raise NetemError(f"namespaces {_namespaces()} already exist: this process brought "
+                         "them up; call down() first")
+    _acquire_session()
     existing = _namespaces()
-    if existing:
-        raise NetemError(f"namespaces {existing} already exist (another run, or a leftover); "
-                         "tear them down first: python bench/netem.py down")
+    if existing:  # this process holds the session: they are a dead run's leftovers
+        log.warning("removing leftover namespaces %s of an earlier run", existing)
+        for ns in existing:
+            _ip("netns", "del", ns, check=False)
     if delay and not _have_netem():
         raise NetemError(f"delay={delay!r} needs sch_netem, which this kernel lacks; run without "
                          "delay (tbf rate shaping works), or use ../shared/netem's NFQUEUE "
@@ -186,17 +238,26 @@ def up(n: int, rate: str = "1gbit", delay: Optional[str] = None, *, mtu: int = 1
              host_address(n - 1), rate, delay or "none")
 
 
-def down(n: Optional[int] = None) -> None:
-    """Delete the hosts and the switch (their veths and bridge go with them).
+def down(n: Optional[int] = None, *, force: bool = False) -> None:
+    """Delete the hosts and the switch (their veths and bridge go with them) and end
+    this process's session.
 
     Args:
         n: accepted for symmetry with ``up``; every ``h<i>`` and ``hsw`` is
             removed regardless.
+        force: remove them even when another process's session owns them (the
+            command line's ``down``); otherwise a process that never brought them
+            up (its ``up`` failed or waited) leaves them alone.
     """
     _require_root()
-    for ns in _namespaces():
-        _ip("netns", "del", ns, check=False)
     del n
+    if _lock_fd is None and not force:
+        return
+    try:
+        for ns in _namespaces():
+            _ip("netns", "del", ns, check=False)
+    finally:
+        _release_session()
 
 
 def status() -> str:
@@ -360,7 +421,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"up: h0..h{a.n - 1} {host_address(0)}-{host_address(a.n - 1)} rate={a.rate}"
                   f" delay={a.delay or 0}")
         elif a.cmd == "down":
-            down(a.n)
+            down(a.n, force=True)
             print("down")
         elif a.cmd == "status":
             print(status() or "(no namespaces)")

@@ -2,6 +2,7 @@
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -65,6 +66,33 @@ def test_up_refuses_to_clobber_and_validates(netem):
     netem.up(1, "100mbit")
     with pytest.raises(netem.NetemError, match="already exist"):
         netem.up(1, "100mbit")
+
+
+_INTRUDER = """
+import sys
+sys.path.insert(0, {bench!r})
+import netem
+try:
+    netem.up(2, "100mbit")
+except netem.NetemError as e:
+    print("refused:", e)
+finally:
+    netem.down()  # what every benchmark's cleanup does
+"""
+
+
+def test_a_second_session_waits_and_leaves_the_first_alone(netem):
+    """Two benchmarks at once: the second waits for the first's session (here it gives up
+    after 1 s) and its cleanup does not tear the first one's hosts down."""
+    netem.up(2, "1gbit")
+    env = dict(os.environ, HIPRESS_NETEM_LOCK_WAIT="1")
+    code = _INTRUDER.format(bench=os.path.join(ROOT, "bench"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert "refused: another network-emulation session" in out.stdout, out.stderr
+    assert {"h0", "h1", "hsw"} <= set(netem._namespaces())
+    netem.down()
+    assert netem._namespaces() == []
 
 
 _DRIVER = """
