@@ -129,6 +129,12 @@ class Capabilities:
         keeps_memory: the compressor keeps its own error memory / residual
             (error feedback, DGC, GradDrop, PowerSGD); wrapping it in error
             feedback adds a second one, so automatic wrapping skips it.
+        own_decode: a multi-round compressor whose rank's own last-round
+            payload, merged alone, decodes (``decode_rounds``, not averaged)
+            to that rank's own compressed gradient, as THC's X_i (THC Alg. 3
+            l. 22). Error feedback then keeps each rank's own compression
+            error and automatic wrapping applies; without it the residual is
+            taken against the decoded average.
     """
 
     category: str
@@ -142,6 +148,7 @@ class Capabilities:
     merge_widens: bool = False
     shared_randomness: bool = False
     keeps_memory: bool = False
+    own_decode: bool = False
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -170,6 +177,9 @@ class Capabilities:
             raise ValueError("summable rounds merge without decoding: declare aggregatable=True")
         if self.merge_widens and not self.aggregatable:
             raise ValueError("merge_widens describes merge: declare aggregatable=True")
+        if self.own_decode and self.rounds == 1:
+            raise ValueError("own_decode describes a multi-round compressor (a single-round "
+                             "payload always decodes alone)")
         if self.keeps_memory and not self.stateful:
             raise ValueError("a compressor that keeps memory is stateful: declare stateful=True")
 

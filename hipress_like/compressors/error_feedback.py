@@ -26,7 +26,9 @@ same ``decode`` and ``merge``). Algorithms that define their own memory
 (GradDrop's residual, DGC's accumulation, PowerSGD's error) should not be
 wrapped (they declare ``keeps_memory``; wrapping them warns). Multi-round
 compressors are wrapped round by round: the memory is added before round 0
-and the residual is taken against the decoded average (``decode_rounds``).
+and the residual is taken against the rank's own decoded payload where the
+compressor declares ``own_decode`` (THC Alg. 3 l. 22), else against the
+decoded average (``decode_rounds``).
 
 State is explicit: ``{"error": tensor, "inner": inner_state}``; the memory
 is float32 for half-precision gradients (tiny residuals would vanish in
@@ -267,14 +269,20 @@ class ErrorFeedback(Compressor):
                              "...) first")
         payload, inner_state = self.inner.encode_round(r, state["x"], self._inner_state(state),
                                                        aggregate)
-        return payload, {**state, "inner": inner_state}
+        new = {**state, "inner": inner_state}
+        if self.inner.capabilities.own_decode and r == self.inner.capabilities.rounds - 1:
+            new["own"] = payload  # decoded alone in decode_rounds: this rank's C(p)
+        return payload, new
 
     def decode_rounds(self, grad: torch.Tensor, state: State, aggregate: torch.Tensor,
                       out: Optional[torch.Tensor] = None,
                       average: bool = False) -> Tuple[torch.Tensor, State]:
-        """The inner decode of the last round; the memory keeps what the average missed.
+        """The inner decode of the last round; the memory keeps what compression lost.
 
-        A multi-round payload has no per-rank decode (PowerSGD's result is
+        An inner compressor declaring ``own_decode`` (THC) decodes this rank's
+        own last-round payload alone, ``C(p)``, and keeps ``m = p - C(p)``:
+        THC Alg. 3 l. 22, ``e_i = x_i - RHT^-1(X_i)``. Other multi-round
+        payloads have no per-rank decode (PowerSGD's result is
         ``P^ sum(Q)^T``), so the residual is taken against the decoded
         average ``d``: ``m = p - d``. Summed over ranks this is exactly the
         global compression error ``sum(p) - N d``, which is what an update by
@@ -287,15 +295,21 @@ class ErrorFeedback(Compressor):
             return super().decode_rounds(grad, state, aggregate, out=out, average=average)
         if "x" not in state:
             raise ValueError("ef: decode_rounds before the rounds of this step")
-        x, p = state["x"], state["error"]
+        x, p, own = state["x"], state["error"], state.get("own")
+        if own is not None:  # this rank's C(p), with the step's state (before the decode)
+            mine, _ = self.inner.decode_rounds(
+                x, state["inner"], self.inner.merge_round(self.inner.capabilities.rounds - 1,
+                                                          [own]))
+            p.sub_(mine.reshape(p.shape).to(p.dtype))
         res, inner_state = self.inner.decode_rounds(x, state["inner"], aggregate, out=out,
                                                     average=average)
-        d = res.reshape(p.shape)
-        if average:
-            p.sub_(d.to(p.dtype))
-        else:
-            p.sub_(d.to(p.dtype), alpha=1.0 / int(state.get("world_size") or 1))
-        new = {k: v for k, v in state.items() if k != "x"}
+        if own is None:
+            d = res.reshape(p.shape)
+            if average:
+                p.sub_(d.to(p.dtype))
+            else:
+                p.sub_(d.to(p.dtype), alpha=1.0 / int(state.get("world_size") or 1))
+        new = {k: v for k, v in state.items() if k not in ("x", "own")}
         new["inner"] = inner_state
         return res, new
 
@@ -326,7 +340,7 @@ def needs_error_feedback(comp: Compressor) -> bool:
     """
     caps = comp.capabilities
     return (caps.category != "none" and not caps.unbiased and not caps.keeps_memory
-            and caps.rounds == 1)
+            and (caps.rounds == 1 or caps.own_decode))
 
 
 def with_error_feedback(comp: Compressor) -> Compressor:

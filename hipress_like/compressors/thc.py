@@ -205,7 +205,7 @@ class THC(Compressor):
     capabilities = Capabilities("quantization", aggregatable=True, rounds=2,
                                 round_reductions=("max", "sum"), summable=(False, False),
                                 merge_widens=True, shared_randomness=True, unbiased=False,
-                                stateful=True)
+                                stateful=True, own_decode=True)
 
     def __init__(self, bits: int = 4, granularity: Optional[int] = None, p: float = 1 / 32,
                  transform: bool = True, table: Optional[str] = None, sum_bits: int = 32) -> None:
@@ -248,7 +248,7 @@ class THC(Compressor):
             self.capabilities = Capabilities(
                 "quantization", aggregatable=True, rounds=2, round_reductions=("max", "sum"),
                 summable=(False, False), merge_widens=True, shared_randomness=True,
-                unbiased=True, stateful=True)
+                unbiased=True, stateful=True, own_decode=True)
 
     def params(self) -> Dict[str, Any]:
         """Constructor parameters."""

@@ -308,7 +308,10 @@ def test_nmse_of_4_bit_thc_is_a_tenth_of_terngrads_or_less(source):
 
 # -- error feedback --------------------------------------------------------------------
 
-def test_error_feedback_wraps_thc_and_keeps_what_the_average_missed():
+def test_error_feedback_keeps_each_ranks_own_quantization_error():
+    """THC Alg. 3 l. 22: e_i = x_i - RHT^-1(X_i), the rank's own compressed gradient
+    (its payload decoded alone with the step's range), not the average: the memory
+    holds compression error only, never a rank's deviation from the mean."""
     ef, n = ErrorFeedback(THC()), 2
     grads = _grads(n, d=BLOCK + 50, seed=3)
     sts = [ef.init(g, seed=r, world_size=n, shared_seed=4) for r, g in enumerate(grads)]
@@ -317,14 +320,27 @@ def test_error_feedback_wraps_thc_and_keeps_what_the_average_missed():
         p0 = [ef.encode_round(0, g, s, None) for g, s in zip(grads, sts)]
         rng = ef.merge_round(0, [p for p, _ in p0])
         p1 = [ef.encode_round(1, g, s, rng) for g, (_, s) in zip(grads, p0)]
+        own = [ef.inner.decode_rounds(g, s["inner"], ef.merge_round(1, [p]))[0]
+               for g, (p, s) in zip(grads, p1)]
         total = ef.merge_round(1, [p for p, _ in p1])
         dec = [ef.decode_rounds(g, s, total, average=True) for g, (_, s) in zip(grads, p1)]
         sts = [s for _, s in dec]
         avg = dec[0][0]
         assert torch.equal(avg, dec[1][0])
-        for g, m_old, s in zip(grads, mem, sts):  # m' = (g + m) - decoded average
-            torch.testing.assert_close(ef.error(s), g + m_old - avg)
-        assert float(ef.error(sts[0]).abs().max()) > 0
+        torch.testing.assert_close(avg, (own[0] + own[1]) / 2, rtol=0, atol=1e-6)
+        for g, m_old, s, mine in zip(grads, mem, sts, own):  # m' = (g + m) - C(g + m)
+            torch.testing.assert_close(ef.error(s), g + m_old - mine)
+            assert "own" not in s
+        # each rank's error is a quantization error, far below its distance to the mean
+        dev = (grads[0] - grads[1]).norm() / 2
+        assert all(float(ef.error(s).norm()) < 0.5 * float(dev) for s in sts)
+
+
+def test_thc_with_the_transform_gets_error_feedback_by_default():
+    from hipress_like.compressors.error_feedback import needs_error_feedback
+
+    assert needs_error_feedback(THC())  # biased by the clamp; Alg. 3 adds EF
+    assert not needs_error_feedback(THC(transform=False))  # unbiased SQ
 
 
 # -- overflow and bad input -------------------------------------------------------------
@@ -472,7 +488,9 @@ def test_engine_runs_thc_on_ps_and_ring(n, strategy, k):
             for r in range(1, n):  # every rank holds the same bits
                 assert torch.equal(res[r][0][step][name], got), (name, step, r)
             assert _nmse(got, mean) < 0.15, (name, step, _nmse(got, mean))
-    steps = {st["step"] for st in res[0][2].values()}
+    # the engine wraps THC (biased by the clamp) in error feedback (Alg. 3 l. 22)
+    assert all("error" in st for st in res[0][2].values())
+    steps = {st["inner"]["step"] for st in res[0][2].values()}
     assert steps == {2}
 
 
