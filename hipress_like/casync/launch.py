@@ -165,7 +165,8 @@ def _resolve(ref: Dict[str, Optional[str]]) -> Callable:
 
 def run_workers(fn: Callable[..., Any], nprocs: int, backend: str = "gloo",
                 args: Sequence[Any] = (), timeout: float = 120.0,
-                env: Optional[Mapping[str, str]] = None, *, grace: float = 10.0) -> List[Any]:
+                env: Optional[Mapping[str, str]] = None, *, grace: float = 10.0,
+                netns: bool = False) -> List[Any]:
     """Run ``fn(ctx, *args)`` in ``nprocs`` local worker processes.
 
     Args:
@@ -181,6 +182,9 @@ def run_workers(fn: Callable[..., Any], nprocs: int, backend: str = "gloo",
             defaults, e.g. ``{"OMP_NUM_THREADS": "2"}``).
         grace: after the first rank fails, seconds to wait for the others to
             report their own errors before killing them.
+        netns: run rank i inside network namespace ``h{i}`` of an emulated
+            network (``netem.up(nprocs, rate)`` first; gloo only), meeting at
+            ``netem.MASTER_ADDR`` over the shaped links.
 
     Returns:
         Each rank's return value, index = rank.
@@ -214,13 +218,21 @@ def run_workers(fn: Callable[..., Any], nprocs: int, backend: str = "gloo",
                     "from hipress_like.casync.launch import _worker_main; _worker_main()",
                     workdir]
         procs: List[subprocess.Popen] = []
+        if netns and backend != "gloo":
+            raise ValueError("netns=True runs gloo ranks in network namespaces; the mpi "
+                             "backend cannot")
         if backend == "gloo":
-            port = str(free_port())
+            port, addr = str(free_port()), "127.0.0.1"
+            if netns:  # h0's address on the emulated links; gloo must use their eth0
+                from . import netem
+
+                addr, port = netem.MASTER_ADDR, str(netem.DEFAULT_PORT)
+                base_env["GLOO_SOCKET_IFNAME"] = "eth0"
             for r in range(nprocs):
                 e = dict(base_env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nprocs),
-                         LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=port)
-                procs.append(subprocess.Popen(cmd_tail, env=e, **own_process_group()))
+                         LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR=addr, MASTER_PORT=port)
+                cmd = ["ip", "netns", "exec", f"h{r}", *cmd_tail] if netns else cmd_tail
+                procs.append(subprocess.Popen(cmd, env=e, **own_process_group()))
         else:
             e = dict(base_env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
             forward: List[str] = []

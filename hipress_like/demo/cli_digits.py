@@ -2,14 +2,18 @@
 
 ``python -m hipress_like.demo`` (or ``./run.sh``) trains the same small CNN
 on scikit-learn's bundled digits (1797 real 8x8 images, 80/20 train/test
-split, no download) twice with ``hipress_like.torch``:
+split, no download) twice with ``hipress_like.torch``, its workers in network
+namespaces over emulated 1 Gbit/s links (``casync/netem``; ``--net``; as
+root, else on loopback, said in one line):
 
 1. with CaSync compression (default: onebit with error feedback, PS
    strategy, the cost model's ``plan="auto"``), then
 2. the same run without compression (``Compression.none``),
 
 printing per epoch the test accuracy and the throughput (images/s over all
-workers), and at the end a table comparing accuracy and wall time.
+workers), and at the end a table comparing accuracy, step time and which
+gradients were compressed, and a picture (``report.py``: accuracy against
+wall time, and where a step's time goes) next to the JSON under ``--out``.
 
 The CNN has one large fully-connected layer (4096 x 512, 8 MB of float32
 gradient) so that the plan has something worth compressing; the conv
@@ -23,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["DigitsConfig", "DigitsNet", "load_digits_split", "train_digits", "main"]
 
@@ -166,6 +172,7 @@ def train_digits(ctx: Any, cfg_dict: Dict[str, Any]) -> Dict[str, Any]:
         bar = tqdm(total=cfg.epochs * steps, desc=cfg.label or cfg.compressor, unit="step",
                    leave=False, file=sys.stderr, dynamic_ncols=True, disable=None)
     history: List[Dict[str, float]] = []
+    spent = {"compute": 0.0, "waiting": 0.0}
     t_start = time.perf_counter()
     for epoch in range(cfg.epochs):
         g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
@@ -174,11 +181,15 @@ def train_digits(ctx: Any, cfg_dict: Dict[str, Any]) -> Dict[str, Any]:
         total = torch.zeros(1)
         for s in range(steps):
             idx = order[(s * size + rank) * cfg.batch_size:(s * size + rank + 1) * cfg.batch_size]
+            t_a = time.perf_counter()
             opt.zero_grad()
             loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
-            loss.backward()
-            opt.step()
+            loss.backward()  # the engine synchronises gradients as backward produces them
+            t_b = time.perf_counter()
+            opt.step()  # waits for what synchronisation backward did not hide
             sched.step()
+            spent["compute"] += t_b - t_a
+            spent["waiting"] += time.perf_counter() - t_b
             total += loss.detach()
             if bar is not None:
                 bar.update(1)
@@ -199,20 +210,78 @@ def train_digits(ctx: Any, cfg_dict: Dict[str, Any]) -> Dict[str, Any]:
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
     layout = opt.engine.layout()
     compressed = sorted(n for n, v in layout.items() if v["compress"])
+    how = {n: f"{v['compressor']} x{len(v['partitions'])} ({v['workflow']})"
+           for n, v in layout.items() if v["compress"]}
+    breakdown = step_breakdown(spent, opt.engine.timeline.summary(), cfg.epochs * steps)
     opt.close()
     return {"epochs": history, "acc": history[-1]["acc"] if history else 0.0,
             "seconds": seconds, "param_digest": digest, "rank": rank,
-            "compressed": compressed}
+            "compressed": compressed, "how": how, "gradients": len(layout),
+            "breakdown": breakdown}
 
 
-def _run(cfg: DigitsConfig, workers: int, timeout: float) -> List[Dict[str, Any]]:
+# The engine's timeline kinds, grouped as the main job's picture shows them: compute
+# tasks (casync/tasks.py), and the transfers themselves: the coordinator's bulk rounds
+# (casync/rounds.py), the lane's fused buckets (casync/fused.py), round allreduces.
+COMPRESSION_KINDS = ("encode", "decode", "merge", "write")
+COMMUNICATION_KINDS = ("round", "bucket", "allreduce")
+
+
+def step_breakdown(spent: Dict[str, float], summary: Dict[str, Dict[str, float]],
+                   steps: int) -> Dict[str, float]:
+    """Milliseconds per step: the training loop's wall time split into ``compute``
+    (forward and backward, during which the engine already synchronises) and
+    ``waiting`` (``opt.step()`` blocked on what backward did not hide), and the
+    engine's busy time from its timeline (``summary``: seconds per task kind) in
+    ``compression`` (encode, decode, merge, write back) and ``communication``
+    (bulk rounds, fused buckets, allreduces). The last two overlap the first two."""
+    n = max(1, steps)
+    busy = lambda kinds: sum(summary.get(k, {}).get("seconds", 0.0) for k in kinds)
+    return {"compute": 1e3 * spent["compute"] / n, "waiting": 1e3 * spent["waiting"] / n,
+            "compression": 1e3 * busy(COMPRESSION_KINDS) / n,
+            "communication": 1e3 * busy(COMMUNICATION_KINDS) / n}
+
+
+def _run(cfg: DigitsConfig, workers: int, timeout: float, netns: bool = False
+         ) -> List[Dict[str, Any]]:
     import importlib
 
     from hipress_like.casync.launch import run_workers
 
     # By module name, so the workers import it even when this file runs as __main__.
     fn = importlib.import_module("hipress_like.demo.cli_digits").train_digits
-    return run_workers(fn, workers, args=(asdict(cfg),), timeout=timeout)
+    return run_workers(fn, workers, args=(asdict(cfg),), timeout=timeout, netns=netns)
+
+
+LOOPBACK = ("none", "loopback", "lo")
+
+
+def emulation_blocker() -> Optional[str]:
+    """Why this process cannot emulate links (None when it can): root and iproute2."""
+    if os.geteuid() != 0:
+        return "emulating links needs root (network namespaces and tc)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "emulating links needs iproute2 (apt-get install -y iproute2)"
+    return None
+
+
+def _network(net: str, workers: int) -> Tuple[bool, str]:
+    """Bring up ``workers`` hosts on emulated ``net`` links (``netem``) when this process
+    can; else say why in one line and use loopback. Returns (in namespaces?, where)."""
+    if net.lower() in LOOPBACK:
+        return False, "loopback (--net none)"
+    from hipress_like.casync import netem
+
+    why = emulation_blocker()
+    if why is None:
+        try:
+            netem.up(workers, net)
+            return True, f"{net} links (network namespaces h0..h{workers - 1})"
+        except (netem.NetemError, OSError) as e:
+            why = f"setting up {net} links failed ({e})"
+    print(f"note: {why}; training on loopback instead, where links run at memory speed "
+          f"and compression pays little (run as root for {net} links)", flush=True)
+    return False, "loopback"
 
 
 def _table(rows: List[Dict[str, Any]], workers: int) -> None:
@@ -237,9 +306,13 @@ def _table(rows: List[Dict[str, Any]], workers: int) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI of the main job (see the module docstring)."""
     ap = argparse.ArgumentParser(
-        prog="python -m hipress_like.demo",
-        description="Train a CNN on scikit-learn's digits with 4 local workers: CaSync "
-                    "compression (auto plan) vs. the same run without compression.")
+        prog="./run.sh",
+        description="Train a CNN on scikit-learn's digits with local workers over emulated "
+                    "links: CaSync compression (auto plan) vs. the same run without "
+                    "compression.")
+    ap.add_argument("--net", default="1gbit",
+                    help="each worker's emulated link rate in tc syntax (1gbit, 100mbit, "
+                         "10gbit), or 'none' for loopback; emulation needs root")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--compressor", default="onebit",
                     help="CompLL compressor for the CaSync run (default: onebit)")
@@ -252,7 +325,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--lr", type=float, default=DigitsConfig.lr)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    ap.add_argument("--out", default=os.path.join("results", "demo"),
+                    help="directory for the result JSON and the picture (PNG)")
     ns = ap.parse_args(argv)
+    import hipress_like as hp
+
+    if ns.workers < 1:
+        ap.error(f"--workers must be at least 1, found {ns.workers}")
+    if ns.epochs < 1:
+        ap.error(f"--epochs must be at least 1, found {ns.epochs}")
+    if ns.compressor not in hp.compressors.available():
+        ap.error(f"unknown compressor {ns.compressor!r}; choose one of "
+                 f"{', '.join(sorted(hp.compressors.available()))}")
+    if ns.plan not in ("auto", "all") and not os.path.isfile(ns.plan):
+        ap.error(f"--plan must be 'auto', 'all' or a plan file; {ns.plan!r} is none of them")
+    if ns.net.lower() not in LOOPBACK:
+        from hipress_like.casync import netem
+
+        try:
+            netem._rate_bits(ns.net)
+        except ValueError:
+            ap.error(f"--net {ns.net!r} is not a link rate; write it as tc does (1gbit, "
+                     "100mbit, 10gbit) or 'none' for loopback")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     common = dict(epochs=ns.epochs, batch_size=ns.batch_size, lr=ns.lr, seed=ns.seed)
     runs = [
@@ -263,33 +357,55 @@ def main(argv: Optional[List[str]] = None) -> int:
                      plan=None if ns.plan == "all" else ns.plan,
                      label="no compression", **common),
     ]
-    print(f"digits: 1437 training / 360 test images, {ns.workers} workers, "
+    netns, where = _network(ns.net, ns.workers)
+    print(f"digits: 1437 training / 360 test images, {ns.workers} workers on {where}, "
           f"{ns.epochs} epochs, batch {ns.batch_size} per worker; CaSync: {ns.compressor}, "
           f"strategy {ns.strategy}, plan {ns.plan}", flush=True)
-    rows = []
-    for cfg in runs:
-        print(f"\n== {cfg.label}", flush=True)
-        t0 = time.perf_counter()
-        results = _run(cfg, ns.workers, ns.timeout)
-        wall = time.perf_counter() - t0
-        r0 = results[0]
-        same = len({r["param_digest"] for r in results}) == 1
-        comp = ", ".join(r0["compressed"]) if cfg.compressor != "identity" else ""
-        print(f"   compressed gradients: {comp or 'none'}; replicas bitwise identical: {same}",
-              flush=True)
-        if cfg.compressor != "identity" and not comp and cfg.plan == "auto":
-            print("   (the cost model measured these links and found compression does not pay "
-                  "here, e.g. CPU-bound loopback; --plan all compresses every gradient)",
-                  flush=True)
-        ips = sum(e["images_per_s"] for e in r0["epochs"]) / max(1, len(r0["epochs"]))
-        rows.append({"configuration": cfg.label, "test acc %": f"{r0['acc']:.1f}",
-                     "train time s": f"{r0['seconds']:.1f}", "wall time s": f"{wall:.1f}",
-                     "images/s": f"{ips:.0f}"})
+    rows, results0 = [], []
+    try:
+        for cfg in runs:
+            print(f"\n== {cfg.label}", flush=True)
+            t0 = time.perf_counter()
+            results = _run(cfg, ns.workers, ns.timeout, netns)
+            wall = time.perf_counter() - t0
+            r0 = results[0]
+            results0.append((cfg.label, r0))
+            same = len({r["param_digest"] for r in results}) == 1
+            if cfg.compressor != "identity":
+                for name, how in sorted(r0["how"].items()):
+                    print(f"   compressed: {name}: {how}", flush=True)
+            print(f"   {len(r0['compressed'])} of {r0['gradients']} gradients compressed; "
+                  f"replicas bitwise identical: {same}", flush=True)
+            if cfg.compressor != "identity" and not r0["compressed"] and cfg.plan == "auto":
+                print("   (the cost model measured these links and found compression does not "
+                      "pay here, e.g. CPU-bound loopback; --plan all compresses every "
+                      "gradient)", flush=True)
+            ips = sum(e["images_per_s"] for e in r0["epochs"]) / max(1, len(r0["epochs"]))
+            bd = r0["breakdown"]
+            rows.append({"configuration": cfg.label, "test acc %": f"{r0['acc']:.1f}",
+                         "train time s": f"{r0['seconds']:.1f}", "wall time s": f"{wall:.1f}",
+                         "images/s": f"{ips:.0f}",
+                         "ms/step": f"{bd['compute'] + bd['waiting']:.0f}",
+                         "compressed": f"{len(r0['compressed'])}/{r0['gradients']}"})
+    finally:
+        if netns:
+            from hipress_like.casync import netem
+
+            netem.down()
     base = float(rows[-1]["train time s"])
     for r in rows:
         r["speed-up"] = f"{base / float(r['train time s']):.2f}x"
     print()
     _table(rows, ns.workers)
+    os.makedirs(ns.out, exist_ok=True)
+    with open(os.path.join(ns.out, "digits.json"), "w") as f:
+        json.dump({"net": where, "workers": ns.workers, "rows": rows,
+                   "runs": {label: r for label, r in results0}}, f, indent=1)
+    from .report import plot_runs
+
+    png = plot_runs(os.path.join(ns.out, "digits.png"), results0,
+                    f"digits, {ns.workers} workers on {where}")
+    print(f"picture: {png}", flush=True)
     return 0
 
 
