@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from .procs import own_process_group
 from .transport.base import Transport
 
 __all__ = ["WorkerContext", "WorkerError", "run_workers", "BACKENDS", "free_port",
@@ -58,21 +59,6 @@ __all__ = ["WorkerContext", "WorkerError", "run_workers", "BACKENDS", "free_port
 
 log = logging.getLogger(__name__)
 
-
-def own_process_group() -> Dict[str, Any]:
-    """``subprocess.Popen`` arguments that start a worker in a process group of its own,
-    in the caller's session.
-
-    A process group lets a supervisor kill the worker's whole tree (``killpg``).
-    A new *session* would do that too, but Linux's autogroup scheduler (on by
-    default) gives each session its own share of the CPU, and ranks sharing
-    cores then wait behind their own group's turn for every coordination round
-    (measured on 2 cores, 4 busy ranks: 30-40 ms per small allgather instead
-    of 5 ms).
-    """
-    if sys.version_info >= (3, 11):
-        return {"process_group": 0}
-    return {"preexec_fn": os.setpgrp}
 
 BACKENDS = ("gloo", "mpi")
 _POLL = 0.05

@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from .procs import own_process_group  # a group, not a session
+
 __all__ = ["SUBNET", "MASTER_ADDR", "up", "down", "status", "run_in_namespaces",
            "host_address", "NetemError"]
 
@@ -288,7 +290,6 @@ def run_in_namespaces(n: int, argv: Sequence[str], env: Optional[Mapping[str, st
     Raises:
         NetemError: the namespaces are missing.
     """
-    from hipress_like.casync.launch import own_process_group  # a group, not a session
 
     _require_root()
     missing = [f"h{i}" for i in range(n) if f"h{i}" not in _namespaces()]
