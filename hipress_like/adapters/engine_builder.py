@@ -15,9 +15,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..casync.transport import make_transport
 from .compression import resolve_compression
-from .runtime import _require, default_timeout
+from .runtime import _require, default_timeout, engine_transport
 
 __all__ = ["build_engine", "wire_dtype", "resolve_plan", "STRATEGIES"]
 
@@ -135,7 +134,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                       timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed),
                       replay=replay == "1")
     cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
-    transport = make_transport(timeout=timeout)  # HIPRESS_TRANSPORT: torch or mpi
+    transport = engine_transport(timeout)  # HIPRESS_TRANSPORT, else the launcher's
     try:
         engine = factory(transport, cfg)
         engine.register(list(specs))

@@ -11,7 +11,10 @@ through torch.distributed, trying in order:
 3. ``mpirun`` (Open MPI, MPICH or PMIx variables): rank 0 opens a TCPStore
    on a free port and shares ``host:port`` over MPI (mpi4py); every rank
    joins that store, so MPI is only used for the rendezvous;
-4. none of these: one process (size 1) on a private in-memory store, so a
+4. ``horovodrun`` (gloo or MPI mode): ``hvd.init()``, then the same store,
+   its address shared by ``hvd.broadcast_object`` (``horovod_rendezvous``);
+   the engines then run over Horovod itself (``engine_transport``);
+5. none of these: one process (size 1) on a private in-memory store, so a
    Horovod script still runs unchanged with ``python train.py``.
 
 The default group carries the user-facing collectives (``allreduce``,
@@ -26,7 +29,7 @@ import logging
 import os
 import socket
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -36,7 +39,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "barrier", "mpi_built", "mpi_enabled", "gloo_built",
     "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "mpi_threads_supported",
-    "default_timeout",
+    "default_timeout", "engine_transport",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,12 +56,19 @@ class _Runtime:
     size: int
     local_rank: int
     local_size: int
-    launcher: str  # "adopted", "torchrun", "mpirun", "single"
+    launcher: str  # "adopted", "torchrun", "mpirun", "horovodrun-gloo"/"-mpi", "single"
     owns_group: bool
     timeout: float
+    store: Any = None  # the rendezvous store, when init opened one
+    transport: str = "torch"  # the engines' transport unless HIPRESS_TRANSPORT says otherwise
 
 
 _rt: Optional[_Runtime] = None
+
+# horovodrun --mpi always runs ``mpirun -mca pml ob1 -mca btl ^openib ...``
+# (horovod/runner/mpi_run.py, _OMPI_FLAGS) and Open MPI exports both to every
+# rank; it sets no HOROVOD_* variable. Plain mpirun sets neither by default.
+_HOROVODRUN_MPI_MARKERS = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "^openib"}
 _closables: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
@@ -128,6 +138,50 @@ def _init_mpi(timeout: float) -> _Runtime:
     return _Runtime(r, n, lr, ls, "mpirun", True, timeout)
 
 
+def _horovodrun_mpi() -> bool:
+    """True when Open MPI's ranks were started by ``horovodrun --mpi`` (not plain mpirun)."""
+    return all(os.environ.get(k) == v for k, v in _HOROVODRUN_MPI_MARKERS.items())
+
+
+def _init_horovod(launch: Any, timeout: float) -> _Runtime:
+    """Rendezvous through Horovod (``horovod_rendezvous.join_horovod``)."""
+    from .horovod_rendezvous import join_horovod
+
+    r, n, lr, ls, store = join_horovod(launch, timeout, _backend())
+    return _Runtime(r, n, lr, ls, launch.launcher, True, timeout, store=store,
+                    transport="horovod")
+
+
+def engine_transport(timeout: float) -> Any:
+    """The transport an engine of this process gets (collective: every rank calls it).
+
+    ``HIPRESS_TRANSPORT`` (``torch``, ``mpi``, ``horovod``) chooses when set;
+    otherwise jobs started by horovodrun run their engines over Horovod and
+    all others over torch.distributed.
+
+    Raises:
+        ValueError: an unknown ``HIPRESS_TRANSPORT``.
+        hipress_like.casync.transport.TransportError: ``horovod`` asked for in a
+            job whose Horovod world is not this job's (not started by horovodrun).
+    """
+    from ..casync.transport import make_transport
+
+    rt = _require()
+    backend = os.environ.get("HIPRESS_TRANSPORT") or rt.transport
+    kwargs: dict = {}
+    if backend.lower() == "horovod":
+        kwargs = {"store": rt.store, "expected": (rt.rank, rt.size, rt.launcher)}
+        if rt.launcher not in ("horovodrun-gloo", "horovodrun-mpi"):
+            # let a Horovod world of one say what is wrong, instead of training alone
+            try:
+                import torch.distributed as dist
+
+                kwargs["store"] = dist.distributed_c10d._get_default_store()
+            except Exception:  # noqa: S110 - the store only improves error messages
+                pass
+    return make_transport(backend, timeout=timeout, **kwargs)
+
+
 def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = None) -> None:
     """Join the other ranks (idempotent), like ``horovod.torch.init``.
 
@@ -181,18 +235,20 @@ def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = 
         n, r = dist.get_world_size(), dist.get_rank()
         _rt = _Runtime(r, n, _env_int("LOCAL_RANK", default=0),
                        _env_int("LOCAL_WORLD_SIZE", default=n), "torchrun", True, t)
-    elif launch.launcher in ("mpirun", "horovodrun-mpi"):
+    elif launch.launcher == "mpirun" and _horovodrun_mpi():
+        _rt = _init_horovod(replace(launch, launcher="horovodrun-mpi"), t)
+    elif launch.launcher == "mpirun":
         _rt = _init_mpi(t)
-    elif launch.launcher in ("horovodrun-gloo", "bpslaunch"):
-        how = ("horovodrun in gloo mode (HOROVOD_RANK, HOROVOD_SIZE)"
-               if launch.launcher == "horovodrun-gloo"
-               else "a bpslaunch-style environment (DMLC_WORKER_ID, DMLC_NUM_WORKER)")
+    elif launch.launcher in ("horovodrun-gloo", "horovodrun-mpi"):
+        _rt = _init_horovod(launch, t)
+    elif launch.launcher == "bpslaunch":
+        how = "a bpslaunch-style environment (DMLC_WORKER_ID, DMLC_NUM_WORKER)"
         raise LaunchError(
             f"this process was started by {how} as rank {launch.rank} of {launch.size}, but "
             "hipress_like.torch cannot rendezvous through that launcher yet (it would "
             "otherwise train alone as a world of one). Launch with torchrun "
             f"(torchrun --nproc-per-node {launch.size} script.py), with mpirun, or with "
-            "horovodrun --mpi (needs mpi4py)")
+            "horovodrun")
     else:
         dist.init_process_group(_backend(), store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timedelta(seconds=t))
@@ -297,8 +353,8 @@ def mpi_built() -> bool:
 
 
 def mpi_enabled() -> bool:
-    """True when this job was started by mpirun."""
-    return _rt is not None and _rt.launcher == "mpirun"
+    """True when this job was started by mpirun (or horovodrun in MPI mode)."""
+    return _rt is not None and _rt.launcher in ("mpirun", "horovodrun-mpi")
 
 
 def gloo_built() -> bool:

@@ -8,10 +8,19 @@ allreduce. Horovod is imported when the transport is constructed, never when
 this module is imported, and is an optional extra (``pip install
 'hipress-like[horovod]'``; see ENVIRONMENT.md for building it against torch 2.x).
 
+Channels: Horovod matches operations by name, not by order, so one
+transport is a *channel*, a name prefix: the k-th transport a process
+builds is ``hipress_like.t<k>`` and its ``split()`` children
+``hipress_like.t<k>.s<j>``; every call is named ``<channel>.<op>`` (a
+channel's calls are sequential, so a name is never in flight twice, and a
+recurring name hits Horovod's response cache). Ranks build transports and split them in
+the same order (both are collective), so names meet; two channels run
+concurrently (the engine plans round r+1 on one while round r's data moves
+on the other, as over gloo), and a script's own ``horovod.torch`` calls,
+named by Horovod, never collide with them.
+
 Timeouts: every call is asynchronous and polled (``hvd.poll``) against a
-deadline. Horovod names operations, and equal names must meet on every
-rank, so each call is named by its call number
-(``hipress_like.<op>.<k>``). Horovod itself cannot say which rank is
+deadline. Horovod itself cannot say which rank is
 missing (its stall inspector only logs it on rank 0), so:
 
 - with a ``store`` (any ``torch.distributed.Store``, e.g. a ``TCPStore``),
@@ -25,6 +34,7 @@ any failure the transport is unusable.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from typing import Any, List, Optional, Sequence
@@ -40,6 +50,9 @@ log = logging.getLogger(__name__)
 _SPIN_SECONDS = 0.002
 _MAX_SLEEP = 1e-3  # Horovod's background thread makes progress; polling is cheap
 
+# the k-th top-level transport of this process is channel "hipress_like.t<k>"
+_channel_numbers = itertools.count()
+
 
 def _import_horovod():
     try:
@@ -47,9 +60,9 @@ def _import_horovod():
     except ImportError as e:
         raise ImportError(
             "HorovodTransport needs Horovod built with PyTorch support, which is not "
-            "installed in this environment. Install it with HOROVOD_WITH_PYTORCH=1 pip install "
-            "--no-build-isolation horovod==0.28.1 (with torch 2.x it also needs cmake<4 and a "
-            "C++17 compiler wrapper: see ENVIRONMENT.md), or choose another backend: "
+            "installed in this environment. Install it with scripts/env_horovod.sh (builds "
+            "horovod==0.28.1 with HOROVOD_WITH_PYTORCH=1, cmake<4 and a C++17 compiler "
+            "wrapper), or choose another backend: "
             "make_transport('gloo') or make_transport('mpi')") from e
     return hvd
 
@@ -61,31 +74,62 @@ class HorovodTransport(Transport):
         store: optional ``torch.distributed.Store`` shared by all ranks; lets
             a timeout name the ranks that never entered the call.
         key_prefix: namespace for this transport's keys in ``store``.
+        expected: optional (rank, size[, launcher]) the job's launcher gave;
+            a Horovod world that differs (not started by horovodrun) is an
+            error naming the fix instead of a world of one.
+        channel: the name prefix (``split`` passes it); None numbers a new
+            top-level channel.
 
     Raises:
         ImportError: Horovod is not installed (the message says how to get it).
+        TransportError: Horovod's world is not ``expected``.
 
     Example:
         >>> t = HorovodTransport()          # under horovodrun -np 4
         >>> t.allreduce(torch.ones(3))
     """
 
-    def __init__(self, store: Any = None, *, key_prefix: str = "hipress/horovod"):
+    def __init__(self, store: Any = None, *, key_prefix: str = "hipress/horovod",
+                 expected: Optional[tuple] = None, channel: Optional[str] = None):
         hvd = _import_horovod()
         if not hvd.is_initialized():
             hvd.init()
         self._hvd = hvd
         self.rank = hvd.rank()
         self.size = hvd.size()
+        if expected is not None and (expected[0], expected[1]) != (self.rank, self.size):
+            launcher = expected[2] if len(expected) > 2 else "the launcher"
+            raise TransportError(
+                f"the Horovod transport was asked for (HIPRESS_TRANSPORT=horovod), but Horovod "
+                f"sees rank {self.rank} of {self.size} while this job is rank {expected[0]} of "
+                f"{expected[1]} ({launcher}): Horovod only reaches the ranks horovodrun "
+                "started. Fix: start the job with horovodrun, or unset HIPRESS_TRANSPORT "
+                "(or set it to torch)")
+        if channel is None:
+            channel = f"hipress_like.t{next(_channel_numbers)}"
+        self._channel = channel
         self._store = store
-        self._prefix = key_prefix
+        self._prefix = f"{key_prefix}/{self._channel}"
         self._seq = 0
+        self._splits = 0
         self._broken: Optional[str] = None
         self._ops = {"sum": hvd.Sum, "max": getattr(hvd, "Max", None),
                      "min": getattr(hvd, "Min", None)}
+        self._key_root = key_prefix
 
     def _name(self, op: str, seq: int) -> str:
-        return f"hipress_like.{op}.{seq}"
+        # No call number in the name: a channel's calls are sequential on every
+        # rank, so a name is never in flight twice, and a name that recurs with
+        # the same shape hits Horovod's response cache (no negotiation round).
+        return f"{self._channel}.{op}"
+
+    def split(self) -> "HorovodTransport":
+        """A second channel over the same ranks: a new name prefix (no communication)."""
+        if self._broken is not None:
+            raise TransportError(f"rank {self.rank}: transport unusable: {self._broken}")
+        self._splits += 1
+        return HorovodTransport(self._store, key_prefix=self._key_root,
+                                channel=f"{self._channel}.s{self._splits}")
 
     def _run(self, op: str, start, timeout: float) -> Any:
         """``start(name)`` returns a Horovod handle; poll it until done or ``timeout``."""
@@ -124,8 +168,9 @@ class HorovodTransport(Transport):
             counts = {r: int(self._store.add(f"{self._prefix}/seq/{r}", 0))
                       for r in range(self.size)}
         except Exception as e:
-            return PeerError(f"{where}; the store is unreachable too ({e}): its host has died",
-                             ranks=())
+            # the store lives on rank 0 (horovodrun jobs: runtime's rendezvous store)
+            return PeerError(f"{where}; the store is unreachable too ({e}): its host, rank 0, "
+                             "has died", ranks=(0,) if self.rank != 0 else ())
         behind = [r for r, c in counts.items() if r != self.rank and c <= seq]
         if behind:
             return PeerError(f"{where}: rank(s) {behind} never entered this collective "
