@@ -35,6 +35,8 @@ Configurations:
                    none) chosen from a profile taken when the optimizer is built
   hp-none          the same with Compression.none: every gradient in the
                    engine's allreduce lane, the engine's overhead against DDP
+  hvd-...          over Horovod (bench/_horovod_rows.py): Horovod's own optimizer
+                   (hvd-none, hvd-fp16) and this project on the Horovod transport
 
 Links: loopback by default; ``--netem`` runs rank i inside network namespace
 ``h<i>`` over emulated 1 Gbit/s links (bench/netem.py; created and removed
@@ -81,7 +83,9 @@ def all_configs():
     cfgs = ["floor", *DDP_CONFIGS, "hp-none"]
     for s in ("ps", "ring"):
         cfgs += [f"hp-{s}-{c}" for c in HP_COMPRESSORS] + [f"hp-{s}-auto"]
-    return cfgs
+    import _horovod_rows
+
+    return cfgs + list(_horovod_rows.CONFIGS)
 
 
 # -- one rank ------------------------------------------------------------------------------
@@ -113,9 +117,14 @@ def worker(cfg):
     import hipress_like.torch as hpt
 
     torch.set_num_threads(1)
+    name = cfg["config"]
+    if name.startswith("hvd-"):  # the rows over Horovod: join as under horovodrun
+        import _horovod_rows
+
+        _horovod_rows.enter_horovod_job()
+        name = _horovod_rows.hp_name(name)  # hvd-hp-ps-onebit runs as hp-ps-onebit
     hpt.init()
     rank, size = hpt.rank(), hpt.size()
-    name = cfg["config"]
     xtr, ytr, xte, yte = _digits()
     torch.manual_seed(0)
     model = MODELS[cfg["model"]](num_classes=10, in_channels=1)
@@ -148,6 +157,8 @@ def worker(cfg):
         opt = hpt.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                        compression=spec, strategy=strategy, plan=plan,
                                        compression_back=back)
+    elif name.startswith("hvd-"):  # Horovod's own DistributedOptimizer
+        opt = _horovod_rows.horovod_optimizer(base, model, name)
     else:  # floor: the same compute, no communication at all
         opt = base
     times, losses = [], []
@@ -177,7 +188,7 @@ def worker(cfg):
                        dtype=torch.float64)
     dist.all_reduce(cpu)  # the mean over ranks
     cpu_ms = cpu.item() / size
-    result = {"config": name, "model": cfg["model"], "rank": rank, "size": size,
+    result = {"config": cfg["config"], "model": cfg["model"], "rank": rank, "size": size,
               "ms_per_step": statistics.median(timed) * 1e3,
               "ms_steps": [t * 1e3 for t in timed], "accuracy": acc,
               "cpu_ms_per_step": cpu_ms,
@@ -264,12 +275,10 @@ def _run_local(cmd, nprocs, pypath, timeout):
 
 
 def _ensure_netem(nprocs, rate):
+    """Bring the namespaces up for this run. Never reuse running ones: another benchmark's
+    hosts share the links and the CPU; ``up`` waits for that session to end instead."""
     import netem as nm
 
-    have = [subprocess.run(["ip", "netns", "exec", f"h{i}", "true"],
-                           capture_output=True).returncode == 0 for i in range(nprocs)]
-    if all(have):
-        return False
     nm.up(nprocs, rate)
     return True
 
@@ -440,6 +449,10 @@ def main(argv=None):
     if 0 < ns.acc_steps <= ns.warmup:
         ap.error(f"--acc-steps must exceed --warmup ({ns.warmup}), or be 0")
     created = _ensure_netem(ns.nprocs, ns.netem) if ns.netem else False
+    if ns.netem and any(c.startswith("hvd-") for c in configs):
+        import _horovod_rows
+
+        _horovod_rows.netns_hosts(ns.nprocs)  # Horovod's gloo needs it (see there)
     link = f"namespaces over {ns.netem} links" if ns.netem else "loopback"
     budget = (f"{ns.nprocs} ranks on {link}, batch {ns.batch}/rank, {ns.warmup} warm-up + "
               f"{ns.steps} timed steps (median), accuracy after {ns.warmup + ns.steps} steps")
@@ -454,6 +467,9 @@ def main(argv=None):
     acc_rows = _accuracy_runs(ns, rows) if rows and ns.acc_steps > 0 else []
     if rows:
         _report(ns.model, rows, budget, acc_rows)
+        import _horovod_rows
+
+        _horovod_rows.report(rows)
         _report_accuracy(acc_rows)
         out = ns.out or os.path.join(ROOT, "results", f"train_{ns.model}"
                                      f"{'_netem' if ns.netem else ''}.json")
