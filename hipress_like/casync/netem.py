@@ -38,7 +38,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from .procs import own_process_group  # a group, not a session
 
 __all__ = ["SUBNET", "MASTER_ADDR", "up", "down", "status", "run_in_namespaces",
-           "host_address", "NetemError"]
+           "host_address", "rate_bits", "NetemError"]
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ def _tc(ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     return _run(["ip", "netns", "exec", ns, "tc"] + list(args), check=check)
 
 
-def _rate_bits(rate: str) -> int:
+def rate_bits(rate: str) -> int:
+    """Bits per second of a tc-style rate (``1gbit``, ``100mbit``); ValueError otherwise."""
     m = re.fullmatch(r"(\d+(?:\.\d+)?)(gbit|mbit|kbit|bit)", rate.strip().lower())
     if not m:
         raise ValueError(f"rate must look like 1gbit, 100mbit, 500kbit; got {rate!r}")
@@ -90,7 +91,7 @@ def _rate_bits(rate: str) -> int:
 
 def _burst_bytes(rate: str) -> int:
     # 2 ms worth of the rate, at least 32 KB: smaller buckets starve TCP at Gbit rates.
-    return max(_rate_bits(rate) // 4000, 32768)
+    return max(rate_bits(rate) // 4000, 32768)
 
 
 def host_address(rank: int) -> str:
@@ -190,7 +191,7 @@ def up(n: int, rate: str = "1gbit", delay: Optional[str] = None, *, mtu: int = 1
     _require_root()
     if not 1 <= n <= MAX_HOSTS:
         raise ValueError(f"n must be in [1, {MAX_HOSTS}], got {n}")
-    _rate_bits(rate)
+    rate_bits(rate)
     if _lock_fd is not None and _namespaces():
         raise NetemError(f"namespaces {_namespaces()} already exist: this process brought "
                          "them up; call down() first")

@@ -343,7 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from hipress_like.casync import netem
 
         try:
-            netem._rate_bits(ns.net)
+            netem.rate_bits(ns.net)
         except ValueError:
             ap.error(f"--net {ns.net!r} is not a link rate; write it as tc does (1gbit, "
                      "100mbit, 10gbit) or 'none' for loopback")

@@ -142,8 +142,8 @@ def profile_compressor(
             enc_t.append(_time(lambda g=grad, s=state: encode(g, s), repeats, min_time))
             payload, _ = encode(grad, state)
         pay.append(sent(payload))
-        dec_t.append(_time(lambda p=payload, g=grad, s=state, o=out: decode(p, g, s, o),
-                           repeats, min_time))
+        dec_t.append(_time(lambda p=payload, g=grad, o=out: decode(p, g, o), repeats,
+                           min_time))
         del grad, payload, out
     ratio, header = _fit_payload(sizes, pay)
     enc_t, dec_t = monotone(enc_t), monotone(dec_t)
@@ -155,8 +155,8 @@ def profile_compressor(
 
 
 def _codec(c: Any) -> Tuple[Callable[..., Any], Callable[..., Any], Callable[..., int]]:
-    """(encode(grad, state), decode(payload, grad, state, out), sent(payload)): ``c`` as
-    the engine runs it, and the bytes a rank sends for it.
+    """(encode(grad, state), decode(payload, grad, out), sent(payload)): ``c`` as the
+    engine runs it, and the bytes a rank sends for it.
 
     A single-round compressor: ``encode`` and ``decode(out=)``. A compressor
     with several rounds (PowerSGD's P and Q, THC's range then indices) runs
@@ -169,7 +169,7 @@ def _codec(c: Any) -> Tuple[Callable[..., Any], Callable[..., Any], Callable[...
     """
     rounds = c.capabilities.rounds
     if rounds == 1:
-        return ((lambda g, s: c.encode(g, s)), (lambda p, g, s, o: c.decode(p, out=o)),
+        return ((lambda g, s: c.encode(g, s)), (lambda p, g, o: c.decode(p, out=o)),
                 lambda p: int(p.numel()))
 
     last: List[Any] = [None, 0]  # the last encode's state (its decode needs it) and bytes
@@ -184,7 +184,7 @@ def _codec(c: Any) -> Tuple[Callable[..., Any], Callable[..., Any], Callable[...
         last[0], last[1] = state, total
         return payload, state
 
-    def decode(payload: torch.Tensor, grad: torch.Tensor, state: Any, out: torch.Tensor):
+    def decode(payload: torch.Tensor, grad: torch.Tensor, out: torch.Tensor):
         return c.decode_rounds(grad, last[0], c.merge_round(rounds - 1, [payload]), out=out,
                                average=True)
 
