@@ -76,7 +76,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
             and none.
         strategy: "ps" or "ring".
         plan: "auto", None, a ``Plan`` or a path.
-        nonfinite: "raise" or "skip".
+        nonfinite: "propagate", "skip" or "raise" (``EngineConfig.nonfinite``).
         timeout: seconds for any wait (default: ``init``'s timeout).
         seed: compressor RNG seed (identical on every rank).
         compression_back: the master compressor that encodes each aggregate
@@ -92,8 +92,9 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
     _require()
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, found {strategy!r}")
-    if nonfinite not in ("raise", "skip"):
-        raise ValueError(f"nonfinite must be 'raise' or 'skip', found {nonfinite!r}")
+    if nonfinite not in ("propagate", "skip", "raise"):
+        raise ValueError(f"nonfinite must be 'propagate' (NaN/Inf reach every rank's "
+                         f"gradients, as in DDP), 'skip' or 'raise', found {nonfinite!r}")
     plan = resolve_plan(plan)
     candidates = None
     if isinstance(compression, str) and compression == "auto":

@@ -70,8 +70,16 @@ class EngineConfig:
             before joining the next round after an idle one; the batching
             timeout. Doubles per consecutive idle round up to ``idle_wait_max``.
         report_capacity: most new sends one rank reports per round.
-        nonfinite: "raise" (error on every rank), "skip" (every rank skips the
-            step; ``synchronize`` returns False) or "ignore" (no check).
+        nonfinite: what a step does when a gradient on some rank holds NaN or
+            Inf (``nonfinite.py``). "propagate" (the front ends' default, as
+            DDP and Horovod): every rank's compressed gradients become NaN,
+            uncompressed ones carry the exact Inf/NaN sums, and every
+            compressor state is rolled back to before the step, so
+            ``torch.amp.GradScaler`` skips the step and lowers its scale;
+            "skip": the same roll-back, and ``synchronize`` returns False
+            on every rank; "raise" (the engine's default): an error on every
+            rank naming the gradient; "ignore": no scan, no roll-back (NaN
+            reaches compressors and may corrupt their state).
         seed: base of every compressor's RNG seed.
         threads: run compute and communication on background threads
             (overlap); False runs everything inside ``synchronize``
@@ -126,8 +134,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.strategy not in ("ps", "ring"):
             raise ValueError(f"strategy must be 'ps' or 'ring', found {self.strategy!r}")
-        if self.nonfinite not in ("raise", "skip", "ignore"):
-            raise ValueError(f"nonfinite must be 'raise', 'skip' or 'ignore', "
+        if self.nonfinite not in ("propagate", "skip", "raise", "ignore"):
+            raise ValueError(f"nonfinite must be 'propagate', 'skip', 'raise' or 'ignore', "
                              f"found {self.nonfinite!r}")
         if self.error_feedback not in ("auto", True, False):
             raise ValueError(f"error_feedback must be 'auto', True or False, "

@@ -70,6 +70,7 @@ from .layout import (
     numel_of,
 )
 from .manager import TaskManager
+from .nonfinite import StateUndo, finish_step
 from .step import Handle, StepState
 from .tasks import Kind, Task, TaskGraph
 from .timeline import Event, Timeline
@@ -108,6 +109,7 @@ class Engine:
         self.timeline = Timeline(self.rank)
         self.timeline.enabled = config.timeline
         self._states: Dict[str, Dict[str, Any]] = {}
+        self._undo = StateUndo() if config.nonfinite in ("propagate", "skip") else None
         self._layout = Layout()
         self._lane_of: Dict[int, LaneBucket] = {}
         self._lane_by_key: Dict[int, LaneBucket] = {}
@@ -209,15 +211,15 @@ class Engine:
         if lane is not None:
             return self._submit_to_lane(lane, g, tensor)
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
-        if self.config.nonfinite != "ignore" and not all_finite(work):
-            self._on_nonfinite(g.idx, name)
-            work.zero_()  # keep NaN out of compressor state; the step is skipped everywhere
+        if self.config.nonfinite != "ignore" and not all_finite(work) \
+                and self._on_nonfinite(g.idx, name, g.compressor is not None):
+            work.zero_()  # no compressor sees NaN; the step is undone (nonfinite.py)
         check_gradient(work, nonfinite="ignore", name=name)
         handle = Handle(self, name, tensor, work)
         self._admit(g, handle)
         b = StepBuilder(self._graph, self._st, g, handle, self.rank, self.size)
         # submit() scanned the gradient for NaN/Inf (or zeroed it): compressors skip theirs
-        add_gradient_tasks(b, work, self._states, self._seed_of,
+        add_gradient_tasks(b, work, self._states, self._seed_of, undo=self._undo,
                            vouched=self.config.nonfinite != "ignore", step=self._st.index)
         b.seal()
         self._start_step()
@@ -230,18 +232,20 @@ class Engine:
             self._st.digest ^= digest_of(g.idx)
             self._st.handles.append(handle)
 
-    def _on_nonfinite(self, idx: int, name: str) -> None:
+    def _on_nonfinite(self, idx: int, name: str, compressed: bool) -> bool:
         """Gradient ``name`` holds NaN/Inf: with ``nonfinite="raise"`` fail the step on
-        every rank (the next report tells the peers) and raise here; with "skip"
-        mark the step skipped (the caller zeroes what it sends)."""
+        every rank (the next report tells the peers) and raise here; else flag the
+        step, which every rank then undoes (``nonfinite.py``). Returns whether to
+        zero the gradient: for "skip", and before a compressor."""
         if self.config.nonfinite == "raise":
             err = ValueError(f"gradient {name!r} contains NaN or Inf (rank {self.rank}); lower "
-                             "the learning rate, or use nonfinite='skip' to skip such steps "
-                             "on every rank")
+                             "the learning rate, or pass nonfinite='propagate' (NaN reaches "
+                             "every rank's gradients, as in DDP) or 'skip'")
             self._fail(err, idx)
             self._flush_error()
             raise err
         self._st.nonfinite = True
+        return compressed or self.config.nonfinite == "skip"
 
     def _submit_to_lane(self, lane: LaneBucket, g: GradLayout, tensor: torch.Tensor) -> Handle:
         """``submit`` for a gradient of the collective lane: copy it into its bucket's
@@ -263,10 +267,9 @@ class Engine:
         """Check a bucket for NaN/Inf (per ``nonfinite``) and report it as one
         collective (a sum; the bucket's ``write_mean`` then writes the means)."""
         if self.config.nonfinite != "ignore":
-            bad = lane.first_nonfinite()
-            if bad is not None:
-                self._on_nonfinite(*bad)
-                lane.buf.zero_()  # the step is skipped everywhere; keep the sum finite
+            bad = lane.first_nonfinite()  # "propagate" lets Inf/NaN reach the sums, as DDP
+            if bad is not None and self._on_nonfinite(*bad, compressed=False):
+                lane.buf.zero_()
         lane.flushed = True
         t = Task(Kind.ALLREDUCE, f"bucket{lane.index}", 0, lambda: lane.buf, info="sum")
         t.msg = (lane.key, COLLECTIVE)
@@ -319,8 +322,8 @@ class Engine:
         """Close this step's submissions and wait until every gradient is averaged.
 
         Returns:
-            True, or False when the step was skipped because some rank saw
-            NaN/Inf with ``nonfinite="skip"`` (every rank returns False).
+            True, or False when some rank saw NaN/Inf with ``nonfinite="skip"``
+            (every rank returns False; "propagate" writes NaN: ``nonfinite.py``).
 
         Raises:
             EngineError, PeerError, GradientMismatchError: on every rank.
@@ -344,29 +347,26 @@ class Engine:
         self._raise_if_failed()
         for h in self._st.handles:  # complete once the step is: a bounded check, no wait
             h.wait()
+        done = self._graph.clear_done()
         if self.timeline.enabled:
             self.timeline.extend(Event(t.kind.value, t.grad, t.part, t.start, t.end, t.nbytes,
-                                       t.queue, self._step) for t in self._graph.clear_done())
-        else:
-            self._graph.clear_done()
-        skipped = self._st.skipped
+                                       t.queue, self._step) for t in done)
+        ok = finish_step(self._undo, self._states, self._st.skipped, self._st.handles,
+                         self._layout.grads, self.config.nonfinite)
         self._step += 1
         with self._cv:
             self._st = StepState(self._step)
             for lane in self._layout.lane:
                 lane.reset()
         self._comm.done.clear()
-        return not skipped
+        return ok
 
     def _absent_round_keys(self):
         """(key, ABSENT, 0) for the round payloads of grouped gradients not submitted
         this step, so their static groups can leave without them (``coordinator``)."""
-        out = []
-        for g in self._layout.grads.values():
-            if g.workflow is Workflow.ROUNDS_ALLREDUCE and g.name not in self._st.submitted:
-                out.extend((msg_key(g.idx, 0, r, 0), ABSENT, 0)
-                           for r in range(g.compressor.capabilities.rounds))
-        return out
+        return [(msg_key(g.idx, 0, r, 0), ABSENT, 0) for g in self._layout.grads.values()
+                if g.workflow is Workflow.ROUNDS_ALLREDUCE and g.name not in self._st.submitted
+                for r in range(g.compressor.capabilities.rounds)]
 
     @property
     def step(self) -> int:

@@ -95,13 +95,16 @@ class CompressorCodec:
     the engine's step count: with ``capabilities.shared_randomness`` it
     becomes the state's per-step seed (``base.STEP_SEED``). ``back`` is the
     master compressor of bidirectional compression (None: ``comp`` encodes
-    the aggregate too): ``encode_back`` and ``write_mean`` use it.
+    the aggregate too): ``encode_back`` and ``write_mean`` use it. ``undo``
+    (``nonfinite.StateUndo``) keeps each state as the step found it, so a
+    step some rank saw NaN/Inf in can be undone.
     """
 
     def __init__(self, comp: Compressor, states: Dict[str, State], key: str,
                  seed_of: Any, world_size: int, vouched: bool = False, step: int = 0,
-                 rank: int = 0, back: Optional[Compressor] = None):
+                 rank: int = 0, back: Optional[Compressor] = None, undo: Any = None):
         self.comp = comp
+        self.undo = undo
         self.back = back
         self.step = step
         self.rank = rank
@@ -119,6 +122,8 @@ class CompressorCodec:
         comp = comp or self.comp
         k = f"{self.key}|{site}"
         st = self.states.get(k)
+        if self.undo is not None:  # before this step's first change to it
+            self.undo.save(k, st)
         if st is None:
             # the run reaches the compressor through init's declared keywords
             # (Compressor.init), never through keys written into its state
@@ -198,7 +203,7 @@ def _shared_seed(key: str) -> int:
 
 
 def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of: Any, *,
-                       vouched: bool, step: int = 0) -> None:
+                       vouched: bool, step: int = 0, undo: Any = None) -> None:
     """Add every task of gradient ``b.grad`` (its values in ``work``) for one step.
 
     Args:
@@ -208,13 +213,15 @@ def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of:
         seed_of: a state key -> that state's RNG seed.
         vouched: the engine checked the gradient for NaN/Inf already.
         step: the engine's step count (per-step shared seeds).
+        undo: a ``nonfinite.StateUndo`` that keeps the states this step
+            changes, or None.
     """
     g = b.grad
     flat = work.view(-1)
     for p, (s, e, agg) in enumerate(g.parts):
         if g.compressor is not None:
             codec = CompressorCodec(g.compressor, states, f"{g.name}|{p}", seed_of, b.size,
-                                    vouched, step, b.rank, g.back)
+                                    vouched, step, b.rank, g.back, undo)
         else:
             codec = RawCodec(g.dtype)
         if g.workflow in (Workflow.ROUNDS, Workflow.ROUNDS_RING, Workflow.ROUNDS_ALLREDUCE):

@@ -5,10 +5,18 @@
 the small, blocking-by-default operations training scripts use around the
 optimizer (metric averaging); gradients go through the engine instead.
 Objects and model/optimizer state are in ``objects``.
+
+Every dtype Horovod's collectives take works, including those gloo lacks
+(int16, uint16; also uint32 and uint64): ``allgather`` and ``broadcast``
+move them as their bytes (exact for any dtype), and ``allreduce`` widens
+int16/uint16 to int32 and uint32 to int64, reduces, and casts back, which
+gives the same bits as reducing in the narrow type (a sum wraps around
+alike). uint64 cannot be widened exactly and is refused by ``allreduce``.
 """
 from __future__ import annotations
 
 import logging
+import math
 from datetime import timedelta
 from typing import Any, Callable, List, Optional
 
@@ -28,6 +36,11 @@ log = logging.getLogger(__name__)
 
 # Reduction ops, as Horovod names them.
 Average, Sum, Adasum, Min, Max, Product = "average", "sum", "adasum", "min", "max", "product"
+
+# dtypes torch.distributed's gloo backend refuses ("Invalid scalar type"), and the
+# exact widening allreduce uses for them; allgather and broadcast move their bytes.
+_NOT_ON_WIRE = {torch.int16, torch.uint16, torch.uint32, torch.uint64}
+_WIDER = {torch.int16: torch.int32, torch.uint16: torch.int32, torch.uint32: torch.int64}
 
 
 class _Handle:
@@ -130,15 +143,20 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
     dist = _dist()
     _check_tensor(tensor, "allreduce")
     _no_process_set(process_set)
+    what = f"allreduce {name!r}" if name else "allreduce"
     op = _resolve_op(op, average)
     spec = _spec(compression)
     if spec.name not in ("identity", "fp16"):
         raise ValueError(f"allreduce_async_ supports Compression.none and Compression.fp16, "
                          f"found {spec!r}; use the blocking allreduce() for other compressors")
-    what = f"allreduce {name!r}" if name else "allreduce"
     wire, ctx = spec.compress(tensor)
     if wire is tensor:
         wire = tensor if tensor.is_contiguous() else tensor.contiguous()
+    if wire.dtype in _NOT_ON_WIRE:
+        if wire.dtype not in _WIDER:
+            raise TypeError(f"{what}: {wire.dtype} cannot be reduced exactly (no wider "
+                            "integer type); cast it to torch.int64 first")
+        wire = wire.to(_WIDER[wire.dtype])  # exact; finish() casts back into tensor
     if prescale_factor != 1.0:
         wire.mul_(prescale_factor)
     reduce_op = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
@@ -266,6 +284,9 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     if t.dim() == 0:
         t = t.reshape(1)
     t = t.contiguous()
+    dtype, rest = t.dtype, tuple(t.shape[1:])
+    if dtype in _NOT_ON_WIRE:  # move the rows' bytes: exact for any dtype
+        t = t.reshape(-1).view(torch.uint8).reshape(t.shape[0], math.prod(rest) * t.itemsize)
     n = dist.get_world_size()
     rows = torch.tensor([t.shape[0]], dtype=torch.int64)
     all_rows = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
@@ -277,8 +298,14 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
         padded = torch.cat([t, t.new_zeros((m - t.shape[0],) + tuple(t.shape[1:]))])
     outs = [torch.empty_like(padded) for _ in range(n)]
     work = dist.all_gather(outs, padded, async_op=True)
-    return _Handle([work], lambda: torch.cat([o[:c] for o, c in zip(outs, counts)]),  # noqa: B905
-                   what)
+
+    def finish() -> torch.Tensor:
+        out = torch.cat([o[:c] for o, c in zip(outs, counts)])  # noqa: B905
+        if out.dtype != dtype:  # back from bytes
+            out = out.reshape(-1).view(dtype).reshape((sum(counts),) + rest)
+        return out
+
+    return _Handle([work], finish, what)
 
 
 def allgather(tensor: torch.Tensor, name: Optional[str] = None,
@@ -302,7 +329,9 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
     if not 0 <= root_rank < n:
         raise ValueError(f"root_rank must be in [0, {n}), found {root_rank}")
     wire = tensor.data if tensor.is_contiguous() else tensor.detach().contiguous()
-    work = dist.broadcast(wire, src=root_rank, async_op=True)
+    # a dtype gloo lacks travels as its bytes (a view: received bytes land in wire)
+    send = wire.reshape(-1).view(torch.uint8) if wire.dtype in _NOT_ON_WIRE else wire
+    work = dist.broadcast(send, src=root_rank, async_op=True)
 
     def finish() -> torch.Tensor:
         if wire is not tensor.data:

@@ -89,9 +89,17 @@ class _DistributedOptimizerMixin:
             raise ValueError(f"op must be hpt.Average or hpt.Sum, found {op!r}")
         params = [p for g in self.param_groups for p in g["params"]]
         self._hp_names = resolve_names(params, named_parameters, self.param_groups)
-        self._hp_params = list({id(p): p for p in params}.values())
+        # Only parameters that can receive a gradient are synchronised, so only they
+        # are checked for a reducible dtype: a frozen integer parameter (requires_grad
+        # False; torch lets no integer tensor require grad) never gets one. Frozen
+        # float parameters stay registered: they may be unfrozen later.
+        self._hp_params = [p for p in {id(p): p for p in params}.values()
+                           if p.requires_grad or p.is_floating_point()]
         self._hp_bpps = backward_passes_per_step
         self._hp_op = op
+        # a factor applied to every averaged gradient (BytePS's pre_scale_factor *
+        # post_scale_factor: hipress_like.byteps.torch sets it); 1.0 for Horovod's face
+        self._hp_scale = 1.0
         self._hp_size = rt.size
         self._hp_rank = rt.rank
         self._hp_sparse_as_dense = bool(sparse_as_dense)
@@ -186,15 +194,18 @@ class _DistributedOptimizerMixin:
                 if p.requires_grad and key not in st.handles and key not in st.sparse:
                     self._hp_submit(p)
             ok = bool(self._hp_engine.synchronize())  # every handle is complete after it
+            scale = self._hp_scale * (self._hp_size if self._hp_op == Sum else 1)
             for p, _, wire in st.handles.values():
                 with torch.no_grad():
                     if wire is not None:
                         p.grad.copy_(wire)
-                    if self._hp_op == Sum and self._hp_size > 1:
-                        p.grad.mul_(self._hp_size)
+                    if scale != 1:
+                        p.grad.mul_(scale)
             for p in st.sparse.values():
                 p.grad = sparse_average(p.grad, self._hp_names[id(p)],
                                          self._hp_op == Average)
+                if self._hp_scale != 1:
+                    p.grad = p.grad * self._hp_scale
         finally:
             st.handles.clear()
             st.sparse.clear()
@@ -383,7 +394,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          op: str = Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
                          process_set: Any = None, *, strategy: str = "ps", plan: Any = "auto",
-                         nonfinite: str = "raise", timeout: Optional[float] = None,
+                         nonfinite: str = "propagate", timeout: Optional[float] = None,
                          seed: int = 0, compression_back: Any = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged by CaSync.
 
@@ -418,7 +429,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             With ``Compression.none`` (the default) there is nothing to
             decide: every gradient takes the engine's allreduce lane and
             "auto" profiles nothing.
-        nonfinite: "raise" on NaN/Inf gradients, or "skip" the step on every rank.
+        nonfinite: what a step does when some rank's gradient holds NaN/Inf.
+            "propagate" (default, as DDP and Horovod): the averaged
+            gradients are non-finite on every rank (compressed ones NaN,
+            uncompressed ones the exact sums) and every compressor state
+            (error feedback, PowerSGD's Q, DGC's momentum) is rolled back to
+            before the step, so ``torch.amp.GradScaler`` skips the step and
+            lowers its scale; call ``optimizer.synchronize()`` before
+            ``scaler.unscale_(optimizer)`` and step inside
+            ``skip_synchronize()``, as with Horovod. "skip": the same
+            roll-back, and ``step()`` does not step the wrapped optimizer on
+            any rank. "raise": an error on every rank naming the gradient.
         timeout: seconds before a stalled or dead peer becomes an error.
         seed: seed of the compressors' random streams (same on all ranks).
         compression_back: bidirectional compression (Natural Compression,
