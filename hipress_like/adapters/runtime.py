@@ -14,7 +14,10 @@ through torch.distributed, trying in order:
 4. ``horovodrun`` (gloo or MPI mode): ``hvd.init()``, then the same store,
    its address shared by ``hvd.broadcast_object`` (``horovod_rendezvous``);
    the engines then run over Horovod itself (``engine_transport``);
-5. none of these: one process (size 1) on a private in-memory store, so a
+5. a one-machine bpslaunch-style environment (``DMLC_WORKER_ID``,
+   ``DMLC_NUM_WORKER``): gloo at ``DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT``, where
+   BytePS's scheduler would listen (no servers or scheduler run here);
+6. none of these: one process (size 1) on a private in-memory store, so a
    Horovod script still runs unchanged with ``python train.py``.
 
 The default group carries the user-facing collectives (``allreduce``,
@@ -152,6 +155,33 @@ def _init_horovod(launch: Any, timeout: float) -> _Runtime:
                     transport="horovod")
 
 
+def _init_bpslaunch(launch: Any, timeout: float) -> _Runtime:
+    """Meet the other workers of a one-machine bpslaunch-style job (``DMLC_WORKER_ID``,
+    ``DMLC_NUM_WORKER``) over gloo at the address BytePS's scheduler would use
+    (``DMLC_PS_ROOT_URI``/``_PORT``); no servers or scheduler run here."""
+    import torch.distributed as dist
+
+    role = os.environ.get("DMLC_ROLE", "worker")
+    if role != "worker":
+        raise LaunchError(f"DMLC_ROLE={role!r}: hipress-like runs no BytePS servers or "
+                          "scheduler (aggregation is co-located with the workers); start "
+                          "only the workers")
+    addr = os.environ.get("DMLC_PS_ROOT_URI") or os.environ.get("MASTER_ADDR")
+    port = os.environ.get("DMLC_PS_ROOT_PORT") or os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise LaunchError("a bpslaunch-style environment (DMLC_WORKER_ID, DMLC_NUM_WORKER) "
+                          "needs the address the workers meet at: set DMLC_PS_ROOT_URI and "
+                          "DMLC_PS_ROOT_PORT (as bpslaunch does), e.g. 127.0.0.1 and a free "
+                          f"port, or launch with torchrun (torchrun --nproc-per-node "
+                          f"{launch.size} script.py)")
+    dist.init_process_group(_backend(), init_method=f"tcp://{addr}:{int(port)}",
+                            rank=launch.rank, world_size=launch.size,
+                            timeout=timedelta(seconds=timeout))
+    # one machine: the local ranks are the ranks
+    return _Runtime(launch.rank, launch.size, launch.rank, launch.size, "bpslaunch", True,
+                    timeout)
+
+
 def engine_transport(timeout: float) -> Any:
     """The transport an engine of this process gets (collective: every rank calls it).
 
@@ -242,13 +272,7 @@ def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = 
     elif launch.launcher in ("horovodrun-gloo", "horovodrun-mpi"):
         _rt = _init_horovod(launch, t)
     elif launch.launcher == "bpslaunch":
-        how = "a bpslaunch-style environment (DMLC_WORKER_ID, DMLC_NUM_WORKER)"
-        raise LaunchError(
-            f"this process was started by {how} as rank {launch.rank} of {launch.size}, but "
-            "hipress_like.torch cannot rendezvous through that launcher yet (it would "
-            "otherwise train alone as a world of one). Launch with torchrun "
-            f"(torchrun --nproc-per-node {launch.size} script.py), with mpirun, or with "
-            "horovodrun")
+        _rt = _init_bpslaunch(launch, t)
     else:
         dist.init_process_group(_backend(), store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timedelta(seconds=t))
