@@ -42,6 +42,15 @@ def collectives_worker(ctx):
     out["params"] = torch.cat([p.detach().reshape(-1) for p in m.parameters()]).tolist()
     out["lr"] = opt.param_groups[0]["lr"]
     out["exp_avg"] = opt.state[m.weight]["exp_avg"].reshape(-1).tolist()
+    # a fresh optimizer (no state yet) with a frozen integer parameter: zero
+    # grads appear where gradients will (as after Horovod's call), nothing steps
+    fresh = nn.Module()
+    fresh.idx = nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+    fresh.w = nn.Parameter(torch.full((4,), float(r)))
+    opt2 = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9, weight_decay=0.5)
+    hpt.broadcast_optimizer_state(opt2, root_rank=0)
+    out["fresh"] = (fresh.idx.grad is None, fresh.w.grad.tolist(), fresh.w.tolist(),
+                    len(opt2.state))
     hpt.barrier()
     return out
 
@@ -64,3 +73,5 @@ def test_functional_collectives():
         for key in ("lossy", "params", "lr", "exp_avg"):
             assert out[key] == res[0][key], key
     assert res[0]["lr"] == 0.01
+    for r, out in enumerate(res):
+        assert out["fresh"] == (True, [0.0] * 4, [float(r)] * 4, 0)
