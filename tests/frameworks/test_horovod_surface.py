@@ -8,7 +8,8 @@ broadcast of model and optimizer state with a frozen parameter, fp16
 compression, duplicate and missing parameter names refused, parameters
 left unnamed, clipping between ``synchronize()`` and ``step()``, and the
 warning when ``step()`` follows ``synchronize()`` outside
-``skip_synchronize()``. Every check must pass on both ranks.
+``skip_synchronize()``, and that these collectives travel over Horovod
+itself. Every check must pass on both ranks.
 
 The same behaviours are checked by Horovod's own test_torch.py through
 ``tests/frameworks/horovod_suite.py``.
@@ -28,7 +29,7 @@ CHECKS = ("rank_and_size", "allreduce_sum_average_and_in_place",
           "broadcast_object_from_root", "broadcast_state_with_a_frozen_parameter",
           "compression_fp16_round_trip", "duplicate_names_are_refused",
           "clip_between_synchronize_and_step", "step_after_synchronize_warns",
-          "missing_and_absent_named_parameters")
+          "missing_and_absent_named_parameters", "collectives_ride_horovod")
 
 
 @pytest.fixture(scope="module", params=["gloo", "mpi"])

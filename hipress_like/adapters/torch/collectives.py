@@ -12,6 +12,11 @@ move them as their bytes (exact for any dtype), and ``allreduce`` widens
 int16/uint16 to int32 and uint32 to int64, reduces, and casts back, which
 gives the same bits as reducing in the narrow type (a sum wraps around
 alike). uint64 cannot be widened exactly and is refused by ``allreduce``.
+
+In a job started by ``horovodrun`` the same calls run over Horovod itself
+(``hvd.allreduce_async_``, ``allgather_async``, ``broadcast_async_``), as
+the engines do: ``_Wire`` chooses once per call. Horovod's own stall check
+then stands in for this module's timeout.
 """
 from __future__ import annotations
 
@@ -71,6 +76,68 @@ class _Handle:
             self._result = self._finish()
             self._done = True
         return self._result
+
+
+class _HorovodWork:
+    """A Horovod handle shaped like a torch.distributed work (``is_completed``, ``wait``)."""
+
+    def __init__(self, hvd: Any, handle: Any):
+        self._hvd, self._h, self.result = hvd, handle, None
+
+    def is_completed(self) -> bool:
+        return self.result is not None or bool(self._hvd.poll(self._h))
+
+    def wait(self, timeout: Any = None) -> None:
+        if self.result is None:
+            self.result = self._hvd.synchronize(self._h)
+
+
+class _Wire:
+    """Where this process's user-facing collectives go: torch.distributed's
+    default group, or Horovod in a horovodrun job (``runtime`` decided at init)."""
+
+    def __init__(self) -> None:
+        self.dist = _dist()
+        self.hvd = None
+        if _require().transport == "horovod":
+            import horovod.torch as hvd
+
+            self.hvd = hvd
+        self.size = self.hvd.size() if self.hvd else self.dist.get_world_size()
+
+    def all_reduce(self, wire: torch.Tensor, op: str) -> Any:
+        """Start an in-place reduction of ``wire`` (op: Sum/Min/Max/Product; Average sums)."""
+        if self.hvd:
+            hop = {Average: self.hvd.Sum, Sum: self.hvd.Sum, Min: self.hvd.Min,
+                   Max: self.hvd.Max, Product: self.hvd.Product}[op]
+            return _HorovodWork(self.hvd, self.hvd.allreduce_async_(wire, op=hop))
+        rop = self.dist.ReduceOp
+        reduce_op = {Average: rop.SUM, Sum: rop.SUM, Min: rop.MIN, Max: rop.MAX,
+                     Product: rop.PRODUCT}[op]
+        return self.dist.all_reduce(wire, op=reduce_op, async_op=True)
+
+    def all_gather(self, outs: List[torch.Tensor], t: torch.Tensor) -> Any:
+        """Start gathering equal-shaped ``t`` from every rank into ``outs`` (rank order)."""
+        if self.hvd:
+            work = _HorovodWork(self.hvd, self.hvd.allgather_async(t))
+
+            class _Into:
+                def is_completed(self) -> bool:
+                    return work.is_completed()
+
+                def wait(self, timeout: Any = None) -> None:
+                    work.wait()
+                    for o, part in zip(outs, work.result.chunk(len(outs))):  # noqa: B905
+                        o.copy_(part)
+
+            return _Into()
+        return self.dist.all_gather(outs, t, async_op=True)
+
+    def broadcast(self, t: torch.Tensor, root: int) -> Any:
+        """Start an in-place broadcast of ``t`` from rank ``root``."""
+        if self.hvd:
+            return _HorovodWork(self.hvd, self.hvd.broadcast_async_(t, root_rank=root))
+        return self.dist.broadcast(t, src=root, async_op=True)
 
 
 def synchronize(handle: _Handle) -> torch.Tensor:
@@ -140,7 +207,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
         compression: ``Compression.none`` or ``Compression.fp16`` (the wire
             type); other compressors are for gradients, see ``allreduce``.
     """
-    dist = _dist()
+    wire_to = _Wire()
     _check_tensor(tensor, "allreduce")
     _no_process_set(process_set)
     what = f"allreduce {name!r}" if name else "allreduce"
@@ -159,10 +226,8 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
         wire = wire.to(_WIDER[wire.dtype])  # exact; finish() casts back into tensor
     if prescale_factor != 1.0:
         wire.mul_(prescale_factor)
-    reduce_op = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
-                 Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}[op]
-    work = dist.all_reduce(wire, op=reduce_op, async_op=True)
-    n = dist.get_world_size()
+    work = wire_to.all_reduce(wire, op)
+    n = wire_to.size
 
     def finish() -> torch.Tensor:
         out = spec.decompress(wire, ctx)
@@ -260,23 +325,23 @@ def _no_process_set(process_set: Any) -> None:
 
 def _allgather_uint8(data: torch.Tensor, what: str) -> List[torch.Tensor]:
     """Allgather 1-D uint8 tensors of any lengths; list index = rank."""
-    dist = _dist()
-    n = dist.get_world_size()
+    wire = _Wire()
+    n = wire.size
     size = torch.tensor([data.numel()], dtype=torch.int64)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
-    _Handle([dist.all_gather(sizes, size, async_op=True)], lambda: size, what).wait()
+    _Handle([wire.all_gather(sizes, size)], lambda: size, what).wait()
     m = max(int(s.item()) for s in sizes)
     buf = torch.zeros(max(m, 1), dtype=torch.uint8)
     buf[: data.numel()] = data
     outs = [torch.empty_like(buf) for _ in range(n)]
-    _Handle([dist.all_gather(outs, buf, async_op=True)], lambda: buf, what).wait()
+    _Handle([wire.all_gather(outs, buf)], lambda: buf, what).wait()
     return [o[: int(s.item())] for o, s in zip(outs, sizes)]  # noqa: B905
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: Any = None) -> _Handle:
     """Start an allgather; ``synchronize(handle)`` returns the concatenation."""
-    dist = _dist()
+    wire = _Wire()
     _check_tensor(tensor, "allgather")
     _no_process_set(process_set)
     what = f"allgather {name!r}" if name else "allgather"
@@ -287,17 +352,17 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     dtype, rest = t.dtype, tuple(t.shape[1:])
     if dtype in _NOT_ON_WIRE:  # move the rows' bytes: exact for any dtype
         t = t.reshape(-1).view(torch.uint8).reshape(t.shape[0], math.prod(rest) * t.itemsize)
-    n = dist.get_world_size()
+    n = wire.size
     rows = torch.tensor([t.shape[0]], dtype=torch.int64)
     all_rows = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
-    _Handle([dist.all_gather(all_rows, rows, async_op=True)], lambda: rows, what).wait()
+    _Handle([wire.all_gather(all_rows, rows)], lambda: rows, what).wait()
     counts = [int(r.item()) for r in all_rows]
     m = max(counts)
     padded = t
     if t.shape[0] < m:
         padded = torch.cat([t, t.new_zeros((m - t.shape[0],) + tuple(t.shape[1:]))])
     outs = [torch.empty_like(padded) for _ in range(n)]
-    work = dist.all_gather(outs, padded, async_op=True)
+    work = wire.all_gather(outs, padded)
 
     def finish() -> torch.Tensor:
         out = torch.cat([o[:c] for o, c in zip(outs, counts)])  # noqa: B905
@@ -322,16 +387,16 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None,
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: Any = None) -> _Handle:
     """Start an in-place broadcast from ``root_rank``."""
-    dist = _dist()
+    wire_to = _Wire()
     _check_tensor(tensor, "broadcast")
     _no_process_set(process_set)
-    n = dist.get_world_size()
+    n = wire_to.size
     if not 0 <= root_rank < n:
         raise ValueError(f"root_rank must be in [0, {n}), found {root_rank}")
     wire = tensor.data if tensor.is_contiguous() else tensor.detach().contiguous()
     # a dtype gloo lacks travels as its bytes (a view: received bytes land in wire)
     send = wire.reshape(-1).view(torch.uint8) if wire.dtype in _NOT_ON_WIRE else wire
-    work = dist.broadcast(send, src=root_rank, async_op=True)
+    work = wire_to.broadcast(send, root_rank)
 
     def finish() -> torch.Tensor:
         if wire is not tensor.data:
