@@ -330,6 +330,9 @@ def main(argv=None) -> int:
                    "nprocs": a.nprocs, "reps": a.reps,
                    "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
     print(f"wrote {a.out}")
+    import _figures
+
+    print(f"picture: {_figures.sync_png(rows, a.out)}")
     return 0
 
 

@@ -478,6 +478,9 @@ def main(argv=None):
             json.dump({"model": ns.model, "budget": budget, "rows": rows,
                        "accuracy_rows": acc_rows}, f, indent=1)
         print(f"\nwrote {out}")
+        import _figures
+
+        print(f"picture: {_figures.train_png(rows, out, f'bench/train.py: {ns.model}, {budget}')}")
     return 0
 
 
