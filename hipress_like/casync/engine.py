@@ -71,6 +71,7 @@ from .layout import (
 )
 from .manager import TaskManager
 from .nonfinite import StateUndo, finish_step
+from .replay import Schedule
 from .step import Handle, StepState
 from .tasks import Kind, Task, TaskGraph
 from .timeline import Event, Timeline
@@ -389,10 +390,13 @@ class Engine:
 
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        """Compressor states (error feedback, warm starts, momenta) and the step count."""
+        """Compressor states (error feedback, warm starts, momenta), the step count, and
+        the recorded replay schedule (``replay.Schedule.to_list`` says why)."""
+        sched = self._comm.schedule
         return {"format": "hipress-like-engine", "version": 1, "step": self._step,
                 "compressor": repr(self.compressor), "compressors": self._layout.compressors(),
-                "states": {k: dict(v) for k, v in self._states.items()}}
+                "states": {k: dict(v) for k, v in self._states.items()},
+                "replay_schedule": sched.to_list() if sched is not None else None}
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
         """Restore ``state_dict()`` output (same compressor and gradients).
@@ -401,19 +405,13 @@ class Engine:
             ValueError: not an engine state, or saved with another compressor or,
                 per gradient, another plan.
         """
-        if not isinstance(d, Mapping) or d.get("format") != "hipress-like-engine":
-            raise ValueError("not a hipress-like engine state_dict")
-        if d.get("version") != 1:
-            raise ValueError(f"engine state version {d.get('version')!r} is not supported")
-        if d.get("compressor") != repr(self.compressor):
-            raise ValueError(f"state was saved with compressor {d.get('compressor')}, this "
-                             f"engine uses {self.compressor!r}")
-        if (why := self._layout.compressor_mismatch(d.get("compressors"))) is not None:
-            raise ValueError(why)
+        self._layout.check_saved(d, self.compressor)
         self._states.clear()
         self._states.update({k: dict(v) for k, v in d["states"].items()})
         self._step = int(d.get("step", 0))
         self._st.index = self._step
+        if d.get("replay_schedule") is not None and self._comm.replayable:
+            self._comm.schedule = Schedule.from_list(d["replay_schedule"])
 
     def reset_state(self) -> None:
         """Forget every compressor state (they start fresh at the next encode)."""

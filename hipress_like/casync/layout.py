@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -114,6 +114,23 @@ class Layout:
         return (f"state was saved with another plan: gradient {n!r} was compressed by "
                 f"{saved.get(n) or 'nothing'}, this engine uses {now.get(n) or 'nothing'} "
                 f"({len(bad)} gradient(s) differ); load it under the plan it was saved with")
+
+    def check_saved(self, d: Any, compressor: Any) -> None:
+        """Refuse an engine ``state_dict`` that does not fit this layout.
+
+        Raises:
+            ValueError: not an engine state, another version, another engine
+                compressor or, per gradient, another plan.
+        """
+        if not isinstance(d, Mapping) or d.get("format") != "hipress-like-engine":
+            raise ValueError("not a hipress-like engine state_dict")
+        if d.get("version") != 1:
+            raise ValueError(f"engine state version {d.get('version')!r} is not supported")
+        if d.get("compressor") != repr(compressor):
+            raise ValueError(f"state was saved with compressor {d.get('compressor')}, this "
+                             f"engine uses {compressor!r}")
+        if (why := self.compressor_mismatch(d.get("compressors"))) is not None:
+            raise ValueError(why)
 
     def replayable(self) -> bool:
         """Every gradient travels by allreduce (no PS or Ring links)."""

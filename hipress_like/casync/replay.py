@@ -80,6 +80,31 @@ class Schedule:
         """
         return cls(tuple(tuple(b) for b in buckets), frozenset(k for b in buckets for k, _, _ in b))
 
+    def to_list(self) -> List[List[List[Any]]]:
+        """Plain data for a checkpoint: per bucket ``[key, numel, "float32"]`` members.
+
+        A resumed run that replays the saved schedule fuses its allreduces as
+        the uninterrupted run did; recording its own, the fusion would follow
+        that step's timing, and with 3 or more ranks a float sum's last bits
+        depend on where an element sits in the fused buffer (gloo's ring
+        reduces each chunk from a different rank).
+        """
+        return [[[int(k), int(n), str(dt).replace("torch.", "")] for k, n, dt in b]
+                for b in self.buckets]
+
+    @classmethod
+    def from_list(cls, buckets: Sequence[Sequence[Sequence[Any]]]) -> "Schedule":
+        """Inverse of ``to_list``.
+
+        Raises:
+            ValueError: not a saved schedule.
+        """
+        try:
+            return cls.of([[(int(k), int(n), getattr(torch, str(dt))) for k, n, dt in b]
+                           for b in buckets])
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"not a saved replay schedule: {e}") from e
+
 
 
 def dtype_groups(members: Sequence[Member], ops: Optional[Mapping[int, str]] = None
