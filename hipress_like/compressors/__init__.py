@@ -8,8 +8,9 @@ Algorithms register themselves on import; this package imports them all.
 """
 # Importing the algorithm modules registers them (identity/none, fp16, onebit,
 # tbq, terngrad, topk, randomk, dgc, graddrop, powersgd, ef, natural,
-# natural_dithering, dithering, compose, thc).
+# natural_dithering, dithering, compose, thc, star_topk, var_topk, mstopk).
 from . import (  # noqa: F401
+    artopk,
     compose,
     dgc,
     dithering,

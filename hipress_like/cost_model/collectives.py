@@ -110,3 +110,122 @@ COLLECTIVES = {
     "broadcast": broadcast,
     "allgather": allgather,
 }
+
+
+# -- choosing the collective of top-k (Sec. 3-D, Eq. 5a-5c) ---------------------------
+
+# The three ways to synchronise a top-k compressed gradient the paper compares.
+SELECTABLE = ("allgather", "art_ring", "art_tree")
+
+__all__ += ["SELECTABLE", "check_collective", "topk_costs", "eq5a_threshold", "eq5b_threshold",
+            "eq5c_threshold", "select_collective", "select_per_gradient"]
+
+
+def check_collective(name: str) -> str:
+    """``name`` if it is one of ``SELECTABLE``; else a ValueError listing them."""
+    if name not in SELECTABLE:
+        raise ValueError(f"unknown collective {name!r}; available: {', '.join(SELECTABLE)}")
+    return name
+
+
+def _check_select(m: float, n: int, alpha: float, beta: float, c: float) -> None:
+    _check(m, n, alpha, beta)
+    if n < 2:
+        raise ValueError(f"choosing a collective needs n >= 2 workers, found {n}: with one "
+                         "worker nothing is exchanged, and log(1) = 0 leaves Eq. 5a-5c "
+                         "undefined")
+    if not (isinstance(c, (int, float)) and 0.0 < c <= 1.0):
+        raise ValueError(f"c (the compression ratio) must be in (0, 1], found {c!r}")
+
+
+def topk_costs(m: float, n: int, alpha: float, beta: float, c: float) -> dict:
+    """Predicted seconds of each ``SELECTABLE`` way: Sec. 3-D's Allgather of values
+    and indices, Eq. 4a (ART-Ring) and Eq. 4b (ART-Tree).
+
+    Example:
+        >>> {k: round(v, 6) for k, v in topk_costs(1e6, 4, 1e-3, 1e-9, 0.1).items()}
+        {'allgather': 0.0026, 'art_ring': 0.00835, 'art_tree': 0.0066}
+    """
+    _check_select(m, n, alpha, beta, c)
+    return {"allgather": allgather_topk(m, n, alpha, beta, c),
+            "art_ring": ar_topk_ring(m, n, alpha, beta, c),
+            "art_tree": ar_topk_tree(m, n, alpha, beta, c)}
+
+
+def eq5a_threshold(m: float, n: int, c: float) -> float:
+    """Eq. 5a's bound on ``alpha/beta`` under which ART-Ring beats ART-Tree:
+    ``(log N - (N-1)/N) / (N - 1 - log N) * M c`` (``inf`` at N = 2, where both
+    pay 3 alpha and the ring's beta term is the smaller)."""
+    _check_select(m, n, 0.0, 0.0, c)
+    lg = math.log2(n)
+    num, den = lg - (n - 1) / n, n - 1 - lg
+    if den <= 0:
+        return math.inf if num > 0 else -math.inf
+    return num / den * m * c
+
+
+def eq5b_threshold(m: float, n: int, c: float) -> float:
+    """Eq. 5b's bound on ``alpha/beta`` under which ART-Ring beats Allgather:
+    ``(1 - 1/N - log N / (2 (N-1))) * M c``."""
+    _check_select(m, n, 0.0, 0.0, c)
+    return (1 - 1 / n - math.log2(n) / (2 * (n - 1))) * m * c
+
+
+def eq5c_threshold(m: float, n: int, c: float) -> float:
+    """Eq. 5c's bound on ``alpha/beta`` under which ART-Tree beats Allgather:
+    ``((N-1) / log N - 3/2) * M c``."""
+    _check_select(m, n, 0.0, 0.0, c)
+    return ((n - 1) / math.log2(n) - 1.5) * m * c
+
+
+def _below(alpha: float, beta: float, bound: float) -> bool:
+    """``alpha / beta < bound`` without dividing (beta may be 0: infinite bandwidth)."""
+    if math.isinf(bound):
+        return bound > 0
+    return alpha < bound * beta
+
+
+def select_collective(m: float, n: int, alpha: float, beta: float, c: float) -> str:
+    """The collective for an ``m``-byte gradient at compression ratio ``c`` (Sec. 3-D).
+
+    1. Eq. 5a picks the allreduce of AR-Topk: ART-Ring if ``alpha/beta`` is
+       under its bound, else ART-Tree.
+    2. That one is used if ``alpha/beta`` is under its bound against
+       Allgather (Eq. 5b for the ring, Eq. 5c for the tree), else Allgather.
+
+    The result is the argmin of ``topk_costs`` (ties go to Allgather, then
+    ART-Tree: the inequalities are strict).
+
+    Args:
+        m: dense gradient size in bytes (M).
+        n: workers (N >= 2).
+        alpha: seconds per message; beta: seconds per byte (1 / bandwidth).
+        c: compression ratio in (0, 1].
+
+    Returns:
+        "allgather", "art_ring" or "art_tree".
+
+    Raises:
+        ValueError: n < 2, c outside (0, 1], negative m, alpha or beta.
+
+    Example:
+        >>> select_collective(100e6, 4, 1e-3, 1e-9, 0.1)  # big message: bandwidth-bound
+        'art_ring'
+        >>> select_collective(1e6, 4, 5e-3, 1e-9, 0.01)   # small message, high latency
+        'allgather'
+    """
+    _check_select(m, n, alpha, beta, c)
+    if _below(alpha, beta, eq5a_threshold(m, n, c)):
+        return "art_ring" if _below(alpha, beta, eq5b_threshold(m, n, c)) else "allgather"
+    return "art_tree" if _below(alpha, beta, eq5c_threshold(m, n, c)) else "allgather"
+
+
+def select_per_gradient(gradients, n: int, alpha: float, beta: float, c: float) -> dict:
+    """``select_collective`` for each gradient: ``{name: collective}``.
+
+    Args:
+        gradients: a mapping, or (name, bytes) pairs, of dense gradient sizes.
+        n, alpha, beta, c: as ``select_collective``.
+    """
+    items = gradients.items() if hasattr(gradients, "items") else gradients
+    return {name: select_collective(float(nbytes), n, alpha, beta, c) for name, nbytes in items}

@@ -1,0 +1,378 @@
+"""Collectives built from point-to-point messages, so the cost model's choice runs.
+
+The flexible-communication paper (Tyagi & Sharma) prices collectives with the
+alpha-beta model (Table I) and picks, per gradient, between an Allgather of
+top-k values and indices and AR-Topk's Broadcast of indices followed by a
+Ring or Tree allreduce of values (Eq. 4a/4b, 5a-5c;
+``cost_model.collectives.select_collective``). Backends hide their
+algorithms (gloo and NCCL choose their own), so this module implements each
+one as the model describes it, over the transport's ``alltoallv`` (one call
+per communication step; a rank with nothing to send or receive in a step
+passes empty lists, which costs it nothing). Every step carries the
+caller's timeout, as every transport call does, so a dead peer is an error
+naming it, never a hang.
+
+    ring_allreduce   2(N-1) steps: N-1 reduce-scatter, N-1 allgather hops of
+                     M/N bytes (Table I, Ring-AR).
+    tree_allreduce   binomial-tree reduce to rank 0, then binomial broadcast:
+                     2 ceil(log2 N) steps of M bytes (Table I, Tree-AR).
+    tree_broadcast   binomial tree from ``root``: ceil(log2 N) steps of M bytes
+                     (Table I, Broadcast).
+    bruck_allgather  Bruck's algorithm: ceil(log2 N) steps, (N-1) M bytes in
+                     all (Table I, Allgather).
+
+Sums are taken in a fixed order and the result is forwarded as bytes, so
+every rank ends with bitwise-identical tensors.
+
+``measure_link`` fits alpha (seconds per message) and beta (seconds per
+byte) from timed ring exchanges of this very transport (``model.fit_link``),
+agreed on by every rank, so the selection is the same everywhere.
+
+``topk_sync`` is the top-k synchronisation of the paper's comparison run by
+the chosen collective: "allgather" (LWTopk: every rank's values and
+indices), "art_ring" and "art_tree" (AR-Topk, Alg. 1 lines 16-19).
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..compressors.ops import extract, topk_abs
+from ..compressors.sparse import num_selected
+from ..cost_model.collectives import check_collective
+from ..cost_model.model import Link, fit_link
+from .transport.base import DEFAULT_TIMEOUT, Transport
+
+__all__ = ["exchange", "ring_allreduce", "tree_allreduce", "tree_broadcast",
+           "bruck_allgather", "allreduce_by", "measure_link", "topk_sync", "ALLREDUCES",
+           "DEFAULT_LINK_SIZES"]
+
+_log = logging.getLogger(__name__)
+
+# From 1 KB (latency dominates) to 4 MB (bandwidth dominates): both ends of the fit.
+DEFAULT_LINK_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def exchange(tr: Transport, sends: Dict[int, torch.Tensor], recv_nbytes: Dict[int, int],
+             timeout: float) -> Dict[int, torch.Tensor]:
+    """One communication step: send ``sends[p]`` (uint8) to each ``p``, receive
+    ``recv_nbytes[p]`` bytes from each ``p``. Collective: every rank calls it,
+    possibly with nothing to send or receive.
+
+    Returns:
+        The received bytes by source rank (empty messages are left out).
+    """
+    send: List[Optional[torch.Tensor]] = [None] * tr.size
+    sizes = [0] * tr.size
+    for p, t in sends.items():
+        if t.numel():
+            send[p] = t
+    for p, n in recv_nbytes.items():
+        sizes[p] = int(n)
+    got = tr.alltoallv(send, sizes, timeout)
+    return {p: got[p] for p in recv_nbytes if recv_nbytes[p] and got[p] is not None}
+
+
+def _chunks(n_elems: int, n: int) -> List[Tuple[int, int]]:
+    base, extra = divmod(n_elems, n)
+    out, s = [], 0
+    for i in range(n):
+        e = s + base + (1 if i < extra else 0)
+        out.append((s, e))
+        s = e
+    return out
+
+
+def ring_allreduce(tr: Transport, tensor: torch.Tensor,
+                   timeout: float = DEFAULT_TIMEOUT) -> torch.Tensor:
+    """Sum ``tensor`` over ranks in place with a ring (Table I, Ring-AR).
+
+    1. Cut the flat tensor into N chunks.
+    2. Reduce-scatter: in step s (0..N-2) send chunk (rank - s) to the next
+       rank, receive chunk (rank - s - 1) from the previous one and add it;
+       afterwards chunk (rank + 1) holds the full sum.
+    3. Allgather: N-1 steps forwarding the finished chunks unchanged.
+
+    Args:
+        tr: the transport; ``tensor``: contiguous, the same shape on every rank.
+        timeout: seconds for each step.
+
+    Returns:
+        ``tensor``, now the sum (bitwise equal on every rank).
+    """
+    n, me = tr.size, tr.rank
+    if n == 1:
+        return tensor
+    flat = tensor.view(-1)
+    parts = _chunks(flat.numel(), n)
+    nxt, prv = (me + 1) % n, (me - 1) % n
+    isz = flat.element_size()
+    for s in range(n - 1):
+        cs, ce = parts[(me - s) % n]
+        rs, re_ = parts[(me - s - 1) % n]
+        got = exchange(tr, {nxt: _bytes(flat[cs:ce])}, {prv: (re_ - rs) * isz}, timeout)
+        if prv in got:
+            flat[rs:re_].add_(got[prv].view(flat.dtype))
+    for s in range(n - 1):
+        cs, ce = parts[(me + 1 - s) % n]
+        rs, re_ = parts[(me - s) % n]
+        got = exchange(tr, {nxt: _bytes(flat[cs:ce])}, {prv: (re_ - rs) * isz}, timeout)
+        if prv in got:
+            flat[rs:re_].copy_(got[prv].view(flat.dtype))
+    return tensor
+
+
+def _check_tree(tr: Transport, what: str) -> None:
+    if tr.size < 2:
+        raise ValueError(f"{what} needs a world of at least 2 ranks, found {tr.size}: a tree "
+                         "over one rank has no edges (and log2(1) = 0 makes its cost model "
+                         "degenerate); with one rank there is nothing to reduce")
+
+
+def tree_allreduce(tr: Transport, tensor: torch.Tensor,
+                   timeout: float = DEFAULT_TIMEOUT) -> torch.Tensor:
+    """Sum ``tensor`` over ranks in place with a binomial tree (Table I, Tree-AR).
+
+    1. Reduce: for mask = 1, 2, 4, ...: a rank with ``rank & mask`` (and no
+       lower bit) sends its partial sum to ``rank - mask`` and is done; its
+       partner adds it. Rank 0 ends with the sum.
+    2. Broadcast the sum from rank 0 down the same tree (``tree_broadcast``).
+
+    Raises:
+        ValueError: a world of one rank (no tree).
+    """
+    _check_tree(tr, "tree_allreduce")
+    n, me = tr.size, tr.rank
+    flat = tensor.view(-1)
+    nbytes = flat.numel() * flat.element_size()
+    mask = 1
+    while mask < n:
+        sends, recvs = {}, {}
+        if me % (2 * mask) == mask:  # active and its bit is set: send up
+            sends[me - mask] = _bytes(flat)
+        elif me % (2 * mask) == 0 and me + mask < n:
+            recvs[me + mask] = nbytes
+        got = exchange(tr, sends, recvs, timeout)
+        for b in got.values():
+            flat.add_(b.view(flat.dtype))
+        mask *= 2
+    return tree_broadcast(tr, tensor, 0, timeout)
+
+
+def tree_broadcast(tr: Transport, tensor: torch.Tensor, root: int,
+                   timeout: float = DEFAULT_TIMEOUT) -> torch.Tensor:
+    """Broadcast ``tensor`` from ``root`` in place down a binomial tree (Table I, Broadcast).
+
+    With ``v = (rank - root) mod N``: for mask = 2^(ceil(log2 N)-1) down to 1,
+    a rank with ``v % (2 mask) == 0`` sends to ``v + mask`` (if it exists).
+
+    Raises:
+        ValueError: ``root`` outside the world.
+    """
+    n, me = tr.size, tr.rank
+    if not 0 <= root < n:
+        raise ValueError(f"broadcast root must be in [0, {n}), found {root}")
+    if n == 1:
+        return tensor
+    flat = tensor.view(-1)
+    nbytes = flat.numel() * flat.element_size()
+    v = (me - root) % n
+    mask = 1
+    while mask < n:
+        mask *= 2
+    mask //= 2
+    while mask >= 1:
+        sends, recvs = {}, {}
+        if v % (2 * mask) == 0 and v + mask < n:
+            sends[(v + mask + root) % n] = _bytes(flat)
+        elif v % (2 * mask) == mask:
+            recvs[(v - mask + root) % n] = nbytes
+        got = exchange(tr, sends, recvs, timeout)
+        for b in got.values():
+            flat.copy_(b.view(flat.dtype))
+        mask //= 2
+    return tensor
+
+
+def bruck_allgather(tr: Transport, tensor: torch.Tensor,
+                    timeout: float = DEFAULT_TIMEOUT) -> List[torch.Tensor]:
+    """Gather an equally-shaped tensor from every rank (Bruck et al. 1997; Table I,
+    Allgather): ceil(log2 N) steps; in step s rank r sends the blocks it holds
+    (its own and those of ranks r+1 .. r+2^s-1) to rank r - 2^s.
+
+    Returns:
+        The tensors by rank (the own one is ``tensor`` itself).
+    """
+    n, me = tr.size, tr.rank
+    mine = _bytes(tensor)
+    blocks = [mine]  # blocks[j] is rank (me + j)'s tensor
+    step = 1
+    while step < n:
+        cnt = min(step, n - step)  # blocks the partner still lacks
+        payload = torch.cat(blocks[:cnt]) if cnt > 1 else blocks[0]
+        got = exchange(tr, {(me - step) % n: payload}, {(me + step) % n: cnt * mine.numel()},
+                       timeout)
+        recv = got[(me + step) % n]
+        blocks.extend(recv[i * mine.numel():(i + 1) * mine.numel()] for i in range(cnt))
+        step *= 2
+    out: List[torch.Tensor] = [tensor] * n
+    for j in range(1, n):
+        out[(me + j) % n] = blocks[j].view(tensor.dtype).view(tensor.shape)
+    return out
+
+
+def _transport_allreduce(tr: Transport, t: torch.Tensor, timeout: float) -> torch.Tensor:
+    return tr.allreduce(t, "sum", timeout)
+
+
+# Allreduce algorithms by name (``allreduce_by``): "backend" is the transport's own.
+ALLREDUCES: Dict[str, Callable[[Transport, torch.Tensor, float], torch.Tensor]] = {
+    "ring": ring_allreduce,
+    "tree": tree_allreduce,
+    "backend": _transport_allreduce,
+}
+
+
+def allreduce_by(name: str, tr: Transport, tensor: torch.Tensor,
+                 timeout: float = DEFAULT_TIMEOUT) -> torch.Tensor:
+    """Sum ``tensor`` in place with the allreduce algorithm ``name`` ("ring", "tree",
+    "backend").
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    fn = ALLREDUCES.get(name)
+    if fn is None:
+        raise ValueError(f"unknown allreduce algorithm {name!r}; available: "
+                         f"{', '.join(sorted(ALLREDUCES))}")
+    return fn(tr, tensor, timeout)
+
+
+def measure_link(tr: Transport, sizes: Sequence[int] = DEFAULT_LINK_SIZES, reps: int = 5,
+                 timeout: float = DEFAULT_TIMEOUT, steps: int = 3) -> Link:
+    """Fit alpha and beta of this transport's links from timed ring exchanges.
+
+    1. For each size, ``reps`` times: a barrier, then ``steps`` back-to-back
+       steps in which every rank sends ``size`` bytes to the next rank and
+       receives as many from the previous one (all links busy, as in a ring
+       step); the time per step is kept (back-to-back steps include the
+       skew between ranks that a multi-step collective pays at every step).
+    2. Each rank's medians are combined by an allreduce of their maximum (a
+       step lasts as long as its slowest link), so every rank fits the same
+       numbers and gets the same ``Link``.
+    3. The fit: ``model.fit_link`` (relative error, so both ends count), unless
+       it contradicts the two ends of the measurement (a bandwidth more than
+       twice the slope between the smallest and the largest size, or a
+       latency above the smallest size's time): small messages are noisy on
+       a loaded host and once gave 330 Gbit/s for a 1 Gbit/s link; then
+       alpha is the smallest size's time and beta that slope.
+
+    Args:
+        tr: the transport (2 or more ranks).
+        sizes: message sizes in bytes (two or more distinct; the largest should
+            be bandwidth-bound, ~1 MB or more).
+        reps: repetitions per size (the median is kept).
+        timeout: seconds per call.
+        steps: back-to-back steps per repetition.
+
+    Returns:
+        ``Link``: ``.alpha`` seconds per message, ``.beta`` seconds per byte.
+
+    Raises:
+        ValueError: one rank, fewer than two sizes, or reps/steps < 1.
+    """
+    if tr.size < 2:
+        raise ValueError("measure_link needs at least 2 ranks: a link joins two")
+    if len(set(sizes)) < 2 or reps < 1 or steps < 1:
+        raise ValueError(f"measure_link needs two or more distinct sizes, reps >= 1 and "
+                         f"steps >= 1, found sizes={list(sizes)}, reps={reps}, steps={steps}")
+    sizes = sorted(int(x) for x in set(sizes))
+    nxt, prv = (tr.rank + 1) % tr.size, (tr.rank - 1) % tr.size
+    medians = []
+    for size in sizes:
+        buf = torch.zeros(size, dtype=torch.uint8)
+        exchange(tr, {nxt: buf}, {prv: size}, timeout)  # warm the connection
+        times = []
+        for _ in range(reps):
+            tr.barrier(timeout)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                exchange(tr, {nxt: buf}, {prv: size}, timeout)
+            times.append((time.perf_counter() - t0) / steps)
+        medians.append(statistics.median(times))
+    agreed = tr.allreduce(torch.tensor(medians, dtype=torch.float64), "max", timeout).tolist()
+    link = fit_link(sizes, agreed)
+    slope = (agreed[-1] - agreed[0]) / (sizes[-1] - sizes[0])
+    if slope > 0 and (link.beta < slope / 2 or link.alpha > agreed[0]):
+        link = Link(latency=max(0.0, agreed[0] - sizes[0] * slope), bandwidth=1.0 / slope)
+    _log.info("measured link: alpha %.3g s, beta %.3g s/B (%.3g Gbit/s)", link.alpha,
+              link.beta, 8e-9 / link.beta)
+    return link
+
+
+def topk_sync(tr: Transport, grad: torch.Tensor, ratio: float, collective: str, *,
+              owner: int = 0, timeout: float = DEFAULT_TIMEOUT) -> torch.Tensor:
+    """Average a top-k compressed gradient over ranks with ``collective``.
+
+    * "allgather" (LWTopk): every rank's top-k (sorted int32 indices, float32
+      values) is gathered (``bruck_allgather``) and the N sparse tensors are
+      added in rank order.
+    * "art_ring" / "art_tree" (AR-Topk, Alg. 1 lines 16-19): ``owner``'s
+      top-k indices are broadcast (``tree_broadcast``), then every rank's
+      values there are summed by ``ring_allreduce`` / ``tree_allreduce``.
+
+    No residual is kept here (the compressors ``star_topk``/``var_topk`` and
+    error feedback keep it in the engine); this is the communication the
+    cost model prices, with the compression it needs.
+
+    Args:
+        tr: the transport; ``grad``: this rank's gradient (not modified).
+        ratio: the compression ratio c in (0, 1].
+        collective: "allgather", "art_ring" or "art_tree"
+            (``cost_model.collectives.SELECTABLE``).
+        owner: the rank whose indices AR-Topk uses.
+        timeout: seconds per communication step.
+
+    Returns:
+        A new tensor shaped like ``grad``: the average (bitwise equal on every rank).
+
+    Raises:
+        ValueError: an unknown collective, a ratio outside (0, 1], an owner
+            outside the world, or "art_tree" over one rank.
+    """
+    check_collective(collective)
+    if not (isinstance(ratio, (int, float)) and 0.0 < ratio <= 1.0):
+        raise ValueError(f"ratio (the compression ratio c) must be in (0, 1], found {ratio!r}")
+    if not 0 <= owner < tr.size:
+        raise ValueError(f"owner must be a rank in [0, {tr.size}), found {owner}")
+    x = grad.detach().reshape(-1).float()
+    n = x.numel()
+    k = num_selected(ratio, n)
+    out = torch.zeros(n, dtype=torch.float32)
+    if collective == "allgather":
+        idx = torch.sort(topk_abs(x, k)[0]).values
+        mine = torch.cat([idx.to(torch.int32).view(torch.uint8),
+                          extract(x, idx).view(torch.uint8)])
+        for part in bruck_allgather(tr, mine, timeout):
+            out.index_add_(0, part[: 4 * k].view(torch.int32).long(),
+                           part[4 * k:].view(torch.float32))
+    else:
+        if collective == "art_tree":
+            _check_tree(tr, "art_tree")
+        idx = torch.empty(k, dtype=torch.int32)
+        if tr.rank == owner:
+            idx.copy_(torch.sort(topk_abs(x, k)[0]).values)
+        tree_broadcast(tr, idx, owner, timeout)
+        vals = extract(x, idx.long())
+        allreduce_by("ring" if collective == "art_ring" else "tree", tr, vals, timeout)
+        out[idx.long()] = vals
+    return out.div_(tr.size).view(grad.shape).to(grad.dtype)
+

@@ -1,0 +1,75 @@
+"""STAR-Topk and VAR-Topk in the real engine across processes (gloo over loopback).
+
+Every rank must end each step with bitwise-identical gradients, and each
+piece must be Alg. 1 computed by hand (``tests/unit/test_artopk.py``'s
+``reference_steps``): the owner's top-k indices are the only non-zeros, and
+there the average of every rank's error-fed gradient (exactly, in the PS
+aggregator's rank order; to the last bit's tolerance along a Ring). Layer-wise
+(one state per gradient) and fused (the whole model as one gradient, the
+paper's choice).
+"""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hipress_like.casync.engine import Engine, EngineConfig
+from hipress_like.casync.launch import run_workers
+from hipress_like.compressors.artopk import STARTopk, VARTopk, fuse
+from hipress_like.cost_model.plan import Plan, SizeRule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+import rounds_compressors as rc  # noqa: E402
+from test_artopk import RATIO, check_against_reference, reference_steps  # noqa: E402
+
+STEPS = 3
+CLASSES = {"star": STARTopk, "var": VARTopk}
+
+
+def _layerwise(ctx, variant, strategy, k):
+    return rc.run_rounds(ctx.transport, CLASSES[variant](RATIO), strategy, k, STEPS,
+                         raw_collective=True)
+
+
+def _fused(ctx, variant, strategy):
+    plan = Plan(compressor="identity", rule=SizeRule(min_compress_bytes=0,
+                                                     bytes_per_partition=1 << 30))
+    eng = Engine(ctx.transport, EngineConfig(compressor=CLASSES[variant](RATIO), plan=plan,
+                                             strategy=strategy, timeout=60))
+    try:
+        flat = fuse(list(rc.grads_of(ctx.rank).values()))
+        eng.register([("fused", tuple(flat.shape), flat.dtype)])
+        outs = []
+        for _ in range(STEPS):
+            work = flat.clone()
+            eng.submit("fused", work)
+            eng.synchronize()
+            outs.append(work)
+        return outs
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("variant,strategy,k", [("star", "ps", 2), ("var", "ring", 1),
+                                                ("var", "ps", 1)])
+def test_layerwise_artopk_over_gloo_is_alg1(variant, strategy, k):
+    n = 3
+    got = run_workers(_layerwise, n, args=(variant, strategy, k), timeout=240)
+    owners = check_against_reference(got, variant, n, STEPS, exact=strategy == "ps")
+    if variant == "star":
+        assert owners == {0, 1, 2}
+
+
+@pytest.mark.parametrize("variant", ["star", "var"])
+def test_fused_artopk_over_gloo_is_alg1(variant):
+    n = 2
+    got = run_workers(_fused, n, args=(variant, "ps"), timeout=240)
+    flats = [fuse(list(rc.grads_of(r).values())) for r in range(n)]
+    ref = reference_steps(variant, flats, RATIO, STEPS)
+    for step, (_owner, idx, avg) in enumerate(ref):
+        for r in range(n):
+            assert torch.equal(got[r][step], got[0][step])  # ranks agree bitwise
+            assert torch.equal(got[r][step], avg), (variant, step)
+        assert int((avg != 0).sum()) == idx.numel()
