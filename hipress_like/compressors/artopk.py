@@ -83,8 +83,7 @@ from .kernels import Kernels
 from .ops import extract, hash32, topk_abs
 from .params import check_int
 from .registry import register
-from .sparse import Sparsifier, _check_ratio, num_selected
-from .sparse_codecs import index_dtype
+from .sparse import Sparsifier, _check_ratio, index_dtype, num_selected
 
 __all__ = ["ARTopk", "STARTopk", "VARTopk", "MSTopk", "ms_threshold", "fuse", "unfuse"]
 
