@@ -83,7 +83,7 @@ from .kernels import Kernels
 from .ops import extract, hash32, topk_abs
 from .params import check_int
 from .registry import register
-from .sparse import Sparsifier, _check_ratio, index_dtype, num_selected
+from .sparse import Sparsifier, _check_ratio, index_dtype, num_selected, pack_sparse
 
 __all__ = ["ARTopk", "STARTopk", "VARTopk", "MSTopk", "ms_threshold", "fuse", "unfuse"]
 
@@ -431,7 +431,6 @@ class MSTopk(Sparsifier):
         ratio: fraction of entries kept, in (0, 1]; default 0.01.
         samplings: bisection steps of the threshold search (default 30, as
             the MSTopk paper).
-        index_codec, value_codec, **codec_params: as for ``TopK``.
 
     Example:
         >>> c = MSTopk(ratio=0.1)
@@ -443,13 +442,11 @@ class MSTopk(Sparsifier):
     name = "mstopk"
     algo_id = 26
 
-    def __init__(self, ratio: float = 0.01, samplings: int = 30, index_codec: str = "plain",
-                 value_codec: str = "plain", **codec_params: Any) -> None:
+    def __init__(self, ratio: float = 0.01, samplings: int = 30) -> None:
         self.ratio = _check_ratio("mstopk", ratio)
         self.samplings = check_int("mstopk", "samplings", samplings, low=1, example=30)
         self.capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=True,
                                          stateful=True)
-        self._init_codecs(index_codec, value_codec, **codec_params)
 
     def select(self, x: torch.Tensor, seed: int, step: int) -> torch.Tensor:
         """The sorted int64 positions MSTopk keeps of 1-D ``x`` (exactly ``k``)."""
@@ -479,13 +476,12 @@ class MSTopk(Sparsifier):
         x = grad.detach().reshape(-1)
         seed, step = int(state.get("seed", 0)), int(state.get("step", 0))
         idx = self.select(x, seed, step)
-        payload = self._pack(grad, idx, lambda i: extract(x, i),
-                             self._codec_seed(seed, idx)).payload
+        payload = pack_sparse(self.algo_id, grad, idx, extract(x, idx))
         return payload, dict(state, seed=seed, step=step + 1)
 
     def params(self) -> Dict[str, object]:
-        """Constructor parameters (the codecs' only when they are not plain)."""
-        return {"ratio": self.ratio, "samplings": self.samplings, **self._codec_params()}
+        """Constructor parameters."""
+        return {"ratio": self.ratio, "samplings": self.samplings}
 
 
 # -- fused gradients ----------------------------------------------------------------
