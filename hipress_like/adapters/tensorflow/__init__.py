@@ -1,0 +1,85 @@
+"""The TensorFlow front end, shaped like ``horovod.tensorflow`` / ``horovod.tensorflow.keras``.
+
+Switching a Horovod TensorFlow 2 script is one line::
+
+    import hipress_like.tensorflow as hvd          # was: import horovod.tensorflow as hvd
+    import hipress_like.tensorflow.keras as hvd    # was: import horovod.tensorflow.keras as hvd
+
+The engine works on torch tensors; this package only moves TensorFlow's
+tensors to it and back, and hooks into TensorFlow's and Keras's training
+loops. By module:
+
+- ``bridge``: DLPack views (zero-copy both ways) and the staging buffers
+  the engine writes its averages into (TF tensors are immutable).
+- ``sync``: ``GradientSync``, a gradient list in, averages out, eagerly or
+  inside ``tf.function`` (through ``tf.py_function``).
+- ``tape``: ``DistributedGradientTape`` and the tape engines' checkpoint
+  state (``compressor_state``, ``load_compressor_state``).
+- ``optimizer``: the Keras 3 ``DistributedOptimizer`` for ``model.fit``.
+- ``callbacks``: ``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``,
+  ``LearningRateWarmupCallback``.
+- ``collectives``: ``allreduce``, ``allgather``, ``broadcast``,
+  ``broadcast_variables``, ``broadcast_object``, ``allgather_object``.
+
+Framework-neutral, shared with the other faces: ``adapters.runtime``
+(``init``, ``rank``, ``size``, launchers), ``adapters.engine_builder`` and
+``adapters.compression`` (the ``Compression`` namespace).
+"""
+from ..compression import Compression, CompressionSpec
+from ..runtime import (
+    barrier,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from . import callbacks
+from .callbacks import (
+    BroadcastGlobalVariablesCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+)
+from .collectives import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allgather_object,
+    allreduce,
+    broadcast,
+    broadcast_object,
+    broadcast_variables,
+    grouped_allreduce,
+)
+from .optimizer import DistributedOptimizer
+from .sync import GradientSync
+from .tape import DistributedGradientTape, compressor_state, load_compressor_state
+
+__all__ = [
+    "Adasum", "Average", "Max", "Min", "Product", "Sum",
+    "allgather", "allgather_object", "allreduce", "broadcast", "broadcast_object",
+    "broadcast_variables", "grouped_allreduce",
+    "Compression", "CompressionSpec", "DistributedGradientTape", "DistributedOptimizer",
+    "GradientSync", "BroadcastGlobalVariablesCallback", "LearningRateWarmupCallback",
+    "MetricAverageCallback", "callbacks",
+    "compressor_state", "load_compressor_state",
+    "barrier", "cross_rank", "cross_size", "cuda_built", "gloo_built", "gloo_enabled", "init",
+    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",
+]

@@ -1,0 +1,175 @@
+"""Horovod's functional collectives for TensorFlow tensors, over the PyTorch face's.
+
+``allreduce``, ``allgather``, ``broadcast``, ``broadcast_variables``,
+``broadcast_object`` and ``allgather_object`` take and return TF tensors
+(or variables, or plain objects). Each is one call of the framework-neutral
+collective in ``adapters.torch.collectives`` / ``objects`` (torch.distributed's
+default group): the TF tensor crosses by a zero-copy DLPack view (the torch
+collectives never write into their input) and the result comes back by
+DLPack. Eagerly the call is direct; inside ``tf.function`` it is a
+``tf.py_function``, so the same code runs in both.
+
+Gradients do not go this way: they go through the CaSync engine
+(``DistributedGradientTape``, ``DistributedOptimizer``).
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import tensorflow as tf
+
+from ..torch import collectives as _tc
+from ..torch import objects as _to
+from .bridge import as_tf, as_torch, to_torch_dtype
+
+__all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "allreduce", "allgather",
+           "broadcast", "grouped_allreduce", "broadcast_variables", "broadcast_object",
+           "allgather_object"]
+
+Average, Sum, Adasum, Min, Max, Product = (_tc.Average, _tc.Sum, _tc.Adasum, _tc.Min, _tc.Max,
+                                           _tc.Product)
+
+
+def _eager_or_graph(fn: Any, tensor: tf.Tensor, out_shape: Any, name: str) -> tf.Tensor:
+    """Run ``fn(eager tensor) -> torch tensor`` now, or as a ``tf.py_function`` in a graph."""
+    def body(t: tf.Tensor) -> tf.Tensor:
+        out = as_tf(fn(as_torch(t)))
+        return out if out.dtype == t.dtype else tf.cast(out, t.dtype)
+
+    if tf.executing_eagerly():
+        return body(tensor)
+    out = tf.py_function(body, [tensor], Tout=tensor.dtype, name=name)
+    out.set_shape(out_shape)
+    return out
+
+
+@tf.autograph.experimental.do_not_convert
+def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "",
+              device_sparse: str = "", compression: Any = None, op: Optional[str] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              name: Optional[str] = None, process_set: Any = None,
+              ignore_name_scope: bool = False) -> Any:
+    """Reduce ``tensor`` over all ranks (default: average); eager or in ``tf.function``.
+
+    ``tf.IndexedSlices`` are allgathered (values and indices), as Horovod
+    does, and their values averaged unless ``op=Sum``. ``compression`` is
+    ``Compression.none``/``fp16`` (the wire type) or a CompLL compressor, as
+    in ``hipress_like.torch.allreduce``.
+
+    Example:
+        >>> hvd.allreduce(tf.constant([float(hvd.rank())]))   # 4 ranks
+        <tf.Tensor: shape=(1,), dtype=float32, numpy=array([1.5], dtype=float32)>
+
+    Raises:
+        TypeError: a dtype with no torch counterpart (``tf.string``).
+        ValueError: an unknown op, a multi-round compressor.
+    """
+    if isinstance(tensor, tf.IndexedSlices):
+        op = _tc._resolve_op(op, average)
+        values = allgather(tensor.values, name=name)
+        indices = allgather(tensor.indices, name=name)
+        if op == Average:
+            values = values / tf.cast(_tc._dist().get_world_size(), values.dtype)
+        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+    tensor = tf.convert_to_tensor(tensor)
+    to_torch_dtype(tensor.dtype, "allreduce's tensor")
+    return _eager_or_graph(
+        lambda t: _tc.allreduce(t, average=average, name=name, compression=compression, op=op,
+                                prescale_factor=prescale_factor,
+                                postscale_factor=postscale_factor, process_set=process_set),
+        tensor, tensor.shape, "hipress_allreduce")
+
+
+@tf.autograph.experimental.do_not_convert
+def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
+                      compression: Any = None, op: Optional[str] = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      name: Optional[str] = None, process_set: Any = None) -> List[Any]:
+    """``allreduce`` each tensor of a list; returns the list of results."""
+    return [allreduce(t, average=average, compression=compression, op=op,
+                      prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      name=name, process_set=process_set) for t in tensors]
+
+
+@tf.autograph.experimental.do_not_convert
+def allgather(tensor: Any, name: Optional[str] = None, process_set: Any = None,
+              ignore_name_scope: bool = False) -> tf.Tensor:
+    """Concatenate every rank's ``tensor`` along the first dimension (sizes may differ).
+
+    Example:
+        >>> hvd.allgather(tf.constant([hvd.rank()]))   # 4 ranks
+        <tf.Tensor: shape=(4,), dtype=int32, numpy=array([0, 1, 2, 3], dtype=int32)>
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    to_torch_dtype(tensor.dtype, "allgather's tensor")
+    shape = tf.TensorShape([None]).concatenate(tensor.shape[1:]) \
+        if tensor.shape.rank else tensor.shape
+    return _eager_or_graph(lambda t: _tc.allgather(t, name=name, process_set=process_set),
+                           tensor, shape, "hipress_allgather")
+
+
+@tf.autograph.experimental.do_not_convert
+def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
+              process_set: Any = None, ignore_name_scope: bool = False) -> tf.Tensor:
+    """``root_rank``'s value of ``tensor``, on every rank."""
+    tensor = tf.convert_to_tensor(tensor)
+    to_torch_dtype(tensor.dtype, "broadcast's tensor")
+    return _eager_or_graph(
+        lambda t: _tc.broadcast(t, root_rank, name=name, process_set=process_set),
+        tensor, tensor.shape, "hipress_broadcast")
+
+
+@tf.autograph.experimental.do_not_convert
+def broadcast_variables(variables: Sequence[Any], root_rank: int,
+                        process_set: Any = None) -> Any:
+    """Assign ``root_rank``'s values to ``variables`` on every rank (eager or in a graph).
+
+    Variables are packed by dtype into one flat buffer each (a few
+    broadcasts per model, not one per variable), as ``broadcast_parameters``
+    does for torch. Inside ``tf.function`` the returned op groups the
+    assignments.
+
+    Example:
+        >>> hvd.broadcast_variables(model.variables, root_rank=0)
+        >>> hvd.broadcast_variables(optimizer.variables, root_rank=0)
+    """
+    variables = list(variables)
+    if not variables:
+        return tf.no_op() if not tf.executing_eagerly() else None
+    for v in variables:
+        to_torch_dtype(v.dtype, f"variable {getattr(v, 'path', None) or v.name!r}")
+
+    def body(*values: tf.Tensor) -> List[tf.Tensor]:
+        ts = [as_torch(x).clone() for x in values]  # broadcast_parameters writes in place
+        _to.broadcast_parameters([(str(i), t) for i, t in enumerate(ts)], root_rank,
+                                 process_set)
+        return [as_tf(t) for t in ts]
+
+    values = [tf.convert_to_tensor(v) for v in variables]
+    if tf.executing_eagerly():
+        for v, x in zip(variables, body(*values)):
+            v.assign(tf.cast(x, v.dtype) if x.dtype != v.dtype else x)
+        return None
+    outs = tf.py_function(body, values, Tout=[x.dtype for x in values],
+                          name="hipress_broadcast_variables")
+    ops = []
+    for v, x, ref in zip(variables, outs, values):
+        x.set_shape(ref.shape)
+        ops.append(v.assign(x))
+    return tf.group(*ops)
+
+
+@tf.autograph.experimental.do_not_convert
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: Any = None) -> Any:
+    """Send a plain-data object (numbers, strings, lists, dicts, torch tensors) from
+    ``root_rank`` to every rank (``hipress_like.torch.broadcast_object``)."""
+    return _to.broadcast_object(obj, root_rank, name, process_set)
+
+
+@tf.autograph.experimental.do_not_convert
+def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = None
+                     ) -> List[Any]:
+    """Gather a plain-data object from every rank; list index = rank."""
+    return _to.allgather_object(obj, name, process_set)
+

@@ -1,0 +1,173 @@
+"""``DistributedGradientTape``: ``tape.gradient`` returns gradients averaged by CaSync.
+
+Horovod's TensorFlow 2 scripts wrap a fresh tape every step, often inside a
+``@tf.function``::
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.onebit)
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+
+The engine must outlive the tapes, so tapes over the same sources with the
+same settings share one ``GradientSync`` (and so one engine and one
+compressor state), found in a per-process registry. The first
+``gradient`` call builds it (a collective: every rank reaches it at the same
+point, eagerly or while tracing). ``compressor_state()`` /
+``load_compressor_state()`` save and restore every tape engine's state for
+checkpoints, keyed by the sources' names and the settings.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from .sync import Average, GradientSync, from_bytes, to_bytes, variable_names
+
+__all__ = ["DistributedGradientTape", "compressor_state", "load_compressor_state"]
+
+log = logging.getLogger(__name__)
+
+# (ids of the sources, settings) -> (weak refs to the sources, the shared GradientSync)
+_syncs: Dict[Tuple[Any, ...], Tuple[List[Any], GradientSync]] = {}
+# states loaded before their tape's first gradient() call, by label
+_pending: Dict[str, Dict[str, Any]] = {}
+
+
+def _settings_key(options: Dict[str, Any], op: str) -> Tuple[Any, ...]:
+    plan = options["plan"]
+    return (repr(options["compression"]), options["strategy"],
+            plan if plan is None or isinstance(plan, str) else id(plan), options["nonfinite"],
+            options["seed"], repr(options["compression_back"]), op)
+
+
+def _label(names: List[str], options: Dict[str, Any], op: str) -> str:
+    """A label for a tape engine that is the same in every run of the same program."""
+    plan = options["plan"]
+    stable = [repr(options["compression"]), options["strategy"],
+              plan if plan is None or isinstance(plan, str) else "Plan", options["nonfinite"],
+              options["seed"], repr(options["compression_back"]), op]
+    text = "|".join(names) + "||" + "|".join(str(s) for s in stable)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _ref(obj: Any) -> Any:
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda obj=obj: obj
+
+
+def _sync_for(sources: List[Any], options: Dict[str, Any], op: str) -> GradientSync:
+    """The registry's GradientSync for these sources and settings (created on first use)."""
+    settings = _settings_key(options, op)
+    key = (tuple(id(s) for s in sources), settings)
+    hit = _syncs.get(key)
+    if hit is not None:
+        refs, sync = hit
+        if all(r() is s for r, s in zip(refs, sources)):
+            return sync
+        sync.close()  # the ids were reused by other objects: the old sources are gone
+    sync = GradientSync(**options, op=op, what="DistributedGradientTape")
+    sync.label = _label(variable_names(sources), options, op)
+    if sync.label in _pending:
+        sync.load_state_dict(_pending.pop(sync.label))
+    _syncs[key] = ([_ref(s) for s in sources], sync)
+    return sync
+
+
+class DistributedGradientTape:
+    """Wrap a ``tf.GradientTape``: ``gradient`` averages over ranks through CaSync.
+
+    Everything but ``gradient`` is the wrapped tape's (``watch``,
+    ``jacobian``, the context manager, ...).
+
+    Attributes:
+        step_ok: after ``gradient``, a scalar bool tensor: False when every
+            rank must skip this step (``nonfinite="skip"`` and some rank saw
+            NaN/Inf); always True otherwise. Usable inside ``tf.function``.
+    """
+
+    def __init__(self, tape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                 compression: Any = None, sparse_as_dense: bool = False, op: str = Average,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups: Any = None, process_set: Any = None,
+                 scale_local_gradients: bool = True, *, strategy: str = "ps",
+                 plan: Any = "auto", nonfinite: str = "propagate",
+                 timeout: Optional[float] = None, seed: int = 0,
+                 compression_back: Any = None) -> None:
+        if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+            raise ValueError("process sets are not supported; every rank trains together")
+        # checked now (a typo fails at once); the engine is built by the first gradient()
+        probe = GradientSync(compression=compression, strategy=strategy, plan=plan,
+                             nonfinite=nonfinite, timeout=timeout, seed=seed,
+                             compression_back=compression_back, op=op,
+                             what="DistributedGradientTape")
+        self._options = probe.options
+        self._op = op
+        self._tape = tape
+        self.step_ok: Any = None
+        if num_groups or groups:
+            log.info("num_groups/groups ignored: CaSync batches small gradients itself")
+
+    @tf.autograph.experimental.do_not_convert
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        """The wrapped tape's gradients, averaged over all ranks (same structure).
+
+        Unconnected sources (``None`` gradients) are submitted as zeros, as in
+        the PyTorch face: another rank may have a gradient for them, and
+        every rank must submit the same set; the average comes back.
+        """
+        grads = self._tape.gradient(target, sources, output_gradients=output_gradients,
+                                    unconnected_gradients=unconnected_gradients)
+        flat_src = tf.nest.flatten(sources)
+        flat = tf.nest.flatten(grads, expand_composites=False)
+        sync = _sync_for(flat_src, self._options, self._op)
+        outs, self.step_ok = sync.reduce(flat, flat_src)
+        return tf.nest.pack_sequence_as(grads, outs)
+
+    def __enter__(self) -> "DistributedGradientTape":
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._tape.__exit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tape, name)
+
+
+def compressor_state(all_ranks: bool = False) -> bytes:
+    """Every ``DistributedGradientTape`` engine's compressor state, as bytes.
+
+    Save them beside a ``tf.train.Checkpoint`` (e.g. ``open(path, "wb")``);
+    ``load_compressor_state`` restores them so that a resumed run continues
+    exactly. Per rank, as in the PyTorch face: every rank saves its own, or
+    rank 0 saves ``compressor_state(all_ranks=True)`` (a collective call).
+    """
+    states = {sync.label: sync.state_dict(all_ranks=all_ranks)
+              for _, sync in _syncs.values() if sync.built}
+    return to_bytes({"format": "hipress-like-tf-tapes", "version": 1, "tapes": states})
+
+
+def load_compressor_state(data: bytes) -> None:
+    """Restore ``compressor_state()`` output; tapes not built yet get theirs at their
+    first ``gradient`` call.
+
+    Raises:
+        ValueError: not a tape state, or another rank's compressor state.
+    """
+    d = from_bytes(data)
+    if not isinstance(d, dict) or d.get("format") != "hipress-like-tf-tapes":
+        raise ValueError("not a hipress-like tape state (from compressor_state())")
+    by_label = {sync.label: sync for _, sync in _syncs.values()}
+    for label, hip in d["tapes"].items():
+        if label in by_label:
+            by_label[label].load_state_dict(hip)
+        else:
+            _pending[label] = hip

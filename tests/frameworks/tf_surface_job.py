@@ -1,0 +1,249 @@
+"""One rank of the TensorFlow-face checks (run by test_tensorflow.py on real ranks).
+
+Each check exercises one behaviour through ``hipress_like.tensorflow`` only
+and prints ``CHECK <name> ok`` or ``CHECK <name> FAIL <why>``; a failing
+check does not stop the others (every check is collective, so all ranks run
+them in the same order). The first group is the functional surface
+(collectives, eagerly and inside ``tf.function``); the second is the bad
+input the PyTorch face refuses, refused the same way: an unknown
+compressor, a bad NaN policy, NaN gradients under ``nonfinite="raise"``
+and ``"skip"``, non-float gradients, models that differ between ranks.
+"""
+import os
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hipress_like.tensorflow as hvd  # noqa: E402
+
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def _model(width=8, seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(width, activation="relu"),
+                             keras.layers.Dense(3)])
+
+
+def _data(step=0):
+    g = np.random.default_rng([hvd.rank(), step])
+    return g.normal(size=(6, 4)).astype("float32"), g.integers(0, 3, 6)
+
+
+_LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _expect_error(fn, *needles):
+    """Run fn; it must raise, and the error text must hold every needle."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the check inspects any error
+        text = f"{type(e).__name__}: {e}"
+        missing = [n for n in needles if n not in text]
+        assert not missing, f"error lacks {missing}: {text[:600]}"
+        return text
+    raise AssertionError("no error was raised")
+
+
+# -- the functional surface ---------------------------------------------------------------
+
+@check
+def rank_and_size():
+    assert 0 <= hvd.rank() < hvd.size(), (hvd.rank(), hvd.size())
+    env = os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+    assert env is None or int(env) == hvd.rank(), (env, hvd.rank())
+
+
+@check
+def allreduce_eager_and_in_tf_function():
+    r, n = hvd.rank(), hvd.size()
+    t = tf.reshape(tf.range(6, dtype=tf.float32), (2, 3)) * (r + 1)
+    total = tf.reshape(tf.range(6, dtype=tf.float32), (2, 3)) * sum(range(1, n + 1))
+    np.testing.assert_array_equal(hvd.allreduce(t, op=hvd.Sum), total)
+    np.testing.assert_allclose(hvd.allreduce(t), total / n)
+    graph = tf.function(lambda x: hvd.allreduce(x, op=hvd.Sum) + 0)(t)
+    assert graph.shape == (2, 3)
+    np.testing.assert_array_equal(graph, total)
+    ints = hvd.allreduce(tf.constant([r, 1], tf.int64), op=hvd.Sum)
+    np.testing.assert_array_equal(ints, [sum(range(n)), n])
+
+
+@check
+def allgather_variable_size_and_broadcast():
+    r, n = hvd.rank(), hvd.size()
+    got = hvd.allgather(tf.fill((r + 1, 2), r))
+    want = np.concatenate([np.full((k + 1, 2), k, np.int32) for k in range(n)])
+    np.testing.assert_array_equal(got, want)
+    graph = tf.function(lambda x: hvd.allgather(x))(tf.fill((r + 1, 2), r))
+    np.testing.assert_array_equal(graph, want)
+    np.testing.assert_array_equal(hvd.broadcast(tf.fill((3,), float(r)), root_rank=n - 1),
+                                  np.full(3, n - 1, np.float32))
+
+
+@check
+def broadcast_variables_eager_and_in_tf_function():
+    r, n = hvd.rank(), hvd.size()
+    a = tf.Variable(tf.fill((2, 2), float(r)))
+    b = tf.Variable(tf.constant(r, tf.int64))
+    hvd.broadcast_variables([a, b], root_rank=n - 1)
+    np.testing.assert_array_equal(a.numpy(), np.full((2, 2), n - 1, np.float32))
+    assert int(b.numpy()) == n - 1
+    m = _model(seed=r)
+
+    @tf.function
+    def sync_model():
+        hvd.broadcast_variables(m.variables, root_rank=0)  # an op, run by the function
+    sync_model()
+    ws = hvd.allgather_object([w.tolist() for w in m.get_weights()])
+    assert all(w == ws[0] for w in ws), "models differ after broadcast_variables"
+
+
+@check
+def broadcast_and_allgather_object():
+    obj = {"hello": 123, "list": [1, 2]} if hvd.rank() == 0 else None
+    assert hvd.broadcast_object(obj, root_rank=0) == {"hello": 123, "list": [1, 2]}
+    assert hvd.allgather_object(hvd.rank()) == list(range(hvd.size()))
+
+
+@check
+def identity_compression_is_the_exact_average():
+    """Compression.none through the engine: every gradient equals allreduce's average."""
+    m = _model(seed=0)
+    x, y = _data()
+    with tf.GradientTape() as tape:
+        loss = _LOSS(y, m(x))
+    local = tape.gradient(loss, m.trainable_variables)
+    with tf.GradientTape() as tape:
+        loss = _LOSS(y, m(x))
+    avg = hvd.DistributedGradientTape(tape, compression=hvd.Compression.none,
+                                      plan=None).gradient(loss, m.trainable_variables)
+    for g, a in zip(local, avg):
+        np.testing.assert_allclose(a, hvd.allreduce(g), rtol=1e-6, atol=1e-7)
+
+
+# -- bad input, refused as the PyTorch face refuses it --------------------------------------
+
+@check
+def unknown_compressor_is_refused():
+    _expect_error(lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                   compression="tpok"),
+                  "ValueError", "unknown compressor 'tpok'", "available:", "topk")
+    _expect_error(lambda: hvd.DistributedGradientTape(tf.GradientTape(), compression="tpok"),
+                  "ValueError", "unknown compressor 'tpok'", "available:", "topk")
+    _expect_error(lambda: hvd.Compression.tpok, "has no compressor 'tpok'", "available:")
+
+
+@check
+def bad_options_are_refused():
+    sgd = keras.optimizers.SGD(0.1)
+    _expect_error(lambda: hvd.DistributedOptimizer(sgd, nonfinite="ignore"),
+                  "ValueError", "nonfinite must be")
+    _expect_error(lambda: hvd.DistributedGradientTape(tf.GradientTape(), nonfinite="bogus"),
+                  "ValueError", "nonfinite must be")
+    _expect_error(lambda: hvd.DistributedOptimizer(sgd, strategy="tree"), "strategy must be")
+    _expect_error(lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum), "Adasum")
+    _expect_error(lambda: hvd.DistributedOptimizer(sgd, backward_passes_per_step=2),
+                  "gradient_accumulation_steps")
+    _expect_error(lambda: hvd.DistributedOptimizer("sgd"), "TypeError", "Keras 3 optimizer")
+
+
+@check
+def non_float_gradients_are_refused():
+    w = tf.Variable(tf.ones((3,)))
+    counts = tf.Variable(tf.zeros((3,), tf.int32))
+
+    def tape_path():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * tf.cast(counts + 1, tf.float32))
+        hvd.DistributedGradientTape(tape, plan=None).gradient(loss, [w, counts])
+    _expect_error(tape_path, "TypeError", "int32", "float32/float64")
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), plan=None)
+    _expect_error(lambda: opt.build([w, counts]), "TypeError", "int32", "float32/float64")
+
+
+@check
+def models_that_differ_between_ranks_are_refused():
+    """Rank 1's hidden layer is wider: every rank raises GradientMismatchError, for the
+    tape (inside tf.function: raised while tracing) and for model.fit (at build)."""
+    wide = 9 if hvd.rank() == 1 else 8
+    m = _model(width=wide)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = _LOSS(y, m(x))
+        return hvd.DistributedGradientTape(tape, plan=None, timeout=60).gradient(
+            loss, m.trainable_variables)
+    x, y = _data()
+    _expect_error(lambda: step(x, y), "GradientMismatchError")
+    m2 = _model(width=wide)
+    m2.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), plan=None,
+                                                  timeout=60), loss=_LOSS)
+    _expect_error(lambda: m2.fit(x, y, verbose=0), "GradientMismatchError")
+
+
+@check
+def nan_gradient_with_nonfinite_raise_fails_every_rank():
+    m = _model()
+    x, y = _data()
+    if hvd.rank() == 1:
+        x[0, 0] = np.nan
+    with tf.GradientTape() as tape:
+        loss = _LOSS(y, m(x))
+    tape = hvd.DistributedGradientTape(tape, compression="onebit", plan=None,
+                                       nonfinite="raise", timeout=60)
+    text = _expect_error(lambda: tape.gradient(loss, m.trainable_variables), "rank 1")
+    if hvd.rank() == 1:
+        assert "NaN or Inf" in text, text
+
+
+@check
+def nan_gradient_with_nonfinite_skip_skips_the_step_on_every_rank():
+    """Eager tape: step_ok is False everywhere; model.fit: no rank changes its weights."""
+    m = _model()
+    x, y = _data()
+    if hvd.rank() == 1:
+        x[0, 0] = np.nan
+    with tf.GradientTape() as tape:
+        loss = _LOSS(y, m(x))
+    tape = hvd.DistributedGradientTape(tape, compression="onebit", plan=None,
+                                       nonfinite="skip")
+    tape.gradient(loss, m.trainable_variables)
+    assert not bool(tape.step_ok), "step_ok should be False on every rank"
+    m2 = _model()
+    before = [w.copy() for w in m2.get_weights()]
+    m2.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), plan=None,
+                                                  nonfinite="skip"), loss=_LOSS)
+    m2.fit(x, y, batch_size=6, epochs=1, verbose=0)
+    for a, b in zip(before, m2.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    x2, y2 = _data(step=1)  # finite everywhere: the next step does train
+    m2.fit(x2, y2, batch_size=6, epochs=1, verbose=0)
+    assert any(not np.array_equal(a, b) for a, b in zip(before, m2.get_weights()))
+
+
+def main():
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    for fn in CHECKS:
+        try:
+            fn()
+            print(f"CHECK {fn.__name__} ok", flush=True)
+        except Exception:  # noqa: BLE001 - report and go on to the next check
+            why = traceback.format_exc().strip().splitlines()
+            print(f"CHECK {fn.__name__} FAIL {' | '.join(why[-4:])}", flush=True)
+    print(f"DONE rank {hvd.rank()}", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
