@@ -1,0 +1,77 @@
+"""The MXNet front end, shaped like ``horovod.mxnet`` (Gluon).
+
+Switching a Horovod script is one line::
+
+    import hipress_like.mxnet as hvd      # was: import horovod.mxnet as hvd
+
+The engine, the compressors and the process group are the framework-neutral
+ones (``adapters.runtime``, ``adapters.engine_builder``,
+``adapters.compression``) and run on torch tensors; this package only
+hands MXNet's arrays to them without copying (DLPack, ``tensors``):
+
+- ``trainer``: ``DistributedTrainer``, a Gluon ``Trainer`` whose gradients
+  are averaged by CaSync (compression, PS/Ring strategy, plans), with the
+  compressor state in ``save_states``/``load_states``.
+- ``optimizer``: ``DistributedOptimizer``, Horovod's per-update allreduce
+  around any ``mx.optimizer.Optimizer`` (no compression beyond fp16).
+- ``parameters``: ``broadcast_parameters`` (deferred initialisation too).
+- ``collectives``: ``allreduce``, ``allgather``, ``broadcast`` (and
+  in-place forms), ``broadcast_object``, ``allgather_object``.
+
+``init()`` joins the ranks exactly as the PyTorch face does (torchrun's
+``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``, mpirun through
+mpi4py, a bpslaunch-style environment, or a single process). MXNet needs
+numpy 1.23.5, so it lives in its own environment: ``scripts/env_mxnet.sh``.
+"""
+from ..compression import Compression, CompressionSpec
+from ..runtime import (
+    barrier,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from .collectives import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    broadcast,
+    broadcast_,
+    broadcast_object,
+    grouped_allreduce,
+    grouped_allreduce_,
+)
+from .optimizer import DistributedOptimizer
+from .parameters import broadcast_parameters
+from .trainer import STATE_SUFFIX, DistributedTrainer, OrderingError
+
+__all__ = [
+    "Adasum", "Average", "Max", "Min", "Product", "Sum",
+    "allgather", "allgather_object", "allreduce", "allreduce_", "broadcast", "broadcast_",
+    "broadcast_object", "grouped_allreduce", "grouped_allreduce_",
+    "Compression", "CompressionSpec", "DistributedOptimizer", "DistributedTrainer",
+    "OrderingError", "STATE_SUFFIX", "broadcast_parameters",
+    "barrier", "cross_rank", "cross_size", "cuda_built", "gloo_built", "gloo_enabled", "init",
+    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",
+]
