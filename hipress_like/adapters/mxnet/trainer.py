@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from ...casync.errors import EngineError
+from .. import checkpoint
 from ..compression import resolve_compression
 from ..engine_builder import (
     STRATEGIES,
@@ -68,8 +69,6 @@ __all__ = ["DistributedTrainer", "OrderingError", "STATE_SUFFIX"]
 log = logging.getLogger(__name__)
 
 STATE_SUFFIX = ".hipress"  # the compressor-state file beside Gluon's states file
-_STATE_FORMAT = "hipress-like-trainer-state"
-_STATE_VERSION = 1
 _NONFINITE = ("propagate", "skip", "raise")
 
 
@@ -306,18 +305,13 @@ class DistributedTrainer(mx.gluon.Trainer):
         # the compressor state and the engine's replay schedule (engine_state)
         local = self._hp_engine.state_dict() if self._hp_engine is not None \
             else self._hp_pending
-        hip: Dict[str, Any] = {"format": _STATE_FORMAT, "version": _STATE_VERSION,
-                               "world_size": self._hp_size}
-        if all_ranks:
-            hip["engines"] = allgather_object(local, name="trainer.save_states")
-            if self._hp_rank == 0:
-                super().save_states(fname)
-                torch.save(hip, fname + STATE_SUFFIX)
-            barrier()
-        else:
-            hip["rank"], hip["engine"] = self._hp_rank, local
+        engines = allgather_object(local, name="trainer.save_states") if all_ranks else None
+        hip = checkpoint.pack(local, self._hp_rank, self._hp_size, engines)
+        if not all_ranks or self._hp_rank == 0:
             super().save_states(fname)
             torch.save(hip, fname + STATE_SUFFIX)
+        if all_ranks:
+            barrier()
 
     def load_states(self, fname: str) -> None:
         """Load Gluon's optimizer states and, from ``fname + ".hipress"``, the compressor
@@ -340,29 +334,11 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._hp_set_state(None)
             return
         hip = torch.load(side, weights_only=True)
-        if not isinstance(hip, dict) or hip.get("format") != _STATE_FORMAT \
-                or hip.get("version") != _STATE_VERSION:
-            raise ValueError(f"{side} is not a compressor state this version reads: "
-                             f"format {getattr(hip, 'get', lambda k: None)('format')!r}; "
-                             f"expected {_STATE_FORMAT!r} version {_STATE_VERSION}")
-        if hip.get("world_size") != self._hp_size:
-            warnings.warn(f"compressor state in {side} was saved with {hip.get('world_size')} "
-                          f"ranks, this run has {self._hp_size}; starting it fresh",
-                          stacklevel=2)
-            self._hp_set_state(None)
-            return
-        if "engines" in hip:
-            self._hp_set_state(hip["engines"][self._hp_rank])
-        elif hip.get("rank") == self._hp_rank:
-            self._hp_set_state(hip["engine"])
-        else:
-            raise ValueError(
-                f"{side} holds the compressor state of rank {hip.get('rank')}, not rank "
-                f"{self._hp_rank}: loading it would resume rank {self._hp_rank} with another "
-                "rank's error-feedback residuals. Save with "
-                "trainer.save_states(fname, all_ranks=True) (every rank's state in one "
-                "file), or give every rank its own fname; to start the compressor state "
-                f"fresh, delete {side}")
+        self._hp_set_state(checkpoint.unpack(
+            hip, self._hp_rank, self._hp_size, where=side,
+            fix="Save with trainer.save_states(fname, all_ranks=True) (every rank's state in "
+                "one file), or give every rank its own fname; to start the compressor state "
+                f"fresh, delete {side}"))
 
     def _hp_set_state(self, state: Optional[Dict[str, Any]]) -> None:
         if self._hp_engine is None:

@@ -41,12 +41,12 @@ from __future__ import annotations
 import io
 import logging
 import threading
-import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 import torch
 
+from .. import checkpoint
 from ..compression import resolve_compression
 from ..engine_builder import (
     STRATEGIES,
@@ -61,8 +61,6 @@ __all__ = ["GradientSync", "variable_names", "to_bytes", "from_bytes", "Average"
 log = logging.getLogger(__name__)
 
 Average, Sum, Adasum = "average", "sum", "adasum"  # Horovod's op names
-_STATE_FORMAT = "hipress-like-optimizer-state"
-_STATE_VERSION = 1
 _NONFINITE = ("propagate", "skip", "raise")
 
 
@@ -280,14 +278,12 @@ class GradientSync:
             raise RuntimeError(f"{self.what}: no engine yet (it is built by the first step, "
                                "or by optimizer.build(variables)); nothing to save")
         local = self._engine.state_dict()
-        hip = {"format": _STATE_FORMAT, "version": _STATE_VERSION, "world_size": rt.size}
+        engines = None
         if all_ranks:
             from ..torch.objects import allgather_object
 
-            hip["engines"] = allgather_object(local, name=f"{self.what} state")
-        else:
-            hip.update(rank=rt.rank, engine=local)
-        return hip
+            engines = allgather_object(local, name=f"{self.what} state")
+        return checkpoint.pack(local, rt.rank, rt.size, engines)
 
     def load_state_dict(self, hip: Dict[str, Any]) -> None:
         """Restore ``state_dict()`` output (deferred until the engine is built).
@@ -298,30 +294,19 @@ class GradientSync:
                 error-feedback residuals); save every rank's own state.
         """
         rt = _require()
-        if hip.get("format") != _STATE_FORMAT or hip.get("version") != _STATE_VERSION:
-            raise ValueError(f"unsupported compressor state: format {hip.get('format')!r} "
-                             f"version {hip.get('version')!r}; expected {_STATE_FORMAT!r} "
-                             f"version {_STATE_VERSION}")
-        if "engines" in hip:  # every rank's, gathered by state_dict(all_ranks=True)
-            if hip.get("world_size") == rt.size:
-                hip = dict(hip, rank=rt.rank, engine=hip["engines"][rt.rank])
+        checkpoint.check_format(hip, f"the {self.what} checkpoint")
         if self._engine is None:
             self._pending = dict(hip)
             return
-        if hip.get("world_size") != rt.size:
-            warnings.warn(f"compressor state was saved with {hip.get('world_size')} ranks, this "
-                          f"run has {rt.size}; starting compressor state fresh", stacklevel=2)
+        saved = checkpoint.unpack(
+            hip, rt.rank, rt.size, where=f"the {self.what} checkpoint",
+            fix="Save a checkpoint on every rank (e.g. a file name with hvd.rank() in it), "
+                "or gather every rank's state with compressor_state(all_ranks=True)",
+            foreign_empty_ok=True)
+        if saved is None:
             self._engine.reset_state()
-            return
-        saved = hip["engine"]
-        if hip.get("rank") != rt.rank and any(saved.get("states", {}).values()):
-            raise ValueError(
-                f"the compressor state in this checkpoint belongs to rank {hip.get('rank')}, "
-                f"not rank {rt.rank}: loading it would resume rank {rt.rank} with another "
-                "rank's error-feedback residuals. Save a checkpoint on every rank (e.g. a "
-                "file name with hvd.rank() in it), or gather every rank's state with "
-                "compressor_state(all_ranks=True)")
-        self._engine.load_state_dict(saved)
+        else:
+            self._engine.load_state_dict(saved)
 
     def close(self) -> None:
         """Close the engine and its transport (also done by ``shutdown()``)."""

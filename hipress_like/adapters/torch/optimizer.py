@@ -42,6 +42,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 
+from .. import checkpoint
 from ..engine_builder import build_engine, specs_of
 from ..runtime import _require, _track
 from .collectives import Average, Sum
@@ -51,8 +52,6 @@ __all__ = ["DistributedOptimizer", "OrderingError"]
 
 log = logging.getLogger(__name__)
 
-_STATE_FORMAT = "hipress-like-optimizer-state"
-_STATE_VERSION = 1
 
 
 class OrderingError(AssertionError, RuntimeError):
@@ -307,15 +306,12 @@ class _DistributedOptimizerMixin:
                                 "call it after optimizer.step()")
         sd = super().state_dict()
         local = self._hp_engine.state_dict() if self._hp_engine is not None else {}
-        hip: Dict[str, Any] = {"format": _STATE_FORMAT, "version": _STATE_VERSION,
-                               "world_size": self._hp_size}
+        engines = None
         if all_ranks:
             from .objects import allgather_object
 
-            hip["engines"] = allgather_object(local, name="optimizer.state_dict")
-        else:
-            hip["rank"] = self._hp_rank
-            hip["engine"] = local
+            engines = allgather_object(local, name="optimizer.state_dict")
+        hip = checkpoint.pack(local, self._hp_rank, self._hp_size, engines)
         sd["hipress"] = hip
         return sd
 
@@ -338,28 +334,15 @@ class _DistributedOptimizerMixin:
         super().load_state_dict(state_dict)
         if hip is None or self._hp_engine is None:
             return
-        if hip.get("format") != _STATE_FORMAT or hip.get("version") != _STATE_VERSION:
-            raise ValueError(f"unsupported compressor state: format {hip.get('format')!r} "
-                             f"version {hip.get('version')!r}; expected {_STATE_FORMAT!r} "
-                             f"version {_STATE_VERSION}")
-        if hip.get("world_size") != self._hp_size:
-            warnings.warn(f"compressor state was saved with {hip.get('world_size')} ranks, this "
-                          f"run has {self._hp_size}; starting compressor state fresh",
-                          stacklevel=2)
-            self._hp_engine.reset_state()
-            return
-        if "engines" in hip:
-            self._hp_engine.load_state_dict(hip["engines"][self._hp_rank])
-        elif hip.get("rank") == self._hp_rank:
-            self._hp_engine.load_state_dict(hip["engine"])
-        else:
-            raise ValueError(
-                f"the compressor state in this state dict belongs to rank {hip.get('rank')}, "
-                f"not rank {self._hp_rank}: loading it would resume rank {self._hp_rank} with "
-                "another rank's error-feedback residuals. Save "
-                "optimizer.state_dict(all_ranks=True) on every rank (every rank's state in "
-                "one dict), or each rank's own optimizer.state_dict(); to start the "
+        saved = checkpoint.unpack(
+            hip, self._hp_rank, self._hp_size, where="this state dict",
+            fix="Save optimizer.state_dict(all_ranks=True) on every rank (every rank's state "
+                "in one dict), or each rank's own optimizer.state_dict(); to start the "
                 "compressor state fresh, delete the 'hipress' key before loading")
+        if saved is None:
+            self._hp_engine.reset_state()
+        else:
+            self._hp_engine.load_state_dict(saved)
 
     # -- teardown ---------------------------------------------------------------------------
     def close(self) -> None:
