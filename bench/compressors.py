@@ -15,6 +15,12 @@ for 64 MB the page faults of that allocation alone cost several copies
 are also timed decoding into a reused buffer (``dec->out``), the speed of
 the kernel itself.
 
+The sparse codecs (issue 25) have rows of their own, top-k 1% with another
+index or value codec: ``topk+rle``, ``topk+bloom`` (fp-aware, conflict
+sets), ``topk+bloom-random``, ``topk+curvefit`` and ``topk+bloom+curvefit``
+(``bench/sparse_codecs.py`` measures the codecs alone, their bits and
+policy error rates).
+
 PowerSGD (rank 4, a 4096 x 4096 matrix) is timed through its two rounds
 (encode_round 0, merge, encode_round 1, merge, decode_rounds into the
 gradient buffer, world size 1, state carried across repeats as in
@@ -30,7 +36,7 @@ protocol cost on top of the fastest products this library has.
 
 Goals (printed as pass/fail): at 64 MB, onebit/tbq/terngrad encode and
 decode >= 0.30x copy; natural (C_nat) encode and decode >= 0.50x copy;
-topk/dgc/graddrop >= 0.05x copy; PowerSGD rounds <= 1.2x its matmuls and
+topk/dgc/graddrop and topk+bloom >= 0.05x copy; PowerSGD rounds <= 1.2x its matmuls and
 orthogonalisation. natural_dithering and dithering (torch only) are measured
 without a goal.
 
@@ -70,7 +76,15 @@ SPARSE_GOAL = 0.05    # x copy, topk/dgc/graddrop at 64 MB
 POWERSGD_GOAL = 1.2   # x its own matmuls + orthogonalisation
 QUANTIZERS = ("onebit", "tbq", "terngrad")
 GOALS = {**{q: QUANT_GOAL for q in QUANTIZERS}, "natural": NATURAL_GOAL}
-SPARSIFIERS = ("topk", "dgc", "graddrop")
+SPARSIFIERS = ("topk", "dgc", "graddrop", "topk+bloom")
+# sparse codec rows (issue 25): label -> (compressor, parameters)
+CODEC_ROWS: Dict[str, Any] = {
+    "topk+rle": ("topk", {"index_codec": "rle"}),
+    "topk+bloom": ("topk", {"index_codec": "bloom"}),
+    "topk+bloom-random": ("topk", {"index_codec": "bloom", "policy": "random"}),
+    "topk+curvefit": ("topk", {"value_codec": "curvefit"}),
+    "topk+bloom+curvefit": ("topk", {"index_codec": "bloom", "value_codec": "curvefit"}),
+}
 
 
 def distinct_names() -> List[str]:
@@ -104,12 +118,20 @@ def takes_out(c: Any) -> bool:
         return False
 
 
+def _make(name: str) -> Any:
+    """The compressor of a row: a registered name with defaults, or a codec row."""
+    if name in CODEC_ROWS:
+        base, params = CODEC_ROWS[name]
+        return C.get(base, **params)
+    return C.get(name)
+
+
 def bench_single(name: str, size_mb: float, repeats: int) -> Dict[str, Any]:
     """Time encode/decode of one single-round compressor on a float32 gradient."""
     n = int(size_mb * MB) // 4
     g = torch.randn(n, generator=torch.Generator().manual_seed(0))
     src, dst = torch.randn(n), torch.empty(n)
-    c = C.get(name)
+    c = _make(name)
     state = c.init(g, seed=0)
     payload, _ = c.encode(g, state)        # warm-up: compiles kernels, fills caches
     out = c.decode(payload)
@@ -203,7 +225,7 @@ def fmt_row(r: Dict[str, Any]) -> str:
     gbs = lambda s: 4.0 * r["numel"] / s / 1e9
     into = (f"{r['decode_out_x_copy']:6.2f}" if r["decode_out_x_copy"] is not None
             else "     -")
-    return (f"{r['name']:<17} {r['size_mb']:>5g} {r['ratio']:>7.4f} "
+    return (f"{r['name']:<19} {r['size_mb']:>5g} {r['ratio']:>7.4f} "
             f"{gbs(r['copy_s']):>6.1f} {gbs(r['encode_s']):>6.2f} {r['encode_x_copy']:>6.2f} "
             f"{gbs(r['decode_s']):>6.2f} {r['decode_x_copy']:>6.2f} {into} "
             f"{r['clone_x_copy']:>6.2f}")
@@ -249,14 +271,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     repeats = args.repeats
     if args.quick:
         repeats, sizes = 3, [1.0, 64.0]
-    names = distinct_names()
+    names = distinct_names() + list(CODEC_ROWS)
     if args.only:
         wanted = [s.strip().lower() for s in args.only.split(",") if s.strip()]
-        unknown = [w for w in wanted if w not in C.available()]
+        unknown = [w for w in wanted if w not in C.available() and w not in CODEC_ROWS]
         if unknown:
-            ap.error(f"unknown compressor(s) {unknown}; available: {', '.join(C.available())}")
+            ap.error(f"unknown compressor(s) {unknown}; available: "
+                     f"{', '.join(C.available() + list(CODEC_ROWS))}")
         names = [n for n in names if n in wanted] or wanted
-    single = [n for n in names if C.get(n).capabilities.rounds == 1]
+    single = [n for n in names if _make(n).capabilities.rounds == 1]
     multi = [n for n in names if n not in single]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{platform.processor() or platform.machine()}; compressors: {', '.join(names)}; "
@@ -280,9 +303,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     print()
     print("GB/s = gradient bytes / time; x copy = copy time / time (higher is better); "
           "clone = fresh-allocation copy")
-    print(f"{'name':<17} {'MB':>5} {'ratio':>7} {'copy':>6} {'enc':>6} {'xcopy':>6} "
+    print(f"{'name':<19} {'MB':>5} {'ratio':>7} {'copy':>6} {'enc':>6} {'xcopy':>6} "
           f"{'dec':>6} {'xcopy':>6} {'dec->o':>6} {'clone':>6}")
-    print(f"{'':<17} {'':>5} {'':>7} {'GB/s':>6} {'GB/s':>6} {'':>6} {'GB/s':>6} {'':>6} "
+    print(f"{'':<19} {'':>5} {'':>7} {'GB/s':>6} {'GB/s':>6} {'':>6} {'GB/s':>6} {'':>6} "
           f"{'xcopy':>6} {'xcopy':>6}")
     for r in results:
         print(fmt_row(r))

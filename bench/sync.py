@@ -5,7 +5,8 @@ ResNet50-like (~97 MB in 155 gradients, mostly small) and VGG19-like
 (dominated by one very large fully-connected gradient, scaled to fit memory).
 For each: torch.distributed ``all_reduce`` over 25 MB buckets in reverse
 order (what DDP does), then the engine with PS and Ring x {identity
-(uncompressed), onebit, TernGrad, DGC, PowerSGD}, and the coordinator off
+(uncompressed), onebit, TernGrad, DGC, PowerSGD, natural, THC, top-k
+1% with plain and with Bloom-coded indices}, and the coordinator off
 for comparison. Uncompressed bytes take the engine's collective lane (fused
 allreduce) by default; "(raw via workflow)" rows send them through the
 PS/Ring workflow instead. Every figure is a median over repetitions of the slowest
@@ -46,6 +47,9 @@ COMPRESSORS = {
     "natural": ("natural", {}),  # C_nat workers; the aggregate re-encoded by C_nat
     "natural2": ("natural", {}),  # C_nat both ways (Natural Compression Alg. 1)
     "thc": ("thc", {}),  # 4 bits, T_{4,30,1/32}, the transform; sums merge as integers
+    # issue 25: top-k 1% with plain indices against fp-aware Bloom-coded ones (eps 0.01)
+    "topk": ("topk", {"ratio": 0.01}),
+    "topk_bloom": ("topk", {"ratio": 0.01, "index_codec": "bloom", "eps": 0.01}),
 }
 # configurations whose aggregates go back by a master compressor (compression_back)
 BACK = {"natural2": ("natural", {})}

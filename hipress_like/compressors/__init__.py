@@ -8,10 +8,13 @@ Algorithms register themselves on import; this package imports them all.
 """
 # Importing the algorithm modules registers them (identity/none, fp16, onebit,
 # tbq, terngrad, topk, randomk, dgc, graddrop, powersgd, ef, natural,
-# natural_dithering, dithering, compose, thc, star_topk, var_topk, mstopk).
+# natural_dithering, dithering, compose, thc, star_topk, var_topk, mstopk), and the
+# sparse payload's codecs (sparse_codecs: plain, rle; bloom; curvefit).
 from . import (  # noqa: F401
     artopk,
+    bloom,
     compose,
+    curvefit,
     dgc,
     dithering,
     graddrop,
@@ -20,6 +23,7 @@ from . import (  # noqa: F401
     onebit,
     powersgd,
     sparse,
+    sparse_codecs,
     tbq,
     terngrad,
     thc,

@@ -21,6 +21,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define HP_BLOCK 1024
@@ -625,4 +626,346 @@ int hp_thc_merge_b4w8(const uint32_t *const *idx, int nidx, const uint32_t *cons
 #else
     return 0;
 #endif
+}
+
+/* ------------------------------------------------------------------------
+ * Bloom filters of bloom.py (it says why): the universe [0, n) is cut into
+ * blocks of 2**log2u positions; block b has its own filter of mb[b] bits
+ * starting at byte off[b]. Element x of block b probes, for i < nh,
+ *
+ *   h1 = fmix32(x ^ s1), h2 = fmix32(x ^ s2) | 1      (x below 2**32)
+ *   bit ((h1 + i * h2) mod 2**32) * mb[b] >> 32        (Lemire's reduction)
+ *
+ * of that filter, bit p being bit (p & 7) of byte p >> 3: exactly the
+ * positions of bloom.py's torch path.
+ * ------------------------------------------------------------------------ */
+static inline uint64_t hp_probe(uint32_t h, uint64_t m) { return ((uint64_t)h * m) >> 32; }
+
+/* Set the probe bits of the r elements of x (the filters zeroed by the caller). */
+void hp_bloom_build(const int64_t *x, int64_t r, int32_t log2u, const int64_t *mb,
+                    const int64_t *off, int32_t nh, uint32_t s1, uint32_t s2,
+                    uint8_t *filter) {
+    for (int64_t e = 0; e < r; e++) {
+        const uint32_t v = (uint32_t)x[e];
+        const int64_t b = x[e] >> log2u;
+        const uint64_t m = (uint64_t)mb[b];
+        uint8_t *f = filter + off[b];
+        uint32_t h = hp_fmix32(v ^ s1);
+        const uint32_t h2 = hp_fmix32(v ^ s2) | 1u;
+        for (int32_t i = 0; i < nh; i++, h += h2) {
+            const uint64_t p = hp_probe(h, m);
+            f[p >> 3] |= (uint8_t)(1u << (p & 7));
+        }
+    }
+}
+
+/* Membership of every element of blocks [b0, b1) (universe size n). Per run
+ * of HP_BQ elements, probe i runs over the survivors of probe i - 1 only
+ * (about half of them when a filter is half full, its optimal fill), and
+ * each pass compacts its survivors without a branch (write, then advance by
+ * the bit): a data-dependent branch per probe would be mispredicted half the
+ * time. Writes the positives in increasing order into out (at most cap of
+ * them) and returns how many there were. */
+#define HP_BQ 512
+
+int64_t hp_bloom_query(const uint8_t *filter, const int64_t *mb, const int64_t *off,
+                       int32_t log2u, int32_t nh, uint32_t s1, uint32_t s2, int64_t n,
+                       int64_t b0, int64_t b1, int64_t *out, int64_t cap) {
+    int64_t cnt = 0;
+    uint32_t h1[HP_BQ], xs[HP_BQ], hs[HP_BQ], h2[HP_BQ];
+    for (int64_t blk = b0; blk < b1; blk++) {
+        const uint64_t m = (uint64_t)mb[blk];
+        if (!m)
+            continue; /* an empty block: its filter holds nothing */
+        const uint8_t *f = filter + off[blk];
+        const int64_t x0 = blk << log2u, x1 = (x0 + (1LL << log2u) < n) ? x0 + (1LL << log2u) : n;
+        for (int64_t b = x0; b < x1; b += HP_BQ) {
+            const int len = (int)(x1 - b < HP_BQ ? x1 - b : HP_BQ);
+            const uint32_t base = (uint32_t)b;
+            for (int j = 0; j < len; j++)
+                h1[j] = hp_fmix32((base + (uint32_t)j) ^ s1);
+            int c = 0;
+            for (int j = 0; j < len; j++) {
+                const uint64_t p = hp_probe(h1[j], m);
+                xs[c] = base + (uint32_t)j;
+                hs[c] = h1[j];
+                c += (f[p >> 3] >> (p & 7)) & 1u;
+            }
+            for (int j = 0; j < c; j++)
+                h2[j] = hp_fmix32(xs[j] ^ s2) | 1u;
+            for (int32_t i = 1; i < nh && c; i++) {
+                int c2 = 0;
+                for (int j = 0; j < c; j++) {
+                    const uint32_t h = hs[j] + h2[j];
+                    const uint64_t p = hp_probe(h, m);
+                    xs[c2] = xs[j];
+                    hs[c2] = h;
+                    h2[c2] = h2[j];
+                    c2 += (f[p >> 3] >> (p & 7)) & 1u;
+                }
+                c = c2;
+            }
+            for (int j = 0; j < c; j++) {
+                if (cnt < cap)
+                    out[cnt] = (int64_t)xs[j];
+                cnt++;
+            }
+        }
+    }
+    return cnt;
+}
+
+/* ------------------------------------------------------------------------
+ * bloom.py's "conflict" policy (bloom._conflict says what its rounds do;
+ * this is the same algorithm on the same integers, so both select the
+ * same candidates). cand: the p sorted positives; key_out: their hash keys
+ * fmix32(x ^ kseed), written for the caller; sel: in/out selection flags.
+ * Each candidate's nh probe positions are sorted, repeats dropped.
+ *
+ * An order is (((nh - live) << 20 | min(sizes summed, 2**20 - 1)) << 32) | key
+ * (a live pair: an unselected candidate's probe of an uncovered bit; a
+ * bit's size: its live pairs).
+ *
+ * Layout for the cache: the live pairs are sorted by bit once (LSD radix
+ * sort), so each bit's candidates (its conflict set) sit together and a
+ * round walks them in order. A selected candidate covers all its bits, so
+ * an uncovered bit's candidates are all unselected and its size never
+ * changes; a set dies when one of its candidates is selected. Each round
+ * drops the dead sets, counts per candidate its live pairs, their summed
+ * sizes and its singleton sets, then (no singleton anywhere) finds each
+ * set's first candidate by order: a candidate is accepted when it is
+ * first in all its live sets. After the rounds, the rest is drawn by smallest
+ * key. Returns the number of rounds run, or -1 when out of memory.
+ * ------------------------------------------------------------------------ */
+#define HP_BIG 0x7FFFFFFFFFFFFFFFULL
+#define HP_TOTAL_CAP ((1LL << 20) - 1)
+#define HP_RADIX 11
+
+static int hp_cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Stable LSD radix sort of n words by their bits 32..32+bits (the bit position),
+ * ping-ponging between a and tmp; returns the buffer holding the result. */
+static uint64_t *hp_radix_sort_hi(uint64_t *a, uint64_t *tmp, int64_t n, int bits) {
+    int64_t count[1 << HP_RADIX];
+    for (int shift = 32; shift < 32 + bits; shift += HP_RADIX) {
+        memset(count, 0, sizeof count);
+        for (int64_t e = 0; e < n; e++)
+            count[(a[e] >> shift) & ((1 << HP_RADIX) - 1)]++;
+        int64_t sum = 0;
+        for (int d = 0; d < (1 << HP_RADIX); d++) {
+            const int64_t c = count[d];
+            count[d] = sum;
+            sum += c;
+        }
+        for (int64_t e = 0; e < n; e++)
+            tmp[count[(a[e] >> shift) & ((1 << HP_RADIX) - 1)]++] = a[e];
+        uint64_t *t = a;
+        a = tmp;
+        tmp = t;
+    }
+    return a;
+}
+
+int32_t hp_bloom_conflict(const int64_t *cand, int64_t p, int64_t m, int32_t nh, uint32_t s1,
+                          uint32_t s2, uint32_t kseed, int64_t *key_out, uint8_t *sel,
+                          int64_t r, int32_t rounds) {
+    const size_t P = (size_t)(p ? p : 1), L = P * (size_t)nh;
+    int32_t *pos = malloc(sizeof(int32_t) * L);
+    uint64_t *pairs = malloc(sizeof(uint64_t) * L), *ptmp = malloc(sizeof(uint64_t) * L);
+    int32_t *members = malloc(sizeof(int32_t) * L);
+    int32_t *gstart = malloc(sizeof(int32_t) * (L + 1)), *glive = malloc(sizeof(int32_t) * L);
+    int32_t *nlive = malloc(sizeof(int32_t) * P), *nsingle = malloc(sizeof(int32_t) * P);
+    int32_t *wins = malloc(sizeof(int32_t) * P);
+    int64_t *total = malloc(sizeof(int64_t) * P);
+    uint64_t *order = malloc(sizeof(uint64_t) * P), *tmp = malloc(sizeof(uint64_t) * P);
+    uint8_t *acc = malloc(P), *covered = calloc((size_t)m + 1, 1);
+    int32_t t = -1;
+    if (!pos || !pairs || !ptmp || !members || !gstart || !glive || !nlive || !nsingle ||
+        !wins || !total || !order || !tmp || !acc || !covered)
+        goto done;
+    for (int64_t x = 0; x < p; x++) {
+        const uint32_t v = (uint32_t)cand[x];
+        key_out[x] = (int64_t)hp_fmix32(v ^ kseed);
+        int32_t *row = pos + x * nh;
+        uint32_t h = hp_fmix32(v ^ s1);
+        const uint32_t h2 = hp_fmix32(v ^ s2) | 1u;
+        for (int32_t i = 0; i < nh; i++, h += h2) { /* insertion sort of the row */
+            const int32_t q = (int32_t)hp_probe(h, (uint64_t)m);
+            int32_t k = i;
+            while (k > 0 && row[k - 1] > q) {
+                row[k] = row[k - 1];
+                k--;
+            }
+            row[k] = q;
+        }
+        for (int32_t i = nh - 1; i > 0; i--)
+            if (row[i] == row[i - 1])
+                row[i] = (int32_t)m;
+    }
+    covered[m] = 1;
+    int64_t nsel = 0, np = 0;
+    for (int64_t x = 0; x < p; x++)
+        if (sel[x]) {
+            nsel++;
+            for (int32_t i = 0; i < nh; i++)
+                covered[pos[x * nh + i]] = 1;
+        }
+    for (int64_t x = 0; x < p; x++)
+        if (!sel[x])
+            for (int32_t i = 0; i < nh; i++) {
+                const int32_t j = pos[x * nh + i];
+                if (!covered[j])
+                    pairs[np++] = (uint64_t)j << 32 | (uint64_t)x;
+            }
+    int bits = 1;
+    while ((1LL << bits) <= m)
+        bits++;
+    const uint64_t *sorted = hp_radix_sort_hi(pairs, ptmp, np, bits);
+    /* the sets, and the first round's counts (every set is live before a selection) */
+    memset(nlive, 0, sizeof(int32_t) * P);
+    memset(nsingle, 0, sizeof(int32_t) * P);
+    memset(total, 0, sizeof(int64_t) * P);
+    int64_t ng = 0;
+    for (int64_t e = 0; e <= np; e++) {
+        if (e == np || (e && sorted[e] >> 32 != sorted[e - 1] >> 32)) {
+            const int32_t g0 = gstart[ng - 1], g1 = (int32_t)e;
+            for (int32_t q = g0; q < g1; q++) {
+                nlive[members[q]]++;
+                total[members[q]] += g1 - g0;
+                nsingle[members[q]] += g1 - g0 == 1;
+            }
+        }
+        if (e == np)
+            break;
+        if (e == 0 || sorted[e] >> 32 != sorted[e - 1] >> 32) {
+            gstart[ng] = (int32_t)e;
+            glive[ng] = (int32_t)ng;
+            ng++;
+        }
+        members[e] = (int32_t)(sorted[e] & 0xFFFFFFFFu);
+    }
+    gstart[ng] = (int32_t)np;
+    for (t = 0; t < rounds; t++) {
+        const int64_t need = r - nsel;
+        if (need <= 0)
+            break;
+        if (t) { /* drop the sets a selection killed; count the live pairs again */
+            memset(nlive, 0, sizeof(int32_t) * P);
+            memset(nsingle, 0, sizeof(int32_t) * P);
+            memset(total, 0, sizeof(int64_t) * P);
+            int64_t kept = 0;
+            for (int64_t b = 0; b < ng; b++) {
+                const int32_t g = glive[b], g0 = gstart[g], g1 = gstart[g + 1];
+                int dead = 0;
+                for (int32_t q = g0; q < g1; q++)
+                    dead |= sel[members[q]];
+                if (dead)
+                    continue;
+                glive[kept++] = g;
+                for (int32_t q = g0; q < g1; q++) {
+                    const int32_t y = members[q];
+                    nlive[y]++;
+                    total[y] += g1 - g0;
+                    nsingle[y] += g1 - g0 == 1;
+                }
+            }
+            ng = kept;
+        }
+        if (!ng)
+            break;
+        int64_t nforced = 0;
+        for (int64_t x = 0; x < p; x++)
+            nforced += nlive[x] && nsingle[x];
+        if (nforced) {
+            for (int64_t x = 0; x < p; x++) {
+                order[x] = (uint64_t)key_out[x];
+                acc[x] = nlive[x] && nsingle[x];
+            }
+        } else {
+            for (int64_t x = 0; x < p; x++) {
+                const int64_t tot = total[x] < HP_TOTAL_CAP ? total[x] : HP_TOTAL_CAP;
+                order[x] = ((((uint64_t)nh - (uint64_t)nlive[x]) << 20 | (uint64_t)tot) << 32) |
+                           (uint64_t)key_out[x];
+                wins[x] = 0;
+            }
+            for (int64_t b = 0; b < ng; b++) {
+                const int32_t g = glive[b];
+                int32_t first = members[gstart[g]];
+                for (int32_t q = gstart[g] + 1; q < gstart[g + 1]; q++)
+                    if (order[members[q]] < order[first])
+                        first = members[q];
+                wins[first]++;
+            }
+            for (int64_t x = 0; x < p; x++)
+                acc[x] = nlive[x] && wins[x] == nlive[x];
+        }
+        int64_t nacc = 0;
+        for (int64_t x = 0; x < p; x++)
+            if (acc[x])
+                tmp[nacc++] = order[x];
+        uint64_t limit = HP_BIG;
+        if (nacc > need) { /* keep the need smallest orders (they are distinct) */
+            qsort(tmp, (size_t)nacc, sizeof(uint64_t), hp_cmp_u64);
+            limit = tmp[need - 1];
+        }
+        for (int64_t x = 0; x < p; x++)
+            if (acc[x] && order[x] <= limit) {
+                sel[x] = 1;
+                nsel++;
+            }
+    }
+    if (t >= 0 && r - nsel > 0) { /* the rest by smallest key, as bloom.select does */
+        const int64_t need = r - nsel;
+        int64_t nacc = 0;
+        for (int64_t x = 0; x < p; x++)
+            if (!sel[x])
+                tmp[nacc++] = (uint64_t)key_out[x];
+        uint64_t limit = HP_BIG;
+        if (nacc > need) {
+            qsort(tmp, (size_t)nacc, sizeof(uint64_t), hp_cmp_u64);
+            limit = tmp[need - 1];
+        }
+        for (int64_t x = 0; x < p; x++)
+            if (!sel[x] && (uint64_t)key_out[x] <= limit)
+                sel[x] = 1;
+    }
+done:
+    free(pos);
+    free(pairs);
+    free(ptmp);
+    free(members);
+    free(gstart);
+    free(glive);
+    free(nlive);
+    free(nsingle);
+    free(wins);
+    free(total);
+    free(order);
+    free(tmp);
+    free(acc);
+    free(covered);
+    return t;
+}
+
+/* The conflict policy of blocks [b0, b1): block b's candidates are
+ * cand[cstart[b] .. cstart[b + 1]), drawn against its own mb[b] bits and rb[b]
+ * positions. Returns the fewest rounds run in a block, or -1 when out of memory. */
+int32_t hp_bloom_conflict_blocks(const int64_t *cand, const int64_t *cstart, const int64_t *mb,
+                                 const int64_t *rb, int64_t b0, int64_t b1, int32_t nh,
+                                 uint32_t s1, uint32_t s2, uint32_t kseed, int64_t *key_out,
+                                 uint8_t *sel, int32_t rounds) {
+    int32_t fewest = rounds;
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t c0 = cstart[b], c1 = cstart[b + 1];
+        const int32_t t = hp_bloom_conflict(cand + c0, c1 - c0, mb[b], nh, s1, s2, kseed,
+                                            key_out + c0, sel + c0, rb[b], rounds);
+        if (t < 0)
+            return -1;
+        if (t < fewest)
+            fewest = t;
+    }
+    return fewest;
 }

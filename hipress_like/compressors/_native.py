@@ -1,5 +1,6 @@
 """Native CPU loops for onebit, the compressor on the PS fast path (HiPress Sec. 6.2),
-for natural compression C_nat (natural.py) and THC's Hadamard transform (thc.py).
+for natural compression C_nat (natural.py), THC's Hadamard transform (thc.py) and
+the Bloom-filter index codec's universe query and conflict-set policy (bloom.py).
 
 Idea: CompLL's point (HiPress Sec. 4.3) is that an encoder must run at
 memory speed or it eats the time compression saves. ``torch.compile``
@@ -56,7 +57,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["available", "natural_decode", "natural_encode", "onebit_pack",
+__all__ = ["available", "bloom_build", "bloom_conflict_blocks", "bloom_query",
+           "natural_decode", "natural_encode", "onebit_pack",
            "onebit_sums", "onebit_unpack", "onebit_unpack_add_many", "sums_scale_ok",
            "thc_fwht", "thc_merge_b4w8", "thc_rht", "usable"]
 
@@ -191,6 +193,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hp_thc_fwht.restype = None
     lib.hp_thc_merge_b4w8.argtypes = [p, i32, p, i32, p, p, i64, i64, i64]
     lib.hp_thc_merge_b4w8.restype = i32
+    lib.hp_bloom_query.argtypes = [p, p, p, i32, i32, u32, u32, i64, i64, i64, p, i64]
+    lib.hp_bloom_query.restype = i64
+    lib.hp_bloom_conflict_blocks.argtypes = [p, p, p, p, i64, i64, i32, u32, u32, u32, p, p,
+                                             i32]
+    lib.hp_bloom_conflict_blocks.restype = i32
+    lib.hp_bloom_build.argtypes = [p, i64, i32, p, p, i32, u32, u32, p]
+    lib.hp_bloom_build.restype = None
     return lib
 
 
@@ -417,3 +426,91 @@ def thc_merge_b4w8(indices: Sequence[torch.Tensor], sums: Sequence[torch.Tensor]
     step += -step % 8  # whole vectors of words per thread
     ranges = [(j, min(m, j + step)) for j in range(0, m, step)] or [(0, 0)]
     _map(lambda j0, j1, last: lib.hp_thc_merge_b4w8(ip, ni, sp, ns, tp, op, m, j0, j1), ranges)
+
+
+# ---------------------------------------------------------------- Bloom filters
+
+def _block_ranges(weights: torch.Tensor, n: int) -> List[Tuple[int, int]]:
+    """Block ranges [b0, b1), one per thread for a large universe, of similar weight."""
+    nb = weights.numel()
+    threads = torch.get_num_threads() if n >= PARALLEL_NUMEL else 1
+    threads = max(1, min(threads, nb))
+    if threads == 1:
+        return [(0, nb)]
+    cum = torch.cumsum(weights.to(torch.float64), 0)
+    total = float(cum[-1]) if nb else 0.0
+    cuts = [0] + [int(torch.searchsorted(cum, total * t / threads)) + 1
+                  for t in range(1, threads)] + [nb]
+    cuts = sorted(set(min(max(c, 0), nb) for c in cuts))
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a] or [(0, nb)]
+
+
+def bloom_build(x: torch.Tensor, log2u: int, mb: torch.Tensor, off: torch.Tensor, nbytes: int,
+                nh: int, s1: int, s2: int) -> torch.Tensor:
+    """The ``nbytes`` filter bytes of int64 ``x`` (``bloom.build_filter``'s bits)."""
+    lib = _load()
+    x, mb, off = x.contiguous(), mb.contiguous(), off.contiguous()
+    filt = torch.zeros(nbytes, dtype=torch.uint8)
+    lib.hp_bloom_build(x.data_ptr(), x.numel(), log2u, mb.data_ptr(), off.data_ptr(), nh,
+                       s1 & 0xFFFFFFFF, s2 & 0xFFFFFFFF, filt.data_ptr())
+    return filt
+
+
+def bloom_query(filt: torch.Tensor, log2u: int, mb: torch.Tensor, off: torch.Tensor, nh: int,
+                s1: int, s2: int, n: int, cap: int) -> Tuple[torch.Tensor, int]:
+    """Positives of blocked Bloom filters over the universe [0, n) (``bloom.query``).
+
+    Args:
+        filt: the filters' bytes (uint8, contiguous, CPU); ``log2u``, ``mb``
+            (bits per block), ``off`` (byte offset per block) their layout.
+        nh, s1, s2: probes and hash seeds.
+        n: the universe size (below 2**32).
+        cap: at most this many positives are returned.
+
+    Returns:
+        (sorted int64 positives, at most ``cap`` of them; how many there are
+        in all, which may exceed ``cap``).
+    """
+    lib = _load()
+    mb, off, filt = mb.contiguous(), off.contiguous(), filt.contiguous()
+    ranges = _block_ranges((mb > 0).to(torch.int64), n)
+    bufs = {r: torch.empty(max(1, cap), dtype=torch.int64) for r in ranges}
+    fp, mp, op = filt.data_ptr(), mb.data_ptr(), off.data_ptr()
+    found = _map(lambda b0, b1, last: int(lib.hp_bloom_query(
+        fp, mp, op, log2u, nh, s1 & 0xFFFFFFFF, s2 & 0xFFFFFFFF, n, b0, b1,
+        bufs[(b0, b1)].data_ptr(), cap)), ranges)
+    kept = [bufs[r][: min(c, cap)] for r, c in zip(ranges, found)]
+    return torch.cat(kept)[:cap], sum(found)
+
+
+def bloom_conflict_blocks(cand: torch.Tensor, cstart: torch.Tensor, mb: torch.Tensor,
+                          rb: torch.Tensor, sel: torch.Tensor, nh: int, s1: int, s2: int,
+                          kseed: int, rounds: int, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """bloom.py's "conflict" rounds in every block (``bloom._conflict``, the same selection).
+
+    Args:
+        cand: sorted int64 positives; cstart: (B + 1) offsets of each block's
+            candidates; mb, rb: bits and positions per block.
+        sel: bool preselection (not modified).
+        nh, s1, s2: probes and seeds; kseed: the keys' seed; rounds: the cap;
+        n: the universe size (threads are used for a large one).
+
+    Returns:
+        (the bool selection after the rounds, the int64 keys ``hash32(cand, kseed)``).
+
+    Raises:
+        MemoryError: the workspaces could not be allocated.
+    """
+    lib = _load()
+    cand, cstart = cand.contiguous(), cstart.contiguous()
+    mb, rb = mb.contiguous(), rb.contiguous()
+    flags = sel.to(torch.uint8).contiguous()
+    key = torch.empty(cand.numel(), dtype=torch.int64)
+    ptrs = (cand.data_ptr(), cstart.data_ptr(), mb.data_ptr(), rb.data_ptr())
+    ranges = _block_ranges(cstart[1:] - cstart[:-1], n)
+    done = _map(lambda b0, b1, last: int(lib.hp_bloom_conflict_blocks(
+        *ptrs, b0, b1, nh, s1 & 0xFFFFFFFF, s2 & 0xFFFFFFFF, kseed & 0xFFFFFFFF,
+        key.data_ptr(), flags.data_ptr(), rounds)), ranges)
+    if min(done) < 0:
+        raise MemoryError(f"bloom conflict policy: no memory for {cand.numel()} candidates")
+    return flags.to(torch.bool), key

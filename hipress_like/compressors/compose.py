@@ -151,6 +151,12 @@ def _check_parts(sp: Compressor, q: Compressor) -> None:
         raise ValueError(
             f"compose: the first part must be a sparsifier sharing sparse.py's payload "
             f"(topk, randomk, dgc, graddrop), found {_describe(sp)}{hint}")
+    if not sp._plain:  # compose quantizes the plain layout's values and copies its indices
+        raise ValueError(
+            f"compose: the sparsifier {sp.name!r} codes its payload with index_codec="
+            f"{sp.index_codec.name!r}, value_codec={sp.value_codec.name!r}; a composition "
+            "quantizes the values of the plain layout itself: build the sparsifier with the "
+            "plain codecs (the default), or use the codecs without compose")
     if q.capabilities.category != "quantization":
         what = ("composing two sparsifiers only sparsifies twice; "
                 if q.capabilities.category == "sparsification" else "")

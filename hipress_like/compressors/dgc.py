@@ -29,7 +29,7 @@ are float32 for half-precision gradients so small updates accumulate.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -37,7 +37,7 @@ from .base import Capabilities, State, accumulate_, accumulator_dtype, check_gra
 from .ops import abs_at_least, extract, filter_mask, topk_among
 from .params import check_int, check_real
 from .registry import register
-from .sparse import Sparsifier, _check_ratio, num_selected, pack_sparse, sampled_threshold
+from .sparse import Sparsifier, _check_ratio, num_selected, sampled_threshold
 
 __all__ = ["DGC"]
 
@@ -70,6 +70,9 @@ class DGC(Sparsifier):
             ``1 - ratio``; 0 (default) starts at the final ratio.
         clip_norm: local L2 clipping threshold (the paper's global threshold
             times ``N ** -0.5``), or None (default) for no clipping.
+        index_codec, value_codec, **codec_params: how positions and values
+            travel (``sparse.TopK`` lists them); masking applies where values
+            were sent, and what a lossy value codec loses stays in ``v``.
 
     Raises:
         ValueError: a parameter outside its range.
@@ -86,7 +89,9 @@ class DGC(Sparsifier):
                                 stateful=True, keeps_memory=True)
 
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, sample_ratio: float = 0.01,
-                 warmup_steps: int = 0, clip_norm: Optional[float] = None) -> None:
+                 warmup_steps: int = 0, clip_norm: Optional[float] = None,
+                 index_codec: str = "plain", value_codec: str = "plain",
+                 **codec_params: Any) -> None:
         self.ratio = _check_ratio("dgc", ratio)
         self.momentum = check_real("dgc", "momentum", momentum, low=0.0, high=1.0,
                                    high_open=True, example=0.9)
@@ -94,6 +99,7 @@ class DGC(Sparsifier):
         self.warmup_steps = check_int("dgc", "warmup_steps", warmup_steps, low=0, example=0)
         self.clip_norm = None if clip_norm is None else check_real(
             "dgc", "clip_norm", clip_norm, low=0.0, low_open=True, example=1.0)
+        self._init_codecs(index_codec, value_codec, **codec_params)
 
     def density(self, step: int) -> float:
         """Fraction of entries sent at ``step`` (DGC Sec. 3.4 exponential warm-up).
@@ -153,18 +159,16 @@ class DGC(Sparsifier):
         density = self.density(step)
         idx = _select(v, density, num_selected(density, v.numel()), self.sample_ratio, seed,
                       step)
-        sent = extract(v, idx)
-        vals = sent.to(grad.dtype)
-        payload = pack_sparse(self.algo_id, grad, idx, vals)
-        u.index_fill_(0, idx, 0)
-        # masking zeroes v where sent; only what the wire dtype rounded away stays
-        v.index_copy_(0, idx, sent - vals.to(acc))
+        code = self._pack(grad, idx, lambda i: extract(v, i), self._codec_seed(seed, idx))
+        u.index_fill_(0, code.idx, 0)
+        # masking zeroes v where sent; only what the wire (dtype, value codec) lost stays
+        v.index_copy_(0, code.idx, code.values - code.wire.to(acc))
         new_state = dict(state, u=u.reshape(grad.shape), v=v.reshape(grad.shape),
                          step=step + 1, seed=seed)
-        return payload, new_state
+        return code.payload, new_state
 
     def params(self) -> Dict[str, object]:
-        """Constructor parameters."""
+        """Constructor parameters (the codecs' only when they are not plain)."""
         return {"ratio": self.ratio, "momentum": self.momentum,
                 "sample_ratio": self.sample_ratio, "warmup_steps": self.warmup_steps,
-                "clip_norm": self.clip_norm}
+                "clip_norm": self.clip_norm, **self._codec_params()}

@@ -26,7 +26,7 @@ kept exactly and the others stay in the residual, so nothing is lost, and
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -35,7 +35,7 @@ from .dgc import _select
 from .ops import extract
 from .params import ParamError, check_real
 from .registry import register
-from .sparse import Sparsifier, _check_ratio, num_selected, pack_sparse
+from .sparse import Sparsifier, _check_ratio, num_selected
 
 __all__ = ["GradDrop"]
 
@@ -51,6 +51,9 @@ class GradDrop(Sparsifier):
             entries (see ``sparse.sampled_threshold``).
         max_ratio: cap on the fraction sent, in [ratio, 1]; default
             ``min(1, 2 * ratio)``.
+        index_codec, value_codec, **codec_params: how positions and values
+            travel (``sparse.TopK`` lists them); the residual keeps what was
+            not sent and what a lossy value codec lost.
 
     Raises:
         ValueError: a parameter outside its range.
@@ -67,7 +70,8 @@ class GradDrop(Sparsifier):
                                 stateful=True, keeps_memory=True)
 
     def __init__(self, ratio: float = 0.01, sample_ratio: float = 0.001,
-                 max_ratio: Optional[float] = None) -> None:
+                 max_ratio: Optional[float] = None, index_codec: str = "plain",
+                 value_codec: str = "plain", **codec_params: Any) -> None:
         self.ratio = _check_ratio("graddrop", ratio)
         self.sample_ratio = _check_ratio("graddrop", sample_ratio, "sample_ratio")
         mr = min(1.0, 2.0 * self.ratio) if max_ratio is None else check_real(
@@ -76,6 +80,7 @@ class GradDrop(Sparsifier):
             raise ParamError(f"graddrop: max_ratio must be in [ratio={self.ratio}, 1], found "
                              f"{max_ratio!r}")
         self.max_ratio = mr
+        self._init_codecs(index_codec, value_codec, **codec_params)
 
     def _max_density(self) -> float:
         return self.max_ratio
@@ -113,14 +118,12 @@ class GradDrop(Sparsifier):
         x = accumulate_(res, grad)  # g + residual, in the residual's buffer
         idx = _select(x, self.ratio, num_selected(self.max_ratio, x.numel()), self.sample_ratio,
                       seed, step)
-        sent = extract(x, idx)
-        vals = sent.to(grad.dtype)
-        payload = pack_sparse(self.algo_id, grad, idx, vals)
-        # what the wire dtype rounded away stays in the residual (0 for float32/64)
-        x.index_copy_(0, idx, sent - vals.to(acc))
-        return payload, dict(state, residual=x.reshape(grad.shape), step=step + 1, seed=seed)
+        code = self._pack(grad, idx, lambda i: extract(x, i), self._codec_seed(seed, idx))
+        # what the wire (dtype, value codec) lost stays in the residual (0 for plain float32)
+        x.index_copy_(0, code.idx, code.values - code.wire.to(acc))
+        return code.payload, dict(state, residual=x.reshape(grad.shape), step=step + 1, seed=seed)
 
     def params(self) -> Dict[str, object]:
-        """Constructor parameters."""
+        """Constructor parameters (the codecs' only when they are not plain)."""
         return {"ratio": self.ratio, "sample_ratio": self.sample_ratio,
-                "max_ratio": self.max_ratio}
+                "max_ratio": self.max_ratio, **self._codec_params()}

@@ -11,6 +11,16 @@ written once:
                   increasing, zero-padded to a multiple of 8 bytes;
                   then k values in the gradient's dtype
 
+That is the layout of the ``plain`` codecs. The indices and the values may
+instead travel through other codecs (``sparse_codecs.py``: a run-length
+code, ``bloom.py``: a Bloom filter; ``curvefit.py``: a fitted curve),
+chosen per sparsifier (``get("topk", ratio=0.01, index_codec="bloom",
+eps=0.01)``, ``value_codec="curvefit"``); the second header word then also
+carries the codec ids and the codecs' fields follow it
+(``sparse_codecs.py`` has the layout). With both codecs plain the bytes
+are exactly the layout above. ``decode`` reads the codecs from the
+payload, so any sparsifier decodes any codec pair.
+
 Indices are sorted at encode time: the receiver's scatter walks memory in
 order, and ``decode`` can reject duplicated or out-of-order indices (a sign
 of corruption) with one O(k) comparison, besides the range check. A payload
@@ -32,12 +42,14 @@ random, reproducible from ``(seed, step)`` on every device.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
-from typing import Dict, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 
+from . import bloom, curvefit  # noqa: F401  (register the codecs before any decode)
 from .base import (
     Capabilities,
     Compressor,
@@ -48,13 +60,25 @@ from .base import (
     check_gradient,
     decode_output,
     header_nbytes,
+    mix_seed,
     pack_payload,
     unpack_fields,
     view_as_dtype,
 )
 from .ops import extract, hash32, sample_positions, topk_abs
-from .params import check_bool, check_real
+from .params import ParamError, check_bool, check_real
 from .registry import register
+from .sparse_codecs import (
+    IndexCode,
+    PlainIndex,
+    PlainValues,
+    ValueCode,
+    index_codec_by_id,
+    index_dtype,
+    make_index_codec,
+    make_value_codec,
+    value_codec_by_id,
+)
 
 __all__ = [
     "Sparsifier",
@@ -64,13 +88,14 @@ __all__ = [
     "index_dtype",
     "sparse_payload_nbytes",
     "pack_sparse",
+    "pack_coded",
     "unpack_sparse",
+    "SparseCode",
     "sampled_threshold",
     "view_as_dtype",
 ]
 
-_EXTRA = struct.Struct("<QQ")  # k, index item size
-_INT32_LIMIT = 2**31  # indices are < n, so int32 holds them while n <= 2**31
+_EXTRA = struct.Struct("<QQ")  # k, index item size | index codec id << 8 | value codec id << 16
 # Threshold estimation never uses fewer samples than _MIN_SAMPLES, nor fewer
 # than _MIN_HITS / density (so at least ~32 sampled entries lie above the
 # threshold), or all entries when the tensor is smaller. With 0.1% density
@@ -92,11 +117,6 @@ def _check_ratio(name: str, ratio: float, param: str = "ratio") -> float:
 def num_selected(ratio: float, n: int) -> int:
     """``k = ceil(ratio * n)`` clamped to [1, n] (tolerant to float rounding of ``ratio*n``)."""
     return max(1, min(n, math.ceil(ratio * n - 1e-6)))
-
-
-def index_dtype(n: int) -> torch.dtype:
-    """Smallest signed index type for an ``n``-element tensor: int32, or int64 past 2**31."""
-    return torch.int32 if n <= _INT32_LIMIT else torch.int64
 
 
 def sparse_payload_nbytes(k: int, numel: int, ndim: int = 1, value_itemsize: int = 4) -> int:
@@ -136,33 +156,70 @@ def pack_sparse(algo_id: int, grad: torch.Tensor, idx: torch.Tensor,
     return payload
 
 
+def pack_coded(algo_id: int, grad: torch.Tensor, k: int, icode: IndexCode, icodec_id: int,
+               vcode: ValueCode, vcodec_id: int) -> torch.Tensor:
+    """Write a sparse payload from codec outputs (``sparse_codecs.py`` has the layout).
+
+    Args:
+        algo_id: the producing compressor's id.
+        grad: the original gradient (shape, dtype and device go to the header).
+        k: number of values.
+        icode, icodec_id: the index codec's output and id.
+        vcode, vcodec_id: the value codec's output and id.
+
+    Returns:
+        The 1-D uint8 payload.
+    """
+    isz = torch.empty((), dtype=index_dtype(grad.numel())).element_size()
+    word = isz | (icodec_id << 8) | (vcodec_id << 16)
+    extra = (_EXTRA.pack(k, word) + icode.fields + bytes(-len(icode.fields) % 8)
+             + vcode.fields + bytes(-len(vcode.fields) % 8))
+    isec, vsec = icode.section.numel(), vcode.section.numel()
+    payload, body = pack_payload(algo_id, grad.dtype, tuple(grad.shape), extra,
+                                 _pad8(isec) + vsec, grad.device)
+    body[:isec].copy_(icode.section)
+    body[isec: _pad8(isec)].zero_()
+    body[_pad8(isec):].copy_(vcode.section)
+    return payload
+
+
 def unpack_sparse(payload: torch.Tensor, algo_id: int) -> Tuple[Header, torch.Tensor, torch.Tensor]:
-    """Parse and validate a sparse payload: (header, int64 indices, values).
+    """Parse, validate and decode a sparse payload of any codec pair: (header, int64
+    sorted indices, values).
 
     Raises:
-        PayloadError: bad header, wrong fields, body size that does not match
-            ``k``, an index outside [0, n), or indices not strictly increasing.
+        PayloadError: bad header, wrong fields, unknown codec ids, body size
+            that does not match ``k`` and the codecs' fields, an index
+            outside [0, n), indices not strictly increasing, or a codec
+            section that does not decode (a truncated or corrupted filter,
+            run-length code or fit).
     """
-    h, (k, isz) = unpack_fields(payload, algo_id, _EXTRA, "sparse")
+    h, (k, word) = unpack_fields(payload, algo_id, _EXTRA, "sparse")
     n = h.numel
     if k > n:
         raise PayloadError(f"sparse payload declares k={k} entries for a tensor of {n}")
-    idt = index_dtype(n)
-    if isz != torch.empty((), dtype=idt).element_size():
-        raise PayloadError(f"sparse payload index size {isz} bytes, expected "
-                           f"{torch.empty((), dtype=idt).element_size()} for n={n}")
-    vsz = torch.empty((), dtype=h.dtype).element_size()
-    ipad = _pad8(k * isz)
-    check_body_nbytes(h, ipad + k * vsz, "sparse", f" with k={k}")
-    idx = view_as_dtype(h.body[: k * isz], idt).to(torch.int64)
-    vals = view_as_dtype(h.body[ipad:], h.dtype)
-    if k:
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= n:
-            raise PayloadError(f"sparse payload index out of range [0, {n}): min {lo}, max {hi}")
-        if k > 1 and not bool((idx[1:] > idx[:-1]).all()):
-            raise PayloadError("sparse payload indices are not strictly increasing "
-                               "(duplicated or corrupted)")
+    isz, iid, vid = word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF
+    want = torch.empty((), dtype=index_dtype(n)).element_size()
+    if isz != want or word >> 24:
+        raise PayloadError(f"sparse payload index size {isz} bytes, expected {want} for n={n}"
+                           + (f" (reserved bits set: {word:#x})" if word >> 24 else ""))
+    icls, vcls = index_codec_by_id(iid), value_codec_by_id(vid)
+    ilen, vlen = icls.fields.size, vcls.fields.size
+    if len(h.extra) != _EXTRA.size + _pad8(ilen) + _pad8(vlen):
+        raise PayloadError(f"sparse payload extra has {len(h.extra)} bytes, expected "
+                           f"{_EXTRA.size + _pad8(ilen) + _pad8(vlen)} for codecs "
+                           f"{icls.name}/{vcls.name}")
+    ifields = icls.fields.unpack_from(h.extra, _EXTRA.size)
+    vfields = vcls.fields.unpack_from(h.extra, _EXTRA.size + _pad8(ilen))
+    isec = icls.section_nbytes(ifields, n, k)
+    vsec = vcls.section_nbytes(vfields, k, h.dtype)
+    codecs = "" if iid == vid == 0 else f" ({icls.name} indices, {vcls.name} values)"
+    check_body_nbytes(h, _pad8(isec) + vsec, "sparse", f" with k={k}{codecs}")
+    idx = icls.decode(ifields, h.body[:isec], n, k)
+    if idx.numel() != k:
+        raise PayloadError(f"sparse payload's {icls.name} indices decode to {idx.numel()} "
+                           f"positions, expected {k}")
+    vals = vcls.decode(vfields, h.body[_pad8(isec):], k, h.dtype)
     return h, idx, vals
 
 
@@ -216,13 +273,103 @@ def _sorted(idx: torch.Tensor) -> torch.Tensor:
     return torch.sort(idx).values
 
 
+class SparseCode(NamedTuple):
+    """What a sparsifier's ``_pack`` sent.
+
+    Attributes:
+        payload: the payload.
+        idx: sorted int64 positions whose values were sent (``S``, or for a
+            false-positive-aware Bloom filter the positions the decoder draws).
+        values: the values read at ``idx`` (the source's dtype, before coding).
+        wire: what the decoder puts for them (the gradient's dtype): the
+            values cast, or the value codec's approximation.
+    """
+
+    payload: torch.Tensor
+    idx: torch.Tensor
+    values: torch.Tensor
+    wire: torch.Tensor
+
+
 class Sparsifier(Compressor):
-    """Common decode, sizes and re-selection of the sparse payload."""
+    """Common decode, sizes, codecs and re-selection of the sparse payload.
+
+    Subclasses call ``_init_codecs`` at the end of ``__init__`` with their
+    ``index_codec``, ``value_codec`` and remaining keyword parameters, and
+    pack through ``_pack``: any sparsifier then works with any codec pair.
+    """
 
     ratio: float = 0.01
+    index_codec: Any = PlainIndex()
+    value_codec: Any = PlainValues()
+
+    def _init_codecs(self, index_codec: Any = "plain", value_codec: Any = "plain",
+                     **codec_params: Any) -> None:
+        """Build the codecs (``sparse_codecs``) from their names and parameters.
+
+        The capabilities follow: a data-dependent codec size clears
+        ``fixed_size``, a lossy codec clears ``unbiased``.
+
+        Raises:
+            ParamError: unknown codec (the message lists the known ones), bad
+                codec parameters, or parameters no chosen codec takes.
+        """
+        params = dict(codec_params)
+        self.index_codec = make_index_codec(self.name, index_codec, params)
+        self.value_codec = make_value_codec(self.name, value_codec, params)
+        if params:
+            raise ParamError(
+                f"{self.name}: unexpected parameter(s) {sorted(params)} for index_codec="
+                f"{self.index_codec.name!r} (takes {list(self.index_codec.param_names)}) and "
+                f"value_codec={self.value_codec.name!r} (takes "
+                f"{list(self.value_codec.param_names)})")
+        caps = self.capabilities
+        self.capabilities = dataclasses.replace(
+            caps, fixed_size=caps.fixed_size and self.index_codec.fixed_size
+            and self.value_codec.fixed_size,
+            unbiased=caps.unbiased and self.index_codec.lossless and self.value_codec.lossless)
+
+    @property
+    def _plain(self) -> bool:
+        return self.index_codec.codec_id == 0 and self.value_codec.codec_id == 0
+
+    def _pack(self, grad: torch.Tensor, idx: torch.Tensor,
+              values_at: Callable[[torch.Tensor], torch.Tensor], seed: int) -> SparseCode:
+        """Encode the sorted selection ``idx`` of ``grad`` with this sparsifier's codecs.
+
+        Args:
+            grad: the gradient (its shape, dtype, device go to the header).
+            idx: sorted int64 positions chosen by the sparsifier.
+            values_at: the values to send at given positions (the index codec
+                may choose other positions, Bloom's false-positive-aware mode).
+            seed: per-payload seed for randomised codecs (``_codec_seed``).
+
+        Returns:
+            The payload and what it sent (``SparseCode``).
+        """
+        if self._plain:  # the payload bytes of before codecs existed
+            vals = values_at(idx)
+            wire = vals.to(grad.dtype)
+            return SparseCode(pack_sparse(self.algo_id, grad, idx, wire), idx, vals, wire)
+        icode = self.index_codec.encode(idx, grad.numel(), seed)
+        vals = values_at(icode.sent)
+        vcode = self.value_codec.encode(vals.to(grad.dtype))
+        payload = pack_coded(self.algo_id, grad, icode.sent.numel(), icode,
+                             self.index_codec.codec_id, vcode, self.value_codec.codec_id)
+        return SparseCode(payload, icode.sent, vals, vcode.wire)
+
+    def _codec_seed(self, seed: int, idx: torch.Tensor) -> int:
+        """The seed of a randomised index codec: the state's seed mixed with the sum of
+        the selection, so it changes every step without a step counter."""
+        if not self.index_codec.randomised:
+            return 0
+        return mix_seed(int(seed), int(idx.sum()) if idx.numel() else 0)
 
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Scatter the (index, value) pairs into zeros of the original shape and dtype.
+
+        The payload's codecs are read from its header, so this decodes any
+        codec pair, whatever this sparsifier encodes with.
 
         Args:
             payload: a sparse payload of this compressor.
@@ -240,14 +387,20 @@ class Sparsifier(Compressor):
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """Size for ``k = ceil(max_density * numel)`` float32 entries (exact for fixed sizes)."""
-        return sparse_payload_nbytes(num_selected(self._max_density(), numel), numel, ndim, 4)
+        k = num_selected(self._max_density(), numel)
+        if self._plain:
+            return sparse_payload_nbytes(k, numel, ndim, 4)
+        ic, vc = self.index_codec, self.value_codec
+        extra = _EXTRA.size + _pad8(ic.fields.size) + _pad8(vc.fields.size)
+        return (header_nbytes(ndim, extra) + _pad8(ic.max_section_nbytes(numel, k))
+                + vc.max_section_nbytes(k, 4))
 
     def reselect(self, grad: torch.Tensor, k: Optional[int] = None) -> torch.Tensor:
         """Exact top-``k`` payload of a (merged) tensor, touching no worker state.
 
         HiPress Sec. 5.3: after a Ring aggregator sums decoded partitions, it
         "re-selects top K elements" so every step sends the same size. The
-        payload decodes with this compressor's ``decode``.
+        payload uses this compressor's codecs and decodes with its ``decode``.
 
         Args:
             grad: the merged tensor.
@@ -260,11 +413,19 @@ class Sparsifier(Compressor):
         x = grad.detach().reshape(-1)
         k = num_selected(self.ratio, x.numel()) if k is None else max(1, min(int(k), x.numel()))
         idx = _sorted(topk_abs(x, k)[0])
-        return pack_sparse(self.algo_id, grad, idx, extract(x, idx))
+        return self._pack(grad, idx, lambda i: extract(x, i), self._codec_seed(0, idx)).payload
 
     def params(self) -> Dict[str, object]:
-        """Constructor parameters."""
-        return {"ratio": self.ratio}
+        """Constructor parameters (the codecs' only when they are not plain)."""
+        return {"ratio": self.ratio, **self._codec_params()}
+
+    def _codec_params(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        if self.index_codec.codec_id != 0:
+            out.update(index_codec=self.index_codec.name, **self.index_codec.params())
+        if self.value_codec.codec_id != 0:
+            out.update(value_codec=self.value_codec.name, **self.value_codec.params())
+        return out
 
 
 @register("topk")
@@ -277,18 +438,27 @@ class TopK(Sparsifier):
 
     Args:
         ratio: fraction of entries kept, in (0, 1]; default 0.01.
+        index_codec: how the positions travel: "plain" (default), "rle" or
+            "bloom" (``sparse_codecs.py``, ``bloom.py``).
+        value_codec: how the values travel: "plain" (default) or "curvefit".
+        **codec_params: the chosen codecs' parameters (bloom: ``eps``,
+            ``policy``, ``fpaware``, ``second_eps``; rle: ``block_bits``;
+            curvefit: ``fit``, ``segments``, ``degree``).
 
     Example:
         >>> c = TopK(ratio=0.01)
         >>> payload, st = c.encode(torch.randn(1000), c.init(torch.zeros(1000)))
+        >>> b = TopK(ratio=0.01, index_codec="bloom", eps=0.01)  # fp-aware Bloom filter
     """
 
     name = "topk"
     algo_id = 20
     capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=True)
 
-    def __init__(self, ratio: float = 0.01) -> None:
+    def __init__(self, ratio: float = 0.01, index_codec: str = "plain",
+                 value_codec: str = "plain", **codec_params: Any) -> None:
         self.ratio = _check_ratio("topk", ratio)
+        self._init_codecs(index_codec, value_codec, **codec_params)
 
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
         """Select the top-k magnitudes (operator ``sort``), sort their indices, pack.
@@ -299,7 +469,8 @@ class TopK(Sparsifier):
         check_gradient(grad)
         x = grad.detach().reshape(-1)
         idx = _sorted(topk_abs(x, num_selected(self.ratio, x.numel()))[0])
-        return pack_sparse(self.algo_id, grad, idx, extract(x, idx)), state
+        seed = self._codec_seed(int(state.get("seed", 0)), idx)
+        return self._pack(grad, idx, lambda i: extract(x, i), seed).payload, state
 
 
 @register("randomk")
@@ -318,17 +489,21 @@ class RandomK(Sparsifier):
 
     Args:
         ratio: fraction of entries kept, in (0, 1]; default 0.01.
-        unbiased: scale by ``n / k``; default True.
+        unbiased: scale by ``n / k``; default True (declared unbiased only
+            with lossless codecs).
+        index_codec, value_codec, **codec_params: as for ``TopK``.
     """
 
     name = "randomk"
     algo_id = 21
 
-    def __init__(self, ratio: float = 0.01, unbiased: bool = True) -> None:
+    def __init__(self, ratio: float = 0.01, unbiased: bool = True, index_codec: str = "plain",
+                 value_codec: str = "plain", **codec_params: Any) -> None:
         self.ratio = _check_ratio("randomk", ratio)
         self.unbiased = check_bool("randomk", "unbiased", unbiased)
         self.capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=True,
                                          unbiased=self.unbiased, stateful=True)
+        self._init_codecs(index_codec, value_codec, **codec_params)
 
     def indices(self, n: int, seed: int, step: int, device="cpu") -> torch.Tensor:
         """The sorted int64 indices that step ``step`` with ``seed`` selects out of ``n``."""
@@ -347,13 +522,16 @@ class RandomK(Sparsifier):
         n = x.numel()
         seed, step = int(state.get("seed", 0)), int(state.get("step", 0))
         idx = self.indices(n, seed, step, x.device)
-        vals = extract(x, idx)
-        if self.unbiased:
-            vals = vals * (n / idx.numel())
+        scale = n / idx.numel()
+
+        def values_at(i: torch.Tensor) -> torch.Tensor:
+            vals = extract(x, i)
+            return vals * scale if self.unbiased else vals
+
         new_state = dict(state, seed=seed, step=step + 1)
-        return pack_sparse(self.algo_id, grad, idx, vals), new_state
+        return self._pack(grad, idx, values_at, self._codec_seed(seed, idx)).payload, new_state
 
     def params(self) -> Dict[str, object]:
-        """Constructor parameters."""
-        return {"ratio": self.ratio, "unbiased": self.unbiased}
+        """Constructor parameters (the codecs' only when they are not plain)."""
+        return {"ratio": self.ratio, "unbiased": self.unbiased, **self._codec_params()}
 

@@ -216,6 +216,7 @@ class Planner:
         if not 0 <= k_tolerance < 1:
             raise ValueError(f"k_tolerance must be in [0, 1), found {k_tolerance!r}")
         self.profile = profile
+        self.label = str(compressor)  # the profile's key: a name, or a candidate's label
         self.cp: CompressorProfile = profile.compressor(compressor)
         # bidirectional compression: the aggregate goes back by another compressor
         self.back: Optional[CompressorProfile] = (
@@ -511,11 +512,13 @@ def plan_per_gradient(planners: Sequence[Planner], gradients: Gradients, *,
     top = max(range(len(planners)), key=lambda j: (won[j], -j))
     base = plans[top]
     info = dict(base.meta)
-    info.update(candidates=[p.cp.name for p in planners], predicted_s=predicted,
+    if len({p.label for p in planners}) < len(planners):
+        raise ValueError(f"duplicate candidate labels {[p.label for p in planners]}")
+    info.update(candidates=[p.label for p in planners], predicted_s=predicted,
                 predicted_total_s={"plan": sum(predicted.values()),
                                    "no_compression": base.meta["predicted_total_s"][
                                        "no_compression"],
-                                   **{f"all_{p.cp.name}": q.meta["predicted_total_s"][
+                                   **{f"all_{p.label}": q.meta["predicted_total_s"][
                                        "compress_all"] for p, q in zip(planners, plans)}})
     info.update(meta or {})
     return Plan(compressor=base.compressor, params=dict(base.params), strategy=base.strategy,

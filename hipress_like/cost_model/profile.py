@@ -141,7 +141,7 @@ class CompressorProfile:
     def from_dict(cls, name: str, d: Mapping[str, Any]) -> "CompressorProfile":
         """Validate and build; raises ``ProfileError``."""
         optional = {"params", "aggregatable", "error_feedback", "sync_overhead",
-                    "engine_samples"}
+                    "engine_samples", "compressor"}
         known = optional | {"category", "ratio", "header_bytes", "encode", "decode"}
         if not isinstance(d, Mapping):
             raise ProfileError(f"compressor {name!r}: expected an object, found {d!r:.60}")
@@ -150,7 +150,9 @@ class CompressorProfile:
             raise ProfileError(f"compressor {name!r}: missing keys {sorted(missing)}, "
                                f"unknown keys {sorted(unknown)}")
         try:
-            return cls(name=name, params=dict(d.get("params", {})), category=d["category"],
+            # a labelled candidate ("topk-bloom") names its registry compressor
+            return cls(name=str(d.get("compressor", name)), params=dict(d.get("params", {})),
+                       category=d["category"],
                        aggregatable=bool(d.get("aggregatable", False)),
                        error_feedback=bool(d.get("error_feedback", False)),
                        sync_overhead=d.get("sync_overhead", 0.0),
@@ -169,7 +171,8 @@ class Profile:
 
     Attributes:
         link: T_send's alpha-beta fit with every link busy.
-        compressors: profiles by registry name.
+        compressors: profiles by registry name, or by a candidate label whose
+            entry names its compressor (``"compressor"`` in the JSON).
         link_samples: the (bytes, seconds) rounds the link was fitted to
             (empty when the link was given).
         link_one: T_send with a single busy link (None: same as ``link``).
@@ -236,7 +239,8 @@ class Profile:
             "format": PROFILE_FORMAT,
             "version": PROFILE_VERSION,
             "link": _link_dict(self.link, self.link_samples),
-            "compressors": {k: v.to_dict() for k, v in sorted(self.compressors.items())},
+            "compressors": {k: {**v.to_dict(), **({"compressor": v.name} if v.name != k else {})}
+                            for k, v in sorted(self.compressors.items())},
             "meta": dict(self.meta),
         }
         if self.link_one is not None:

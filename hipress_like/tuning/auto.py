@@ -87,6 +87,8 @@ class AutoPlanner:
             modelled as a ring allreduce (True) or HiPress Eq. 1 (False).
         candidates: {name: params} of compressors to choose from per gradient
             (``cost_model.plan_per_gradient``; "none" is always a candidate);
+            a name may be a label whose params name the compressor
+            (``profiler.candidate``: plain and Bloom-coded top-k side by side);
             default: only ``compressor``. ``DEFAULT_CANDIDATES`` is the set
             ``compression="auto"`` uses.
         engine_timing: also time whole synchronisations through the engine
@@ -233,8 +235,8 @@ class AutoPlanner:
         if self.back is not None:
             profiled.setdefault(*self.back)
         if transport is None or n == 1:
-            from .profiler import profile_compressor
-            comps = {c: profile_compressor(c, ps, prof_sizes, repeats=self.repeats,
+            from .profiler import candidate, profile_compressor
+            comps = {c: profile_compressor(*candidate(c, ps), prof_sizes, repeats=self.repeats,
                                            min_time=0.0) for c, ps in profiled.items()}
             self.profile = Profile(link=link, compressors=comps,
                                    meta={"ranks": n, "link_source": "given"})
@@ -284,7 +286,7 @@ class AutoPlanner:
         into its ``meta["trials"]``."""
         from .profiler import time_engine_steps
 
-        labels = ["per-gradient"] + [f"all-{p.compressor}" for p in plans[1:]]
+        labels = ["per-gradient"] + [f"all-{c}" for c in self.candidates]
         times = []
         for label, p in zip(labels, plans):
             times.append(time_engine_steps(transport, p, sizes, self.strategy,
@@ -336,7 +338,9 @@ def _rounds(name: str, params: Mapping[str, Any]) -> int:
     """A candidate's number of rounds (a master compressor cannot follow a
     multi-round one: its rounds are reduced, not re-encoded)."""
     from .. import compressors
+    from .profiler import candidate
 
+    name, params = candidate(name, params)
     return compressors.get(name, **params).capabilities.rounds
 
 

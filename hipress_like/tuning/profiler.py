@@ -28,6 +28,7 @@ from ..cost_model.profile import (
 )
 
 __all__ = [
+    "candidate",
     "memory_bound",
     "profile_compressor",
     "measure_link",
@@ -40,6 +41,18 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+
+def candidate(label: str, params: Optional[Mapping[str, Any]]) -> Tuple[str, Dict[str, Any]]:
+    """The registry (name, params) of a candidate given as ``{label: params}``.
+
+    A label is the compressor's registry name, or any name when ``params``
+    holds ``"compressor"``: ``{"topk-bloom": {"compressor": "topk", "ratio":
+    0.01, "index_codec": "bloom"}}`` lets the planner choose between two
+    configurations of one compressor (plain and Bloom-coded top-k) per gradient.
+    """
+    ps = dict(params or {})
+    return str(ps.pop("compressor", label)), ps
 
 
 def _available_memory() -> Optional[int]:
@@ -497,7 +510,8 @@ def profile_transport(
 
     Args:
         transport: the transport every rank uses.
-        compressors: {name: params} to profile.
+        compressors: {name: params} to profile; a name may be a label
+            (``candidate``), the profile is keyed by it.
         sizes: gradient sizes for the compressor curves.
         link_sizes: message sizes for the link fit.
         link: a given link (skips the link measurement).
@@ -552,7 +566,7 @@ def profile_transport(
             lane = fit_link([m for m, _ in lane_samples], [t for _, t in lane_samples])
     profs = {}
     for name, params in compressors.items():
-        cp = profile_compressor(name, params, sizes, repeats=repeats, progress=prog,
+        cp = profile_compressor(*candidate(name, params), sizes, repeats=repeats, progress=prog,
                                 barrier=lambda: transport.barrier(timeout),
                                 error_feedback=error_feedback)
         if measure:

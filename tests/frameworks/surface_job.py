@@ -167,6 +167,7 @@ def collectives_ride_horovod():
     # under horovodrun the user-facing collectives go through Horovod itself:
     # Horovod's own handle counter moves when ours run
     import horovod.torch as real
+
     from hipress_like.adapters.torch.collectives import _Wire
 
     assert _Wire().hvd is real

@@ -292,3 +292,40 @@ def test_replayed_steps_match_coordinated_ones_over_gloo(strategy):
                 for replay in (True, False):
                     assert torch.equal(res[r][replay][0][step][n], res[0][replay][0][step][n])
                 torch.testing.assert_close(v, res[r][False][0][step][n], rtol=1e-4, atol=1e-5)
+
+
+def _coded_topk(ctx, params):
+    """Two steps of top-k with the given codecs, PS then Ring, over gloo."""
+    out = {}
+    for strategy in ("ps", "ring"):
+        plan = Plan(compressor="topk", params=params,
+                    rule=SizeRule(min_compress_bytes=0, bytes_per_partition=1, max_partitions=2))
+        eng = Engine(ctx.transport, EngineConfig(compressor=None, plan=plan, strategy=strategy,
+                                                 timeout=60))
+        try:
+            gs = _grads(ctx.rank, [4099, 70_000])
+            eng.register([(n, tuple(v.shape), v.dtype) for n, v in gs.items()])
+            for _ in range(2):
+                for n, v in gs.items():
+                    eng.submit(n, v)
+                eng.synchronize()
+            out[strategy] = gs
+        finally:
+            eng.close()
+    return out
+
+
+@pytest.mark.parametrize("params", [
+    {"ratio": 0.01, "index_codec": "bloom", "eps": 0.01},
+    {"ratio": 0.01, "index_codec": "rle", "value_codec": "curvefit"},
+], ids=["bloom-fpaware", "rle-curvefit"])
+def test_sparse_codecs_cross_ranks_bitwise_identical(params):
+    """Issue 25: Bloom-, RLE- and curve-fit-coded top-k through the engine on 3 real
+    ranks (PS, and Ring with its re-selection through the codecs): every rank ends
+    with the same finite tensors."""
+    res = run_workers(_coded_topk, 3, args=(params,), timeout=300)
+    for strategy in ("ps", "ring"):
+        for g, v in res[0][strategy].items():
+            assert torch.isfinite(v).all() and v.abs().sum() > 0, (strategy, g)
+            for r in (1, 2):
+                assert torch.equal(res[r][strategy][g], v), (strategy, g, r)

@@ -99,3 +99,21 @@ def test_digits_accuracy_thc(strategy):
     acc = _accuracy("thc", strategy)
     print(f"digits thc {strategy}: {acc:.1f}% (uncompressed {base:.1f}%)")
     assert acc >= base - 1.0, f"thc {strategy}: {acc:.1f}% vs {base:.1f}% uncompressed"
+
+
+# Issue 25: top-k 1% with false-positive-aware Bloom-coded indices (eps 0.01, the
+# conflict-set policy), error feedback around both, against the same top-k plain.
+TOPK_EF = (("inner", "topk"), ("inner_params", (("ratio", 0.01),)))
+TOPK_BLOOM_EF = (("inner", "topk"), ("inner_params", (
+    ("ratio", 0.01), ("index_codec", "bloom"), ("eps", 0.01), ("fpaware", True))))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_digits_accuracy_topk_bloom_matches_plain_topk(strategy):
+    """Within 1.5 points of plain top-k 1% with error feedback; replicas bitwise
+    identical (``_accuracy`` checks every rank's parameter digest)."""
+    plain = _accuracy("ef", strategy, TOPK_EF)
+    bloom = _accuracy("ef", strategy, TOPK_BLOOM_EF)
+    print(f"digits topk 1% + EF {strategy}: bloom {bloom:.1f}% vs plain {plain:.1f}%")
+    assert bloom >= plain - 1.5, f"top-k + Bloom {strategy}: {bloom:.1f}% vs {plain:.1f}%"

@@ -200,6 +200,9 @@ class _MemoryQuantizer(TernGrad):
      ValueError, "given twice"),
     ((("topk",), "terngrad"), {}, TypeError, r"pair must be \(name, params dict\)"),
     ((42, "terngrad"), {}, TypeError, "registry name, a Compressor"),
+    ((("topk", {"index_codec": "bloom", "eps": 0.01}), "terngrad"), {}, ValueError,
+     "index_codec='bloom'.*plain codecs"),
+    ((TopK(value_codec="curvefit"), "onebit"), {}, ValueError, "value_codec='curvefit'"),
     (("topk", "terngrad"), {"quantizer_params": [2]}, TypeError, "quantizer_params must be"),
 ])
 def test_what_cannot_be_composed_is_refused_at_construction(args, kwargs, error, message):

@@ -579,3 +579,49 @@ def test_thc_merged_rate_follows_world_size():
     r8 = Planner(prof, "thc", 8, "ps").merged_rate(1 << 20)
     r16 = Planner(prof, "thc", 16, "ps").merged_rate(1 << 20)
     assert r16 == pytest.approx(2 * r8, rel=1e-3)
+
+
+BLOOM_TOPK = {"compressor": "topk", "ratio": 0.01, "index_codec": "bloom", "eps": 0.01}
+
+
+def test_planner_chooses_a_sparse_codec_per_gradient_from_measured_curves():
+    """Issue 25 item 6: codecs are priced by their measured encode/decode curves like
+    any compressor. Two configurations of one compressor sit side by side under
+    labels (plain and Bloom-coded top-k); on a slow link the Bloom filter's smaller
+    payload (about 9.6 bits per index against 32) wins the large gradient, and the
+    plan entry names the registry compressor with the codec's parameters."""
+    from hipress_like.cost_model import plan_per_gradient
+    from hipress_like.tuning.profiler import candidate, profile_compressor
+
+    sizes = [1 << 16, 1 << 18, 1 << 20]
+    comps = {label: profile_compressor(*candidate(label, ps), sizes, repeats=1, min_time=0.0)
+             for label, ps in {"topk": {"ratio": 0.01}, "topk-bloom": BLOOM_TOPK}.items()}
+    assert comps["topk-bloom"].name == "topk"
+    assert comps["topk-bloom"].ratio < 0.75 * comps["topk"].ratio  # ~0.013 against 0.02
+    prof = Profile(link=Link(latency=1e-4, bandwidth=1e5), compressors=comps)  # 100 KB/s
+    back = Profile.from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert back.compressor("topk-bloom").name == "topk" and back.compressor("topk").name == "topk"
+    assert dict(back.compressor("topk-bloom").params) == {k: v for k, v in BLOOM_TOPK.items()
+                                                          if k != "compressor"}
+    planners = [Planner(back, c, 4, "ps") for c in ("topk", "topk-bloom")]
+    plan = plan_per_gradient(planners, {"big": 1 << 20})
+    dec = plan.gradients["big"]
+    assert dec.compress and dec.compressor == "topk" and dec.params["index_codec"] == "bloom"
+    assert set(plan.meta["predicted_total_s"]) >= {"all_topk", "all_topk-bloom"}
+    with pytest.raises(ValueError, match="duplicate candidate labels"):
+        plan_per_gradient([planners[0], planners[0]], {"big": 1 << 20})
+
+
+def test_auto_planner_profiles_labelled_candidates_under_their_labels():
+    auto = AutoPlanner("topk", candidates={"topk": {"ratio": 0.01}, "topk-bloom": BLOOM_TOPK},
+                       strategy="ps", link=Link(1e-4, 1e5), repeats=1,
+                       max_profile_bytes=1 << 16)
+    auto.observe("w", 1 << 16)
+    auto.end_iteration(None)
+    assert set(auto.profile.compressors) == {"topk", "topk-bloom"}
+    assert auto.profile.compressor("topk-bloom").params["index_codec"] == "bloom"
+    with pytest.raises(ValueError, match="unknown compressor 'topk-rle'"):
+        bad = AutoPlanner("topk", candidates={"topk-rle": {"ratio": 0.01}}, link=Link(1e-4, 1e5),
+                          repeats=1, max_profile_bytes=1 << 16)
+        bad.observe("w", 1 << 16)
+        bad.end_iteration(None)
