@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: 4 local workers learn scikit-learn's digits with CaSync
-# (onebit, auto plan) and again without compression; prints accuracy and
+# (PowerSGD, auto plan) and again without compression; prints accuracy and
 # throughput per epoch and a final comparison table. Options: --help.
 set -euo pipefail
 cd "$(dirname "$0")"
