@@ -368,7 +368,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             ap.error(f"--net {ns.net!r} is not a link rate; write it as tc does (1gbit, "
                      "100mbit, 10gbit) or 'none' for loopback")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    common = dict(epochs=ns.epochs, hidden=ns.hidden, batch_size=ns.batch_size, lr=ns.lr, seed=ns.seed)
+    common = dict(epochs=ns.epochs, hidden=ns.hidden, batch_size=ns.batch_size, lr=ns.lr,
+                  seed=ns.seed)
     runs = [
         DigitsConfig(compressor=ns.compressor, strategy=ns.strategy,
                      plan=None if ns.plan == "all" else ns.plan, compress_all=ns.plan == "all",

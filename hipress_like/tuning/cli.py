@@ -23,10 +23,9 @@ Four subcommands (HiPress Sec. 3.3, Table 7, Fig. 14):
         --model models:vgg_style --input-shape 8,3,32,32 --nodes 4 --ranks-per-host 4 \
         --write-plan plan.json
 
-Sizes take binary units as the paper does (``4KB`` = 4096 bytes, ``MB`` =
-MiB); bandwidths take bits (``1gbit``, ``10gbps``) or bytes per second
-(``125MB/s``), decimal as ``tc`` does; latencies take ``s``, ``ms``, ``us``.
-Bad input prints one line ``hipress-profile: error: ...`` and exits with 2.
+Units and ``--model`` are read by ``cli_common.py`` (its docstring lists
+them); ``advise`` lives in ``cli_advise.py``. Bad input prints one line
+``hipress-profile: error: ...`` and exits with 2.
 """
 from __future__ import annotations
 
@@ -34,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import re
 import statistics
 import sys
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -42,64 +40,22 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from ..cost_model.model import Link
 from ..cost_model.plan import PlanError
 from ..cost_model.planner import NEVER, Planner, plan_per_gradient
-from ..cost_model.presets import PRESETS, from_json, from_module, preset
+from ..cost_model.presets import PRESETS
 from ..cost_model.profile import Profile, ProfileError, log_sizes
+from .cli_advise import cmd_advise
+from .cli_common import (
+    CLIError,
+    format_bytes,
+    model_sizes,
+    parse_bandwidth,
+    parse_bytes,
+    parse_seconds,
+)
 
 __all__ = ["main", "parse_bytes", "parse_bandwidth", "parse_seconds", "MEASUREMENTS_FORMAT"]
 
 PROG = "hipress-profile"
 MEASUREMENTS_FORMAT = "hipress-like-sync-measurements"
-
-
-class CLIError(ValueError):
-    """Bad command-line input; printed as one line, exit code 2."""
-
-
-# -- units ------------------------------------------------------------------
-_NUM = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
-_BYTES = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
-          "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
-_BW = {"": 1.0, "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9,
-       "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
-       "bps": 1 / 8, "kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8}
-_SECONDS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
-
-def _parse(text: str, units: Dict[str, float], what: str, example: str) -> float:
-    m = re.fullmatch(_NUM + r"\s*([a-zµ/]*)", str(text).strip().lower())
-    if not m or m.group(2) not in units:
-        raise CLIError(f"cannot read {what} {text!r}; expected a number with a unit like "
-                       f"{example}")
-    return float(m.group(1)) * units[m.group(2)]
-
-
-def parse_bytes(text: str) -> int:
-    """``"4KB"`` -> 4096 (binary units, as HiPress writes sizes)."""
-    v = _parse(text, _BYTES, "a size", "4KB, 16MB, 1.5GB")
-    if v < 1:
-        raise CLIError(f"a size must be at least 1 byte, found {text!r}")
-    return int(round(v))
-
-
-def parse_bandwidth(text: str) -> float:
-    """``"1gbit"`` -> 1.25e8 bytes/s; ``"125MB/s"`` -> 1.25e8; a bare number is bytes/s."""
-    v = _parse(text, _BW, "a bandwidth", "1gbit, 10gbps, 125MB/s")
-    if v <= 0:
-        raise CLIError(f"bandwidth must be > 0, found {text!r}")
-    return v
-
-
-def parse_seconds(text: str) -> float:
-    """``"50us"`` -> 5e-05; a bare number is seconds."""
-    return _parse(text, _SECONDS, "a latency", "50us, 1ms, 0.002s")
-
-
-def format_bytes(n: float) -> str:
-    """4096 -> '4 KB', 5.5 * 2**20 -> '5.5 MB'."""
-    for unit, f in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= f:
-            return f"{n / f:.4g} {unit}"
-    return f"{int(n)} B"
 
 
 # -- argument helpers -------------------------------------------------------
@@ -132,25 +88,6 @@ def _check_compressors(specs: Dict[str, Dict[str, Any]]) -> None:
             compressors.get(name, **params)
         except (ValueError, TypeError) as e:
             raise CLIError(str(e)) from e
-
-
-def _model_sizes(spec: str, scale: float) -> List[Tuple[str, int]]:
-    """Resolve --model: a preset, a size list, a JSON file or ``module:attr``."""
-    s = spec.strip()
-    if s.lower() in PRESETS:
-        return preset(s, scale)
-    if os.path.isfile(s):
-        sizes = from_json(s)
-    elif re.fullmatch(r"[0-9.eE+\-a-zA-Z\s]+(,[0-9.eE+\-a-zA-Z\s]+)*", s) and s[0].isdigit():
-        sizes = [(f"grad{i}", parse_bytes(t)) for i, t in enumerate(s.split(","))]
-    elif ":" in s:
-        sizes = from_module(s)
-    else:
-        raise CLIError(f"--model {spec!r} is not a preset ({', '.join(sorted(PRESETS))}), a "
-                       "size list (e.g. 4MB,16MB), a JSON file, or package.module:attr")
-    if scale != 1.0:
-        sizes = [(n, max(4, int(round(b * scale / 4)) * 4)) for n, b in sizes]
-    return sizes
 
 
 def _progress(quiet: bool):
@@ -328,7 +265,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         names = [_pick_compressor(prof, c) for c in a.compressor.split(",") if c]
     else:
         names = [_pick_compressor(prof, a.compressor)]
-    sizes = _model_sizes(a.model, a.scale)
+    sizes = model_sizes(a.model, a.scale)
     back = _pick_compressor(prof, a.back) if a.back else None
     planners = [Planner(prof, c, a.nodes, a.strategy, max_partitions=a.max_partitions,
                         raw_collective=not a.raw_via_workflow, back=back) for c in names]
@@ -486,135 +423,6 @@ def _measured_best_k(rows: Sequence[Dict[str, Any]]) -> Dict[int, int]:
 
 
 # -- advise -------------------------------------------------------------------------------
-def _names(text: Optional[str]) -> Optional[List[str]]:
-    return None if text is None else [c.strip() for c in text.split(",") if c.strip()]
-
-
-def _input_shape(text: str) -> Tuple[int, ...]:
-    try:
-        shape = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        shape = ()
-    if not shape or any(d < 1 for d in shape):
-        raise CLIError(f"--input-shape {text!r} must be positive integers, batch first, "
-                       "e.g. 32,3,224,224")
-    return shape
-
-
-def _advise_profile(a: argparse.Namespace) -> Tuple[Profile, str]:
-    """The profile (a file or ``paper``) and where its link comes from."""
-    from .advise import paper_profile, with_link
-
-    if (a.bandwidth is None) != (a.latency is None):
-        raise CLIError("give both --bandwidth and --latency (or neither, to use the "
-                       "profile's measured link)")
-    link = (Link(parse_seconds(a.latency), parse_bandwidth(a.bandwidth))
-            if a.bandwidth is not None else None)
-    if a.profile == "paper":
-        if link is None:
-            raise CLIError("--profile paper needs the link: give --bandwidth and --latency "
-                           "(e.g. --bandwidth 56gbit --latency 10us)")
-        return paper_profile(link), "given"
-    prof = Profile.load(a.profile)
-    if link is not None:
-        return with_link(prof, link), "given, replacing the profile's"
-    return prof, f"the profile's, {prof.meta.get('link_source', 'given')}"
-
-
-def _advise_model(a: argparse.Namespace) -> Tuple[List[Tuple[str, int]], Any]:
-    """(sizes, torch module or None) of --model."""
-    s = a.model.strip()
-    if s.lower() in PRESETS or os.path.isfile(s) or ":" not in s or s[0].isdigit():
-        return _model_sizes(s, a.scale), None
-    from .advise import load_module
-
-    module = load_module(s)
-    sizes = [(n, p.numel() * p.element_size()) for n, p in module.named_parameters()
-             if p.requires_grad and p.numel() > 0]
-    if not sizes:
-        raise CLIError(f"{s!r} has no parameter that requires a gradient")
-    if a.scale != 1.0:
-        sizes = [(n, max(4, int(round(b * a.scale / 4)) * 4)) for n, b in sizes]
-    return sizes, module
-
-
-def _cmd_advise(a: argparse.Namespace) -> int:
-    from .advise import (
-        ComputeTimeline,
-        advise,
-        cpu_share_of,
-        infer_input_shape,
-        measure_compute,
-        optimizer_line,
-    )
-
-    prof, link_from = _advise_profile(a)
-    sizes, module = _advise_model(a)
-    names, cands = _names(a.compressors), _names(a.candidates)
-    if a.compute_time is not None:
-        timeline = ComputeTimeline.spread(sizes, parse_seconds(a.compute_time))
-    elif module is not None:
-        shape = _input_shape(a.input_shape) if a.input_shape else infer_input_shape(
-            module, a.batch)
-        timeline = measure_compute(module, shape, ranks=a.ranks_per_host, repeats=a.repeats)
-    else:
-        timeline = ComputeTimeline.spread(sizes, 0.0)
-    cores = a.cores_per_rank
-    if cores is None:  # HiPress runs compression on spare GPU cores (Sec. 5): no contention
-        cores = 2.0 if a.profile == "paper" else (os.cpu_count() or 1) / a.ranks_per_host
-    if not cores > 0:
-        raise CLIError(f"--cores-per-rank must be > 0, found {cores}")
-    adv = advise(sizes, a.nodes, prof, timeline, compressors=names, candidates=cands,
-                 strategies=_names(a.strategies) or ["ps", "ring"],
-                 compressor_plans=a.compressor_plans, max_partitions=a.max_partitions,
-                 cpu_share=cpu_share_of(cores),
-                 meta={"model": a.model, "profile": os.fspath(a.profile)})
-    lk = prof.link
-    print(f"advise: {a.model}, {len(sizes)} gradients, "
-          f"{format_bytes(sum(b for _, b in sizes))}, N={a.nodes}; link "
-          f"{lk.latency * 1e6:.1f} us + bytes / {lk.bandwidth * 8 / 1e9:.3f} Gbit/s ({link_from})")
-    ranks = prof.meta.get("ranks")
-    if isinstance(ranks, int) and ranks > 1 and ranks != a.nodes:
-        print(f"note: the profile timed the engine with {ranks} ranks, not {a.nodes}: "
-              "engine costs beyond Eq. 2 are constants here")
-    t = adv.timeline
-    print(f"compute ({t.source}): forward {t.forward_s * 1e3:.1f} ms, backward "
-          f"{t.backward_s * 1e3:.1f} ms, update {t.update_s * 1e3:.1f} ms "
-          f"(no communication: {t.floor_s * 1e3:.1f} ms/step); {cores:.3g} cores per rank")
-    print(f"{'rank':>4}  {'configuration':<22}{'compressed':>18}{'sync ms':>10}{'step ms':>10}"
-          f"{'speed-up':>10}")
-    for i, r in enumerate(adv.rows, 1):
-        comp = f"{r.compressed} ({format_bytes(r.compressed_bytes)})" if r.compressed else "0"
-        print(f"{i:>4}  {r.label:<22}{comp:>18}{r.sync_s * 1e3:>10.1f}{r.step_s * 1e3:>10.1f}"
-              f"{r.speedup:>9.2f}x")
-    best = adv.best
-    print("(sync: every synchronisation back to back; step: overlapped with backward, "
-          "speed-up against none)")
-    print(f"recommended: {best.label}, {best.step_s * 1e3:.1f} ms/step predicted, "
-          f"{best.speedup:.2f}x no compression")
-    _print_decisions(best, sizes, a.nodes)
-    print("  import hipress_like.torch as hpt")
-    print(f"  {optimizer_line(best, a.write_plan or 'plan.json')}")
-    if a.write_plan:
-        best.plan.save(a.write_plan)
-        print(f"wrote {a.write_plan} ({best.label})")
-    elif best.plan_source == "model":
-        print("  (write the plan with --write-plan plan.json)")
-    return 0
-
-
-def _print_decisions(row: Any, sizes: Sequence[Tuple[str, int]], n: int) -> None:
-    """The recommended plan's <compress, K> per gradient size (HiPress Table 7's shape)."""
-    groups: Dict[Tuple[int, str, int], int] = {}
-    for name, nbytes in sizes:
-        d = row.plan.decide(name, nbytes, n)
-        comp = row.plan.compressor_of(d)[0] if d.compress else "no"
-        groups[(nbytes, comp, d.partitions)] = groups.get((nbytes, comp, d.partitions), 0) + 1
-    print(f"  {'gradient size':>14} {'count':>6}  <compress, K>")
-    for (nbytes, comp, k), count in sorted(groups.items()):
-        print(f"  {format_bytes(nbytes):>14} {count:>6}  <{comp}, {k}>")
-
-
 # -- entry point ----------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (no usage dump), exit code 2."""
@@ -729,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-partitions", type=_positive_int, help="largest K (default 4N)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every gradient size")
     p.add_argument("--write-plan", metavar="PATH", help="write the recommended plan")
-    p.set_defaults(func=_cmd_advise)
+    p.set_defaults(func=cmd_advise)
     return ap
 
 
