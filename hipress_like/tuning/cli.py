@@ -82,9 +82,11 @@ def _compressor_specs(text: str) -> Dict[str, Dict[str, Any]]:
 
 def _check_compressors(specs: Dict[str, Dict[str, Any]]) -> None:
     from .. import compressors
+    from .profiler import candidate
 
-    for name, params in specs.items():
+    for label, params in specs.items():
         try:
+            name, params = candidate(label, params)
             compressors.get(name, **params)
         except (ValueError, TypeError) as e:
             raise CLIError(str(e)) from e
@@ -146,7 +148,8 @@ def _import_compressors(specs: Dict[str, Dict[str, Any]]) -> None:
 
     from .. import compressors
 
-    for name in specs:
+    for label, params in specs.items():
+        name = str(params.get("compressor", label))
         if name not in compressors.available():
             try:
                 importlib.import_module(f"{compressors.__name__}.{name}")
@@ -203,10 +206,11 @@ def _cmd_profile(a: argparse.Namespace) -> int:
         if given is None:
             raise CLIError("the link is unknown: give --bandwidth and --latency, or measure it "
                            "with --nprocs N (or --from-env under a launcher)")
-        from .profiler import profile_compressor
+        from .profiler import candidate, profile_compressor
 
-        comps = {n: profile_compressor(n, p, sizes, repeats=a.repeats, error_feedback=ef,
-                                       progress=_progress(a.quiet)) for n, p in specs.items()}
+        comps = {n: profile_compressor(*candidate(n, p), sizes, repeats=a.repeats,
+                                       error_feedback=ef, progress=_progress(a.quiet))
+                 for n, p in specs.items()}
         prof = Profile(link=Link(*given), compressors=comps,
                        meta={"ranks": 1, "link_source": "given"})
     prof.save(a.output)
@@ -441,7 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="measure encode/decode curves and the link")
     p.add_argument("--compressors", default="onebit",
-                   help="comma-separated names, parameters as name:key=value (default onebit)")
+                   help="comma-separated names, parameters as name:key=value (default onebit); "
+                        "a label naming its compressor profiles one compressor twice: "
+                        "topk:ratio=0.01,topk-bloom:compressor=topk:ratio=0.01:index_codec=bloom")
     p.add_argument("--min-size", default="4KB", help="smallest gradient (default 4KB)")
     p.add_argument("--max-size", default="256MB", help="largest gradient (default 256MB; "
                    "sizes that do not fit in memory are skipped)")

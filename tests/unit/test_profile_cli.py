@@ -254,3 +254,24 @@ def test_plan_with_a_master_compressor_names_it_per_gradient(tmp_path):
     bad = run_cli("plan", "--profile", tmp_path / "p.json", "--compressor", "w", "--back",
                   "nope", "--model", sizes, "-N", "4", "-o", out, cwd=tmp_path)
     assert bad.returncode != 0 and "nope" in bad.stderr
+
+
+def test_a_labelled_compressor_is_profiled_and_planned_under_its_label(tmp_path):
+    """Plain and Bloom-coded top-k side by side (issue 25 item 6): the label names the
+    compressor, the profile keeps both, and on a slow link the plan gives the large
+    gradient the Bloom-coded one, with its codec in the entry's parameters."""
+    prof_path, out = tmp_path / "p.json", tmp_path / "plan.json"
+    p = run_cli("profile", "--compressors",
+                "topk:ratio=0.01,topk-bloom:compressor=topk:ratio=0.01:index_codec=bloom",
+                "--min-size", "64KB", "--max-size", "1MB", "--repeats", "1", "--bandwidth",
+                "800kbit", "--latency", "100us", "-q", "-o", prof_path, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    prof = Profile.load(prof_path)
+    assert set(prof.compressors) == {"topk", "topk-bloom"}
+    assert prof.compressors["topk-bloom"].name == "topk"
+    p = run_cli("plan", "--profile", prof_path, "--compressor", "all", "--model", "1MB",
+                "-N", "4", "-o", out, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    (entry,) = Plan.load(out).gradients.values()
+    assert entry.compress and entry.compressor == "topk"
+    assert entry.params["index_codec"] == "bloom"
