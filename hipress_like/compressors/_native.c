@@ -726,7 +726,7 @@ int64_t hp_bloom_query(const uint8_t *filter, const int64_t *mb, const int64_t *
  * (a live pair: an unselected candidate's probe of an uncovered bit; a
  * bit's size: its live pairs).
  *
- * Layout for the cache: the live pairs are sorted by bit once (LSD radix
+ * Layout for the cache: the live pairs are sorted by bit once (a counting
  * sort), so each bit's candidates (its conflict set) sit together and a
  * round walks them in order. A selected candidate covers all its bits, so
  * an uncovered bit's candidates are all unselected and its size never
@@ -739,53 +739,77 @@ int64_t hp_bloom_query(const uint8_t *filter, const int64_t *mb, const int64_t *
  * ------------------------------------------------------------------------ */
 #define HP_BIG 0x7FFFFFFFFFFFFFFFULL
 #define HP_TOTAL_CAP ((1LL << 20) - 1)
-#define HP_RADIX 11
 
 static int hp_cmp_u64(const void *a, const void *b) {
     const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x > y) - (x < y);
 }
 
-/* Stable LSD radix sort of n words by their bits 32..32+bits (the bit position),
- * ping-ponging between a and tmp; returns the buffer holding the result. */
-static uint64_t *hp_radix_sort_hi(uint64_t *a, uint64_t *tmp, int64_t n, int bits) {
-    int64_t count[1 << HP_RADIX];
-    for (int shift = 32; shift < 32 + bits; shift += HP_RADIX) {
-        memset(count, 0, sizeof count);
-        for (int64_t e = 0; e < n; e++)
-            count[(a[e] >> shift) & ((1 << HP_RADIX) - 1)]++;
-        int64_t sum = 0;
-        for (int d = 0; d < (1 << HP_RADIX); d++) {
-            const int64_t c = count[d];
-            count[d] = sum;
-            sum += c;
-        }
-        for (int64_t e = 0; e < n; e++)
-            tmp[count[(a[e] >> shift) & ((1 << HP_RADIX) - 1)]++] = a[e];
-        uint64_t *t = a;
-        a = tmp;
-        tmp = t;
-    }
-    return a;
+/* One thread's workspace for the blocks it resolves, sized for its largest
+ * block and reused (a block's arrays are a megabyte; allocating them per
+ * block cost a page fault per 4 KB touched). */
+typedef struct {
+    int32_t *pos, *members, *gstart, *glive, *nlive, *nsingle, *wins, *bitcount;
+    int64_t *total;
+    uint64_t *order, *tmp;
+    uint8_t *acc, *covered;
+} hp_conflict_ws;
+
+static void hp_conflict_free(hp_conflict_ws *w) {
+    free(w->pos);
+    free(w->members);
+    free(w->gstart);
+    free(w->glive);
+    free(w->nlive);
+    free(w->nsingle);
+    free(w->wins);
+    free(w->bitcount);
+    free(w->total);
+    free(w->order);
+    free(w->tmp);
+    free(w->acc);
+    free(w->covered);
 }
 
-int32_t hp_bloom_conflict(const int64_t *cand, int64_t p, int64_t m, int32_t nh, uint32_t s1,
-                          uint32_t s2, uint32_t kseed, int64_t *key_out, uint8_t *sel,
-                          int64_t r, int32_t rounds) {
-    const size_t P = (size_t)(p ? p : 1), L = P * (size_t)nh;
-    int32_t *pos = malloc(sizeof(int32_t) * L);
-    uint64_t *pairs = malloc(sizeof(uint64_t) * L), *ptmp = malloc(sizeof(uint64_t) * L);
-    int32_t *members = malloc(sizeof(int32_t) * L);
-    int32_t *gstart = malloc(sizeof(int32_t) * (L + 1)), *glive = malloc(sizeof(int32_t) * L);
-    int32_t *nlive = malloc(sizeof(int32_t) * P), *nsingle = malloc(sizeof(int32_t) * P);
-    int32_t *wins = malloc(sizeof(int32_t) * P);
-    int64_t *total = malloc(sizeof(int64_t) * P);
-    uint64_t *order = malloc(sizeof(uint64_t) * P), *tmp = malloc(sizeof(uint64_t) * P);
-    uint8_t *acc = malloc(P), *covered = calloc((size_t)m + 1, 1);
-    int32_t t = -1;
-    if (!pos || !pairs || !ptmp || !members || !gstart || !glive || !nlive || !nsingle ||
-        !wins || !total || !order || !tmp || !acc || !covered)
-        goto done;
+static int hp_conflict_alloc(hp_conflict_ws *w, int64_t p, int64_t m, int32_t nh) {
+    const size_t P = (size_t)(p ? p : 1), L = P * (size_t)nh, M = (size_t)m + 2;
+    memset(w, 0, sizeof *w);
+    w->pos = malloc(sizeof(int32_t) * L);
+    w->members = malloc(sizeof(int32_t) * L);
+    w->gstart = malloc(sizeof(int32_t) * (L + 1));
+    w->glive = malloc(sizeof(int32_t) * L);
+    w->nlive = malloc(sizeof(int32_t) * P);
+    w->nsingle = malloc(sizeof(int32_t) * P);
+    w->wins = malloc(sizeof(int32_t) * P);
+    w->bitcount = malloc(sizeof(int32_t) * M);
+    w->total = malloc(sizeof(int64_t) * P);
+    w->order = malloc(sizeof(uint64_t) * P);
+    w->tmp = malloc(sizeof(uint64_t) * P);
+    w->acc = malloc(P);
+    w->covered = malloc(M);
+    if (!w->pos || !w->members || !w->gstart || !w->glive || !w->nlive || !w->nsingle ||
+        !w->wins || !w->bitcount || !w->total || !w->order || !w->tmp || !w->acc ||
+        !w->covered) {
+        hp_conflict_free(w);
+        return -1;
+    }
+    return 0;
+}
+
+/* One block (the comment above says what it does). The conflict sets are the
+ * bits' lists of live pairs, built by a counting sort over the bits (one
+ * pass; within a bit the candidates stay in increasing order, as a stable
+ * sort of the (bit, candidate) pairs would leave them). */
+static int32_t hp_conflict_block(hp_conflict_ws *w, const int64_t *cand, int64_t p, int64_t m,
+                                 int32_t nh, uint32_t s1, uint32_t s2, uint32_t kseed,
+                                 int64_t *key_out, uint8_t *sel, int64_t r, int32_t rounds) {
+    int32_t *pos = w->pos, *members = w->members, *gstart = w->gstart, *glive = w->glive;
+    int32_t *nlive = w->nlive, *nsingle = w->nsingle, *wins = w->wins, *bitcount = w->bitcount;
+    int64_t *total = w->total;
+    uint64_t *order = w->order, *tmp = w->tmp;
+    uint8_t *acc = w->acc, *covered = w->covered;
+    const size_t P = (size_t)(p ? p : 1);
+    int32_t t;
     for (int64_t x = 0; x < p; x++) {
         const uint32_t v = (uint32_t)cand[x];
         key_out[x] = (int64_t)hp_fmix32(v ^ kseed);
@@ -805,49 +829,54 @@ int32_t hp_bloom_conflict(const int64_t *cand, int64_t p, int64_t m, int32_t nh,
             if (row[i] == row[i - 1])
                 row[i] = (int32_t)m;
     }
+    memset(covered, 0, (size_t)m + 1);
     covered[m] = 1;
-    int64_t nsel = 0, np = 0;
+    int64_t nsel = 0;
     for (int64_t x = 0; x < p; x++)
         if (sel[x]) {
             nsel++;
             for (int32_t i = 0; i < nh; i++)
                 covered[pos[x * nh + i]] = 1;
         }
+    /* counting sort of the live pairs by bit: bitcount[j] becomes bit j's first slot */
+    memset(bitcount, 0, sizeof(int32_t) * ((size_t)m + 1));
+    for (int64_t x = 0; x < p; x++)
+        if (!sel[x])
+            for (int32_t i = 0; i < nh; i++) {
+                const int32_t j = pos[x * nh + i];
+                bitcount[j] += !covered[j];
+            }
+    int64_t ng = 0, np = 0;
+    for (int64_t j = 0; j < m; j++) {
+        const int32_t c = bitcount[j];
+        bitcount[j] = (int32_t)np;
+        if (c) {
+            gstart[ng] = (int32_t)np;
+            glive[ng] = (int32_t)ng;
+            ng++;
+            np += c;
+        }
+    }
+    gstart[ng] = (int32_t)np;
     for (int64_t x = 0; x < p; x++)
         if (!sel[x])
             for (int32_t i = 0; i < nh; i++) {
                 const int32_t j = pos[x * nh + i];
                 if (!covered[j])
-                    pairs[np++] = (uint64_t)j << 32 | (uint64_t)x;
+                    members[bitcount[j]++] = (int32_t)x;
             }
-    int bits = 1;
-    while ((1LL << bits) <= m)
-        bits++;
-    const uint64_t *sorted = hp_radix_sort_hi(pairs, ptmp, np, bits);
-    /* the sets, and the first round's counts (every set is live before a selection) */
+    /* the first round's counts (every set is live before a selection) */
     memset(nlive, 0, sizeof(int32_t) * P);
     memset(nsingle, 0, sizeof(int32_t) * P);
     memset(total, 0, sizeof(int64_t) * P);
-    int64_t ng = 0;
-    for (int64_t e = 0; e <= np; e++) {
-        if (e == np || (e && sorted[e] >> 32 != sorted[e - 1] >> 32)) {
-            const int32_t g0 = gstart[ng - 1], g1 = (int32_t)e;
-            for (int32_t q = g0; q < g1; q++) {
-                nlive[members[q]]++;
-                total[members[q]] += g1 - g0;
-                nsingle[members[q]] += g1 - g0 == 1;
-            }
+    for (int64_t g = 0; g < ng; g++) {
+        const int32_t g0 = gstart[g], g1 = gstart[g + 1];
+        for (int32_t q = g0; q < g1; q++) {
+            nlive[members[q]]++;
+            total[members[q]] += g1 - g0;
+            nsingle[members[q]] += g1 - g0 == 1;
         }
-        if (e == np)
-            break;
-        if (e == 0 || sorted[e] >> 32 != sorted[e - 1] >> 32) {
-            gstart[ng] = (int32_t)e;
-            glive[ng] = (int32_t)ng;
-            ng++;
-        }
-        members[e] = (int32_t)(sorted[e] & 0xFFFFFFFFu);
     }
-    gstart[ng] = (int32_t)np;
     for (t = 0; t < rounds; t++) {
         const int64_t need = r - nsel;
         if (need <= 0)
@@ -917,7 +946,7 @@ int32_t hp_bloom_conflict(const int64_t *cand, int64_t p, int64_t m, int32_t nh,
                 nsel++;
             }
     }
-    if (t >= 0 && r - nsel > 0) { /* the rest by smallest key, as bloom.select does */
+    if (r - nsel > 0) { /* the rest by smallest key, as bloom.select does */
         const int64_t need = r - nsel;
         int64_t nacc = 0;
         for (int64_t x = 0; x < p; x++)
@@ -932,21 +961,6 @@ int32_t hp_bloom_conflict(const int64_t *cand, int64_t p, int64_t m, int32_t nh,
             if (!sel[x] && (uint64_t)key_out[x] <= limit)
                 sel[x] = 1;
     }
-done:
-    free(pos);
-    free(pairs);
-    free(ptmp);
-    free(members);
-    free(gstart);
-    free(glive);
-    free(nlive);
-    free(nsingle);
-    free(wins);
-    free(total);
-    free(order);
-    free(tmp);
-    free(acc);
-    free(covered);
     return t;
 }
 
@@ -957,15 +971,55 @@ int32_t hp_bloom_conflict_blocks(const int64_t *cand, const int64_t *cstart, con
                                  const int64_t *rb, int64_t b0, int64_t b1, int32_t nh,
                                  uint32_t s1, uint32_t s2, uint32_t kseed, int64_t *key_out,
                                  uint8_t *sel, int32_t rounds) {
+    int64_t pmax = 0, mmax = 0;
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t pb = cstart[b + 1] - cstart[b];
+        pmax = pb > pmax ? pb : pmax;
+        mmax = mb[b] > mmax ? mb[b] : mmax;
+    }
+    hp_conflict_ws w;
+    if (hp_conflict_alloc(&w, pmax, mmax, nh))
+        return -1;
     int32_t fewest = rounds;
     for (int64_t b = b0; b < b1; b++) {
         const int64_t c0 = cstart[b], c1 = cstart[b + 1];
-        const int32_t t = hp_bloom_conflict(cand + c0, c1 - c0, mb[b], nh, s1, s2, kseed,
+        const int32_t t = hp_conflict_block(&w, cand + c0, c1 - c0, mb[b], nh, s1, s2, kseed,
                                             key_out + c0, sel + c0, rb[b], rounds);
-        if (t < 0)
-            return -1;
         if (t < fewest)
             fewest = t;
     }
+    hp_conflict_free(&w);
     return fewest;
+}
+
+/* ------------------------------------------------------------------------
+ * ops.topk_abs's filter (ops.abs_at_least + torch.nonzero in one pass): the
+ * positions i in [i0, i1) with |x[i]| >= t, in increasing order, at most cap
+ * of them written to out; returns how many there are. NaN is never taken
+ * (a comparison with NaN is false), as in the torch path. Sixteen
+ * comparisons make a bit mask the compiler vectorises; the few set bits
+ * (top-k keeps about 1%) are then walked.
+ * ------------------------------------------------------------------------ */
+int64_t hp_abs_at_least(const float *restrict x, int64_t i0, int64_t i1, float t,
+                        int64_t *restrict out, int64_t cap) {
+    int64_t c = 0, i = i0;
+    for (; i + 16 <= i1; i += 16) {
+        uint32_t m = 0;
+        for (int j = 0; j < 16; j++)
+            m |= (uint32_t)(__builtin_fabsf(x[i + j]) >= t) << j;
+        while (m) {
+            const int j = __builtin_ctz(m);
+            m &= m - 1;
+            if (c < cap)
+                out[c] = i + j;
+            c++;
+        }
+    }
+    for (; i < i1; i++)
+        if (__builtin_fabsf(x[i]) >= t) {
+            if (c < cap)
+                out[c] = i;
+            c++;
+        }
+    return c;
 }

@@ -28,6 +28,8 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
+from . import _native
+
 __all__ = [
     "topk_abs",
     "filter_mask",
@@ -107,10 +109,23 @@ def _prefiltered_topk(x: torch.Tensor, k: int) -> "torch.Tensor | None":
     j = min(s, int(math.ceil(h + 5.0 * math.sqrt(h) + 2.0)))
     sample = x.index_select(0, sample_positions(s, n, _PREFILTER_SEED, 0, x.device)).abs_()
     t = torch.topk(sample, j, sorted=False).values.min()
-    cand, _ = filter_mask(x, abs_at_least(x, t))
+    cand = _native_filter(x, float(t), n * j // s)
+    if cand is None:
+        cand, _ = filter_mask(x, abs_at_least(x, t))
     if cand.numel() < k:
         return None
     return topk_among(x, cand, k)
+
+
+def _native_filter(x: torch.Tensor, t: float, expect: int) -> "torch.Tensor | None":
+    """``nonzero(abs_at_least(x, t))`` in one native pass (``_native.abs_at_least_indices``),
+    or None where the native kernels do not apply (then the torch path runs)."""
+    if not (x.dtype == torch.float32 and _native.usable(x)):
+        return None
+    cand, total = _native.abs_at_least_indices(x, t, 2 * expect + 1024)
+    if total > cand.numel():
+        cand, total = _native.abs_at_least_indices(x, t, total)
+    return cand
 
 
 def topk_among(x: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hipress_like.compressors import ops
+from hipress_like.compressors import _native, ops
 
 M32 = 0xFFFFFFFF
 
@@ -126,9 +126,30 @@ def test_prefiltered_topk_falls_back_when_too_few_candidates(monkeypatch):
     x = torch.randn(n, generator=torch.Generator().manual_seed(3))
     k = n // 100
     # a filter that lets almost nothing through: the prefilter must notice and fall back
+    monkeypatch.setattr(ops, "_native_filter", lambda x, t, expect: None)
     monkeypatch.setattr(ops, "abs_at_least", lambda x, t: x.abs() > 1e9)
     idx, _ = ops.topk_abs(x, k)
     assert set(idx.tolist()) == _exact_topk_set(x, k)
+
+
+@pytest.mark.skipif(not _native.available(), reason="no C compiler for _native.c")
+@pytest.mark.parametrize("n", [1, 17, 4099, _native.PARALLEL_NUMEL + 37])
+def test_native_filter_equals_the_torch_filter(n):
+    """One native pass gives torch.nonzero(abs_at_least) exactly: order, NaN, inf, ties,
+    the tail after the last 16 elements, thread ranges, and a cap that is too small."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    x[torch.randint(n, (max(1, n // 50),), generator=g)] = float("nan")
+    x[torch.randint(n, (max(1, n // 70),), generator=g)] = float("inf")
+    x[torch.randint(n, (max(1, n // 90),), generator=g)] = 2.0
+    for t in (0.0, 2.0, 2.5):
+        want = torch.nonzero(ops.abs_at_least(x, torch.tensor(t))).reshape(-1)
+        got, total = _native.abs_at_least_indices(x, t, n)
+        assert total == want.numel() and torch.equal(got, want)
+        few, total = _native.abs_at_least_indices(x, t, max(0, want.numel() - 1))
+        if want.numel():
+            assert total == want.numel() and few.numel() == 0  # too small: call again
+        assert torch.equal(ops._native_filter(x, t, 0), want)
 
 
 def test_abs_at_least_matches_abs_and_never_selects_nan():
