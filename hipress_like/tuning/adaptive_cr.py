@@ -11,8 +11,11 @@ stage of training, so it is searched again whenever either changes:
    ``gain_of_states``). ``GainTracker`` keeps the per-step values and logs them.
 2. **Triggers** (Sec. 3-E1): every ``check_every`` steps the link is measured
    again (``measure_link``, a collective); a search starts when alpha or beta
-   moved by more than ``link_threshold`` (relative) since the last decision,
-   or the mean gain of the last window drifted by ``gain_threshold`` (10%)
+   moved by more than ``link_threshold`` (relative) since the last decision
+   (alpha also by more than ``latency_floor``, 1 ms, in absolute terms: on a
+   LAN the fitted alpha is a fraction of a millisecond and jumps by 100%
+   between two measurements of the same link, while the paper's latencies
+   move in milliseconds), or the mean gain of the last window drifted by ``gain_threshold`` (10%)
    or more, or no CR was chosen yet.
 3. **Exploration**: the model and optimizer (and whatever ``checkpoint``
    covers: the compressor residuals) are saved in memory; each candidate CR
@@ -61,6 +64,8 @@ class AdaptiveCRConfig:
         explore_iters: iterations per candidate (the paper uses 10).
         check_every: steps between link measurements and trigger checks.
         link_threshold: relative change of alpha or beta that triggers a search.
+        latency_floor: seconds; a change of alpha smaller than this never
+            triggers one (measurement noise on a fast network).
         gain_threshold: relative drift of the mean gain that triggers one (10%).
         window: steps whose mean gain is compared.
         base_time: seconds of a step's compute, added to the time per gain.
@@ -71,6 +76,7 @@ class AdaptiveCRConfig:
     explore_iters: int = 10
     check_every: int = 20
     link_threshold: float = 0.25
+    latency_floor: float = 1e-3
     gain_threshold: float = 0.10
     window: int = 5
     base_time: float = 0.0
@@ -89,7 +95,7 @@ class AdaptiveCRConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, found {v!r}")
-        for name in ("link_threshold", "gain_threshold", "base_time"):
+        for name in ("link_threshold", "latency_floor", "gain_threshold", "base_time"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"{name} must be a number >= 0, found {v!r}")
@@ -313,7 +319,8 @@ class AdaptiveCR:
         steps): the reason to search for a CR now, or None.
 
         Reasons: no CR chosen yet; alpha or beta moved by more than
-        ``link_threshold``; the mean gain drifted by ``gain_threshold`` or more.
+        ``link_threshold`` (alpha also by more than ``latency_floor``); the mean
+        gain drifted by ``gain_threshold`` or more.
         """
         cfg = self.config
         if self.cr is not None and self.decisions and (step + 1) % cfg.check_every:
@@ -327,7 +334,7 @@ class AdaptiveCR:
             reasons.append("no CR chosen yet")
         if link is not None and self._ref_link is not None:
             (a, b), (a0, b0) = link, self._ref_link
-            if _rel(a, a0) > cfg.link_threshold:
+            if _rel(a, a0) > cfg.link_threshold and abs(a - a0) > cfg.latency_floor:
                 reasons.append(f"latency changed {a0 * 1e3:.3g} -> {a * 1e3:.3g} ms "
                                f"({_rel(a, a0):+.0%} > {cfg.link_threshold:.0%})")
             if _rel(b, b0) > cfg.link_threshold:

@@ -114,6 +114,22 @@ def test_latency_change_and_gain_drift_are_triggers():
     assert len(ctl.decisions) == n + 1
 
 
+def test_sub_millisecond_latency_jitter_is_not_a_trigger():
+    """On a LAN the fitted alpha jumps between ~0 and ~1 ms from one measurement to the
+    next (seen over tc-shaped links: 0.55 -> 0.99 -> 0 ms): no search for that."""
+    run = _Run()
+    ctl = _controller(run)
+    jitter = iter([5.5e-4, 9.9e-4, 0.0, 7e-4, 1e-5, 9e-4] * 4)
+    ctl._measure_link = lambda: (next(jitter), run.beta)
+    _train(run, ctl, 30)
+    assert [d.reason for d in ctl.decisions] == ["no CR chosen yet"]
+    ctl2 = _controller(run, latency_floor=0.0)
+    jitter = iter([5.5e-4, 9.9e-4, 0.0, 7e-4, 1e-5, 9e-4] * 4)
+    ctl2._measure_link = lambda: (next(jitter), run.beta)
+    _train(run, ctl2, 30)
+    assert any("latency changed" in d.reason for d in ctl2.decisions)
+
+
 def test_bad_config_and_bad_ratio():
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         AdaptiveCRConfig(candidates=(0.1, 1.5))
