@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .base import Capabilities, State, accumulate_, accumulator_dtype, check_gradient
-from .ops import abs_at_least, extract, filter_mask, topk_among
+from .ops import abs_at_least_indices, extract, topk_among
 from .params import check_int, check_real
 from .registry import register
 from .sparse import Sparsifier, _check_ratio, num_selected, sampled_threshold
@@ -48,8 +48,10 @@ def _select(v: torch.Tensor, density: float, k: int, sample_ratio: float, seed: 
     thr = sampled_threshold(v, density, sample_ratio, seed, step)
     # An all-zero accumulator would pass a zero threshold everywhere; sending
     # zeros carries no information.
-    mask = v != 0 if float(thr) == 0.0 else abs_at_least(v, thr)
-    idx, _ = filter_mask(v, mask)
+    if float(thr) == 0.0:
+        idx = torch.nonzero(v != 0).reshape(-1)
+    else:
+        idx = abs_at_least_indices(v, thr, k)
     if idx.numel() > k:  # too many passed: exact top-k among the selected (DGC Appendix)
         idx = torch.sort(topk_among(v, idx, k)).values
     return idx

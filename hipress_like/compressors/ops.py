@@ -42,6 +42,7 @@ __all__ = [
     "extract",
     "orthogonalize_",
     "abs_at_least",
+    "abs_at_least_indices",
     "topk_among",
     "sample_positions",
     "matmul",
@@ -109,23 +110,28 @@ def _prefiltered_topk(x: torch.Tensor, k: int) -> "torch.Tensor | None":
     j = min(s, int(math.ceil(h + 5.0 * math.sqrt(h) + 2.0)))
     sample = x.index_select(0, sample_positions(s, n, _PREFILTER_SEED, 0, x.device)).abs_()
     t = torch.topk(sample, j, sorted=False).values.min()
-    cand = _native_filter(x, float(t), n * j // s)
-    if cand is None:
-        cand, _ = filter_mask(x, abs_at_least(x, t))
+    cand = abs_at_least_indices(x, t, n * j // s)
     if cand.numel() < k:
         return None
     return topk_among(x, cand, k)
 
 
-def _native_filter(x: torch.Tensor, t: float, expect: int) -> "torch.Tensor | None":
-    """``nonzero(abs_at_least(x, t))`` in one native pass (``_native.abs_at_least_indices``),
-    or None where the native kernels do not apply (then the torch path runs)."""
-    if not (x.dtype == torch.float32 and _native.usable(x)):
-        return None
-    cand, total = _native.abs_at_least_indices(x, t, 2 * expect + 1024)
-    if total > cand.numel():
-        cand, total = _native.abs_at_least_indices(x, t, total)
-    return cand
+def abs_at_least_indices(x: torch.Tensor, t: "torch.Tensor | float",
+                         expect: int = 0) -> torch.Tensor:
+    """Sorted int64 positions of 1-D ``x`` where ``|x| >= t`` (filter operator; NaN never).
+
+    ``torch.nonzero(abs_at_least(x, t))``, in one native pass for float32 CPU
+    tensors (``_native.abs_at_least_indices``: ~6x faster for 16 M floats
+    here), else by torch. ``expect`` (about how many pass) sizes the native
+    buffer; a wrong guess costs a second pass, never a wrong answer.
+    """
+    if x.dtype == torch.float32 and _native.usable(x):
+        cand, total = _native.abs_at_least_indices(x, float(t), 2 * int(expect) + 1024)
+        if total > cand.numel():
+            cand, total = _native.abs_at_least_indices(x, float(t), total)
+        return cand
+    tt = t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=x.dtype, device=x.device)
+    return filter_mask(x, abs_at_least(x, tt))[0]
 
 
 def topk_among(x: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:

@@ -126,7 +126,7 @@ def test_prefiltered_topk_falls_back_when_too_few_candidates(monkeypatch):
     x = torch.randn(n, generator=torch.Generator().manual_seed(3))
     k = n // 100
     # a filter that lets almost nothing through: the prefilter must notice and fall back
-    monkeypatch.setattr(ops, "_native_filter", lambda x, t, expect: None)
+    monkeypatch.setattr(_native, "usable", lambda *t: False)
     monkeypatch.setattr(ops, "abs_at_least", lambda x, t: x.abs() > 1e9)
     idx, _ = ops.topk_abs(x, k)
     assert set(idx.tolist()) == _exact_topk_set(x, k)
@@ -149,7 +149,8 @@ def test_native_filter_equals_the_torch_filter(n):
         few, total = _native.abs_at_least_indices(x, t, max(0, want.numel() - 1))
         if want.numel():
             assert total == want.numel() and few.numel() == 0  # too small: call again
-        assert torch.equal(ops._native_filter(x, t, 0), want)
+        assert torch.equal(ops.abs_at_least_indices(x, t), want)
+        assert torch.equal(ops.abs_at_least_indices(x.double(), t), want)  # the torch path
 
 
 def test_abs_at_least_matches_abs_and_never_selects_nan():
