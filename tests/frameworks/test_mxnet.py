@@ -296,19 +296,25 @@ def test_distributed_optimizer_keeps_replicas_identical():
     assert len({r["digest"] for r in res.values()}) == 1, res
 
 
-def test_horovodrun():
-    res = subprocess.run([sys.executable, "-c", "import horovod.mxnet"], capture_output=True,
-                         text=True)
-    if res.returncode:
-        pytest.skip("Horovod is not built with MXNet here (scripts/env_horovod.sh builds it "
-                    "with PyTorch only, HOROVOD_WITHOUT_MXNET=1, into the main .venv; MXNet "
-                    "needs numpy 1.23.5 and its own venv), so horovodrun cannot start an "
-                    "MXNet job; torchrun and mpirun are tested above")
+def test_horovodrun(tmp_path):
+    """horovodrun only launches and rendezvouses here (the face reads HOROVOD_RANK and
+    friends; the engine rides Horovod's PyTorch ops or gloo), so Horovod's own MXNet
+    ops are not needed: Horovod built with PyTorch into this venv is enough."""
+    if not (BIN / "horovodrun").exists():
+        pytest.skip(f"Horovod is not installed in {BIN.parent} (MXNet's numpy pin keeps it "
+                    "apart from the main .venv); build it into this environment with "
+                    f"HIPRESS_VENV={BIN.parent} scripts/env_horovod.sh")
     proc = subprocess.run([str(BIN / "horovodrun"), "--gloo", "-np", "4", "-H", "localhost:4",
-                           sys.executable, str(HOROVOD_STYLE), "--epochs", "2"],
+                           sys.executable, str(HOROVOD_STYLE), "--epochs", "2",
+                           "--save-dir", str(tmp_path)],
                           cwd=str(ROOT), env=_env(), text=True, capture_output=True,
                           timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"Epoch\[1\]\tTrain: accuracy=\S+\tValidation: accuracy=", out), out[-2000:]
+    # four ranks of one world (a rank alone would be rank 0 of 1 and save rank0 only)
+    files = [(tmp_path / f"rank{r}.params").read_bytes() for r in range(4)]
+    assert all(f == files[0] for f in files), "replicas differ"
 
 
 # -- one process: collectives and state files ----------------------------------------------------
