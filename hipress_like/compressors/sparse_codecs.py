@@ -308,17 +308,21 @@ def _known(table: Mapping[str, Any]) -> str:
                                                                 key=lambda c: c.codec_id))
 
 
+def _by_id(table: Mapping[str, Any], kind: str, codec_id: int) -> Any:
+    for c in table.values():
+        if c.codec_id == codec_id:
+            return c
+    raise PayloadError(f"sparse payload names {kind} codec id {codec_id}, unknown here "
+                       f"(known: {_known(table)}); all ranks must run the same version")
+
+
 def index_codec_by_id(codec_id: int) -> Type[IndexCodec]:
     """The index codec class of a payload's id.
 
     Raises:
         PayloadError: no registered codec has that id.
     """
-    for c in _INDEX.values():
-        if c.codec_id == codec_id:
-            return c
-    raise PayloadError(f"sparse payload names index codec id {codec_id}, unknown here "
-                       f"(known: {_known(_INDEX)}); all ranks must run the same version")
+    return _by_id(_INDEX, "index", codec_id)
 
 
 def value_codec_by_id(codec_id: int) -> Type[ValueCodec]:
@@ -327,11 +331,7 @@ def value_codec_by_id(codec_id: int) -> Type[ValueCodec]:
     Raises:
         PayloadError: no registered codec has that id.
     """
-    for c in _VALUE.values():
-        if c.codec_id == codec_id:
-            return c
-    raise PayloadError(f"sparse payload names value codec id {codec_id}, unknown here "
-                       f"(known: {_known(_VALUE)}); all ranks must run the same version")
+    return _by_id(_VALUE, "value", codec_id)
 
 
 def _make(table: Mapping[str, Any], kind: str, owner: str, name: Any,

@@ -75,21 +75,23 @@ def test_identity_exact_average_gloo(n, strategy, k):
 def _all_compressors(ctx, names, strategy):
     """Every compressor, two steps each, in one launch (process start-up is costly)."""
     sizes = [1, 100, 4099, 70_000]
-    out = {}
-    for name in names:
-        eng = Engine(ctx.transport, EngineConfig(compressor=None, plan=_plan(name, 3),
-                                                 strategy=strategy, timeout=60))
-        try:
-            gs = _grads(ctx.rank, sizes)
-            eng.register([(n, tuple(v.shape), v.dtype) for n, v in gs.items()])
-            for _ in range(2):
-                for n, v in gs.items():
-                    eng.submit(n, v)
-                eng.synchronize()
-            out[name] = gs
-        finally:
-            eng.close()
-    return out
+    return {name: _two_steps(ctx, _plan(name, 3), strategy, sizes) for name in names}
+
+
+def _two_steps(ctx, plan, strategy, sizes):
+    """This rank's gradients of ``sizes`` after two synchronised steps under ``plan``."""
+    eng = Engine(ctx.transport, EngineConfig(compressor=None, plan=plan, strategy=strategy,
+                                             timeout=60))
+    try:
+        gs = _grads(ctx.rank, sizes)
+        eng.register([(n, tuple(v.shape), v.dtype) for n, v in gs.items()])
+        for _ in range(2):
+            for n, v in gs.items():
+                eng.submit(n, v)
+            eng.synchronize()
+        return gs
+    finally:
+        eng.close()
 
 
 def _compressor_names():
@@ -300,18 +302,7 @@ def _coded_topk(ctx, params):
     for strategy in ("ps", "ring"):
         plan = Plan(compressor="topk", params=params,
                     rule=SizeRule(min_compress_bytes=0, bytes_per_partition=1, max_partitions=2))
-        eng = Engine(ctx.transport, EngineConfig(compressor=None, plan=plan, strategy=strategy,
-                                                 timeout=60))
-        try:
-            gs = _grads(ctx.rank, [4099, 70_000])
-            eng.register([(n, tuple(v.shape), v.dtype) for n, v in gs.items()])
-            for _ in range(2):
-                for n, v in gs.items():
-                    eng.submit(n, v)
-                eng.synchronize()
-            out[strategy] = gs
-        finally:
-            eng.close()
+        out[strategy] = _two_steps(ctx, plan, strategy, [4099, 70_000])
     return out
 
 
