@@ -772,7 +772,7 @@ static void hp_conflict_free(hp_conflict_ws *w) {
 }
 
 static int hp_conflict_alloc(hp_conflict_ws *w, int64_t p, int64_t m, int32_t nh) {
-    const size_t P = (size_t)(p ? p : 1), L = P * (size_t)nh, M = (size_t)m + 2;
+    const size_t P = (size_t)(p ? p : 1), L = P * (size_t)nh, M = (size_t)m + 1;
     memset(w, 0, sizeof *w);
     w->pos = malloc(sizeof(int32_t) * L);
     w->members = malloc(sizeof(int32_t) * L);

@@ -15,8 +15,8 @@ stage of training, so it is searched again whenever either changes:
    (alpha also by more than ``latency_floor``, 1 ms, in absolute terms: on a
    LAN the fitted alpha is a fraction of a millisecond and jumps by 100%
    between two measurements of the same link, while the paper's latencies
-   move in milliseconds), or the mean gain of the last window drifted by ``gain_threshold`` (10%)
-   or more, or no CR was chosen yet.
+   move in milliseconds), or the mean gain of the last window drifted by
+   ``gain_threshold`` (10%) or more, or no CR was chosen yet.
 3. **Exploration**: the model and optimizer (and whatever ``checkpoint``
    covers: the compressor residuals) are saved in memory; each candidate CR
    (default 0.1, 0.033, 0.011, 0.004, 0.001: c_low = 0.001 scaled by 3 up to

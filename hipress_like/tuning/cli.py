@@ -147,9 +147,10 @@ def _import_compressors(specs: Dict[str, Dict[str, Any]]) -> None:
     import importlib
 
     from .. import compressors
+    from .profiler import candidate
 
     for label, params in specs.items():
-        name = str(params.get("compressor", label))
+        name = candidate(label, params)[0]
         if name not in compressors.available():
             try:
                 importlib.import_module(f"{compressors.__name__}.{name}")
