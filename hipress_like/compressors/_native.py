@@ -199,7 +199,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hp_thc_fwht.restype = None
     lib.hp_thc_merge_b4w8.argtypes = [p, i32, p, i32, p, p, i64, i64, i64]
     lib.hp_thc_merge_b4w8.restype = i32
-    lib.hp_bloom_query.argtypes = [p, p, p, i32, i32, u32, u32, i64, i64, i64, p, i64]
+    lib.hp_bloom_query.argtypes = [p, i64, p, p, i32, i32, u32, u32, i64, i64, i64, p, i64]
     lib.hp_bloom_query.restype = i64
     lib.hp_bloom_conflict_blocks.argtypes = [p, p, p, p, i64, i64, i32, u32, u32, u32, p, p,
                                              i32]
@@ -509,7 +509,7 @@ def bloom_query(filt: torch.Tensor, log2u: int, mb: torch.Tensor, off: torch.Ten
     bufs = {r: torch.empty(max(1, cap), dtype=torch.int64) for r in ranges}
     fp, mp, op = filt.data_ptr(), mb.data_ptr(), off.data_ptr()
     found = _map(lambda b0, b1, last: int(lib.hp_bloom_query(
-        fp, mp, op, log2u, nh, s1 & 0xFFFFFFFF, s2 & 0xFFFFFFFF, n, b0, b1,
+        fp, filt.numel(), mp, op, log2u, nh, s1 & 0xFFFFFFFF, s2 & 0xFFFFFFFF, n, b0, b1,
         bufs[(b0, b1)].data_ptr(), cap)), ranges)
     kept = [bufs[r][: min(c, cap)] for r, c in zip(ranges, found)]
     return torch.cat(kept)[:cap], sum(found)
