@@ -64,7 +64,10 @@ the decoder will draw. No value lands on a position it was not taken from:
 a false positive carries the true gradient value at that position, and
 the true positions not drawn are not sent (error feedback keeps them).
 Without it, values are sent for ``S`` and shift when a false positive is
-drawn (the reconstruction errors of Sec. 3.3).
+drawn (the reconstruction errors of Sec. 3.3). The encoder leaves the
+decoder's result in ``DECODED`` (``memo.py``), so this process's own
+decodes of the payload (error feedback's residual, a PS server's
+aggregate) do not run the decoder a second time.
 
 The *policy error rate* (Sec. 3.5, 6.2) is the share of drawn positions
 that are false positives: ``policy_error_rate(selected, true)``.
@@ -102,6 +105,7 @@ from .bloom_filter import (  # noqa: F401  (re-exported: the codec's primitives)
     probe_positions,
     query,
 )
+from .memo import DecodeMemo
 from .params import ParamError, check_bool, check_real
 from .payload import PayloadError
 from .sparse_codecs import IndexCode, IndexCodec, pad8, register_index_codec
@@ -125,6 +129,8 @@ __all__ = [
 
 POLICIES = ("leftmost", "random", "conflict")
 _FPAWARE, _SECOND, _COUNTED = 1, 2, 4
+#: The decodes this process's encoders already ran (memo.py says why).
+DECODED = DecodeMemo()
 _MAX_ROUNDS = 64          # conflict policy: rounds before the rest is drawn by key
 _MAX_HASHES = 255         # a byte in the fields
 _TOTAL_CAP = (1 << 20) - 1  # conflict policy: sizes summed per candidate, capped (20 bits)
@@ -394,7 +400,9 @@ class BloomIndex(IndexCodec):
         chosen = _resolve(filt, lay, nh, seed, self.policy, cand, second)
         fields = self.fields.pack(self.eps, eps2, lay.nbytes, nbytes2, total, seed, nh, nh2,
                                   pol, flags | _COUNTED, BLOCK_LOG2)
-        return IndexCode(fields, torch.cat([*head, *tail]), chosen if self.fpaware else idx)
+        section = torch.cat([*head, *tail])
+        DECODED.put((self.fields.unpack(fields), n, r), section, chosen)
+        return IndexCode(fields, section, chosen if self.fpaware else idx)
 
     @classmethod
     def section_nbytes(cls, fields: Tuple[Any, ...], n: int, k: int) -> int:
@@ -434,6 +442,9 @@ class BloomIndex(IndexCodec):
                                f"filter bytes, {positives} positives of {n}, flags {flags:#x}")
         if n >= 1 << 32:
             raise PayloadError(f"bloom payload for a tensor of {n} >= 2**32 elements")
+        known = DECODED.get((tuple(fields), n, k), section) if counted else None
+        if known is not None:  # this process encoded it: the decoder ran then
+            return known
         nb = _nblocks(n, log2u)
         counts = view_as_dtype(section[: 4 * nb], torch.int32).to(torch.int64)
         sizes = torch.full((nb,), 1 << log2u, dtype=torch.int64)

@@ -251,6 +251,21 @@ def _section_offset(payload):
     return payload.numel() - h.body.numel()
 
 
+def test_an_encoders_own_payload_is_decoded_from_its_memo_exactly():
+    """A false-positive-aware encoder ran the decoder; decoding its own payload (error
+    feedback, a PS server's aggregate) reuses that result, and equals a fresh decode."""
+    g, _ = _topk(300_000, 0.01, 9)
+    for params in ({}, {"second_eps": 0.2}):
+        c = C.get("topk", ratio=0.01, index_codec="bloom", **params)
+        payload, _ = c.encode(g, {"seed": 4})
+        hits = bloom.DECODED.hits
+        mine = c.decode(payload)
+        assert bloom.DECODED.hits == hits + 1
+        bloom.DECODED.clear()
+        assert torch.equal(c.decode(payload), mine)  # decoded from the bytes alone
+        assert bloom.DECODED.hits == hits + 1
+
+
 def test_a_truncated_filter_is_refused():
     c, payload = _bloom_payload()
     for cut in (1, 100, payload.numel() - 200):
