@@ -139,3 +139,13 @@ def test_solo_collectives_leave_at_once_and_alone():
     c.add_reports(both((2, COLLECTIVE, 40), (4, COLLECTIVE, 10)))
     assert c.plan_round(final=True).buckets == [[(2, 40)], [(3, 30), (4, 10)]]
     assert c.empty()
+
+
+def test_an_exchange_tag_names_the_round_shape_the_same_on_every_rank():
+    """rounds._shape_tag: Horovod matches calls by name; equal shapes, equal names."""
+    from hipress_like.casync.coordinator import RoundPlan
+    from hipress_like.casync.rounds import _shape_tag
+    a = RoundPlan(links={(0, 1): [(5, 100)], (1, 0): [(6, 8), (7, 3)]})
+    same = RoundPlan(links={(1, 0): [(9, 8), (2, 3)], (0, 1): [(5, 97)]})  # same padded bytes
+    other = RoundPlan(links={(0, 1): [(5, 100)], (1, 0): [(6, 24)]})
+    assert _shape_tag(a) == _shape_tag(same) != _shape_tag(other)

@@ -354,8 +354,8 @@ class _CorruptingTransport:
     def split(self):
         return _CorruptingTransport(self.inner.split())
 
-    def alltoallv(self, send, recv_nbytes, timeout=30):
-        out = self.inner.alltoallv(send, recv_nbytes, timeout)
+    def alltoallv(self, send, recv_nbytes, timeout=30, tag=None):
+        out = self.inner.alltoallv(send, recv_nbytes, timeout, tag)
         if self.rank == 0 and not self.done:
             for t in out:
                 if t is not None and t.numel() > 2:

@@ -45,7 +45,7 @@ class Transport(ABC):
     @abstractmethod
     def alltoallv(
         self, send: Sequence[Optional[torch.Tensor]], recv_nbytes: Sequence[int],
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float = DEFAULT_TIMEOUT, tag: Optional[str] = None,
     ) -> List[Optional[torch.Tensor]]:
         """Bulk exchange with per-peer sizes.
 
@@ -55,6 +55,10 @@ class Transport(ABC):
             recv_nbytes: for each peer p, how many bytes p sends here (0 for
                 none); every rank must agree with its peers' ``send`` sizes.
             timeout: seconds before raising ``PeerError``.
+            tag: optional name of the exchange's whole shape (every link's
+                bytes), the same on every rank; transports that match calls
+                by name (Horovod) use it to reuse the set-up of an exchange
+                of the same shape. Others ignore it.
 
         Returns:
             For each peer, the received 1-D uint8 tensor (None where 0 bytes).

@@ -24,8 +24,10 @@ deadline. Horovod itself cannot say which rank is
 missing (its stall inspector only logs it on rank 0), so:
 
 - with a ``store`` (any ``torch.distributed.Store``, e.g. a ``TCPStore``),
-  every call first bumps this rank's counter in the store, and a timeout
-  names the ranks whose counter shows they never entered the call;
+  every call bumps this rank's counter in the store (from a background
+  thread, ``counters.py``: a synchronous round trip per call slowed Ring
+  by 17%), and a failure names the ranks whose counter shows, after a
+  short settle for pushes in flight, that they never entered the call;
 - without one, the ``PeerError`` says the culprit is unknown and points to
   ``HOROVOD_STALL_CHECK_TIME_SECONDS``.
 
@@ -42,6 +44,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
+from .counters import PUBLISHER, settled_counts
 
 __all__ = ["HorovodTransport"]
 
@@ -49,9 +52,19 @@ log = logging.getLogger(__name__)
 
 _SPIN_SECONDS = 0.002
 _MAX_SLEEP = 1e-3  # Horovod's background thread makes progress; polling is cheap
+# How long a diagnosis re-reads counters while a peer looks behind (its push may be in
+# flight; it lands within milliseconds). After a timeout there is time; after a peer's
+# death horovodrun stops the survivors at once, so they answer within a few round trips.
+_SETTLE_SECONDS = 0.3
+_SETTLE_ON_FAILURE = 0.02
 
 # the k-th top-level transport of this process is channel "hipress_like.t<k>"
 _channel_numbers = itertools.count()
+
+
+def _shape_name(t: torch.Tensor) -> str:
+    """``float32.4x3``: a tensor's dtype and shape, for a name (the same on every rank)."""
+    return f"{str(t.dtype).replace('torch.', '')}.{'x'.join(map(str, t.shape))}"
 
 
 def _import_horovod():
@@ -121,6 +134,8 @@ class HorovodTransport(Transport):
         # No call number in the name: a channel's calls are sequential on every
         # rank, so a name is never in flight twice, and a name that recurs with
         # the same shape hits Horovod's response cache (no negotiation round).
+        # Each name holds one shape there, so an op whose shape changes from
+        # call to call carries it in its name (allreduce) or a tag (alltoallv).
         return f"{self._channel}.{op}"
 
     def split(self) -> "HorovodTransport":
@@ -135,7 +150,7 @@ class HorovodTransport(Transport):
         """``start(name)`` returns a Horovod handle; poll it until done or ``timeout``."""
         seq = self._begin_call(timeout)
         if self._store is not None:
-            self._store.add(f"{self._prefix}/seq/{self.rank}", 1)
+            PUBLISHER.bump(self._store, f"{self._prefix}/seq/{self.rank}")
         hvd = self._hvd
         t0 = time.monotonic()
         try:
@@ -143,7 +158,8 @@ class HorovodTransport(Transport):
             sleep = 0.0
             while not hvd.poll(handle):
                 if time.monotonic() - t0 > timeout:
-                    err = self._diagnose(op, seq, f"timed out after {timeout:.3g}s")
+                    err = self._diagnose(op, seq, f"timed out after {timeout:.3g}s",
+                                         _SETTLE_SECONDS)
                     self._broken = f"{op} (call #{seq}) failed: {err}"
                     raise err
                 if time.monotonic() - t0 > _SPIN_SECONDS:
@@ -153,25 +169,34 @@ class HorovodTransport(Transport):
         except TransportError:
             raise
         except Exception as e:  # HorovodInternalError: a peer failed mid-operation
-            err = self._diagnose(op, seq, f"{type(e).__name__}: {str(e)[:300]}")
+            err = self._diagnose(op, seq, f"{type(e).__name__}: {str(e)[:300]}",
+                                 _SETTLE_ON_FAILURE)
             self._broken = f"{op} (call #{seq}) failed: {err}"
             raise err from e
 
-    def _diagnose(self, op: str, seq: int, cause: str) -> TransportError:
+    def _diagnose(self, op: str, seq: int, cause: str, settle: float) -> TransportError:
         where = f"rank {self.rank}: {op} (call #{seq}) failed ({cause})"
         if self._store is None:
             return PeerError(
                 f"{where}; Horovod cannot tell which rank is missing. Pass a store to "
                 "HorovodTransport to name it, or set HOROVOD_STALL_CHECK_TIME_SECONDS so "
                 "Horovod's stall inspector logs the missing ranks on rank 0", ranks=())
+
+        def read():
+            return {r: int(self._store.add(f"{self._prefix}/seq/{r}", 0))
+                    for r in range(self.size)}
+
+        def lagging(counts):
+            return [r for r, c in counts.items() if r != self.rank and c <= seq]
+
+        PUBLISHER.flush(settle)  # this rank's own count, for peers diagnosing too
         try:
-            counts = {r: int(self._store.add(f"{self._prefix}/seq/{r}", 0))
-                      for r in range(self.size)}
+            counts = settled_counts(read, lagging, settle=settle)
         except Exception as e:
             # the store lives on rank 0 (horovodrun jobs: runtime's rendezvous store)
             return PeerError(f"{where}; the store is unreachable too ({e}): its host, rank 0, "
                              "has died", ranks=(0,) if self.rank != 0 else ())
-        behind = [r for r, c in counts.items() if r != self.rank and c <= seq]
+        behind = lagging(counts)
         if behind:
             return PeerError(f"{where}: rank(s) {behind} never entered this collective "
                              f"(they entered {[counts[r] for r in behind]} so far)", ranks=behind)
@@ -183,7 +208,8 @@ class HorovodTransport(Transport):
         return t if t.is_contiguous() else t.contiguous()
 
     def alltoallv(self, send: Sequence[Optional[torch.Tensor]], recv_nbytes: Sequence[int],
-                  timeout: float = DEFAULT_TIMEOUT) -> List[Optional[torch.Tensor]]:
+                  timeout: float = DEFAULT_TIMEOUT, tag: Optional[str] = None
+                  ) -> List[Optional[torch.Tensor]]:
         if len(send) != self.size or len(recv_nbytes) != self.size:
             raise ValueError(f"alltoallv needs {self.size} send entries and recv sizes, got "
                              f"{len(send)} and {len(recv_nbytes)}")
@@ -199,8 +225,11 @@ class HorovodTransport(Transport):
                 parts.append(t.to(device))
         inp = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
         splits = torch.tensor(counts, dtype=torch.int32)
-        res = self._run("alltoallv", lambda name: self._hvd.alltoall_async(
-            inp, splits=splits, name=name), timeout)
+        # a tag names the exchange's shape on every rank: Horovod then reuses the
+        # negotiation of the last exchange of that shape (its response cache)
+        res = self._run("alltoallv" if tag is None else f"alltoallv.{tag}",
+                        lambda name: self._hvd.alltoall_async(inp, splits=splits, name=name),
+                        timeout)
         out, got = res if isinstance(res, tuple) else (res, None)
         rcounts = [0 if p == self.rank else int(n) for p, n in enumerate(recv_nbytes)]
         if got is not None and [int(x) for x in got] != rcounts:
@@ -220,8 +249,8 @@ class HorovodTransport(Transport):
     def allgather(self, tensor: torch.Tensor, timeout: float = DEFAULT_TIMEOUT
                   ) -> List[torch.Tensor]:
         src = self._contiguous(tensor).unsqueeze(0)  # Horovod concatenates on dim 0
-        out = self._run("allgather", lambda name: self._hvd.allgather_async(src, name=name),
-                        timeout)
+        out = self._run(f"allgather.{_shape_name(src)}",
+                        lambda name: self._hvd.allgather_async(src, name=name), timeout)
         return [out[r] for r in range(self.size)]
 
     def broadcast(self, tensor: torch.Tensor, root: int, timeout: float = DEFAULT_TIMEOUT
@@ -229,7 +258,7 @@ class HorovodTransport(Transport):
         if not 0 <= root < self.size:
             raise ValueError(f"broadcast root must be in [0, {self.size}), got {root}")
         buf = self._contiguous(tensor)
-        self._run(f"broadcast{root}", lambda name: self._hvd.broadcast_async_(
+        self._run(f"broadcast{root}.{_shape_name(buf)}", lambda name: self._hvd.broadcast_async_(
             buf, root, name=name), timeout)
         if buf is not tensor:
             tensor.copy_(buf)
@@ -243,7 +272,7 @@ class HorovodTransport(Transport):
             raise TransportError(f"this Horovod version has no {op!r} reduction; upgrade to "
                                  "horovod>=0.26")
         buf = self._contiguous(tensor)
-        self._run(f"allreduce_{op}", lambda name: self._hvd.allreduce_async_(
+        self._run(f"allreduce_{op}.{_shape_name(buf)}", lambda name: self._hvd.allreduce_async_(
             buf, name=name, op=self._ops[op]), timeout)
         if buf is not tensor:
             tensor.copy_(buf)

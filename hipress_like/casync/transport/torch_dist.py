@@ -259,7 +259,8 @@ class TorchDistTransport(Transport):
     # -- the collectives ---------------------------------------------------------
 
     def alltoallv(self, send: Sequence[Optional[torch.Tensor]], recv_nbytes: Sequence[int],
-                  timeout: float = DEFAULT_TIMEOUT) -> List[Optional[torch.Tensor]]:
+                  timeout: float = DEFAULT_TIMEOUT, tag: Optional[str] = None
+                  ) -> List[Optional[torch.Tensor]]:
         if len(send) != self.size or len(recv_nbytes) != self.size:
             raise ValueError(f"alltoallv needs {self.size} send entries and recv sizes, got "
                              f"{len(send)} and {len(recv_nbytes)}")
