@@ -45,6 +45,8 @@ by this script unless they already exist; needs root).
     python bench/train.py --model vgg --netem            # the headline run
     python bench/train.py --model resnet18 --steps 20 --configs floor,ddp,hp-ps-onebit \\
         --acc-steps 0                                    # timing only
+    python bench/train.py --model vgg --netem --configs hp-ring-powersgd1,hvd-hp-ring-powersgd1 \
+        --repeat 3 --acc-steps 0              # alternated three times, medians reported
 
 Writes results/train_<model>.json. Timing lives here, never in tests.
 """
@@ -408,6 +410,25 @@ def _run_configs(ns, names, steps, netem):
     return rows
 
 
+def _run_alternating(ns, names, steps, netem):
+    """``_run_configs`` ``ns.repeat`` times over the whole list (so drifting host load
+    weighs on every configuration alike); per configuration, the median run's row,
+    with every run's ms/step in ``runs_ms``."""
+    runs = {}
+    for rep in range(ns.repeat):
+        if ns.repeat > 1:
+            print(f"round {rep + 1} of {ns.repeat}", flush=True)
+        for r in _run_configs(ns, names, steps, netem):
+            runs.setdefault(r["config"], []).append(r)
+    rows = []
+    for c in names:
+        if c in runs:
+            got = sorted(runs[c], key=lambda r: r["ms_per_step"])
+            rows.append({**got[(len(got) - 1) // 2],
+                         "runs_ms": [r["ms_per_step"] for r in runs[c]]})
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -432,6 +453,9 @@ def main(argv=None):
     ap.add_argument("--netem", nargs="?", const="1gbit", default=None,
                     help="run in namespaces h0..h{N-1} over emulated links (default 1gbit)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
+    ap.add_argument("--repeat", type=int, default=1, help="run the list this many times, "
+                    "alternating, and report each configuration's median run (a shared "
+                    "host's load drifts)")
     ap.add_argument("--out", default=None)
     ns = ap.parse_args(argv)
     if ns.worker:
@@ -446,6 +470,8 @@ def main(argv=None):
         if unknown:
             ap.error(f"unknown --acc-configs {sorted(unknown)}; known: best, "
                      f"{', '.join(all_configs())}")
+    if ns.repeat < 1:
+        ap.error(f"--repeat must be at least 1, found {ns.repeat}")
     if 0 < ns.acc_steps <= ns.warmup:
         ap.error(f"--acc-steps must exceed --warmup ({ns.warmup}), or be 0")
     created = _ensure_netem(ns.nprocs, ns.netem) if ns.netem else False
@@ -455,10 +481,12 @@ def main(argv=None):
         _horovod_rows.netns_hosts(ns.nprocs)  # Horovod's gloo needs it (see there)
     link = f"namespaces over {ns.netem} links" if ns.netem else "loopback"
     budget = (f"{ns.nprocs} ranks on {link}, batch {ns.batch}/rank, {ns.warmup} warm-up + "
-              f"{ns.steps} timed steps (median), accuracy after {ns.warmup + ns.steps} steps")
+              f"{ns.steps} timed steps (median), accuracy after {ns.warmup + ns.steps} steps"
+              + (f", the list run {ns.repeat} times alternating (median run)"
+                 if ns.repeat > 1 else ""))
     print(f"bench/train.py: {ns.model}, {budget}", flush=True)
     try:
-        rows = _run_configs(ns, configs, ns.steps, bool(ns.netem))
+        rows = _run_alternating(ns, configs, ns.steps, bool(ns.netem))
     finally:
         if created:
             import netem as nm
