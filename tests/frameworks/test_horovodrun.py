@@ -78,11 +78,17 @@ def run_job(launcher: str, *args: str, np: int = 4, timeout: float = 900, **env)
     proc = subprocess.run(command(launcher, np, JOB, *args), env=_env(**env), text=True,
                           capture_output=True, timeout=timeout, cwd=str(ROOT))
     out = proc.stdout + proc.stderr
-    results = {}
-    for m in re.finditer(r"RESULT (\{.*\})", out):
-        r = json.loads(m.group(1))
+    return results_of(out), proc.returncode, out
+
+
+def results_of(out: str) -> dict:
+    """The ``RESULT {json}`` records in a job's output, by rank. Each is read as one
+    JSON object where it starts: mpirun may print two ranks' lines as one line."""
+    results, decoder = {}, json.JSONDecoder()
+    for m in re.finditer(r"RESULT (?=\{)", out):
+        r, _ = decoder.raw_decode(out, m.end())
         results[r["rank"]] = r
-    return results, proc.returncode, out
+    return results
 
 
 CONFIGS = [("onebit", "ps"), ("powersgd", "ring")]
@@ -162,3 +168,11 @@ def test_the_install_script_is_idempotent_and_names_prerequisites(tmp_path):
     if not _WHY:
         res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120)
         assert res.returncode == 0 and "nothing to do" in res.stderr, res.stderr
+
+
+def test_results_are_read_when_two_ranks_share_a_line():
+    """mpirun once printed rank 1's and rank 0's RESULT records on one line."""
+    out = ('[1,1]<stdout>:RESULT {"rank": 1, "acc": 96.1}RESULT {"rank": 0, "acc": 96.1}\n'
+           'RESULT {"rank": 2, "x": {"y": [1, 2]}} trailing\n')
+    assert results_of(out) == {0: {"rank": 0, "acc": 96.1}, 1: {"rank": 1, "acc": 96.1},
+                               2: {"rank": 2, "x": {"y": [1, 2]}}}

@@ -21,7 +21,6 @@ MXNet 1.9.1 needs numpy 1.23.5, so these tests run in their own venv:
 """
 import difflib
 import functools
-import json
 import os
 import re
 import shutil
@@ -32,6 +31,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from .test_horovodrun import results_of
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).parent
@@ -149,11 +150,7 @@ def _run_once(launcher, script, args, np, timeout, extra):
 
 def results(out: str) -> dict:
     """``RESULT {json}`` lines by rank."""
-    res = {}
-    for m in re.finditer(r"RESULT (\{.*\})", out):
-        r = json.loads(m.group(1))
-        res[r["rank"]] = r
-    return res
+    return results_of(out)
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,7 +20,6 @@ Needs TensorFlow next to torch: ``scripts/env_tensorflow.sh --test`` builds
 that environment (.venv-tf) and runs this file in it.
 """
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_horovodrun import _env, command
+from .test_horovodrun import _env, command, results_of
 
 pytestmark = pytest.mark.frameworks
 
@@ -85,11 +84,7 @@ def run(script: Path, *args: str, np: int = 4, launcher: str = "torchrun",
                           env=_env(TF_CPP_MIN_LOG_LEVEL="2", **env), text=True,
                           capture_output=True, timeout=timeout, cwd=str(ROOT))
     out = proc.stdout + proc.stderr
-    results = {}
-    for m in re.finditer(r"RESULT (\{.*\})", out):
-        r = json.loads(m.group(1))
-        results[r["rank"]] = r
-    return results, proc.returncode, out
+    return results_of(out), proc.returncode, out
 
 
 def _ok(res, rc, out, np=4):
