@@ -40,6 +40,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import statistics
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -160,6 +161,10 @@ class AutoPlanner:
             rule=SizeRule(min_compress_bytes=NEVER), meta={"auto": "provisional"})
         self.iterations = 0
         self.sizes: Dict[str, int] = {}
+        # per warm-up iteration, seconds from its first gradient to its last: the
+        # backward the trials run beside each synchronisation (``_best_of``)
+        self.backward_s: List[float] = []
+        self._span: List[float] = []
         self.profile: Optional[Profile] = None
         self._plan: Optional[Plan] = None
 
@@ -182,6 +187,8 @@ class AutoPlanner:
         if not isinstance(nbytes, int) or nbytes < 1:
             raise ValueError(f"gradient {name!r}: size must be an integer >= 1 byte, found "
                              f"{nbytes!r}")
+        now = time.perf_counter()
+        self._span = [self._span[0] if self._span else now, now]
         old = self.sizes.setdefault(str(name), nbytes)
         if old != nbytes:
             raise ValueError(f"gradient {name!r} changed size from {old} to {nbytes} bytes "
@@ -202,6 +209,9 @@ class AutoPlanner:
         """
         if self.ready:
             return None
+        if self._span:
+            self.backward_s.append(self._span[1] - self._span[0])
+            self._span = []
         self.iterations += 1
         if self.iterations < self.warmup_iterations:
             return None
@@ -287,11 +297,16 @@ class AutoPlanner:
         from .profiler import time_engine_steps
 
         labels = ["per-gradient"] + [f"all-{c}" for c in self.candidates]
+        # a step's synchronisation shares the rank's CPU with backward: each trial
+        # runs beside a compute load as long as the warm-up's backward, so a
+        # compressor whose encode and decode steal from backward pays for it
+        backward = statistics.median(self.backward_s[1:] or self.backward_s or [0.0])
         times = []
         for label, p in zip(labels, plans):
             times.append(time_engine_steps(transport, p, sizes, self.strategy,
                                            repeats=self.trial_repeats, timeout=self.timeout,
-                                           engine_config={"raw_collective": self.raw_collective}))
+                                           engine_config={"raw_collective": self.raw_collective},
+                                           compute_s=backward))
             _log.info("plan='auto' trial %s: %.1f ms per synchronisation", label,
                       1e3 * times[-1])
         # every rank holds the same figures: each step's time is the slowest rank's

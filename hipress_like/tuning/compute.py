@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
-__all__ = ["ComputeTimeline", "measure_compute", "load_module", "infer_input_shape"]
+__all__ = ["ComputeTimeline", "ComputeLoad", "measure_compute", "load_module",
+           "infer_input_shape"]
 
 Sizes = Sequence[Tuple[str, int]]
 
@@ -274,3 +275,30 @@ def infer_input_shape(module: Any, batch: int) -> Tuple[int, ...]:
         "convolution nor a linear layer"
     raise ValueError(f"cannot guess an input for {type(module).__name__} (tried {tried}); "
                      "give --input-shape, e.g. 32,3,224,224, or --compute-time")
+
+
+class ComputeLoad:
+    """A fixed amount of matmul work, sized to take ``seconds`` on this rank now.
+
+    ``run()`` does that work; beside a synchronisation it takes longer when
+    the engine's threads compete for the rank's CPU, as backward does.
+    """
+
+    def __init__(self, seconds: float, n: int = 128) -> None:
+        import torch
+
+        self._mm = torch.mm
+        self.a = torch.randn(n, n, generator=torch.Generator().manual_seed(0))
+        self.out = torch.empty(n, n)
+        self.iterations = 0
+        if seconds > 0:
+            t0, k = time.perf_counter(), 0
+            while time.perf_counter() - t0 < min(seconds, 0.05):
+                self._mm(self.a, self.a, out=self.out)
+                k += 1
+            self.iterations = max(1, int(seconds * k / (time.perf_counter() - t0)))
+
+    def run(self) -> None:
+        """Do the work."""
+        for _ in range(self.iterations):
+            self._mm(self.a, self.a, out=self.out)

@@ -625,3 +625,28 @@ def test_auto_planner_profiles_labelled_candidates_under_their_labels():
                           repeats=1, max_profile_bytes=1 << 16)
         bad.observe("w", 1 << 16)
         bad.end_iteration(None)
+
+
+def test_auto_records_each_warmup_backward_for_its_trials():
+    """The span from an iteration's first gradient to its last is the backward the
+    trials run beside each synchronisation."""
+    import time
+
+    auto = AutoPlanner("onebit", strategy="ps", warmup_iterations=3)
+    for _ in range(2):
+        auto.observe("a", 64)
+        time.sleep(0.02)
+        auto.observe("b", 64)
+        assert auto.end_iteration(None) is None
+    assert len(auto.backward_s) == 2 and min(auto.backward_s) >= 0.02
+
+
+def test_compute_load_does_the_work_it_was_sized_to():
+    from hipress_like.tuning.compute import ComputeLoad
+
+    assert ComputeLoad(0.0).iterations == 0
+    load = ComputeLoad(0.01)
+    calls, mm = [], load._mm
+    load._mm = lambda *a, **k: (calls.append(1), mm(*a, **k))
+    load.run()
+    assert load.iterations >= 1 and len(calls) == load.iterations
