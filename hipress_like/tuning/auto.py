@@ -293,7 +293,9 @@ class AutoPlanner:
     def _best_of(self, transport: Any, plans: List[Plan], sizes: Mapping[str, int]) -> Plan:
         """Time each plan through the engine (collective) and return the fastest,
         the per-gradient one (``plans[0]``) on a tie within 2 %; the timings go
-        into its ``meta["trials"]``."""
+        into its ``meta["trials"]``. Each timed step runs beside a compute load
+        as long as the warm-up's backward (``backward_s``), so a plan whose
+        compression steals CPU from backward is charged for it."""
         from .profiler import time_engine_steps
 
         labels = ["per-gradient"] + [f"all-{c}" for c in self.candidates]
