@@ -45,7 +45,7 @@ by this script unless they already exist; needs root).
     python bench/train.py --model vgg --netem            # the headline run
     python bench/train.py --model resnet18 --steps 20 --configs floor,ddp,hp-ps-onebit \\
         --acc-steps 0                                    # timing only
-    python bench/train.py --model vgg --netem --configs hp-ring-powersgd1,hvd-hp-ring-powersgd1 \
+    python bench/train.py --model vgg --netem --configs hp-ring-powersgd1,hvd-hp-ring-powersgd1 \\
         --repeat 3 --acc-steps 0              # alternated three times, medians reported
 
 Writes results/train_<model>.json. Timing lives here, never in tests.

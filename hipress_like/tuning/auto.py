@@ -296,19 +296,21 @@ class AutoPlanner:
         into its ``meta["trials"]``. Each timed step runs beside a compute load
         as long as the warm-up's backward (``backward_s``), so a plan whose
         compression steals CPU from backward is charged for it."""
+        from .compute import ComputeLoad
         from .profiler import time_engine_steps
 
         labels = ["per-gradient"] + [f"all-{c}" for c in self.candidates]
-        # a step's synchronisation shares the rank's CPU with backward: each trial
-        # runs beside a compute load as long as the warm-up's backward, so a
-        # compressor whose encode and decode steal from backward pays for it
         backward = statistics.median(self.backward_s[1:] or self.backward_s or [0.0])
+        load = None
+        if backward > 0:  # sized once, while every rank sizes its own
+            transport.barrier(self.timeout)
+            load = ComputeLoad(backward)
         times = []
         for label, p in zip(labels, plans):
             times.append(time_engine_steps(transport, p, sizes, self.strategy,
                                            repeats=self.trial_repeats, timeout=self.timeout,
                                            engine_config={"raw_collective": self.raw_collective},
-                                           compute_s=backward))
+                                           load=load))
             _log.info("plan='auto' trial %s: %.1f ms per synchronisation", label,
                       1e3 * times[-1])
         # every rank holds the same figures: each step's time is the slowest rank's

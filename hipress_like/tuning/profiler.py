@@ -387,20 +387,18 @@ def measure_engine_sync(transport: Any, strategy: str = "ps",
 def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strategy: str, *,
                       repeats: int = 3, timeout: float = 300.0,
                       engine_config: Optional[Mapping[str, Any]] = None,
-                      compute_s: float = 0.0) -> float:
+                      load: Any = None) -> float:
     """Median seconds of the slowest rank to synchronise float32 gradients of
     ``sizes`` ({name: bytes}, registration order) through an engine running
     ``plan``, over ``repeats`` steps after one warm-up step. Collective.
 
-    Every rank submits every gradient at once. With ``compute_s`` 0 nothing
-    else runs, so this times the synchronisation alone, as the cost model
-    predicts it. With ``compute_s`` > 0 the caller's thread then does
-    ``compute_s`` seconds' worth of matmuls (``ComputeLoad``, sized with
-    every rank computing at once) before waiting, so the time is that of a
-    step whose backward overlaps the synchronisation and shares the CPU.
+    Every rank submits every gradient at once. Without ``load`` nothing else
+    runs, so this times the synchronisation alone, as the cost model
+    predicts it. With a ``load`` (``compute.ComputeLoad``) the caller's
+    thread then does its work before waiting, so the time is that of a step
+    whose backward overlaps the synchronisation and shares the CPU.
     """
     from ..casync.engine import Engine, EngineConfig
-    from .compute import ComputeLoad
 
     cfg = dict(engine_config or {})
     cfg.update(plan=plan, strategy=strategy, timeline=False, timeout=timeout)
@@ -410,8 +408,6 @@ def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strat
         eng.register(specs)
         gen = torch.Generator().manual_seed(transport.rank)
         src = {name: torch.randn(shape, generator=gen) for name, shape, _ in specs}
-        transport.barrier(timeout)  # every rank sizes its load while all compute
-        load = ComputeLoad(compute_s)
         work = {name: v.clone() for name, v in src.items()}
         ts = []
         for i in range(repeats + 1):
@@ -421,7 +417,8 @@ def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strat
             t0 = time.perf_counter()
             for name, v in work.items():
                 eng.submit(name, v)
-            load.run()
+            if load is not None:
+                load.run()
             eng.synchronize()
             dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
             transport.allreduce(dt, "max", timeout)
