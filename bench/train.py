@@ -70,6 +70,12 @@ sys.path.insert(0, HERE)  # netem.py
 # rank of the fastest DDP hook, so the two PowerSGDs are compared like for like.
 HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd", "powersgd1", "natural", "natural2",
                   "thc")
+# issue 24: top-k at CR 0.01 by an Allgather of values and indices (LWTopk), against
+# AR-Topk (STAR-Topk: one rank's indices broadcast, values summed by a ring or a tree
+# allreduce), and the alpha-beta selector's pick per gradient (collective="auto")
+ARTOPK_ROWS = {"hp-ag-topk": ("topk", "allgather"), "hp-art-ring": ("star_topk", "ring"),
+               "hp-art-tree": ("star_topk", "tree"), "hp-art-select": ("star_topk", "auto")}
+ARTOPK_RATIO = 0.01
 # rows that send the aggregate back with a master compressor (compression_back)
 BACK = {"natural2": "natural"}
 DDP_CONFIGS = ("ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4")
@@ -85,6 +91,7 @@ def all_configs():
     cfgs = ["floor", *DDP_CONFIGS, "hp-none"]
     for s in ("ps", "ring"):
         cfgs += [f"hp-{s}-{c}" for c in HP_COMPRESSORS] + [f"hp-{s}-auto"]
+    cfgs += list(ARTOPK_ROWS)
     import _horovod_rows
 
     return cfgs + list(_horovod_rows.CONFIGS)
@@ -148,6 +155,12 @@ def worker(cfg):
                                             start_powerSGD_iter=2)
             net.register_comm_hook(hook_state, psgd.powerSGD_hook)
         opt = base
+    elif name in ARTOPK_ROWS:
+        comp, coll = ARTOPK_ROWS[name]
+        opt = hpt.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                       compression=hpt.Compression.get(comp,
+                                                                       ratio=ARTOPK_RATIO),
+                                       plan=None, collective=coll)
     elif name.startswith("hp-"):
         _, strategy, comp = name.split("-", 2) if name != "hp-none" else ("hp", "ps", "none")
         plan = "auto" if comp == "auto" else None
@@ -201,6 +214,7 @@ def worker(cfg):
         result["compressed"] = sorted(n for n, v in layout.items() if v["compress"])
         result["compressors"] = {n: v.get("compressor") for n, v in layout.items()
                                  if v["compress"]}
+        result["collectives"] = opt.engine.collectives
         plan = opt.engine.plan
         if plan is not None and "trials" in plan.meta:  # plan="auto": what it measured
             result["plan_trials"] = dict(plan.meta["trials"], chosen=plan.meta["trial_chosen"])
@@ -347,6 +361,12 @@ def _report(model, rows, budget, acc_rows=None):
         ]
         _print_goals(goals)
     _floor_and_auto_goals(by, best_hp, floor, rows)
+    if "hp-ag-topk" in by:
+        ag = by["hp-ag-topk"]["ms_per_step"]
+        for c in (c for c in ARTOPK_ROWS if c != "hp-ag-topk" and c in by):
+            picks = sorted(set(by[c].get("collectives", {}).values()))
+            print(f"  {c} vs hp-ag-topk (Allgather top-k, same CR): "
+                  f"{ag / by[c]['ms_per_step']:.2f}x faster ({', '.join(picks) or '-'})")
     if best_hp and floor and ddp and best_hook:
         # the accuracy runs' budget when they cover DDP and the best, else the timed runs'
         acc_by = {r["config"]: r for r in acc_rows or ()}

@@ -41,14 +41,16 @@ def grads_of(rank: int):
 
 
 def run_rounds(tr, comp, strategy: str, k: int = 1, steps: int = 2,
-               raw_collective: bool = False, threads: bool = True):
+               raw_collective: bool = False, threads: bool = True, collective=None):
     """Synchronise ``grads_of(rank)`` for ``steps`` steps with every gradient
-    compressed by ``comp`` in up to ``k`` partitions; return (the averages of
-    each step, the layout, the compressor states)."""
+    compressed by ``comp`` in up to ``k`` partitions (travelling by
+    ``collective``, ``EngineConfig.collective``); return (the averages of each
+    step, the layout, the compressor states)."""
     plan = Plan(compressor="identity", rule=SizeRule(min_compress_bytes=0, bytes_per_partition=1,
                                                      max_partitions=k))
     eng = Engine(tr, EngineConfig(compressor=comp, plan=plan, strategy=strategy, timeout=30,
-                                  raw_collective=raw_collective, threads=threads))
+                                  raw_collective=raw_collective, threads=threads,
+                                  collective=collective))
     try:
         gs = grads_of(tr.rank)
         eng.register([(n, tuple(v.shape), v.dtype) for n, v in gs.items()])

@@ -63,7 +63,8 @@ def resolve_plan(plan: Any) -> Any:
 
 def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                  compression: Any, strategy: str, plan: Any, nonfinite: str,
-                 timeout: Optional[float], seed: int, compression_back: Any = None) -> Any:
+                 timeout: Optional[float], seed: int, compression_back: Any = None,
+                 collective: Optional[str] = None) -> Any:
     """Open a transport, build an engine and register ``specs`` (collective).
 
     Args:
@@ -83,6 +84,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
             on its way back (bidirectional compression, Natural Compression
             Alg. 1), as a name, spec or instance; None: the aggregate goes
             back encoded by the worker's compressor.
+        collective: how compressed gradients travel (``EngineConfig.collective``;
+            None: the strategy's PS or Ring).
 
     Returns:
         The registered engine.
@@ -133,7 +136,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
     cfg_kwargs = dict(compressor=name, params=params, compressor_back=back,
                       params_back=back_params, strategy=strategy, plan=plan,
                       timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed),
-                      replay=replay == "1")
+                      replay=replay == "1", collective=collective)
     cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
     transport = engine_transport(timeout)  # HIPRESS_TRANSPORT, else the launcher's
     try:

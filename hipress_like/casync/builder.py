@@ -8,8 +8,11 @@ task produces travels with it (``Task.run``):
     compute(kind, part, fn, inputs)   fn(*results of inputs) -> result
     send(part, phase, dst, payload)   sends ``payload.result`` to rank dst
     recv(part, phase, src)            result: the bytes received from src
-    collective(payload, phase, view, op)  reduces ``view(payload.result)`` in
-                                      place across ranks; result: the payload
+    collective(payload, phase, view, op, root)  reduces ``view(payload.result)``
+                                      in place across ranks (or broadcasts it
+                                      from ``root()``, or gathers it); result:
+                                      the payload, or the broadcast buffer, or
+                                      every rank's payload in rank order
 
 Message keys (``layout.msg_key``) come from the gradient's index, the
 partition, the phase and the sender, so every rank names a message alike.
@@ -78,14 +81,26 @@ class StepBuilder:
         return self._add(t, ())
 
     def collective(self, payload: Task, phase: int,
-                   view: Optional[Callable[[Any], Any]] = None, op: str = "sum") -> Task:
+                   view: Optional[Callable[[Any], Any]] = None, op: str = "sum",
+                   root: Optional[Callable[[], int]] = None) -> Task:
         """Add a collective-lane task: ``view(payload.result)`` (the payload itself by
         default) is reduced in place (``op``: "sum" or "max"; the layout's
         ``ops`` must say the same) by a fused allreduce once every rank has it
         ready; the task's result is then the payload, now merged (e.g. PowerSGD's
         P). Whole uncompressed gradients take the lane's static buckets instead
-        (``lane.py``)."""
-        t = Task(Kind.ALLREDUCE, self.grad.name, 0, view or _identity, info=op)
+        (``lane.py``).
+
+        ``op`` "broadcast": ``view`` returns the buffer every rank holds (the
+        owner's payload, a buffer of its size elsewhere), ``root()`` names the
+        owner once the payload exists, and the result is the buffer, filled.
+        ``op`` "gather": the result is every rank's payload, in rank order.
+        The layout's ``ops`` and ``algos`` must say the same."""
+        fn = view or _identity
+        if root is not None:
+            def fn(x: Any, view: Callable[[Any], Any] = fn) -> Any:
+                t.root = root()
+                return view(x)
+        t = Task(Kind.ALLREDUCE, self.grad.name, 0, fn, info=op)
         t.msg = (msg_key(self.grad.idx, 0, phase, 0), COLLECTIVE)
         self._step.coll_keys.add(t.msg[0])
         return self._add(t, [payload])

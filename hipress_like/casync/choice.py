@@ -10,6 +10,18 @@ per distinct compressor and parameters and shared by the gradients that use
 them; each one's error-feedback wrapping follows
 ``EngineConfig.error_feedback``.
 
+A compressing decision may also name how its payloads travel
+(``GradientPlan.collective``, else ``EngineConfig.collective``). "auto"
+is the flexible-communication paper's selection (Sec. 3-D, Eq. 5a-5c;
+``cost_model.collectives.select_collective``) made per gradient: for a
+top-k gradient of M bytes at ratio c among N ranks, with alpha and beta
+measured on this very transport at ``register`` (``measure``), it becomes
+an Allgather of top-k values and indices (``topk``, ``collective=
+"allgather"``: LWTopk), or AR-Topk (``star_topk``, or ``var_topk`` when
+that is the compressor) whose values are summed by a ring ("ring": ART-Ring)
+or a tree ("tree": ART-Tree). Each pick is logged with its predicted costs
+(``selected``).
+
 The plan comes from ``EngineConfig.plan``: a ``Plan``, a plan file, None
 (HiPress's size rule), or a *plan source* called once, collectively,
 inside ``register`` (``fix_plan``): ``source(transport, sizes, config) ->
@@ -19,6 +31,7 @@ into ``hipress_like.tuning.auto_plan(...)``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -27,11 +40,17 @@ from typing import Any, Dict, Mapping, Optional
 from .. import compressors as _comp
 from ..compressors.base import Compressor
 from ..compressors.error_feedback import needs_error_feedback, with_error_feedback
+from ..cost_model.collectives import select_collective, topk_costs
+from ..cost_model.model import Link
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
+from .collectives import measure_link
 from .config import EngineConfig
 from .transport.base import Transport
 
-__all__ = ["Choice", "build_compressor", "build_master"]
+__all__ = ["Choice", "build_compressor", "build_master", "TOPK_FAMILY"]
+
+# compressors collective="auto" chooses among (Sec. 3-D: LWTopk against AR-Topk)
+TOPK_FAMILY = ("topk", "star_topk", "var_topk")
 
 _log = logging.getLogger(__name__)
 
@@ -115,6 +134,8 @@ class Choice:
                 params = dict(self.plan.params)
         self.default = build_compressor(name, params, config.error_feedback)
         self._instances: Dict[Any, Compressor] = {}
+        self.link: Optional[Link] = None  # measured for collective="auto" (``measure``)
+        self.selected: Dict[str, str] = {}  # gradient -> the selector's pick
         self.default_back: Optional[Compressor] = None
         if config.compressor_back is not None:
             self.default_back = build_master(config.compressor_back, config.params_back,
@@ -125,7 +146,20 @@ class Choice:
         return self.default.capabilities.category == "none"
 
     def decide(self, name: str, nbytes: int) -> GradientPlan:
-        """The plan's decision for gradient ``name`` of ``nbytes`` bytes."""
+        """The plan's decision for gradient ``name`` of ``nbytes`` bytes, with its
+        collective resolved (the config's default where the entry names none;
+        "auto" turned into the selector's pick)."""
+        dec = self._decide(name, nbytes)
+        if not dec.compress or self.size < 2:
+            return dec
+        coll = dec.collective or self.config.collective
+        if coll == "auto":
+            return self._select(name, nbytes, dec, explicit=dec.collective == "auto")
+        if coll != dec.collective:
+            dec = dataclasses.replace(dec, collective=coll)
+        return dec
+
+    def _decide(self, name: str, nbytes: int) -> GradientPlan:
         if self.plan is not None:
             return self.plan.decide(name, nbytes, self.size)
         dec = SizeRule().decide(nbytes, self.size)
@@ -135,6 +169,54 @@ class Choice:
             # Compression.none). A Plan can still ask for it.
             dec = GradientPlan(compress=False, partitions=dec.partitions)
         return dec
+
+    def needs_link(self) -> bool:
+        """Some gradient may take collective="auto" (the selector needs alpha, beta)."""
+        if self.size < 2:
+            return False
+        if self.config.collective == "auto":
+            return True
+        return self.plan is not None and any(g.collective == "auto"
+                                             for g in self.plan.gradients.values())
+
+    def measure(self, transport: Transport) -> None:
+        """Measure alpha and beta of ``transport`` when the selector will need them
+        (collectively, inside ``register``: every rank has the same settings)."""
+        if self.link is None and self.needs_link():
+            t0 = time.perf_counter()
+            self.link = measure_link(transport, timeout=self.config.timeout)
+            _log.info("rank %d: link for collective='auto' measured in %.2f s: alpha %.3g s, "
+                      "%.3g Gbit/s", transport.rank, time.perf_counter() - t0, self.link.alpha,
+                      8e-9 / self.link.beta if self.link.beta else float("inf"))
+
+    def _select(self, name: str, nbytes: int, dec: GradientPlan,
+                explicit: bool) -> GradientPlan:
+        """collective="auto" for one gradient: Eq. 5a-5c's pick, as a decision."""
+        comp = self.compressor_for(dec)
+        inner = getattr(comp, "inner", comp)
+        if inner.name not in TOPK_FAMILY:
+            if explicit:
+                raise ValueError(f"gradient {name!r}: collective='auto' chooses how top-k "
+                                 f"travels (Allgather, ART-Ring, ART-Tree), but its compressor "
+                                 f"is {comp.name}; use one of {', '.join(TOPK_FAMILY)} or name "
+                                 "the collective")
+            return dataclasses.replace(dec, collective=None)
+        if self.link is None:
+            raise RuntimeError("collective='auto' needs the link measured first "
+                               "(Choice.measure, called by Engine.register)")
+        ratio = float(inner.ratio)
+        a, b = self.link.alpha, self.link.beta
+        pick = select_collective(float(nbytes), self.size, a, b, ratio)
+        self.selected[name] = pick
+        _log.info("%s (%d bytes, c=%g, N=%d): %s; predicted ms %s", name, nbytes, ratio,
+                  self.size, pick, {k: round(v * 1e3, 3) for k, v in
+                                    topk_costs(float(nbytes), self.size, a, b, ratio).items()})
+        if pick == "allgather":
+            return dataclasses.replace(dec, compressor="topk", params={"ratio": ratio},
+                                       collective="allgather", partitions=1)
+        ar = inner.name if inner.name != "topk" else "star_topk"
+        return dataclasses.replace(dec, compressor=ar, params={"ratio": ratio},
+                                   collective=pick[len("art_"):], partitions=1)
 
     def compressor_for(self, dec: GradientPlan) -> Compressor:
         """The instance for a decision that compresses: the one its plan entry names

@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import msgpack
 
-from ..cost_model.plan import Plan
+from ..cost_model.plan import Plan, check_collective_name
 from .errors import ConfigMismatchError
 from .transport.base import DEFAULT_TIMEOUT
 
@@ -18,7 +18,7 @@ __all__ = ["EngineConfig", "fingerprint", "check_same_config", "SHARED_FIELDS"]
 # coordinator's plan, or what a step means (timeouts and threads stay local).
 SHARED_FIELDS = ("strategy", "error_feedback", "coordinator", "matching", "batch_bytes",
                  "raw_collective", "fusion_bytes", "report_capacity", "nonfinite", "seed",
-                 "replay")
+                 "replay", "collective")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +80,19 @@ class EngineConfig:
             on every rank; "raise" (the engine's default): an error on every
             rank naming the gradient; "ignore": no scan, no roll-back (NaN
             reaches compressors and may corrupt their state).
+        collective: how compressed gradients whose plan entry names none
+            travel (``cost_model.plan.COLLECTIVES``). None (default): the
+            strategy's PS or Ring workflow, or the allreduce lane for
+            summable rounds. "backend", "ring", "tree": every round on the
+            collective lane (sums by the transport's allreduce, or by this
+            library's ring or tree over point-to-point messages; broadcast
+            rounds, such as AR-Topk's indices, by a binomial tree from their
+            owner). "allgather": each rank's payload is gathered by every
+            rank and decoded in rank order (LWTopk). "auto": the
+            flexible-communication paper's selector (Eq. 5a-5c) picks per
+            top-k gradient between Allgather (``topk``), ART-Ring and
+            ART-Tree (``star_topk``/``var_topk``), from alpha and beta this
+            transport measures at ``register``.
         seed: base of every compressor's RNG seed.
         threads: run compute and communication on background threads
             (overlap); False runs everything inside ``synchronize``
@@ -130,6 +143,7 @@ class EngineConfig:
     # ~15 metadata allgathers per step at ~1.5 ms of CPU each (4 ranks, 2 cores)
     # become none for VGG-style + Ring/PS + PowerSGD (replay.py)
     replay: bool = True
+    collective: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.strategy not in ("ps", "ring"):
@@ -147,6 +161,8 @@ class EngineConfig:
                 or self.idle_wait_max < self.idle_wait:
             raise ValueError("batch_bytes, fusion_bytes and report_capacity must be >= 1, and "
                              "0 <= idle_wait <= idle_wait_max")
+        if self.collective is not None:
+            check_collective_name(self.collective)
         if self.compressor_back is None and self.params_back:
             raise ValueError(f"params_back {dict(self.params_back)} given without a "
                              "compressor_back")

@@ -165,6 +165,7 @@ class Engine:
         check_same_config([t[1] for t in theirs])
         sizes = {n: numel_of(s) * d.itemsize for n, s, d in specs}
         self._choice.fix_plan(self.transport, sizes)
+        self._choice.measure(self.transport)
         if self.plan is not None:  # the same plan on every rank (fingerprint): same error
             self.plan.check(sizes, strategy=self.config.strategy, world_size=self.size)
         layout = build_layout(specs, self._choice.decide, self._choice.compressor_for,
@@ -366,8 +367,16 @@ class Engine:
         """(key, ABSENT, 0) for the round payloads of grouped gradients not submitted
         this step, so their static groups can leave without them (``coordinator``)."""
         return [(msg_key(g.idx, 0, r, 0), ABSENT, 0) for g in self._layout.grads.values()
-                if g.workflow is Workflow.ROUNDS_ALLREDUCE and g.name not in self._st.submitted
+                if g.workflow is Workflow.ROUNDS_ALLREDUCE and g.collective is None
+                and g.name not in self._st.submitted
                 for r in range(g.compressor.capabilities.rounds)]
+
+    @property
+    def collectives(self) -> Dict[str, str]:
+        """Gradient -> the collective it travels by, for gradients whose decision
+        names one ("backend", "ring", "tree", "allgather"; "auto" resolved)."""
+        return {n: g.collective for n, g in self._layout.grads.items()
+                if g.collective is not None}
 
     @property
     def step(self) -> int:
@@ -382,8 +391,9 @@ class Engine:
 
     def layout(self) -> Dict[str, Dict[str, Any]]:
         """Per gradient: compress?, compressor, master compressor (``back``), workflow,
-        partitions and aggregators."""
+        named collective, partitions and aggregators."""
         return {n: {"compress": g.compress, "workflow": g.workflow.value,
+                    "collective": g.collective,
                     "partitions": list(g.parts), "back": repr(g.back) if g.back else None,
                     "compressor": repr(g.compressor) if g.compressor is not None else None}
                 for n, g in self._layout.grads.items()}

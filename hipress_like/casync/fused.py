@@ -2,7 +2,9 @@
 
 Shared by the coordinated rounds (``rounds.py``) and the replayed schedule
 (``replay.py``), so that a bucket is summed and finished the same way on
-either path (and gives the same bits).
+either path (and gives the same bits). ``run_named`` runs the solo
+collective of a gradient whose decision names its collective
+(``layout.Layout.algos``): a ring or tree sum, a broadcast, a gather.
 """
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ from typing import Any, List
 
 import torch
 
+from .collectives import allreduce_by, bruck_allgather, tree_broadcast
 from .tasks import Task
 from .timeline import Event
 from .transport.base import Transport
 
-__all__ = ["reduce_fused", "scatter", "finish_bucket"]
+__all__ = ["reduce_fused", "scatter", "finish_bucket", "run_named"]
 
 
 def scatter(flat: torch.Tensor, xs: List[torch.Tensor]) -> None:
@@ -36,16 +39,41 @@ def reduce_fused(xs: List[torch.Tensor], channel: Transport, timeout: float,
         scatter(flat, xs)
 
 
-def finish_bucket(eng: Any, tasks: List[Task], t0: float, nbytes: int) -> None:
+def run_named(task: Task, x: torch.Tensor, channel: Transport, timeout: float, op: str,
+              algo: str) -> Any:
+    """Run one named collective (``op``: sum, max, broadcast, gather; ``algo``: the
+    layout's algorithm) on ``x``; return the task's result: the payload whose view
+    was reduced in place, the filled broadcast buffer, or the gathered payloads."""
+    if op == "gather":
+        return bruck_allgather(channel, x, timeout)
+    if op == "broadcast":
+        if algo == "backend":
+            channel.broadcast(x, task.root, timeout)
+        else:
+            tree_broadcast(channel, x, task.root, timeout)
+        return x
+    if op == "sum" and algo in ("ring", "tree"):
+        allreduce_by(algo, channel, x, timeout)
+    else:
+        channel.allreduce(x, op, timeout)
+    return task.deps[0].result if task.deps else x
+
+
+def finish_bucket(eng: Any, tasks: List[Task], t0: float, nbytes: int,
+                  result: Any = None) -> None:
     """After a bucket's allreduce: a static lane bucket writes its means (``lane.py``),
     a summed payload (PowerSGD's P or Q) goes on to its next task as it is (the
-    allreduce task's result is its input, now summed)."""
+    allreduce task's result is its input, now summed); a named collective's task
+    takes ``result`` (``run_named``)."""
     grads = 0
     for t in tasks:
         lane = eng._lane_by_key.get(t.msg[0])
         if lane is not None:
             lane.write_mean(eng.size)
             grads += len(lane.arrived)
+        elif result is not None:
+            t.result = result
+            grads += 1
         else:
             t.result = t.deps[0].result if t.deps else None
             grads += 1

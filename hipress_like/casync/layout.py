@@ -12,6 +12,16 @@ result never depends on which payloads happened to be ready together
 the chunk's offset: a timing-dependent fusion made 3-rank PowerSGD runs
 differ in their last bits from run to run).
 
+A compressed gradient whose decision names a ``collective`` (the
+flexible-communication paper's choice, made executable) travels the lane
+with that algorithm, each of its collectives alone (``Layout.solo``):
+"backend", "ring" or "tree" for its sum rounds (max rounds stay on the
+transport's allreduce), a binomial tree for its broadcast rounds ("backend":
+the transport's broadcast), and "allgather" (``Workflow.GATHER``) gathers a
+single-round compressor's payload from every rank (``Layout.ops``: the
+round's reduction, ``Layout.algos``: the algorithm, when not the
+transport's fused allreduce).
+
 Message keys pack (gradient, partition, phase, source) into one int64 that
 every rank computes alike (``msg_key``); ``KEY_LIMITS`` bounds each field.
 """
@@ -46,6 +56,7 @@ class Workflow(str, Enum):
     ROUNDS_RING = "rounds-ring"  # a multi-round compressor, each round a ring allreduce
     ALLREDUCE = "allreduce"  # uncompressed, in a static lane bucket
     ROUNDS_ALLREDUCE = "rounds-allreduce"  # a multi-round compressor summed by allreduce
+    GATHER = "gather"  # a single-round compressor's payloads, gathered by every rank
 
     def __str__(self) -> str:
         return self.value
@@ -63,6 +74,8 @@ class GradLayout:
             allreduce workflows (every rank reduces).
         back: the master compressor that encodes the aggregate on its way
             back (bidirectional compression); None: ``compressor`` does.
+        collective: the lane algorithm its decision named ("backend",
+            "ring", "tree", "allgather"), or None.
     """
 
     idx: int
@@ -74,6 +87,7 @@ class GradLayout:
     workflow: Workflow
     parts: List[Tuple[int, int, int]]
     back: Optional[Compressor] = None
+    collective: Optional[str] = None
 
     @property
     def compress(self) -> bool:
@@ -90,7 +104,13 @@ class Layout:
     # message key of a summed round payload -> the keys of its static group, in order
     groups: Dict[int, Tuple[int, ...]] = field(default_factory=dict)
     # message key of a round payload reduced by another op than "sum" -> that op
+    # ("max", "broadcast", "gather")
     ops: Dict[int, str] = field(default_factory=dict)
+    # message key -> its algorithm when not the transport's fused allreduce
+    # ("ring", "tree": casync.collectives; "backend": the transport's broadcast)
+    algos: Dict[int, str] = field(default_factory=dict)
+    # keys of the collectives of gradients with a named collective: each alone
+    solo: frozenset = frozenset()
 
     def lane_of(self) -> Dict[int, LaneBucket]:
         """Gradient index -> its lane bucket."""
@@ -133,9 +153,12 @@ class Layout:
             raise ValueError(why)
 
     def replayable(self) -> bool:
-        """Every gradient travels by allreduce (no PS or Ring links)."""
-        return all(g.workflow in (Workflow.ALLREDUCE, Workflow.ROUNDS_ALLREDUCE)
-                   for g in self.grads.values())
+        """Every gradient travels by the transport's fused allreduce (no PS or Ring
+        links, no named collective: a replayed bucket carries its status words
+        in its sum, which a broadcast or a gather cannot)."""
+        return not self.solo and all(
+            g.workflow in (Workflow.ALLREDUCE, Workflow.ROUNDS_ALLREDUCE)
+            for g in self.grads.values())
 
 
 def msg_key(g: int, p: int, phase: int, src: int) -> int:
@@ -237,12 +260,67 @@ def numel_of(shape: Sequence[int]) -> int:
     return n
 
 
-def _lane_rounds(comp: Compressor) -> bool:
+def _lane_rounds(comp: Compressor, numel: int = 0, ndim: int = 1,
+                 broadcast: bool = False) -> bool:
     """Every round's payloads reduce elementwise on ``kernels.summable_view`` by a
     sum or a max (declared: ``Capabilities.summable``, ``round_reductions``), so
-    the collective lane's allreduces can carry them."""
+    the collective lane's allreduces can carry them; with ``broadcast``, a
+    broadcast round also may, when its payload size is known to every rank
+    (``Compressor.broadcast_nbytes``)."""
     caps = comp.capabilities
-    return caps.all_summable and all(r in ("sum", "max") for r in caps.round_reductions)
+    for r, (red, summable) in enumerate(zip(caps.round_reductions, caps.summable)):
+        if red == "broadcast":
+            if not broadcast or comp.broadcast_nbytes(r, numel, ndim) is None:
+                return False
+        elif not summable:
+            return False
+    return True
+
+
+def _named_collective(name: str, comp: Compressor, collective: str, numel: int,
+                      ndim: int) -> Workflow:
+    """The workflow of a gradient whose decision names ``collective``.
+
+    Raises:
+        ValueError: the compressor cannot travel that way (the message says why).
+    """
+    caps = comp.capabilities
+    if collective == "allgather":
+        if caps.rounds != 1 or not caps.fixed_size:
+            raise ValueError(f"gradient {name!r}: collective='allgather' gathers one payload "
+                             f"of the same size from every rank; {comp.name} has "
+                             f"{caps.rounds} round(s) and "
+                             f"{'fixed' if caps.fixed_size else 'data-dependent'}-size "
+                             "payloads (AR-Topk's Allgather counterpart is 'topk')")
+        return Workflow.GATHER
+    if not _lane_rounds(comp, numel, ndim, broadcast=True):
+        raise ValueError(f"gradient {name!r}: collective={collective!r} reduces each round "
+                         f"on the collective lane, which needs rounds summed or maxed on a "
+                         f"summable payload, or broadcast with a size every rank knows; "
+                         f"{comp.name} has rounds {list(caps.round_reductions)} (summable "
+                         f"{list(caps.summable)}); use collective='allgather' for a "
+                         "single-round compressor of fixed size, or none")
+    return Workflow.ROUNDS_ALLREDUCE
+
+
+def _named_ops(g: "GradLayout") -> Tuple[Dict[int, str], Dict[int, str]]:
+    """(ops, algos) of the collectives of gradient ``g`` with a named collective."""
+    ops: Dict[int, str] = {}
+    algos: Dict[int, str] = {}
+    assert g.compressor is not None and g.collective is not None
+    if g.workflow is Workflow.GATHER:
+        key = msg_key(g.idx, 0, 0, 0)
+        ops[key], algos[key] = "gather", "bruck"
+        return ops, algos
+    for r, red in enumerate(g.compressor.capabilities.round_reductions):
+        key = msg_key(g.idx, 0, r, 0)
+        if red != "sum":
+            ops[key] = red
+        if red == "broadcast":
+            algos[key] = "backend" if g.collective == "backend" else "tree"
+        elif red == "sum" and g.collective in ("ring", "tree"):
+            algos[key] = g.collective
+    return ops, algos
 
 
 def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPlan],
@@ -277,6 +355,15 @@ def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPla
         comp = compressor_for(dec) if dec.compress else None
         back = back_for(dec, comp) if comp is not None and back_for is not None else None
         k = max(1, min(dec.partitions, numel, KEY_LIMITS["partitions"] - 1))
+        named = dec.collective if comp is not None and n > 1 else None
+        if named is not None:
+            if named == "auto":
+                raise ValueError(f"gradient {name!r}: collective='auto' must be resolved "
+                                 "before the layout (casync.choice)")
+            wf = _named_collective(name, comp, named, numel, len(shape))
+            grads[name] = GradLayout(idx, name, shape, dt, numel, comp, wf,
+                                     [(0, numel, -1)], back, named)
+            continue
         if comp is None and raw_collective and n > 1:
             wf, k = Workflow.ALLREDUCE, 1
         elif comp is not None and comp.capabilities.rounds > 1:
@@ -311,11 +398,20 @@ def build_layout(specs: Sequence[Spec], decide: Callable[[str, int], GradientPla
     for b in lane:
         b.key = msg_key(len(specs) + b.index, 0, 0, 0)
     groups = {b.key: (b.key,) for b in lane}
-    lane_rounds = [g for g in grads.values() if g.workflow is Workflow.ROUNDS_ALLREDUCE]
+    lane_rounds = [g for g in grads.values()
+                   if g.workflow is Workflow.ROUNDS_ALLREDUCE and g.collective is None]
     groups.update(_round_groups(lane_rounds, fusion_bytes if fuse else 1))
     ops = {msg_key(g.idx, 0, r, 0): op for g in lane_rounds
            for r, op in enumerate(g.compressor.capabilities.round_reductions) if op != "sum"}
-    return Layout(grads, lane, groups, ops)
+    algos: Dict[int, str] = {}
+    solo = set()
+    for g in grads.values():
+        if g.collective is not None:
+            o, a = _named_ops(g)
+            ops.update(o)
+            algos.update(a)
+            solo.update(msg_key(g.idx, 0, r, 0) for r in range(g.compressor.capabilities.rounds))
+    return Layout(grads, lane, groups, ops, algos, frozenset(solo))
 
 
 def _round_groups(grads: List[GradLayout], fusion_bytes: int) -> Dict[int, Tuple[int, ...]]:

@@ -40,7 +40,7 @@ from .coordinator import (
     encode_report,
 )
 from .errors import EngineError, GradientMismatchError
-from .fused import finish_bucket, reduce_fused
+from .fused import finish_bucket, reduce_fused, run_named
 from .replay import dtype_groups, op_of
 from .tasks import DeadlockError, Task, TaskState
 from .timeline import Event
@@ -94,7 +94,8 @@ class Rounds:
         cfg = e.config
         coord = Coordinator(e.size, cfg.batch_bytes, matching=cfg.matching,
                             batching=cfg.coordinator, fusion_bytes=cfg.fusion_bytes,
-                            solo=e._lane_by_key, groups=e._layout.groups)
+                            solo=set(e._lane_by_key) | e._layout.solo,
+                            groups=e._layout.groups)
         idle, idle_rounds, last_progress = False, 0, time.monotonic()
         while True:
             with e._cv:
@@ -299,6 +300,13 @@ class Rounds:
             t0 = time.perf_counter()
             with e._cv:
                 items = [e._st.collective.pop(key) for key, _ in bucket]
+            if len(bucket) == 1 and bucket[0][0] in e._layout.solo:
+                key = bucket[0][0]
+                (task, x), = items
+                out = run_named(task, x, channel, e.config.timeout, op_of(key, e._layout.ops),
+                                e._layout.algos.get(key, "backend"))
+                finish_bucket(e, [task], t0, bucket[0][1], result=out)
+                continue
             members = [(key, x.numel(), x.dtype) for (key, _), (_, x) in zip(bucket, items)]
             if self.record is not None:
                 self.record.append(members)

@@ -102,7 +102,7 @@ class Task:
     """
 
     __slots__ = ("id", "kind", "grad", "part", "fn", "nbytes", "info", "deps", "dependents",
-                 "pending", "state", "start", "end", "msg", "owner", "result", "readers")
+                 "pending", "state", "start", "end", "msg", "owner", "result", "readers", "root")
     _ids = itertools.count()
 
     def __init__(self, kind: str, grad: str, part: int, fn: Optional[Callable[..., Any]],
@@ -127,6 +127,7 @@ class Task:
         self.end = 0.0
         self.msg = None  # (key, peer) for send/recv
         self.owner = None  # the submission handle a write task completes
+        self.root = -1  # a broadcast collective's source rank, set when it is ready
         self.result: Any = None
         # dependents that have not finished (they read ``result``), plus one for
         # whoever may still add readers, until ``TaskGraph.seal`` releases it

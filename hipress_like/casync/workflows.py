@@ -37,6 +37,8 @@ max, or the owner's payload: ``Compressor.merge_round``):
                          owner's result forwarded unchanged)
     collective lane:     rounds whose payloads reduce elementwise (sum or max)
                          on their ``summable_view``: one fused allreduce per round
+                         (``lane_workflows.py``; with a named collective, also
+                         broadcast rounds, and the allgather of LWTopk)
 and after the last round ``decode_rounds`` writes the average. A gradient
 of two or more dimensions is partitioned by whole rows, so a low-rank
 compressor sees a block of the same matrix view.
@@ -53,12 +55,13 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..compressors.base import STEP_SEED, Compressor, State, assume_finite, mix_seed
+from .lane_workflows import gather_workflow, rounds_collective_workflow
 from .layout import Workflow, chunk_bounds, part_view, row_chunks
 from .tasks import Kind
 
 __all__ = ["RawCodec", "CompressorCodec", "add_gradient_tasks", "ps_workflow", "ring_workflow",
            "rounds_workflow", "rounds_ring_workflow", "rounds_collective_workflow",
-           "chunk_bounds"]
+           "gather_workflow", "chunk_bounds"]
 
 
 class RawCodec:
@@ -184,6 +187,10 @@ class CompressorCodec:
         compressor can)."""
         (self.back or self.comp).kernels.decode_div_(payload, x, n)
 
+    def broadcast_root(self, site: str) -> int:
+        """The owner rank of the broadcast round just encoded at ``site``."""
+        return self.comp.broadcast_root(self.states[f"{self.key}|{site}"])
+
     def add_decoded(self, payload: torch.Tensor, acc: torch.Tensor) -> None:
         """``acc += decode(payload)`` (fused where the compressor can, else via a workspace)."""
         self.comp.kernels.decode_add_(payload, acc)
@@ -232,6 +239,8 @@ def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of:
                 rounds_ring_workflow(b, p, x, codec)
             else:
                 rounds_collective_workflow(b, x, codec)
+        elif g.workflow is Workflow.GATHER:
+            gather_workflow(b, work, codec)
         elif g.workflow is Workflow.RING:
             ring_workflow(b, p, flat[s:e], codec)
         else:
@@ -385,33 +394,3 @@ def rounds_ring_workflow(b, p: int, x: torch.Tensor, codec: CompressorCodec) -> 
     for c in range(n):
         b.compute(Kind.WRITE, p,
                   lambda m, c=c: codec.decode_rounds_into(xs[c], sites[c], m), [merged[c]])
-
-
-def rounds_collective_workflow(b, grad: torch.Tensor, codec: CompressorCodec) -> None:
-    """A multi-round compressor whose rounds reduce elementwise, on the collective lane.
-
-    Round r: every rank encodes ``encode_round(r, grad, state, merged_{r-1})``;
-    the payload's ``summable_view`` is reduced in place (sum, or max where
-    the round declares it) by a fused allreduce
-    (the layout's static round groups fuse the same round of several
-    gradients, as PyTorch's PowerSGD hook batches them), so the payload
-    becomes the merged one on every rank: one collective per round instead
-    of a gather at an aggregator and a send back (two bulk rounds).
-    """
-    comp, site = codec.comp, "rounds"
-
-    def view(payload: torch.Tensor, r: int) -> torch.Tensor:
-        v = comp.kernels.summable_view(payload)
-        if v is None:
-            raise RuntimeError(f"{comp.name}: round {r} payload has no summable view "
-                               "(misaligned); use raw_collective=False")
-        return v
-
-    prev = None  # the collective whose result is the previous round's merged payload
-    for r in range(codec.rounds):
-        def enc(*merged: torch.Tensor, r=r) -> torch.Tensor:
-            return codec.encode_round(r, grad, site, merged[0] if merged else None)
-        e = b.compute(Kind.ENCODE, 0, enc, [prev] if prev is not None else [])
-        prev = b.collective(e, r, lambda payload, r=r: view(payload, r),
-                            op=comp.capabilities.round_reductions[r])
-    b.compute(Kind.WRITE, 0, lambda merged: codec.decode_rounds_into(grad, site, merged), [prev])

@@ -185,6 +185,14 @@ class ARTopk(Compressor):
         own = (hdr + 8) * self._owner_rounds
         return own + hdr + _pad8(k * isz) + hdr + 4 * k
 
+    def broadcast_nbytes(self, r: int, numel: int, ndim: int = 1) -> Optional[int]:
+        """The owner's index payload: the header and k sorted indices, 8-byte padded
+        (fixed by ``ratio`` and the shape, so every rank knows it)."""
+        if self.capabilities.round_reductions[r] != "broadcast":
+            raise ValueError(f"{self.name}: round {r} is not a broadcast round")
+        isz = torch.empty((), dtype=index_dtype(numel)).element_size()
+        return header_nbytes(ndim, _EXTRA.size) + _pad8(self.k_of(numel) * isz)
+
     # -- rounds ------------------------------------------------------------------
     def owner(self, state: State, aggregate: Optional[torch.Tensor]) -> int:
         """The rank whose indices are broadcast this step (subclasses)."""

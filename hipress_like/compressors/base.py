@@ -422,6 +422,23 @@ class Compressor:
             return res, state
         raise NotImplementedError
 
+    def broadcast_nbytes(self, r: int, numel: int, ndim: int = 1) -> Optional[int]:
+        """Bytes of the owner's payload in broadcast round ``r``, when every rank can
+        tell them before the round (a non-owner's payload is then replaced by a
+        buffer of that size, which the broadcast fills); None (default) keeps
+        broadcast rounds off the collective lane (point to point via PS/Ring)."""
+        return None
+
+    def broadcast_root(self, state: State) -> int:
+        """The owner rank of the broadcast round just encoded with ``state``: by
+        contract, ``encode_round`` of a broadcast round records it in the state
+        as ``"owner"`` (equal on every rank)."""
+        owner = state.get("owner")
+        if not isinstance(owner, int):
+            raise ValueError(f"{self.name}: encode_round of a broadcast round must record "
+                             "its owner rank in the state as 'owner'")
+        return owner
+
     # -- sizes -------------------------------------------------------------
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """Exact payload size for a ``numel``-element float32 tensor of ``ndim`` dims.

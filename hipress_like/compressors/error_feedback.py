@@ -317,6 +317,14 @@ class ErrorFeedback(Compressor):
         """The inner compressor's payload size."""
         return self.inner.payload_nbytes(numel, ndim)
 
+    def broadcast_nbytes(self, r: int, numel: int, ndim: int = 1) -> Optional[int]:
+        """The inner compressor's broadcast payload size."""
+        return self.inner.broadcast_nbytes(r, numel, ndim)
+
+    def broadcast_root(self, state: State) -> int:
+        """The inner compressor's owner of the broadcast round just encoded."""
+        return self.inner.broadcast_root(state.get("inner", {}))
+
     def reselect(self, grad: torch.Tensor, k: Optional[int] = None) -> torch.Tensor:
         """Stateless re-encode of a merged tensor, if the inner sparsifier offers it."""
         fn = getattr(self.inner, "reselect", None)

@@ -24,6 +24,14 @@ validated on load; version 1 files (no per-entry compressor) still load:
                                   "compressor_back": "natural", "params_back": {}},
                    "fc1.bias": {"compress": false, "partitions": 1}}}
 
+An entry may also name the *collective* its payloads travel by
+(``collective``; an optional key of version 2, see ``COLLECTIVES``): the
+sum rounds of a multi-round compressor by "backend" (the transport's own
+allreduce), "ring" or "tree" (``casync.collectives``), with broadcast rounds
+by a binomial tree; "allgather" gathers a single-round compressor's
+payloads (LWTopk); "auto" lets the alpha-beta model of the flexible-
+communication paper choose (Eq. 5a-5c; ``casync.choice``).
+
 An entry may also name a *master* compressor (``compressor_back`` and
 ``params_back``; optional keys of version 2): bidirectional compression
 (Natural Compression, Alg. 1) encodes the aggregate with it before it goes
@@ -41,12 +49,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 from ._files import load_json
 
 __all__ = ["GradientPlan", "SizeRule", "Plan", "PLAN_FORMAT", "PLAN_VERSION", "PlanError",
-           "canonical_params"]
+           "canonical_params", "COLLECTIVES", "check_collective_name"]
 
 PLAN_FORMAT = "hipress-like-plan"
 PLAN_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1: one compressor per plan, no per-entry names
 STRATEGIES = ("ps", "ring")
+# how a compressed gradient's payloads may travel (GradientPlan.collective)
+COLLECTIVES = ("backend", "ring", "tree", "allgather", "auto")
 _SCALARS = (bool, int, float, str, type(None))
 
 
@@ -95,6 +105,8 @@ class GradientPlan:
             its way back (Natural Compression Alg. 1's C_M); None: the
             worker's compressor (or the engine's ``compressor_back``).
         params_back: its parameters (with ``compressor_back`` only).
+        collective: how the payloads travel (``COLLECTIVES``), or None: the
+            engine's default (``EngineConfig.collective``, else PS/Ring).
     """
 
     compress: bool
@@ -103,6 +115,7 @@ class GradientPlan:
     params: Mapping[str, Any] = field(default_factory=dict)
     compressor_back: Optional[str] = None
     params_back: Mapping[str, Any] = field(default_factory=dict)
+    collective: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.compress, bool):
@@ -129,6 +142,12 @@ class GradientPlan:
         elif self.params_back:
             raise PlanError(f"params_back {dict(self.params_back)} given without a "
                             "compressor_back")
+        if self.collective is not None:
+            check_collective_name(self.collective, PlanError)
+            if not self.compress:
+                raise PlanError(f"an entry that does not compress names collective "
+                                f"{self.collective!r}; uncompressed gradients take the "
+                                "allreduce lane; drop it or set compress to true")
         object.__setattr__(self, "params", canonical_params(self.params))
         object.__setattr__(self, "params_back", canonical_params(self.params_back,
                                                                  "params_back"))
@@ -140,7 +159,16 @@ class GradientPlan:
             d.update(compressor=self.compressor, params=dict(self.params))
         if self.compressor_back is not None:
             d.update(compressor_back=self.compressor_back, params_back=dict(self.params_back))
+        if self.collective is not None:
+            d["collective"] = self.collective
         return d
+
+
+def check_collective_name(name: Any, error: type = ValueError) -> str:
+    """``name`` if it is one of ``COLLECTIVES``; else ``error`` listing them."""
+    if name not in COLLECTIVES:
+        raise error(f"unknown collective {name!r}; available: {', '.join(COLLECTIVES)}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -309,7 +337,7 @@ class Plan:
         if unknown:
             raise PlanError(f"unknown plan keys: {sorted(unknown)}; known: {sorted(known)}")
         entry_keys = {"compress", "partitions"} | (
-            {"compressor", "params", "compressor_back", "params_back"}
+            {"compressor", "params", "compressor_back", "params_back", "collective"}
             if version >= 2 else set())
         grads = {}
         try:

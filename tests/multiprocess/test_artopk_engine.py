@@ -73,3 +73,28 @@ def test_fused_artopk_over_gloo_is_alg1(variant):
             assert torch.equal(got[r][step], got[0][step])  # ranks agree bitwise
             assert torch.equal(got[r][step], avg), (variant, step)
         assert int((avg != 0).sum()) == idx.numel()
+
+
+def _named(ctx):
+    out = {c: rc.run_rounds(ctx.transport, STARTopk(RATIO), "ps", 1, STEPS, raw_collective=True,
+                            collective=c) for c in ("ring", "tree", "backend")}
+    out["allgather"] = rc.run_rounds(ctx.transport, "topk", "ps", 1, 2, raw_collective=True,
+                                     collective="allgather")
+    return out
+
+
+def test_artopk_over_named_collectives_over_gloo():
+    """STAR-Topk's indices by a binomial tree (or gloo's broadcast) and its values by this
+    library's ring or tree (or gloo's allreduce) over gloo's point-to-point calls:
+    Alg. 1 by hand on every rank, bitwise identical; top-k by allgather (LWTopk)
+    identical on every rank."""
+    n = 3
+    got = run_workers(_named, n, timeout=240)
+    for coll in ("ring", "tree", "backend"):
+        res = [g[coll] for g in got]
+        assert {v["collective"] for v in res[0][1].values()} == {coll}
+        assert check_against_reference(res, "star", n, STEPS, exact=False) == {0, 1, 2}
+    for r in range(n):
+        for step in range(2):
+            for name, v in got[0]["allgather"][0][step].items():
+                assert torch.equal(got[r]["allgather"][0][step][name], v)

@@ -76,7 +76,7 @@ class _DistributedOptimizerMixin:
     def _hp_setup(self, named_parameters: Any, compression: Any, strategy: str, plan: Any,
                   backward_passes_per_step: int, op: str, sparse_as_dense: bool,
                   nonfinite: str, timeout: Optional[float], seed: int,
-                  compression_back: Any = None) -> None:
+                  compression_back: Any = None, collective: Optional[str] = None) -> None:
         rt = _require()
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be an int >= 1, found "
@@ -111,7 +111,8 @@ class _DistributedOptimizerMixin:
         specs = specs_of([(self._hp_names[id(p)], p) for p in self._hp_params])
         self._hp_engine = build_engine(specs, compression=compression, strategy=strategy,
                                        plan=plan, nonfinite=nonfinite, timeout=timeout,
-                                       seed=seed, compression_back=compression_back)
+                                       seed=seed, compression_back=compression_back,
+                                       collective=collective)
         self._hp_ensure_hooks()
         _track(self)
 
@@ -378,7 +379,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
                          process_set: Any = None, *, strategy: str = "ps", plan: Any = "auto",
                          nonfinite: str = "propagate", timeout: Optional[float] = None,
-                         seed: int = 0, compression_back: Any = None) -> torch.optim.Optimizer:
+                         seed: int = 0, compression_back: Any = None,
+                         collective: Optional[str] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged by CaSync.
 
     A collective call: every rank constructs it at the same point, with the
@@ -433,6 +435,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             ``None``: the aggregate goes back encoded by ``compression``.
             Single-round compressors only; a plan entry's
             ``compressor_back`` overrides it per gradient.
+        collective: how compressed gradients travel (``EngineConfig.
+            collective``). None: PS or Ring (``strategy``). "auto" with a
+            top-k compressor (``Compression.topk``, ``star_topk``,
+            ``var_topk``): per gradient, the flexible-communication paper's
+            alpha-beta selection between an Allgather of top-k (LWTopk) and
+            AR-Topk with a ring or tree allreduce, from the link measured
+            when the optimizer is built. "ring", "tree", "backend": AR-Topk's
+            (or PowerSGD's, THC's) rounds on that allreduce; "allgather": a
+            single-round compressor's payloads gathered by every rank.
 
     Returns:
         The distributed optimizer (an instance of a subclass of
@@ -466,5 +477,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          if not callable(getattr(type(optimizer), k, None))})
     opt._hp_engine = None
     opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step, op,
-                  sparse_as_dense, nonfinite, timeout, seed, compression_back)
+                  sparse_as_dense, nonfinite, timeout, seed, compression_back, collective)
     return opt

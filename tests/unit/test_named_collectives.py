@@ -1,0 +1,182 @@
+"""Named collectives in the engine: AR-Topk over ring, tree or the backend, LWTopk by
+allgather, and collective="auto" (the flexible-communication paper's Eq. 5a-5c
+selection, made per gradient and executed).
+
+Ranks are threads over the in-process transport; ``tests/multiprocess/
+test_artopk_engine.py`` runs the same paths over gloo. Every rank must hold
+bitwise-identical averages, and AR-Topk's must be Alg. 1 by hand
+(``test_artopk.reference_steps``) to the last bit's tolerance (a ring or a
+tree sums in its own order).
+"""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hipress_like.casync.choice import Choice
+from hipress_like.casync.engine import Engine, EngineConfig
+from hipress_like.casync.transport.inproc import run_threads
+from hipress_like.compressors.artopk import STARTopk, VARTopk
+from hipress_like.compressors.ops import topk_abs
+from hipress_like.compressors.sparse import num_selected
+from hipress_like.cost_model.model import Link
+from hipress_like.cost_model.plan import GradientPlan, Plan, PlanError, SizeRule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import rounds_compressors as rc  # noqa: E402
+from test_artopk import RATIO, check_against_reference  # noqa: E402
+
+CLASSES = {"star": STARTopk, "var": VARTopk}
+
+
+def _run(n, comp, collective, steps=3):
+    return run_threads(lambda tr: rc.run_rounds(tr, comp, "ps", 1, steps, raw_collective=True,
+                                                collective=collective), n, timeout=120)
+
+
+@pytest.mark.parametrize("variant", ["star", "var"])
+@pytest.mark.parametrize("collective", ["ring", "tree", "backend"])
+def test_artopk_over_a_named_collective_is_alg1(variant, collective):
+    """Three ranks (a tree of three is not a power of two), three steps with residuals."""
+    n = 3
+    res = _run(n, CLASSES[variant](RATIO), collective)
+    assert {v["workflow"] for v in res[0][1].values()} == {"rounds-allreduce"}
+    assert {v["collective"] for v in res[0][1].values()} == {collective}
+    owners = check_against_reference(res, variant, n, 3, exact=False)
+    if variant == "star":
+        assert owners == {0, 1, 2}
+
+
+def test_topk_by_allgather_is_lwtopk():
+    """Step 1 (no residual yet): the rank-order mean of every rank's own top-k, the same
+    bits on every rank; later steps stay identical across ranks (error feedback)."""
+    n = 3
+    res = _run(n, "topk", "allgather", steps=2)
+    assert {v["workflow"] for v in res[0][1].values()} == {"gather"}
+    all_g = [rc.grads_of(r) for r in range(n)]
+    for name in all_g[0]:
+        ref = torch.zeros(all_g[0][name].numel())
+        for r in range(n):
+            x = all_g[r][name].reshape(-1)
+            idx = topk_abs(x, num_selected(0.01, x.numel()))[0]
+            ref.index_add_(0, idx.long(), x[idx.long()])
+        ref /= n
+        for step in range(2):
+            for r in range(n):
+                assert torch.equal(res[r][0][step][name], res[0][0][step][name])
+        torch.testing.assert_close(res[0][0][0][name].reshape(-1), ref, rtol=1e-6, atol=1e-7)
+
+
+def _auto(tr):
+    plan = Plan(compressor="identity", rule=SizeRule(min_compress_bytes=0,
+                                                     bytes_per_partition=1 << 30))
+    eng = Engine(tr, EngineConfig(compressor="star_topk", params={"ratio": 0.05}, plan=plan,
+                                  collective="auto", timeout=60))
+    try:
+        gs = rc.grads_of(tr.rank)
+        eng.register([(k, tuple(v.shape), v.dtype) for k, v in gs.items()])
+        outs = []
+        for _ in range(2):
+            work = {k: v.clone() for k, v in gs.items()}
+            for k, v in work.items():
+                eng.submit(k, v)
+            eng.synchronize()
+            outs.append(work)
+        return outs, eng.collectives, dict(eng._choice.selected)
+    finally:
+        eng.close()
+
+
+def test_auto_measures_selects_and_runs_the_pick():
+    res = run_threads(_auto, 3, timeout=120)
+    picks = res[0][2]
+    assert set(picks) == set(rc.grads_of(0))
+    assert set(picks.values()) <= {"allgather", "art_ring", "art_tree"}
+    for r in range(3):
+        assert res[r][1] == res[0][1] and res[r][2] == picks  # every rank picked alike
+        for step in range(2):
+            for k in picks:
+                assert torch.equal(res[r][0][step][k], res[0][0][step][k])
+    want = {"allgather": "allgather", "art_ring": "ring", "art_tree": "tree"}
+    assert res[0][1] == {k: want[v] for k, v in picks.items()}
+
+
+def _choice(collective="auto", compressor="star_topk", n=4):
+    return Choice(EngineConfig(compressor=compressor, params={"ratio": 0.01},
+                               collective=collective,
+                               plan=Plan(compressor=compressor, params={"ratio": 0.01},
+                                         rule=SizeRule(min_compress_bytes=0))), n)
+
+
+def test_auto_pick_becomes_the_decision():
+    """Eq. 5a-5c on a measured link: latency-bound small gradients take the Allgather
+    of top-k (compressor topk), bandwidth-bound large ones AR-Topk by ring."""
+    c = _choice()
+    c.link = Link(latency=5e-3, bandwidth=1.25e8)  # 5 ms, 1 Gbit/s
+    small = c.decide("b", 4 << 10)
+    assert (small.compressor, small.collective, dict(small.params)) == \
+        ("topk", "allgather", {"ratio": 0.01})
+    c.link = Link(latency=1e-6, bandwidth=1.25e7)  # 100 Mbit/s, no latency
+    big = c.decide("w", 400 << 20)
+    assert (big.compressor, big.collective) == ("star_topk", "ring")
+    assert c.selected == {"b": "allgather", "w": "art_ring"}
+    v = _choice(compressor="var_topk")
+    v.link = c.link
+    assert v.decide("w", 400 << 20).compressor == "var_topk"
+
+
+def test_auto_as_a_default_leaves_other_compressors_alone_and_one_rank_untouched():
+    c = Choice(EngineConfig(compressor="onebit", collective="auto"), 4)
+    c.link = Link(latency=1e-3, bandwidth=1.25e8)
+    assert c.decide("w", 1 << 30).collective is None
+    assert _choice(n=1).decide("w", 1 << 30).collective is None  # nothing travels
+
+
+def test_an_explicit_auto_entry_on_another_compressor_is_refused():
+    plan = Plan(compressor="onebit", gradients={
+        "w": GradientPlan(compress=True, compressor="onebit", collective="auto")})
+    c = Choice(EngineConfig(plan=plan), 2)
+    c.link = Link(latency=1e-3, bandwidth=1.25e8)
+    with pytest.raises(ValueError, match="collective='auto' chooses how top-k travels"):
+        c.decide("w", 1 << 20)
+
+
+def _register(tr, comp, collective):
+    eng = Engine(tr, EngineConfig(compressor=comp, collective=collective, timeout=30,
+                                  plan=Plan(compressor="identity",
+                                            rule=SizeRule(min_compress_bytes=0))))
+    try:
+        eng.register([("w", (64, 8), torch.float32)])
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("comp,collective,match", [
+    ("onebit", "tree", "collective='tree' reduces each round on the collective lane"),
+    ("star_topk", "allgather", "AR-Topk's Allgather counterpart is 'topk'"),
+])
+def test_a_compressor_that_cannot_travel_that_way_is_named(comp, collective, match):
+    with pytest.raises(Exception, match=match):
+        run_threads(lambda tr: _register(tr, comp, collective), 2, timeout=60)
+
+
+def test_unknown_collective_names_are_refused_everywhere():
+    with pytest.raises(ValueError, match="unknown collective 'butterfly'; available: backend"):
+        EngineConfig(collective="butterfly")
+    with pytest.raises(PlanError, match="unknown collective"):
+        GradientPlan(compress=True, collective="butterfly")
+    with pytest.raises(PlanError, match="does not compress names collective"):
+        GradientPlan(compress=False, collective="ring")
+
+
+def test_a_plan_keeps_its_collectives(tmp_path):
+    plan = Plan(compressor="star_topk", gradients={
+        "w": GradientPlan(compress=True, collective="tree"),
+        "b": GradientPlan(compress=False)})
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert json.loads(path.read_text())["gradients"]["w"]["collective"] == "tree"
+    back = Plan.load(path)
+    assert back.gradients["w"].collective == "tree" and back.gradients["b"].collective is None
