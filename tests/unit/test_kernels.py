@@ -82,3 +82,19 @@ def test_powersgd_summable_view_is_a_kernel():
     assert v is not None and v.data_ptr() >= p0.data_ptr()
     assert torch.equal(c.summable_view(p0), v)
     assert C.ErrorFeedback(c).kernels.summable_view(p0) is not None
+
+
+def test_sparse_kernels_touch_only_the_payload_entries():
+    """Top-k's decode-add is ``acc[idx] += vals``: a -0.0 outside the payload's indices
+    stays -0.0 (documented; decode-then-add gives +0.0, an equal value); a buffer the
+    fast path cannot take (strided) gets the default's bits."""
+    c = C.get("topk", ratio=0.1)
+    g = torch.randn(100, generator=torch.Generator().manual_seed(3))
+    p = _payload(c, g)
+    dec = c.decode(p)
+    out = c.kernels.decode_add_(p, torch.full((100,), -0.0))
+    assert torch.equal(out, dec)
+    assert bool(torch.signbit(out[dec == 0]).all())
+    strided = torch.full((200,), -0.0)[::2]
+    assert not bool(torch.signbit(c.kernels.decode_add_(p, strided)[dec == 0]).any())
+    assert torch.equal(c.kernels.decode_div_(p, torch.full((100,), 7.0), 4), dec / 4)
