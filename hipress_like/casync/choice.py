@@ -15,7 +15,9 @@ A compressing decision may also name how its payloads travel
 is the flexible-communication paper's selection (Sec. 3-D, Eq. 5a-5c;
 ``cost_model.collectives.select_collective``) made per gradient: for a
 top-k gradient of M bytes at ratio c among N ranks, with alpha and beta
-measured on this very transport at ``register`` (``measure``), it becomes
+measured on this very transport at ``register`` (``measure``: ring steps
+for beta, one-way steps for the tree terms' ``beta_one_way``, the
+refinement ``cost_model.collectives`` explains), it becomes
 an Allgather of top-k values and indices (``topk``, ``collective=
 "allgather"``: LWTopk), or AR-Topk (``star_topk``, or ``var_topk`` when
 that is the compressor) whose values are summed by a ring ("ring": ART-Ring)
@@ -135,6 +137,7 @@ class Choice:
         self.default = build_compressor(name, params, config.error_feedback)
         self._instances: Dict[Any, Compressor] = {}
         self.link: Optional[Link] = None  # measured for collective="auto" (``measure``)
+        self.link_one_way: Optional[Link] = None  # the same with one-way steps
         self.selected: Dict[str, str] = {}  # gradient -> the selector's pick
         self.default_back: Optional[Compressor] = None
         if config.compressor_back is not None:
@@ -185,9 +188,12 @@ class Choice:
         if self.link is None and self.needs_link():
             t0 = time.perf_counter()
             self.link = measure_link(transport, timeout=self.config.timeout)
+            self.link_one_way = measure_link(transport, timeout=self.config.timeout,
+                                             pattern="one_way")
             _log.info("rank %d: link for collective='auto' measured in %.2f s: alpha %.3g s, "
-                      "%.3g Gbit/s", transport.rank, time.perf_counter() - t0, self.link.alpha,
-                      8e-9 / self.link.beta if self.link.beta else float("inf"))
+                      "%.3g Gbit/s (ring steps), %.3g Gbit/s (one-way steps)", transport.rank,
+                      time.perf_counter() - t0, self.link.alpha, 8e-9 / self.link.beta,
+                      8e-9 / self.link_one_way.beta)
 
     def _select(self, name: str, nbytes: int, dec: GradientPlan,
                 explicit: bool) -> GradientPlan:
@@ -206,11 +212,13 @@ class Choice:
                                "(Choice.measure, called by Engine.register)")
         ratio = float(inner.ratio)
         a, b = self.link.alpha, self.link.beta
-        pick = select_collective(float(nbytes), self.size, a, b, ratio)
+        bo = self.link_one_way.beta if self.link_one_way is not None else None
+        pick = select_collective(float(nbytes), self.size, a, b, ratio, bo)
         self.selected[name] = pick
         _log.info("%s (%d bytes, c=%g, N=%d): %s; predicted ms %s", name, nbytes, ratio,
                   self.size, pick, {k: round(v * 1e3, 3) for k, v in
-                                    topk_costs(float(nbytes), self.size, a, b, ratio).items()})
+                                    topk_costs(float(nbytes), self.size, a, b, ratio,
+                                               bo).items()})
         if pick == "allgather":
             return dataclasses.replace(dec, compressor="topk", params={"ratio": ratio},
                                        collective="allgather", partitions=1)

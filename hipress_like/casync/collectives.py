@@ -257,14 +257,22 @@ def allreduce_by(name: str, tr: Transport, tensor: torch.Tensor,
 
 
 def measure_link(tr: Transport, sizes: Sequence[int] = DEFAULT_LINK_SIZES, reps: int = 5,
-                 timeout: float = DEFAULT_TIMEOUT, steps: int = 3) -> Link:
-    """Fit alpha and beta of this transport's links from timed ring exchanges.
+                 timeout: float = DEFAULT_TIMEOUT, steps: int = 3,
+                 pattern: str = "ring") -> Link:
+    """Fit alpha and beta of this transport's links from timed exchanges.
 
     1. For each size, ``reps`` times: a barrier, then ``steps`` back-to-back
-       steps in which every rank sends ``size`` bytes to the next rank and
-       receives as many from the previous one (all links busy, as in a ring
-       step); the time per step is kept (back-to-back steps include the
-       skew between ranks that a multi-step collective pays at every step).
+       steps of ``pattern`` with ``size`` bytes per message; the time per
+       step is kept (back-to-back steps include the skew between ranks that
+       a multi-step collective pays at every step). ``pattern`` "ring":
+       every rank sends to the next rank and receives from the previous one
+       at once (every host sends and receives: the steps of a ring
+       allreduce and of Bruck's allgather); "one_way": rank 2i sends to
+       rank 2i+1 (every host only sends or only receives: the steps of a
+       binomial tree). Where a host's sending and receiving share a
+       bottleneck (a shaped link, a shared core), one-way steps move
+       their bytes faster, and ``cost_model.collectives`` prices tree steps
+       with that beta (``beta_one_way``).
     2. Each rank's medians are combined by an allreduce of their maximum (a
        step lasts as long as its slowest link), so every rank fits the same
        numbers and gets the same ``Link``.
@@ -287,25 +295,34 @@ def measure_link(tr: Transport, sizes: Sequence[int] = DEFAULT_LINK_SIZES, reps:
         ``Link``: ``.alpha`` seconds per message, ``.beta`` seconds per byte.
 
     Raises:
-        ValueError: one rank, fewer than two sizes, or reps/steps < 1.
+        ValueError: one rank, fewer than two sizes, reps/steps < 1, or an
+            unknown pattern.
     """
     if tr.size < 2:
         raise ValueError("measure_link needs at least 2 ranks: a link joins two")
+    if pattern not in ("ring", "one_way"):
+        raise ValueError(f"pattern must be 'ring' or 'one_way', found {pattern!r}")
     if len(set(sizes)) < 2 or reps < 1 or steps < 1:
         raise ValueError(f"measure_link needs two or more distinct sizes, reps >= 1 and "
                          f"steps >= 1, found sizes={list(sizes)}, reps={reps}, steps={steps}")
     sizes = sorted(int(x) for x in set(sizes))
-    nxt, prv = (tr.rank + 1) % tr.size, (tr.rank - 1) % tr.size
+    me, n = tr.rank, tr.size
+    if pattern == "ring":
+        to, frm = [(me + 1) % n], [(me - 1) % n]
+    else:  # pairs (0 -> 1, 2 -> 3, ...); the last of an odd world idles
+        to = [me + 1] if me % 2 == 0 and me + 1 < n else []
+        frm = [me - 1] if me % 2 == 1 else []
     medians = []
     for size in sizes:
         buf = torch.zeros(size, dtype=torch.uint8)
-        exchange(tr, {nxt: buf}, {prv: size}, timeout)  # warm the connection
+        sends, recvs = {d: buf for d in to}, {s_: size for s_ in frm}
+        exchange(tr, sends, recvs, timeout)  # warm the connection
         times = []
         for _ in range(reps):
             tr.barrier(timeout)
             t0 = time.perf_counter()
             for _ in range(steps):
-                exchange(tr, {nxt: buf}, {prv: size}, timeout)
+                exchange(tr, sends, recvs, timeout)
             times.append((time.perf_counter() - t0) / steps)
         medians.append(statistics.median(times))
     agreed = tr.allreduce(torch.tensor(medians, dtype=torch.float64), "max", timeout).tolist()
@@ -313,8 +330,8 @@ def measure_link(tr: Transport, sizes: Sequence[int] = DEFAULT_LINK_SIZES, reps:
     slope = (agreed[-1] - agreed[0]) / (sizes[-1] - sizes[0])
     if slope > 0 and (link.beta < slope / 2 or link.alpha > agreed[0]):
         link = Link(latency=max(0.0, agreed[0] - sizes[0] * slope), bandwidth=1.0 / slope)
-    _log.info("measured link: alpha %.3g s, beta %.3g s/B (%.3g Gbit/s)", link.alpha,
-              link.beta, 8e-9 / link.beta)
+    _log.info("measured link (%s): alpha %.3g s, beta %.3g s/B (%.3g Gbit/s)", pattern,
+              link.alpha, link.beta, 8e-9 / link.beta)
     return link
 
 

@@ -6,13 +6,27 @@ the alpha-beta model the paper cites; ``m`` is the message (gradient) size
 in bytes exchanged among ``n`` workers. A ``Link`` from ``model.py`` gives
 both: ``link.alpha``, ``link.beta``. ``log`` is base 2 (tree depth).
 
-AR-Topk (a later issue) compares Allgather of values and indices against a
-Broadcast of indices followed by a Ring or Tree allreduce of values
-(Eq. 4a/4b) and picks the cheaper collective for the network at hand.
+AR-Topk compares Allgather of values and indices against a Broadcast of
+indices followed by a Ring or Tree allreduce of values (Eq. 4a/4b) and
+picks the cheaper collective for the network at hand (Eq. 5a-5c).
+
+One refinement, not in the paper, is optional (``beta_one_way``): the
+paper's single beta assumes a host sends and receives at full rate at
+once. The steps of a ring and of Bruck's allgather have every host sending
+and receiving; the steps of a binomial tree (broadcast, reduce) have each
+host only sending or only receiving. Where the two share a bottleneck (a
+``tc tbf``-shaped link here, a shared core), one-way steps move their bytes
+faster, which the paper's model cannot see: Eq. 5c never picks ART-Tree for
+N <= 4, yet it measured fastest in 13 of 72 cases (bench/artopk_select.py,
+2026-11-24). Given ``beta_one_way`` (``casync.collectives.measure_link(...,
+pattern="one_way")``), the tree and broadcast terms of Eq. 4a/4b use it,
+and the choice is the argmin of the costs; without it, everything is the
+paper's.
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 __all__ = [
     "ps",
@@ -84,22 +98,28 @@ def allgather_topk(m: float, n: int, alpha: float, beta: float, c: float) -> flo
     return allgather(2 * m * c, n, alpha, beta)
 
 
-def ar_topk_ring(m: float, n: int, alpha: float, beta: float, c: float) -> float:
+def ar_topk_ring(m: float, n: int, alpha: float, beta: float, c: float,
+                 beta_one_way: Optional[float] = None) -> float:
     """AR-Topk with ring reduction, Eq. 4a.
 
     ``alpha*[2(N-1) + log(N)] + M*c*beta*[2(N-1)/N + log(N)]``: a Broadcast
     of the chosen worker's indices, then a Ring-AR of the values there.
+    With ``beta_one_way`` (module docstring) the Broadcast's term uses it.
     """
     _check(m, n, alpha, beta)
     lg = math.log2(n)
-    return alpha * (2 * (n - 1) + lg) + m * c * beta * (2 * (n - 1) / n + lg)
+    bo = beta if beta_one_way is None else beta_one_way
+    return alpha * (2 * (n - 1) + lg) + m * c * (beta * 2 * (n - 1) / n + bo * lg)
 
 
-def ar_topk_tree(m: float, n: int, alpha: float, beta: float, c: float) -> float:
-    """AR-Topk with tree reduction, Eq. 4b: ``3*alpha*log(N) + 3*M*c*beta*log(N)``."""
+def ar_topk_tree(m: float, n: int, alpha: float, beta: float, c: float,
+                 beta_one_way: Optional[float] = None) -> float:
+    """AR-Topk with tree reduction, Eq. 4b: ``3*alpha*log(N) + 3*M*c*beta*log(N)``
+    (``beta_one_way`` in place of beta when given: every step is one-way)."""
     _check(m, n, alpha, beta)
     lg = math.log2(n)
-    return 3 * alpha * lg + 3 * m * c * beta * lg
+    bo = beta if beta_one_way is None else beta_one_way
+    return 3 * alpha * lg + 3 * m * c * bo * lg
 
 
 # Dense collectives by name, for callers choosing the cheapest one.
@@ -138,18 +158,22 @@ def _check_select(m: float, n: int, alpha: float, beta: float, c: float) -> None
         raise ValueError(f"c (the compression ratio) must be in (0, 1], found {c!r}")
 
 
-def topk_costs(m: float, n: int, alpha: float, beta: float, c: float) -> dict:
+def topk_costs(m: float, n: int, alpha: float, beta: float, c: float,
+               beta_one_way: Optional[float] = None) -> dict:
     """Predicted seconds of each ``SELECTABLE`` way: Sec. 3-D's Allgather of values
-    and indices, Eq. 4a (ART-Ring) and Eq. 4b (ART-Tree).
+    and indices, Eq. 4a (ART-Ring) and Eq. 4b (ART-Tree) (with ``beta_one_way``,
+    the module docstring's refinement).
 
     Example:
         >>> {k: round(v, 6) for k, v in topk_costs(1e6, 4, 1e-3, 1e-9, 0.1).items()}
         {'allgather': 0.0026, 'art_ring': 0.00835, 'art_tree': 0.0066}
     """
     _check_select(m, n, alpha, beta, c)
+    if beta_one_way is not None and not beta_one_way >= 0:
+        raise ValueError(f"beta_one_way must be >= 0, found {beta_one_way!r}")
     return {"allgather": allgather_topk(m, n, alpha, beta, c),
-            "art_ring": ar_topk_ring(m, n, alpha, beta, c),
-            "art_tree": ar_topk_tree(m, n, alpha, beta, c)}
+            "art_ring": ar_topk_ring(m, n, alpha, beta, c, beta_one_way),
+            "art_tree": ar_topk_tree(m, n, alpha, beta, c, beta_one_way)}
 
 
 def eq5a_threshold(m: float, n: int, c: float) -> float:
@@ -185,7 +209,8 @@ def _below(alpha: float, beta: float, bound: float) -> bool:
     return alpha < bound * beta
 
 
-def select_collective(m: float, n: int, alpha: float, beta: float, c: float) -> str:
+def select_collective(m: float, n: int, alpha: float, beta: float, c: float,
+                      beta_one_way: Optional[float] = None) -> str:
     """The collective for an ``m``-byte gradient at compression ratio ``c`` (Sec. 3-D).
 
     1. Eq. 5a picks the allreduce of AR-Topk: ART-Ring if ``alpha/beta`` is
@@ -194,13 +219,15 @@ def select_collective(m: float, n: int, alpha: float, beta: float, c: float) -> 
        Allgather (Eq. 5b for the ring, Eq. 5c for the tree), else Allgather.
 
     The result is the argmin of ``topk_costs`` (ties go to Allgather, then
-    ART-Tree: the inequalities are strict).
+    ART-Tree: the inequalities are strict). With ``beta_one_way`` (the module
+    docstring's refinement) it is that argmin, with the refined costs.
 
     Args:
         m: dense gradient size in bytes (M).
         n: workers (N >= 2).
         alpha: seconds per message; beta: seconds per byte (1 / bandwidth).
         c: compression ratio in (0, 1].
+        beta_one_way: seconds per byte of a one-way step (None: beta).
 
     Returns:
         "allgather", "art_ring" or "art_tree".
@@ -215,17 +242,23 @@ def select_collective(m: float, n: int, alpha: float, beta: float, c: float) -> 
         'allgather'
     """
     _check_select(m, n, alpha, beta, c)
+    if beta_one_way is not None and beta_one_way != beta:
+        costs = topk_costs(m, n, alpha, beta, c, beta_one_way)
+        order = {"allgather": 0, "art_tree": 1, "art_ring": 2}  # ties, as Eq. 5a-5c
+        return min(costs, key=lambda w: (costs[w], order[w]))
     if _below(alpha, beta, eq5a_threshold(m, n, c)):
         return "art_ring" if _below(alpha, beta, eq5b_threshold(m, n, c)) else "allgather"
     return "art_tree" if _below(alpha, beta, eq5c_threshold(m, n, c)) else "allgather"
 
 
-def select_per_gradient(gradients, n: int, alpha: float, beta: float, c: float) -> dict:
+def select_per_gradient(gradients, n: int, alpha: float, beta: float, c: float,
+                        beta_one_way: Optional[float] = None) -> dict:
     """``select_collective`` for each gradient: ``{name: collective}``.
 
     Args:
         gradients: a mapping, or (name, bytes) pairs, of dense gradient sizes.
-        n, alpha, beta, c: as ``select_collective``.
+        n, alpha, beta, c, beta_one_way: as ``select_collective``.
     """
     items = gradients.items() if hasattr(gradients, "items") else gradients
-    return {name: select_collective(float(nbytes), n, alpha, beta, c) for name, nbytes in items}
+    return {name: select_collective(float(nbytes), n, alpha, beta, c, beta_one_way)
+            for name, nbytes in items}

@@ -158,6 +158,42 @@ def test_measure_link_agrees_on_every_rank():
         run_threads(lambda tr: col.measure_link(tr), 1)
 
 
+def test_one_way_beta_by_hand():
+    """The refinement (module docstring): tree and broadcast terms at beta_one_way.
+    CASE with beta_one_way = 0.5 ns/B: Mc bo = 0.05 ms."""
+    bo = 0.5e-9
+    # Eq. 4a: 8 ms + Mc (beta 2(N-1)/N + bo log N) = 8 ms + 0.15 + 0.1 ms
+    assert math.isclose(cm.ar_topk_ring(**CASE, beta_one_way=bo), 8.25e-3)
+    # Eq. 4b: 3 alpha log N + 3 Mc bo log N = 6 ms + 0.3 ms
+    assert math.isclose(cm.ar_topk_tree(**CASE, beta_one_way=bo), 6.3e-3)
+    costs = cm.topk_costs(**CASE, beta_one_way=bo)
+    assert math.isclose(costs["allgather"], 2.6e-3)  # no tree step: unchanged
+    # beta_one_way = beta is the paper, everywhere
+    assert cm.topk_costs(**CASE, beta_one_way=CASE["beta"]) == cm.topk_costs(**CASE)
+    with pytest.raises(ValueError, match="beta_one_way must be >= 0"):
+        cm.topk_costs(**CASE, beta_one_way=-1.0)
+
+
+def test_one_way_beta_can_pick_the_tree_that_eq5c_never_picks_at_four_ranks():
+    big = dict(m=100e6, n=4, alpha=1e-6, beta=1e-9, c=0.1)
+    assert cm.select_collective(**big) == "art_ring"  # Eq. 5c's bound is <= 0 at N = 4
+    assert cm.select_collective(**big, beta_one_way=1e-9) == "art_ring"
+    # ring 8 us + 1e7 (1.5 + 0.6) ns = 21 ms; tree 6 us + 3e7 * 0.3 ns * 2 = 18 ms
+    assert cm.select_collective(**big, beta_one_way=0.3e-9) == "art_tree"
+    for bo in (0.1e-9, 0.3e-9, 0.7e-9, 2e-9):
+        costs = cm.topk_costs(**big, beta_one_way=bo)
+        assert cm.select_collective(**big, beta_one_way=bo) == min(costs, key=costs.get)
+
+
+def test_measure_link_one_way_pairs_ranks():
+    """Rank 2i sends to 2i+1 (an odd world's last rank idles); every rank agrees."""
+    res = run_threads(lambda tr: col.measure_link(tr, sizes=(1 << 10, 1 << 16), reps=2,
+                                                  timeout=10, pattern="one_way"), 3)
+    assert res[0] == res[1] == res[2] and res[0].beta > 0
+    with pytest.raises(ValueError, match="pattern must be 'ring' or 'one_way'"):
+        run_threads(lambda tr: col.measure_link(tr, pattern="star"), 2)
+
+
 def test_docstring_examples():
     import doctest
 
