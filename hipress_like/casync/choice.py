@@ -42,17 +42,20 @@ from typing import Any, Dict, Mapping, Optional
 from .. import compressors as _comp
 from ..compressors.base import Compressor
 from ..compressors.error_feedback import needs_error_feedback, with_error_feedback
-from ..cost_model.collectives import select_collective, topk_costs
+from ..cost_model.collectives import (
+    TOPK_FAMILY,
+    decision_for,
+    select_collective,
+    selectable,
+    topk_costs,
+)
 from ..cost_model.model import Link
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
 from .collectives import measure_link
 from .config import EngineConfig
 from .transport.base import Transport
 
-__all__ = ["Choice", "build_compressor", "build_master", "TOPK_FAMILY"]
-
-# compressors collective="auto" chooses among (Sec. 3-D: LWTopk against AR-Topk)
-TOPK_FAMILY = ("topk", "star_topk", "var_topk")
+__all__ = ["Choice", "build_compressor", "build_master"]
 
 _log = logging.getLogger(__name__)
 
@@ -200,12 +203,12 @@ class Choice:
         """collective="auto" for one gradient: Eq. 5a-5c's pick, as a decision."""
         comp = self.compressor_for(dec)
         inner = getattr(comp, "inner", comp)
-        if inner.name not in TOPK_FAMILY:
+        if not selectable(inner.name, inner.params()):
             if explicit:
                 raise ValueError(f"gradient {name!r}: collective='auto' chooses how top-k "
                                  f"travels (Allgather, ART-Ring, ART-Tree), but its compressor "
-                                 f"is {comp.name}; use one of {', '.join(TOPK_FAMILY)} or name "
-                                 "the collective")
+                                 f"is {inner!r}; use one of {', '.join(TOPK_FAMILY)} with no "
+                                 "parameter but its ratio, or name the collective")
             return dataclasses.replace(dec, collective=None)
         if self.link is None:
             raise RuntimeError("collective='auto' needs the link measured first "
@@ -219,12 +222,7 @@ class Choice:
                   self.size, pick, {k: round(v * 1e3, 3) for k, v in
                                     topk_costs(float(nbytes), self.size, a, b, ratio,
                                                bo).items()})
-        if pick == "allgather":
-            return dataclasses.replace(dec, compressor="topk", params={"ratio": ratio},
-                                       collective="allgather", partitions=1)
-        ar = inner.name if inner.name != "topk" else "star_topk"
-        return dataclasses.replace(dec, compressor=ar, params={"ratio": ratio},
-                                   collective=pick[len("art_"):], partitions=1)
+        return decision_for(dec, pick, inner.name, inner.params())
 
     def compressor_for(self, dec: GradientPlan) -> Compressor:
         """The instance for a decision that compresses: the one its plan entry names

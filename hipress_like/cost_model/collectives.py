@@ -25,8 +25,11 @@ paper's.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Optional
+from typing import Any, Mapping, Optional
+
+from .plan import GradientPlan
 
 __all__ = [
     "ps",
@@ -262,3 +265,56 @@ def select_per_gradient(gradients, n: int, alpha: float, beta: float, c: float,
     items = gradients.items() if hasattr(gradients, "items") else gradients
     return {name: select_collective(float(nbytes), n, alpha, beta, c, beta_one_way)
             for name, nbytes in items}
+
+
+# -- the pick as a plan decision (the planner's and the engine's) ---------------------
+
+# compressors whose synchronisation the selection chooses (Sec. 3-D: LWTopk, AR-Topk)
+TOPK_FAMILY = ("topk", "star_topk", "var_topk")
+# their registry default compression ratio, when a plan's params do not name one
+DEFAULT_RATIO = 0.01
+# the plan's collective of each pick
+PICK_COLLECTIVE = {"allgather": "allgather", "art_ring": "ring", "art_tree": "tree"}
+
+__all__ += ["TOPK_FAMILY", "DEFAULT_RATIO", "PICK_COLLECTIVE", "ratio_of", "decision_for",
+            "selectable"]
+
+
+def selectable(compressor: Optional[str], params: Mapping[str, Any]) -> bool:
+    """The selection may re-express this compressor: plain top-k of the family, with
+    no parameter but its ratio (a top-k with a Bloom or RLE index codec, or with
+    curve-fitted values, has no AR-Topk counterpart: it keeps its own path)."""
+    return compressor in TOPK_FAMILY and set(params) <= {"ratio"}
+
+
+def ratio_of(params: Mapping[str, Any]) -> float:
+    """The compression ratio c of a top-k family compressor's ``params``."""
+    return float(params.get("ratio", DEFAULT_RATIO))
+
+
+def decision_for(dec: GradientPlan, pick: str, compressor: str,
+                 params: Mapping[str, Any]) -> GradientPlan:
+    """``dec`` (a compressing decision for ``compressor``, a ``TOPK_FAMILY`` member,
+    with ``params``) turned into what ``pick`` runs, in one partition:
+
+    * "allgather": ``topk`` (the given params when it is already topk, else its
+      ratio) gathered by every rank (LWTopk);
+    * "art_ring", "art_tree": ``star_topk`` (``var_topk`` when that is the
+      compressor) at the same ratio, summed by a ring or a tree.
+
+    Raises:
+        ValueError: an unknown pick or a compressor outside the family.
+    """
+    check_collective(pick)
+    if compressor not in TOPK_FAMILY:
+        raise ValueError(f"{compressor!r} is not one of {TOPK_FAMILY}")
+    ratio = ratio_of(params)
+    if pick == "allgather":
+        name = "topk"
+        new = dict(params) if compressor == "topk" else {"ratio": ratio}
+    else:
+        name = compressor if compressor != "topk" else "star_topk"
+        new = {"ratio": ratio}
+    return dataclasses.replace(dec, compress=True, partitions=1, compressor=name, params=new,
+                               collective=PICK_COLLECTIVE[pick])
+

@@ -14,6 +14,16 @@ expressions are convex in K (Sec. 3.3), so the scan finds the optimum; among
 near-equal times (``k_tolerance``) the smaller K wins, because fewer
 partitions mean fewer tasks and messages the model does not charge for.
 
+Top-k family compressors (``topk``, ``star_topk``, ``var_topk``, with no
+parameter but the ratio: ``collectives.selectable``) are not left on PS or
+Ring: for each compressed one, the flexible-communication
+paper's selection (Sec. 3-D, Eq. 5a-5c; ``collectives.select_collective``
+with the profile's all-links fit for alpha and beta and its one-link fit
+for the one-way steps) picks an Allgather of top-k, ART-Ring or ART-Tree,
+and the entry names that collective (``collectives.decision_for``;
+``meta["collectives"]`` lists the picks). ``collectives=False`` keeps them
+on the strategy's workflow.
+
 The result is a ``Plan`` (plan.py) with an explicit entry per gradient and a
 ``SizeRule`` derived from the model, for gradients the plan does not name:
 
@@ -37,6 +47,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .collectives import decision_for, ratio_of, select_collective, selectable
 from .model import (
     Link,
     SyncParams,
@@ -205,7 +216,7 @@ class Planner:
                  max_partitions: Optional[int] = None, model_strategy: Optional[str] = None,
                  k_tolerance: float = 0.01, raw_collective: bool = True,
                  partitions: Optional[Sequence[int]] = None,
-                 back: Optional[str] = None) -> None:
+                 back: Optional[str] = None, collectives: bool = True) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"the number of nodes N must be an integer >= 1, found {n!r}")
         if strategy not in STRATEGIES:
@@ -243,6 +254,7 @@ class Planner:
                                       else list(range(1, self.max_partitions + 1)))
         self.k_tolerance = k_tolerance
         self.raw_collective = bool(raw_collective)
+        self.collectives = bool(collectives)
         # Not in HiPress: the engine's measured fixed cost per synchronisation
         # (0 unless profiled); compressed paths have their own when measured.
         self._overhead = profile.sync_overhead
@@ -439,6 +451,8 @@ class Planner:
                     True, c.partitions, self.cp.name, dict(self.cp.params),
                     self.back.name, dict(self.back.params))
             predicted[str(name)] = round(c.time, 9)
+        picks = (_select_collectives(entries, items, self.n, self.profile, self.cp.name,
+                                     self.cp.params) if self.collectives else {})
         # The rule is fitted over the model's own size range (beyond the
         # profiled sizes the curves are extrapolations).
         rule = self.size_rule(hi=max(1 << 20, max(int(s) for _, s in items)))
@@ -457,6 +471,8 @@ class Planner:
             },
             "predicted_s": predicted,
         }
+        if picks:
+            info["collectives"] = picks
         info.update(meta or {})
         return Plan(compressor=self.cp.name, params=dict(self.cp.params), strategy=self.strategy,
                     world_size=self.n, rule=rule, gradients=entries, meta=info)
@@ -512,6 +528,12 @@ def plan_per_gradient(planners: Sequence[Planner], gradients: Gradients, *,
     top = max(range(len(planners)), key=lambda j: (won[j], -j))
     base = plans[top]
     info = dict(base.meta)
+    info.pop("collectives", None)
+    picks = (_select_collectives(entries, items, base.world_size, planners[0].profile,
+                                 base.compressor, base.params)
+             if all(p.collectives for p in planners) else {})
+    if picks:
+        info["collectives"] = picks
     if len({p.label for p in planners}) < len(planners):
         raise ValueError(f"duplicate candidate labels {[p.label for p in planners]}")
     info.update(candidates=[p.label for p in planners], predicted_s=predicted,
@@ -523,6 +545,27 @@ def plan_per_gradient(planners: Sequence[Planner], gradients: Gradients, *,
     info.update(meta or {})
     return Plan(compressor=base.compressor, params=dict(base.params), strategy=base.strategy,
                 world_size=base.world_size, rule=base.rule, gradients=entries, meta=info)
+
+
+def _select_collectives(entries: Dict[str, GradientPlan], items: Sequence[Tuple[str, int]],
+                        n: int, profile: Profile, name: str, params: Mapping[str, object]
+                        ) -> Dict[str, str]:
+    """Rewrite each compressing top-k family entry to the collective Eq. 5a-5c pick for
+    it (module docstring), in place; return {gradient: pick}."""
+    if n < 2:
+        return {}
+    link, one = profile.link, profile.link_one
+    picks: Dict[str, str] = {}
+    for grad, nbytes in items:
+        e = entries[str(grad)]
+        comp, cparams = (e.compressor, e.params) if e.compressor else (name, params)
+        if not e.compress or not selectable(comp, cparams):
+            continue
+        pick = select_collective(float(nbytes), n, link.alpha, link.beta, ratio_of(cparams),
+                                 one.beta if one is not None else None)
+        entries[str(grad)] = decision_for(e, pick, comp, cparams)
+        picks[str(grad)] = pick
+    return picks
 
 
 def _grid(lo: int, hi: int, per_octave: int) -> List[int]:

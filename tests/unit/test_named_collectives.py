@@ -180,3 +180,46 @@ def test_a_plan_keeps_its_collectives(tmp_path):
     assert json.loads(path.read_text())["gradients"]["w"]["collective"] == "tree"
     back = Plan.load(path)
     assert back.gradients["w"].collective == "tree" and back.gradients["b"].collective is None
+
+
+def _topk_profile(name="topk"):
+    from hipress_like.cost_model.model import Curve
+    from hipress_like.cost_model.profile import CompressorProfile, Profile
+
+    pts = [float(4 << e) for e in range(10, 30, 2)]
+    cp = CompressorProfile(name=name, category="sparsification", ratio=0.02, header_bytes=32,
+                           encode=Curve.linear(2e-5, 1e-10, pts),
+                           decode=Curve.linear(1e-5, 5e-11, pts), params={"ratio": 0.01})
+    # 5 ms per message at 1 Gbit/s: small gradients latency-bound, large ones not
+    return Profile(link=Link(latency=5e-3, bandwidth=1.25e8), compressors={name: cp})
+
+
+def test_the_planner_names_the_selected_collective_per_top_k_gradient():
+    """Planner.plan: compressed top-k entries become the Eq. 5a-5c pick on the profile's
+    link: the 400 MB gradient AR-Topk by ring, the 8 MB one an Allgather of top-k."""
+    from hipress_like.cost_model.collectives import select_collective
+    from hipress_like.cost_model.planner import Planner
+
+    prof = _topk_profile()
+    sizes = {"fc": 400 << 20, "conv": 8 << 20, "bias": 4 << 10}
+    plan = Planner(prof, "topk", n=4).plan(sizes)
+    picks = plan.meta["collectives"]
+    for name, pick in picks.items():
+        assert pick == select_collective(float(sizes[name]), 4, 5e-3, 8e-9, 0.01)
+    assert picks == {"fc": "art_ring", "conv": "allgather"}
+    fc, conv = plan.gradients["fc"], plan.gradients["conv"]
+    assert (fc.compressor, fc.collective, dict(fc.params)) == ("star_topk", "ring",
+                                                             {"ratio": 0.01})
+    assert (conv.compressor, conv.collective) == ("topk", "allgather")
+    assert not plan.gradients["bias"].compress and plan.gradients["bias"].collective is None
+    off = Planner(prof, "topk", n=4, collectives=False).plan(sizes)
+    assert "collectives" not in off.meta and off.gradients["fc"].collective is None
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).gradients["fc"] == fc
+
+
+def test_the_selection_default_ratio_is_the_compressors_default():
+    from hipress_like import compressors
+    from hipress_like.cost_model.collectives import DEFAULT_RATIO, TOPK_FAMILY
+
+    for name in TOPK_FAMILY:
+        assert compressors.get(name).ratio == DEFAULT_RATIO
