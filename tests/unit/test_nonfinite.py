@@ -32,13 +32,14 @@ def _grads(rank, step):
     return {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}
 
 
-def _run(comp, strategy, mode, steps, bad=None, plan=True, threads=True):
+def _run(comp, strategy, mode, steps, bad=None, plan=True, threads=True, collective=None):
     """Run ``steps`` (step numbers, fed to ``_grads``); ``bad=(rank, step)`` puts Inf
     in that rank's gradient at that step. Returns per rank: per step (ok, outputs),
     and the final compressor states."""
     def body(tr):
         cfg = EngineConfig(compressor=comp, plan=_plan(comp, 2) if plan else None,
-                           strategy=strategy, nonfinite=mode, timeout=30, threads=threads)
+                           strategy=strategy, nonfinite=mode, timeout=30, threads=threads,
+                           collective=collective)
         eng = Engine(tr, cfg)
         try:
             eng.register([(k, s, torch.float32) for k, s in SHAPES.items()])
@@ -91,6 +92,24 @@ def test_a_nonfinite_step_leaves_no_trace(comp, strategy, mode):
         assert oks == [True, mode == "propagate", True, True]
         if mode == "propagate":  # compressed gradients are NaN on every rank
             assert all(torch.isnan(t).all() for t in steps[1][1].values())
+        for (_, g), (_, ref) in zip([steps[0], steps[2], steps[3]], ref_steps, strict=True):
+            for k in SHAPES:
+                assert torch.equal(g[k], ref[k]), (r, k)
+        _same_states(states, ref_states)
+
+
+@pytest.mark.parametrize("comp,collective", [("star_topk", "tree"), ("var_topk", "ring"),
+                                             ("topk", "allgather")])
+def test_a_nonfinite_step_leaves_no_trace_on_named_collectives(comp, collective):
+    """AR-Topk by a tree or a ring and top-k by allgather: the residuals and AR-Topk's
+    step counter (its owner rotation) roll back as if the step never happened."""
+    with_bad = _run(comp, "ps", "propagate", [0, 1, 2, 3], bad=(1, 1), collective=collective)
+    without = _run(comp, "ps", "propagate", [0, 2, 3], collective=collective)
+    for r in range(N):
+        steps, states = with_bad[r]
+        ref_steps, ref_states = without[r]
+        assert [ok for ok, _ in steps] == [True, True, True, True]
+        assert all(torch.isnan(t).all() for t in steps[1][1].values())
         for (_, g), (_, ref) in zip([steps[0], steps[2], steps[3]], ref_steps, strict=True):
             for k in SHAPES:
                 assert torch.equal(g[k], ref[k]), (r, k)
