@@ -41,6 +41,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..cost_model.plan import COLLECTIVES
+
 __all__ = ["DigitsConfig", "DigitsNet", "load_digits_split", "train_digits", "main"]
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,8 @@ class DigitsConfig:
             compression, ``DistributedOptimizer(compression_back=...)``), or None.
         params_back: its parameters.
         strategy: "ps" or "ring".
+        collective: how compressed gradients travel
+            (``DistributedOptimizer(collective=...)``), or None.
         plan: "auto", None, or a plan file path.
         compress_all: ignore the plan's size threshold and compress every
             gradient (tests use it to exercise the compressor everywhere).
@@ -74,6 +78,7 @@ class DigitsConfig:
     compressor_back: Optional[str] = None
     params_back: Dict[str, Any] = field(default_factory=dict)
     strategy: str = "ps"
+    collective: Optional[str] = None
     plan: Optional[str] = "auto"
     compress_all: bool = False
     epochs: int = 10
@@ -169,7 +174,8 @@ def train_digits(ctx: Any, cfg_dict: Dict[str, Any]) -> Dict[str, Any]:
             if cfg.compressor_back else None)
     opt = hpt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=compression, strategy=cfg.strategy,
-                                   plan=_plan_arg(cfg), seed=cfg.seed, compression_back=back)
+                                   plan=_plan_arg(cfg), seed=cfg.seed, compression_back=back,
+                                   collective=cfg.collective)
     # Each rank takes a disjoint shard of every epoch's shuffled order.
     steps = len(xtr) // (cfg.batch_size * size)
     # Cosine decay to zero: the last epochs settle instead of jittering, so runs
@@ -332,6 +338,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--compressor", default="powersgd",
                     help="compressor for the CaSync run (default: powersgd, rank 4)")
     ap.add_argument("--strategy", default="ps", choices=["ps", "ring"])
+    ap.add_argument("--collective", default=None, choices=list(COLLECTIVES),
+                    help="how the compressed gradients travel (default: the strategy's "
+                         "PS or Ring; 'auto' picks per top-k gradient among Allgather, "
+                         "ART-Ring and ART-Tree)")
     ap.add_argument("--plan", default="auto",
                     help="'auto' (the cost model decides per gradient), 'all' (compress every "
                          "gradient) or a plan JSON file")
@@ -371,7 +381,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     common = dict(epochs=ns.epochs, hidden=ns.hidden, batch_size=ns.batch_size, lr=ns.lr,
                   seed=ns.seed)
     runs = [
-        DigitsConfig(compressor=ns.compressor, strategy=ns.strategy,
+        DigitsConfig(compressor=ns.compressor, strategy=ns.strategy, collective=ns.collective,
                      plan=None if ns.plan == "all" else ns.plan, compress_all=ns.plan == "all",
                      label=f"CaSync {ns.compressor}", **common),
         DigitsConfig(compressor="identity", strategy=ns.strategy,

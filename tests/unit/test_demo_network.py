@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     (["--plan", "/no/such/plan.json"], "--plan must be 'auto', 'all' or a plan file"),
     (["--epochs", "0"], "--epochs must be at least 1"),
     (["--hidden", "0"], "--hidden must be at least 1"),
+    (["--collective", "butterfly"], "invalid choice: 'butterfly'"),
 ])
 def test_bad_options_stop_with_one_line_naming_the_fix(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
