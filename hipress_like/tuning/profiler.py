@@ -3,7 +3,9 @@
 The live half of the cost model: it times compressors on this machine, bulk
 rounds over a real transport, and synchronisations through the CaSync
 engine, and fills the ``cost_model.profile.Profile`` the pure planner reads.
-It sits above ``casync`` (it drives engines), below the front ends.
+It sits above ``casync`` (it drives engines), below the front ends. The
+timings of whole engine synchronisations live in ``engine_timing.py`` and
+are re-exported here.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import math
 import os
 import statistics
 import time
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -25,6 +27,13 @@ from ..cost_model.profile import (
     Profile,
     Progress,
     log_sizes,
+)
+from .engine_timing import (  # noqa: F401 (part of this module's interface)
+    _iterate,
+    engine_points,
+    measure_engine_sync,
+    measure_sync_overhead,
+    time_engine_steps,
 )
 
 __all__ = [
@@ -84,10 +93,6 @@ def _time(fn: Callable[[], Any], repeats: int, min_time: float) -> float:
         fn()
         ts.append(time.perf_counter() - t0)
     return max(statistics.median(ts), 1e-9)
-
-
-def _iterate(items: Sequence[Any], progress: Progress, desc: str) -> Iterable[Any]:
-    return progress(items, desc, len(items)) if progress else items
 
 
 def profile_compressor(
@@ -330,165 +335,6 @@ def measure_link(
     agreed = torch.tensor([link.latency, link.bandwidth], dtype=torch.float64)
     transport.broadcast(agreed, 0, timeout)
     return Link(latency=float(agreed[0]), bandwidth=float(agreed[1])), tuple(samples)
-
-
-def measure_engine_sync(transport: Any, strategy: str = "ps",
-                        points: Sequence[Tuple[int, int]] = ((4, 1),), *,
-                        compressor: Optional[CompressorProfile] = None, repeats: int = 5,
-                        timeout: float = 300.0,
-                        engine_config: Optional[Mapping[str, Any]] = None,
-                        progress: Progress = None) -> Tuple[Tuple[int, int, float], ...]:
-    """Time whole synchronisations of one gradient through the CaSync engine. Collective.
-
-    For each ``(bytes, K)`` point, an engine with a one-gradient plan
-    (compressed with ``compressor`` into K partitions, or uncompressed when
-    ``compressor`` is None) synchronises a float32 gradient of that size
-    ``repeats`` times after one warm-up step; a sample is the median of the
-    slowest rank's ``submit``-to-``synchronize`` time. This is what the
-    cost model predicts, measured as a whole, so the planner can charge
-    the engine's work that HiPress Eq. 1/2 leave out (coordination rounds,
-    per-partition tasks, the aggregator's re-encode; see
-    ``planner.EngineTerm``).
-
-    Args:
-        transport: the transport every rank uses.
-        strategy: the engine's strategy.
-        points: ``(bytes, K)`` pairs (bytes rounded down to whole floats).
-        compressor: the profiled compressor, or None for the uncompressed path.
-        repeats: timed synchronisations per point.
-        timeout: seconds for each collective.
-        engine_config: extra ``EngineConfig`` fields (as the engine will run).
-        progress: ``progress(iterable, desc, total)`` wrapper (rank 0 only).
-
-    Returns:
-        ``(bytes, K, seconds)`` per point, rank 0's numbers on every rank.
-    """
-    from ..cost_model.plan import GradientPlan, Plan
-
-    name = compressor.name if compressor else "identity"
-    params = dict(compressor.params) if compressor else {}
-    out: List[Tuple[int, int, float]] = []
-    desc = f"engine sync ({name if compressor else 'uncompressed'})"
-    for nbytes, k in _iterate(list(points), progress if transport.rank == 0 else None, desc):
-        numel = max(1, int(nbytes) // 4)
-        plan = Plan(compressor=name, params=params, strategy=strategy,
-                    gradients={"_probe": GradientPlan(compress=compressor is not None,
-                                                      partitions=int(k))})
-        cfg = dict(engine_config or {})
-        cfg.update(compressor=name, params=params)
-        t = time_engine_steps(transport, plan, {"_probe": 4 * numel}, strategy, repeats=repeats,
-                              timeout=timeout, engine_config=cfg)
-        out.append((4 * numel, int(k), t))
-    agreed = torch.tensor([t for _, _, t in out], dtype=torch.float64)
-    transport.broadcast(agreed, 0, timeout)
-    return tuple((m, k, float(t)) for (m, k, _), t in zip(out, agreed.tolist()))
-
-
-def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strategy: str, *,
-                      repeats: int = 3, timeout: float = 300.0,
-                      engine_config: Optional[Mapping[str, Any]] = None,
-                      load: Any = None) -> float:
-    """Median seconds of the slowest rank to synchronise float32 gradients of
-    ``sizes`` ({name: bytes}, registration order) through an engine running
-    ``plan``, over ``repeats`` steps after one warm-up step. Collective.
-
-    Every rank submits every gradient at once. Without ``load`` nothing else
-    runs, so this times the synchronisation alone, as the cost model
-    predicts it. With a ``load`` (``compute.ComputeLoad``) the caller's
-    thread then does its work before waiting, so the time is that of a step
-    whose backward overlaps the synchronisation and shares the CPU.
-    """
-    from ..casync.engine import Engine, EngineConfig
-
-    cfg = dict(engine_config or {})
-    cfg.update(plan=plan, strategy=strategy, timeline=False, timeout=timeout)
-    eng = Engine(transport, EngineConfig(**cfg))
-    try:
-        specs = [(name, (max(1, int(nb) // 4),), torch.float32) for name, nb in sizes.items()]
-        eng.register(specs)
-        gen = torch.Generator().manual_seed(transport.rank)
-        src = {name: torch.randn(shape, generator=gen) for name, shape, _ in specs}
-        work = {name: v.clone() for name, v in src.items()}
-        ts = []
-        for i in range(repeats + 1):
-            for name, v in work.items():
-                v.copy_(src[name])
-            transport.barrier(timeout)
-            t0 = time.perf_counter()
-            for name, v in work.items():
-                eng.submit(name, v)
-            if load is not None:
-                load.run()
-            eng.synchronize()
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            transport.allreduce(dt, "max", timeout)
-            if i:  # the first step warms up buffers, threads and compressor state
-                ts.append(float(dt.item()))
-    finally:
-        eng.close()
-    return statistics.median(ts)
-
-
-def engine_points(max_bytes: int, n: int, lo: int = 64 << 10) -> List[Tuple[int, int]]:
-    """The (bytes, K) grid ``profile_transport`` times compressed syncs at.
-
-    Four sizes spaced by 8x from ``lo`` up to ``max_bytes`` (fewer when the
-    range is short), each with K = 1, 2, N and 3N: enough to fit the
-    engine's fixed, per-partition and per-byte costs (``planner.EngineTerm``).
-    K = 2 is there because syncs over a few partitions often measure
-    fastest, and a fit sampled only at 1, N and 3N misses them.
-    """
-    sizes = [s for s in (lo << (3 * i) for i in range(4)) if s <= max_bytes] or [max_bytes]
-    return [(s, k) for s in sizes for k in sorted({1, min(2, n), n, 3 * n})]
-
-
-def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
-                          compressor: Optional[CompressorProfile] = None, repeats: int = 10,
-                          timeout: float = 300.0,
-                          engine_config: Optional[Mapping[str, Any]] = None,
-                          allreduce: Optional[Link] = None) -> float:
-    """The engine's fixed cost per synchronisation, beyond Eq. 1 (or Eq. 2). Collective.
-
-    HiPress's Eq. 1/2 count the rounds that move gradient bytes and the
-    encode/decode operators. The CaSync engine also runs coordination rounds
-    that carry no bytes: a step opens and closes with a round of reports, and
-    each compute stage of a compressed workflow (encode, aggregate, decode)
-    leaves rounds waiting for it. This synchronises a tiny gradient (1 float
-    uncompressed; 1024 floats through ``compressor``) through the engine
-    ``repeats`` times (``measure_engine_sync``) and returns the slowest
-    rank's median time minus the equation's prediction for it (>= 0).
-
-    Args:
-        transport: the transport every rank uses.
-        link: the fitted link (T_send).
-        strategy: the engine's strategy.
-        compressor: measure the compressed path of this profiled compressor
-            (Eq. 2); None measures the uncompressed path (Eq. 1).
-        repeats: timed synchronisations.
-        timeout: seconds for each collective.
-        engine_config: extra ``EngineConfig`` fields (as the engine will run).
-        allreduce: the allreduce fit; with the engine's collective lane
-            (``raw_collective``, default on) the uncompressed model is that
-            allreduce (or Table I's Ring-AR on ``link``), not Eq. 1.
-    """
-    from ..cost_model.model import sync_params, t_sync_cpr, t_sync_orig
-    from ..cost_model.planner import ENGINE_TO_MODEL
-
-    m = 4096 if compressor else 4
-    ((m, _, t),) = measure_engine_sync(transport, strategy, [(m, 1)], compressor=compressor,
-                                       repeats=repeats, timeout=timeout,
-                                       engine_config=engine_config)
-    n = transport.size
-    cfg = dict(engine_config or {})
-    if compressor is None and cfg.get("raw_collective", True):
-        model = Profile(link=link, allreduce=allreduce).allreduce_time(m, n)
-    elif compressor is None:
-        model = t_sync_orig(m, 1, n, link, sync_params(ENGINE_TO_MODEL[strategy], "none"))
-    else:
-        model = t_sync_cpr(m, 1, n, compressor.rate(m), link, compressor.encode,
-                           compressor.decode,
-                           sync_params(ENGINE_TO_MODEL[strategy], compressor.category))
-    return max(0.0, t - model)
 
 
 def profile_transport(
