@@ -61,12 +61,10 @@ from .layout import (
     KEY_LIMITS,
     GradLayout,
     Layout,
-    Workflow,
     build_layout,
     check_specs,
     describe_mismatch,
     digest_of,
-    msg_key,
     numel_of,
 )
 from .manager import TaskManager
@@ -336,7 +334,8 @@ class Engine:
                 self._flush_lane(lane)
         with self._cv:
             self._st.closed = True
-            self._st.unreported.extend(self._absent_round_keys())
+            self._st.unreported.extend((k, ABSENT, 0) for k in
+                                       self._layout.grouped_round_keys(self._st.submitted))
             self._cv.notify_all()
         self._start_step()
         if self.config.threads:
@@ -363,20 +362,10 @@ class Engine:
         self._comm.done.clear()
         return ok
 
-    def _absent_round_keys(self):
-        """(key, ABSENT, 0) for the round payloads of grouped gradients not submitted
-        this step, so their static groups can leave without them (``coordinator``)."""
-        return [(msg_key(g.idx, 0, r, 0), ABSENT, 0) for g in self._layout.grads.values()
-                if g.workflow is Workflow.ROUNDS_ALLREDUCE and g.collective is None
-                and g.name not in self._st.submitted
-                for r in range(g.compressor.capabilities.rounds)]
-
     @property
     def collectives(self) -> Dict[str, str]:
-        """Gradient -> the collective it travels by, for gradients whose decision
-        names one ("backend", "ring", "tree", "allgather"; "auto" resolved)."""
-        return {n: g.collective for n, g in self._layout.grads.items()
-                if g.collective is not None}
+        """``Layout.collectives``: gradient -> its named collective ("auto" resolved)."""
+        return self._layout.collectives()
 
     @property
     def step(self) -> int:
@@ -390,13 +379,9 @@ class Engine:
         return self._comm.replayed
 
     def layout(self) -> Dict[str, Dict[str, Any]]:
-        """Per gradient: compress?, compressor, master compressor (``back``), workflow,
-        named collective, partitions and aggregators."""
-        return {n: {"compress": g.compress, "workflow": g.workflow.value,
-                    "collective": g.collective,
-                    "partitions": list(g.parts), "back": repr(g.back) if g.back else None,
-                    "compressor": repr(g.compressor) if g.compressor is not None else None}
-                for n, g in self._layout.grads.items()}
+        """``Layout.describe``: per gradient, compress?, compressor, master compressor,
+        workflow, named collective, partitions and aggregators."""
+        return self._layout.describe()
 
     # -- state -----------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

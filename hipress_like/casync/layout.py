@@ -112,6 +112,27 @@ class Layout:
     # keys of the collectives of gradients with a named collective: each alone
     solo: frozenset = frozenset()
 
+    def describe(self) -> Dict[str, Dict[str, Any]]:
+        """Per gradient: compress?, compressor, master compressor (``back``), workflow,
+        named collective, partitions and aggregators (``Engine.layout``)."""
+        return {n: {"compress": g.compress, "workflow": g.workflow.value,
+                    "collective": g.collective,
+                    "partitions": list(g.parts), "back": repr(g.back) if g.back else None,
+                    "compressor": repr(g.compressor) if g.compressor is not None else None}
+                for n, g in self.grads.items()}
+
+    def collectives(self) -> Dict[str, str]:
+        """Gradient -> the collective it travels by, for gradients whose decision
+        names one ("backend", "ring", "tree", "allgather")."""
+        return {n: g.collective for n, g in self.grads.items() if g.collective is not None}
+
+    def grouped_round_keys(self, submitted: Any) -> List[int]:
+        """The round payload keys of grouped gradients not in ``submitted``: reported
+        absent, so their static groups can leave without them (``coordinator``)."""
+        return [msg_key(g.idx, 0, r, 0) for g in self.grads.values()
+                if g.workflow is Workflow.ROUNDS_ALLREDUCE and g.collective is None
+                and g.name not in submitted for r in range(g.compressor.capabilities.rounds)]
+
     def lane_of(self) -> Dict[int, LaneBucket]:
         """Gradient index -> its lane bucket."""
         return {idx: b for b in self.lane for idx in b.slots}
