@@ -300,6 +300,8 @@ def _cmd_plan(a: argparse.Namespace) -> int:
         label = key if per_gradient else format_bytes(nbytes)
         if dec.compress and dec.compressor_back:
             comp = f"{comp}/{dec.compressor_back}"
+        if dec.collective:  # a top-k gradient's selected collective (Eq. 5a-5c)
+            comp = f"{comp}@{dec.collective}"
         tup = f"<{comp if dec.compress else 'no'}, {dec.partitions}>"
         print(f"{str(label)[:28]:<28} {len(members):>6}  {tup:<18}"
               f"{c.t_orig * 1e3:>11.3f}{t * 1e3:>11.3f}{c.t_orig / t if t else 1:>8.2f}x")
@@ -307,6 +309,12 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     thr = "never" if r.min_compress_bytes >= NEVER else f">= {format_bytes(r.min_compress_bytes)}"
     print(f"gradients the plan does not name: {plan.compressor} {thr}, one partition per "
           f"{format_bytes(r.bytes_per_partition)}, at most {r.max_partitions}")
+    picks = plan.meta.get("collectives")
+    if picks:
+        counts = {w: sum(1 for v in picks.values() if v == w) for w in sorted(set(picks.values()))}
+        print("top-k gradients by the selected collective (flexible-communication paper, Eq. "
+              "5a-5c on the profile's links): "
+              + ", ".join(f"{w} {c}" for w, c in counts.items()))
     tot = plan.meta["predicted_total_s"]
     others = ", ".join(f"{k.replace('_', ' ')} {v * 1e3:.1f} ms" for k, v in tot.items()
                        if k != "plan")

@@ -223,3 +223,19 @@ def test_the_selection_default_ratio_is_the_compressors_default():
 
     for name in TOPK_FAMILY:
         assert compressors.get(name).ratio == DEFAULT_RATIO
+
+
+def test_hipress_profile_plan_shows_the_selected_collectives(tmp_path, capsys):
+    from hipress_like.tuning.cli import main
+
+    prof = tmp_path / "profile.json"
+    _topk_profile().save(prof)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--profile", str(prof), "--model", "vgg19", "-N", "4",
+                 "--compressor", "topk", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "<star_topk@ring, 1>" in text
+    assert "top-k gradients by the selected collective" in text
+    plan = Plan.load(out)
+    assert {g.collective for g in plan.gradients.values() if g.compress} <= {
+        "ring", "tree", "allgather"}
