@@ -42,6 +42,9 @@ def get_args(argv=None):
     p.add_argument("--compression", default="onebit",
                    help="none, fp16, onebit, terngrad, dgc, powersgd, ...")
     p.add_argument("--strategy", default="ps", choices=["ps", "ring"])
+    p.add_argument("--collective", default=None,
+                   help="how compressed gradients travel: ring, tree, backend, allgather or "
+                        "auto (default: the strategy's PS or Ring)")
     p.add_argument("--plan", default="auto", help="'auto', 'none' or a plan JSON file")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--checkpoint", default=None, help="directory for per-epoch checkpoints")
@@ -100,7 +103,8 @@ def main(argv=None):
     plan = None if args.plan == "none" else args.plan
     trainer = hvd.DistributedTrainer(
         params, "sgd", {"learning_rate": args.lr, "momentum": args.momentum},
-        compression=hvd.Compression.get(args.compression), strategy=args.strategy, plan=plan)
+        compression=hvd.Compression.get(args.compression), strategy=args.strategy, plan=plan,
+        collective=args.collective)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
     first = 1

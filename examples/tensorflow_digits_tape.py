@@ -44,6 +44,9 @@ def get_args():
     p.add_argument("--compression", default="onebit",
                    help="none, fp16, onebit, terngrad, dgc, powersgd, ...")
     p.add_argument("--strategy", default="ps", choices=["ps", "ring"])
+    p.add_argument("--collective", default=None,
+                   help="how compressed gradients travel: ring, tree, backend, allgather or "
+                        "auto (default: the strategy's PS or Ring)")
     p.add_argument("--plan", default="auto", help="'auto', 'none' (the engine's size rule) "
                    "or a plan JSON file")
     p.add_argument("--nonfinite", default="propagate", choices=["propagate", "skip", "raise"])
@@ -95,7 +98,8 @@ def main():
             loss = loss_fn(labels, model(images, training=True))
         # hipress-like: the tape averages the gradients over all ranks, compressed
         tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.get(
-            args.compression), strategy=args.strategy, plan=plan, nonfinite=args.nonfinite)
+            args.compression), strategy=args.strategy, plan=plan, nonfinite=args.nonfinite,
+            collective=args.collective)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         # Broadcast after the first step, when the optimizer's variables exist

@@ -93,7 +93,7 @@ def train(args):
         trainer = hvd.DistributedTrainer(
             net.collect_params(), "sgd", opt_params,
             compression=hvd.Compression.get(args.compression), strategy=args.strategy,
-            plan=plan)
+            plan=plan, collective=args.collective)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     states = os.path.join(args.ckpt or ".", f"trainer{hvd.rank() if args.per_rank else ''}"
                           ".states")
@@ -175,6 +175,9 @@ def refusals(args):
         params, "sgd", sgd, nonfinite="ignore"), ValueError, "nonfinite must be")
     _check("strategy", lambda: hvd.DistributedTrainer(params, "sgd", sgd, strategy="tree"),
            ValueError, "strategy must be one of")
+    _check("collective", lambda: hvd.DistributedTrainer(params, "sgd", sgd,
+                                                        collective="butterfly"),
+           ValueError, "unknown collective 'butterfly'")
 
     counter = gluon.Parameter("counter", shape=(4,), dtype="int32", init=mx.init.Zero())
     counter.initialize(ctx=mx.cpu())
@@ -248,6 +251,7 @@ def main():
     p.add_argument("--compression", default="none")
     p.add_argument("--strategy", default="ps")
     p.add_argument("--plan", default="none")
+    p.add_argument("--collective", default=None)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--save-at", type=int, default=0)
     p.add_argument("--ckpt", default=None)

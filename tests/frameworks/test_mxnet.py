@@ -179,6 +179,23 @@ def test_replicas_identical_and_accuracy_within_1pt_of_uncompressed(compression,
     assert ref > 90.0, f"the uncompressed run learned too little: {ref:.2f}%"
 
 
+def test_artopk_over_a_tree_from_the_mxnet_face(tmp_path):
+    """``DistributedTrainer(collective="tree")`` reaches the engine: STAR-Topk's rounds run
+    on the collective lane (indices down a binomial tree, values summed by a tree), and
+    the replicas stay bitwise identical."""
+    from hipress_like.cost_model.plan import Plan, SizeRule
+
+    plan = tmp_path / "plan.json"
+    Plan(compressor="star_topk", params={"ratio": 0.05},
+         rule=SizeRule(min_compress_bytes=0)).save(plan)
+    rc, out = run("env", JOB, "--compression", "star_topk", "--plan", str(plan),
+                  "--collective", "tree", "--epochs", "3")
+    res = results(out)
+    assert rc == 0 and sorted(res) == [0, 1, 2, 3], f"job failed:\n{out[-4000:]}"
+    assert len({r["digest"] for r in res.values()}) == 1, f"replicas differ: {res}"
+    assert set(res[0]["layout"].values()) == {"rounds-allreduce"}, res[0]["layout"]
+
+
 # -- checkpoints ------------------------------------------------------------------------------
 
 @pytest.mark.timeout(2400)  # several 4-rank jobs on a shared machine
@@ -220,6 +237,7 @@ def test_checkpoint_at_step_k_resumes_with_the_uninterrupted_losses(
 # -- refusals ---------------------------------------------------------------------------------
 
 REFUSALS = ("unknown_compressor", "unknown_compressor_attr", "nonfinite_policy", "strategy",
+            "collective",
             "non_float_gradient", "mismatched_models", "nan_skip", "nan_skip_then_train",
             "nan_propagate", "nan_raise", "update_without_allreduce", "allreduce_twice")
 

@@ -132,6 +132,24 @@ def test_tape_replicas_identical_in_tf_function_and_eagerly(mode, compression, s
     assert sum(losses[-5:]) < sum(losses[:5]), f"nothing learned: {losses}"
 
 
+def test_tape_collective_reaches_the_engine(tmp_path):
+    """``DistributedGradientTape(collective=...)``: STAR-Topk by ART-Tree trains with the
+    replicas bitwise identical; asking it to be gathered (AR-Topk has no allgather form)
+    stops the job with the layout's error, so the option did reach the engine."""
+    from hipress_like.cost_model.plan import Plan, SizeRule
+
+    plan = tmp_path / "plan.json"
+    Plan(compressor="star_topk", params={"ratio": 0.05},
+         rule=SizeRule(min_compress_bytes=0)).save(plan)
+    common = ["--json", "--steps", "40", "--plan", str(plan), "--compression", "star_topk"]
+    res = _ok(*run(TAPE, *common, "--collective", "tree"))
+    _identical(res)
+    losses = res[0]["losses"]
+    assert sum(losses[-5:]) < sum(losses[:5]), f"nothing learned: {losses}"
+    _, rc, out = run(TAPE, *common, "--collective", "allgather", np=2)
+    assert rc != 0 and "AR-Topk's Allgather counterpart is 'topk'" in out, out[-3000:]
+
+
 # -- checkpoints ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("compression, strategy", [("onebit", "ps"), ("powersgd", "ring")])

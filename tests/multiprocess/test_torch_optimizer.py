@@ -95,6 +95,20 @@ def _bidirectional():
     return [("terngrad", "onebit"), ("natural", "natural")]
 
 
+def collective_worker(ctx):
+    """DistributedOptimizer(collective=...): ART-Tree, Allgather top-k, and the selector's
+    picks (collective="auto", measured on these ranks' own links)."""
+    hpt.init()
+    out = {}
+    for name, coll in (("star_topk", "tree"), ("topk", "allgather"), ("star_topk", "auto")):
+        model, opt = _build(name, collective=coll)
+        _train(model, opt, ctx.rank, steps=3)
+        picked = tuple(sorted(set(opt.engine.collectives.values())))
+        out[f"{name}/{coll}"] = (_digest(model), picked)
+        opt.close()
+    return out
+
+
 def exact_average_worker(ctx):
     """Identity compression: p.grad equals the exact allreduce average of local grads."""
     import torch.distributed as dist
@@ -278,6 +292,16 @@ def test_replicas_bitwise_identical_every_compressor():
     for key in res[0]:
         assert len({r[key] for r in res}) == 1, f"{key}: replicas diverged"
     assert len(res[0]) == 2 * len(names) + 2 * len(_bidirectional())
+
+
+def test_collective_option_reaches_the_engine_and_keeps_replicas_identical():
+    res = run_workers(collective_worker, 3, timeout=300)
+    for key in res[0]:
+        assert len({r[key] for r in res}) == 1, f"{key}: replicas diverged or picked apart"
+    assert res[0]["star_topk/tree"][1] == ("tree",)
+    assert res[0]["topk/allgather"][1] == ("allgather",)
+    assert set(res[0]["star_topk/auto"][1]) <= {"allgather", "ring", "tree"}
+    assert res[0]["star_topk/auto"][1], "collective='auto' picked nothing"
 
 
 def test_identity_equals_exact_average():

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from ...casync.errors import EngineError
+from ...cost_model.plan import check_collective_name
 from .. import checkpoint
 from ..compression import resolve_compression
 from ..engine_builder import (
@@ -108,6 +109,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         seed: seed of the compressors' random streams (same on all ranks).
         compression_back: the compressor of the aggregates on their way back
             (bidirectional compression), as in the PyTorch face.
+        collective: how compressed gradients travel, as in the PyTorch face
+            (``DistributedOptimizer(collective=...)``).
 
     Raises:
         ValueError: an unknown compressor (the message lists the known
@@ -131,7 +134,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                  prefix: Optional[str] = None, num_groups: int = 0, process_set: Any = None,
                  *, strategy: str = "ps", plan: Any = "auto", nonfinite: str = "propagate",
                  timeout: Optional[float] = None, seed: int = 0,
-                 compression_back: Any = None):
+                 compression_back: Any = None, collective: Optional[str] = None):
         rt = _require()
         _no_process_set(process_set)
         if isinstance(optimizer, DistributedOptimizer):
@@ -149,6 +152,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         if compression_back is not None:
             resolve_compression(compression_back)
         resolve_plan(plan)
+        if collective is not None:
+            check_collective_name(collective)
         if num_groups:
             log.info("num_groups ignored: CaSync batches small gradients itself")
         if gradient_predivide_factor != 1.0:
@@ -165,7 +170,8 @@ class DistributedTrainer(mx.gluon.Trainer):
                              "per rank, mx.cpu() or mx.gpu(hvd.local_rank()))")
         self._hp_kwargs: Dict[str, Any] = dict(
             compression=compression, strategy=strategy, plan=plan, nonfinite=nonfinite,
-            timeout=timeout, seed=seed, compression_back=compression_back)
+            timeout=timeout, seed=seed, compression_back=compression_back,
+            collective=collective)
         self._hp_prefix = prefix or ""
         self._hp_rank, self._hp_size = rt.rank, rt.size
         self._hp_engine: Any = None

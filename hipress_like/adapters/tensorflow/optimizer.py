@@ -91,6 +91,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         seed: seed of the compressors' random streams (same on all ranks).
         compression_back: the master compressor for the aggregates
             (bidirectional compression).
+        collective: how compressed gradients travel
+            (``hipress_like.torch.DistributedOptimizer``'s ``collective``).
 
     Raises:
         TypeError: ``optimizer`` is not a Keras 3 optimizer.
@@ -109,7 +111,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                  num_groups: int = 0, groups: Any = None, process_set: Any = None, *,
                  strategy: str = "ps", plan: Any = "auto", nonfinite: str = "propagate",
                  timeout: Optional[float] = None, seed: int = 0,
-                 compression_back: Any = None, **kwargs: Any) -> None:
+                 compression_back: Any = None, collective: Optional[str] = None,
+                 **kwargs: Any) -> None:
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise TypeError(f"expected a Keras 3 optimizer (keras.optimizers.*), found "
                             f"{type(optimizer).__name__}. Legacy tf.keras (Keras 2) "
@@ -128,14 +131,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                              "on the wrapped optimizer")
         sync = GradientSync(compression=compression, strategy=strategy, plan=plan,
                             nonfinite=nonfinite, timeout=timeout, seed=seed,
-                            compression_back=compression_back, op=op)
+                            compression_back=compression_back, op=op,
+                            collective=collective)
         super().__init__(learning_rate=0.0, name=name or f"Distributed{optimizer.name}")
         self.inner_optimizer = optimizer
         self._hp_sync = sync
         self._hp_config = dict(compression=_spec_config(compression), strategy=strategy,
                                plan=plan if plan is None or isinstance(plan, str) else None,
                                nonfinite=nonfinite, timeout=timeout, seed=int(seed),
-                               compression_back=_spec_config(compression_back), op=op)
+                               compression_back=_spec_config(compression_back), op=op,
+                               collective=collective)
         if gradient_predivide_factor != 1.0:
             log.info("gradient_predivide_factor=%s has no effect: averaging is done in "
                      "float32", gradient_predivide_factor)

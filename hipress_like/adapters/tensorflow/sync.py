@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 import torch
 
+from ...cost_model.plan import check_collective_name
 from .. import checkpoint
 from ..compression import resolve_compression
 from ..engine_builder import (
@@ -102,7 +103,8 @@ class GradientSync:
     """Averages one list of gradients per step through a CaSync engine.
 
     Args:
-        compression, strategy, plan, nonfinite, timeout, seed, compression_back:
+        compression, strategy, plan, nonfinite, timeout, seed, compression_back,
+        collective:
             as for ``hipress_like.torch.DistributedOptimizer``; checked here,
             before any engine exists, so a typo fails at once on every rank.
         op: ``Average`` (default) or ``Sum``.
@@ -116,7 +118,7 @@ class GradientSync:
     def __init__(self, *, compression: Any = None, strategy: str = "ps", plan: Any = "auto",
                  nonfinite: str = "propagate", timeout: Optional[float] = None, seed: int = 0,
                  compression_back: Any = None, op: str = Average,
-                 what: str = "DistributedOptimizer") -> None:
+                 what: str = "DistributedOptimizer", collective: Optional[str] = None) -> None:
         if op == Adasum:
             raise NotImplementedError("op=Adasum is not implemented by hipress-like; use "
                                       "op=hvd.Average (the default) or hvd.Sum")
@@ -132,9 +134,11 @@ class GradientSync:
             resolve_compression(compression)  # unknown names list the known ones
         if compression_back is not None:
             resolve_compression(compression_back)
+        if collective is not None:
+            check_collective_name(collective)
         self.options = dict(compression=compression, strategy=strategy, plan=plan,
                             nonfinite=nonfinite, timeout=timeout, seed=int(seed),
-                            compression_back=compression_back)
+                            compression_back=compression_back, collective=collective)
         self.op = op
         self.what = what
         self.names: List[str] = []

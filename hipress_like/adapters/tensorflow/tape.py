@@ -42,7 +42,7 @@ def _settings_key(options: Dict[str, Any], op: str) -> Tuple[Any, ...]:
     plan = options["plan"]
     return (repr(options["compression"]), options["strategy"],
             plan if plan is None or isinstance(plan, str) else id(plan), options["nonfinite"],
-            options["seed"], repr(options["compression_back"]), op)
+            options["seed"], repr(options["compression_back"]), op, options["collective"])
 
 
 def _label(names: List[str], options: Dict[str, Any], op: str) -> str:
@@ -51,6 +51,8 @@ def _label(names: List[str], options: Dict[str, Any], op: str) -> str:
     stable = [repr(options["compression"]), options["strategy"],
               plan if plan is None or isinstance(plan, str) else "Plan", options["nonfinite"],
               options["seed"], repr(options["compression_back"]), op]
+    if options["collective"] is not None:  # the labels of earlier checkpoints stay the same
+        stable.append(options["collective"])
     text = "|".join(names) + "||" + "|".join(str(s) for s in stable)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -99,14 +101,14 @@ class DistributedGradientTape:
                  scale_local_gradients: bool = True, *, strategy: str = "ps",
                  plan: Any = "auto", nonfinite: str = "propagate",
                  timeout: Optional[float] = None, seed: int = 0,
-                 compression_back: Any = None) -> None:
+                 compression_back: Any = None, collective: Optional[str] = None) -> None:
         if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
             raise ValueError("process sets are not supported; every rank trains together")
         # checked now (a typo fails at once); the engine is built by the first gradient()
         probe = GradientSync(compression=compression, strategy=strategy, plan=plan,
                              nonfinite=nonfinite, timeout=timeout, seed=seed,
                              compression_back=compression_back, op=op,
-                             what="DistributedGradientTape")
+                             what="DistributedGradientTape", collective=collective)
         self._options = probe.options
         self._op = op
         self._tape = tape
