@@ -245,10 +245,10 @@ def resume_worker(ctx, name, tmpdir, k, n):
     return uninterrupted[k:], resumed
 
 
-def crash_worker(ctx):
+def crash_worker(ctx, collective=None):
     hpt.init()
-    model, opt = _build("onebit" if "onebit" in hp.compressors.available() else "topk",
-                        timeout=20.0)
+    name = "star_topk" if collective else "onebit"
+    model, opt = _build(name, timeout=20.0, collective=collective)
     for step in range(100):
         if ctx.rank == 1 and step == 3:
             os._exit(7)  # a hard crash: no exception, no goodbye
@@ -325,9 +325,11 @@ def test_checkpoint_resume_reproduces_losses(name, tmp_path):
         assert resumed["all"] == uninterrupted, "state_dict(all_ranks=True) checkpoint"
 
 
-def test_crashing_rank_fails_the_others_with_a_clear_error():
+@pytest.mark.parametrize("collective", [None, "tree"])
+def test_crashing_rank_fails_the_others_with_a_clear_error(collective):
+    """PS + onebit, and STAR-Topk by ART-Tree (a point-to-point tree over the lane)."""
     with pytest.raises(WorkerError) as info:
-        run_workers(crash_worker, 3, timeout=120, grace=60)
+        run_workers(crash_worker, 3, args=(collective,), timeout=120, grace=60)
     failures = info.value.failures
     assert "rank 1" in failures[1] or "exit" in failures[1]
     for r in (0, 2):
