@@ -194,13 +194,14 @@ def worker(cfg):
         times.append(time.perf_counter() - t0)
         sched.step()
         losses.append(loss.item())
+    timed = times[cfg["warmup"]:]
+    # the training steps' CPU only (the test-set evaluation below is not a step)
+    cpu = torch.tensor([(time.process_time() - cpu0) / max(1, len(timed)) * 1e3],
+                       dtype=torch.float64)
     model.eval()
     with torch.no_grad():
         acc = sum((model(xte[i:i + 120]).argmax(1) == yte[i:i + 120]).sum().item()
                   for i in range(0, len(xte), 120)) / len(xte) * 100
-    timed = times[cfg["warmup"]:]
-    cpu = torch.tensor([(time.process_time() - cpu0) / max(1, len(timed)) * 1e3],
-                       dtype=torch.float64)
     dist.all_reduce(cpu)  # the mean over ranks
     cpu_ms = cpu.item() / size
     result = {"config": cfg["config"], "model": cfg["model"], "rank": rank, "size": size,
