@@ -104,6 +104,11 @@ class AutoPlanner:
             The cost model ranks compressors within a few percent at best;
             the trials catch its misses for a few seconds more of start-up.
         trial_repeats: timed steps per trial plan.
+        nonfinite: the trial engines' NaN/Inf policy: the run's
+            (``auto_plan`` passes ``EngineConfig.nonfinite``), so a stateful
+            compressor pays in its trial the per-step state snapshot it will
+            pay in training under "propagate" or "skip" (DGC's momentum and
+            residual, PowerSGD's error and Q).
         back: (name, params) of a master compressor (bidirectional
             compression, Natural Compression Alg. 1), profiled with the
             candidates and priced in both directions by every candidate's
@@ -123,7 +128,7 @@ class AutoPlanner:
                  raw_collective: bool = True, engine_timing: bool = True,
                  candidates: Optional[Mapping[str, Mapping[str, Any]]] = None,
                  trials: bool = True, trial_repeats: int = 3,
-                 back: Optional[Sequence[Any]] = None) -> None:
+                 back: Optional[Sequence[Any]] = None, nonfinite: str = "raise") -> None:
         if strategy not in ("ps", "ring"):
             raise ValueError(f"unknown strategy {strategy!r}; expected 'ps' or 'ring'")
         if not isinstance(warmup_iterations, int) or warmup_iterations < 1:
@@ -136,6 +141,10 @@ class AutoPlanner:
         if not isinstance(trial_repeats, int) or trial_repeats < 1:
             raise ValueError(f"trial_repeats must be an integer >= 1, found {trial_repeats!r}")
         self.trial_repeats = trial_repeats
+        if nonfinite not in ("propagate", "skip", "raise", "ignore"):
+            raise ValueError(f"nonfinite must be 'propagate', 'skip', 'raise' or 'ignore', "
+                             f"found {nonfinite!r}")
+        self.nonfinite = nonfinite
         self.params = dict(params or {})
         self.candidates = {str(k): dict(v or {}) for k, v in
                            (candidates or {compressor: self.params}).items()}
@@ -309,7 +318,8 @@ class AutoPlanner:
         for label, p in zip(labels, plans):
             times.append(time_engine_steps(transport, p, sizes, self.strategy,
                                            repeats=self.trial_repeats, timeout=self.timeout,
-                                           engine_config={"raw_collective": self.raw_collective},
+                                           engine_config={"raw_collective": self.raw_collective,
+                                                          "nonfinite": self.nonfinite},
                                            load=load))
             _log.info("plan='auto' trial %s: %.1f ms per synchronisation", label,
                       1e3 * times[-1])
@@ -397,6 +407,15 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
         self.options = options
 
     def __call__(self, transport: Any, sizes: Mapping[str, int], config: Any) -> Plan:
+        t0 = time.perf_counter()
+        plan = self.planner(config).finalize(transport, dict(sizes))
+        _log.info("rank %d: plan='auto' fixed in %.1f s", transport.rank,
+                  time.perf_counter() - t0)
+        return plan
+
+    def planner(self, config: Any) -> "AutoPlanner":
+        """The ``AutoPlanner`` this source runs for an engine's ``config``: its compressor
+        (or this source's), strategy, timeouts and NaN/Inf policy."""
         from .. import compressors
         from ..casync.coordinator import report_len
 
@@ -410,6 +429,7 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
         opts = dict(strategy=config.strategy,
                     round_meta_bytes=8 * report_len(config.report_capacity),
                     raw_collective=config.raw_collective, timeout=config.timeout, repeats=2,
+                    nonfinite=config.nonfinite,
                     # a quick profile: curves are interpolated beyond these sizes
                     max_profile_bytes=16 << 20, max_link_bytes=4 << 20)
         if config.compressor_back is not None:
@@ -422,12 +442,7 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
         opts.update(self.options)
         if self.candidates is not None:
             opts["candidates"] = self.candidates
-        t0 = time.perf_counter()
-        plan = AutoPlanner(inner.name, params=inner.params(), **opts).finalize(transport,
-                                                                               dict(sizes))
-        _log.info("rank %d: plan='auto' fixed in %.1f s", transport.rank,
-                  time.perf_counter() - t0)
-        return plan
+        return AutoPlanner(inner.name, params=inner.params(), **opts)
 
     def __repr__(self) -> str:
         return f"auto_plan({self.compressor!r}, candidates={self.candidates!r})"

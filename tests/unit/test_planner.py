@@ -302,6 +302,19 @@ def test_auto_planner_errors():
         AutoPlanner("fp16").end_iteration(None)
     with pytest.raises(ValueError, match=">= 1 byte"):
         AutoPlanner().observe("x", 0)
+    with pytest.raises(ValueError, match="nonfinite must be"):
+        AutoPlanner(nonfinite="warn")
+
+
+def test_auto_plan_trials_run_under_the_runs_nonfinite_policy():
+    """The trial engines take the run's NaN/Inf policy (a stateful compressor pays its
+    per-step state snapshot under "propagate", as in training)."""
+    from hipress_like.casync.engine import EngineConfig
+    from hipress_like.tuning import auto_plan
+
+    for policy in ("propagate", "raise"):
+        planner = auto_plan().planner(EngineConfig(compressor="dgc", nonfinite=policy))
+        assert planner.nonfinite == policy and planner.compressor == "dgc"
 
 
 def test_engine_default_rule_is_a_size_rule():
