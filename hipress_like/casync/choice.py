@@ -42,13 +42,7 @@ from typing import Any, Dict, Mapping, Optional
 from .. import compressors as _comp
 from ..compressors.base import Compressor
 from ..compressors.error_feedback import needs_error_feedback, with_error_feedback
-from ..cost_model.collectives import (
-    TOPK_FAMILY,
-    decision_for,
-    select_collective,
-    selectable,
-    topk_costs,
-)
+from ..cost_model.collectives import TOPK_FAMILY, ratio_of, select_decision, topk_costs
 from ..cost_model.model import Link
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
 from .collectives import measure_link
@@ -203,26 +197,27 @@ class Choice:
         """collective="auto" for one gradient: Eq. 5a-5c's pick, as a decision."""
         comp = self.compressor_for(dec)
         inner = getattr(comp, "inner", comp)
-        if not selectable(inner.name, inner.params()):
+        if self.link is None:
+            raise RuntimeError("collective='auto' needs the link measured first "
+                               "(Choice.measure, called by Engine.register)")
+        a, b = self.link.alpha, self.link.beta
+        bo = self.link_one_way.beta if self.link_one_way is not None else None
+        params = inner.params()
+        got = select_decision(dec, nbytes, self.size, a, b, bo, inner.name, params)
+        if got is None:
             if explicit:
                 raise ValueError(f"gradient {name!r}: collective='auto' chooses how top-k "
                                  f"travels (Allgather, ART-Ring, ART-Tree), but its compressor "
                                  f"is {inner!r}; use one of {', '.join(TOPK_FAMILY)} with no "
                                  "parameter but its ratio, or name the collective")
             return dataclasses.replace(dec, collective=None)
-        if self.link is None:
-            raise RuntimeError("collective='auto' needs the link measured first "
-                               "(Choice.measure, called by Engine.register)")
-        ratio = float(inner.ratio)
-        a, b = self.link.alpha, self.link.beta
-        bo = self.link_one_way.beta if self.link_one_way is not None else None
-        pick = select_collective(float(nbytes), self.size, a, b, ratio, bo)
-        self.selected[name] = pick
-        _log.info("%s (%d bytes, c=%g, N=%d): %s; predicted ms %s", name, nbytes, ratio,
-                  self.size, pick, {k: round(v * 1e3, 3) for k, v in
-                                    topk_costs(float(nbytes), self.size, a, b, ratio,
-                                               bo).items()})
-        return decision_for(dec, pick, inner.name, inner.params())
+        self.selected[name], new = got
+        c = ratio_of(params)
+        _log.info("%s (%d bytes, c=%g, N=%d): %s; predicted ms %s", name, nbytes, c,
+                  self.size, got[0], {k: round(v * 1e3, 3) for k, v in
+                                      topk_costs(float(nbytes), self.size, a, b, c,
+                                                 bo).items()})
+        return new
 
     def compressor_for(self, dec: GradientPlan) -> Compressor:
         """The instance for a decision that compresses: the one its plan entry names

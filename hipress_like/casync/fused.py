@@ -42,8 +42,9 @@ def reduce_fused(xs: List[torch.Tensor], channel: Transport, timeout: float,
 def run_named(task: Task, x: torch.Tensor, channel: Transport, timeout: float, op: str,
               algo: str) -> Any:
     """Run one named collective (``op``: sum, max, broadcast, gather; ``algo``: the
-    layout's algorithm) on ``x``; return the task's result: the payload whose view
-    was reduced in place, the filled broadcast buffer, or the gathered payloads."""
+    layout's algorithm) on ``x``; return the task's new result (the filled
+    broadcast buffer, or the gathered payloads), or None when ``x`` was a view
+    reduced in place (the task's result is then its payload, as for a bucket)."""
     if op == "gather":
         return bruck_allgather(channel, x, timeout)
     if op == "broadcast":
@@ -56,7 +57,7 @@ def run_named(task: Task, x: torch.Tensor, channel: Transport, timeout: float, o
         allreduce_by(algo, channel, x, timeout)
     else:
         channel.allreduce(x, op, timeout)
-    return task.deps[0].result if task.deps else x
+    return None
 
 
 def finish_bucket(eng: Any, tasks: List[Task], t0: float, nbytes: int,

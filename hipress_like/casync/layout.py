@@ -330,8 +330,7 @@ def _named_ops(g: "GradLayout") -> Tuple[Dict[int, str], Dict[int, str]]:
     algos: Dict[int, str] = {}
     assert g.compressor is not None and g.collective is not None
     if g.workflow is Workflow.GATHER:
-        key = msg_key(g.idx, 0, 0, 0)
-        ops[key], algos[key] = "gather", "bruck"
+        ops[msg_key(g.idx, 0, 0, 0)] = "gather"  # always Bruck's allgather
         return ops, algos
     for r, red in enumerate(g.compressor.capabilities.round_reductions):
         key = msg_key(g.idx, 0, r, 0)

@@ -305,15 +305,15 @@ class _SparseKernels(Kernels):
     * ``subtract_decoded_`` (error feedback's residual): ``x[idx] -= vals``; the
       same bits (``x - 0.0`` is ``x``, and ``a + (-b)`` is ``a - b``).
 
-    Both take this path only for strictly increasing indices (what every
-    sparsifier sends) into a contiguous buffer of the payload's dtype; else
-    the default. On 25 M elements at 1%: 7.5 ms against 46 ms a payload.
+    ``unpack_sparse`` returns strictly increasing indices (every index codec
+    checks or constructs them so), which these rely on; a buffer that is not
+    contiguous, or not of the payload's dtype and size, takes the default.
+    On 25 M elements at 1%, one thread: decode-add 3.9 ms against 46.
     """
 
     def _sparse(self, payload: torch.Tensor, buf: torch.Tensor) -> Optional[Tuple[Any, Any]]:
         h, idx, vals = unpack_sparse(payload, self.comp.algo_id)
-        if (not buf.is_contiguous() or buf.dtype != vals.dtype or buf.numel() != h.numel
-                or (idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()))):
+        if not buf.is_contiguous() or buf.dtype != vals.dtype or buf.numel() != h.numel:
             return None
         return idx, vals
 

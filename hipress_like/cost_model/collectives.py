@@ -277,7 +277,7 @@ DEFAULT_RATIO = 0.01
 PICK_COLLECTIVE = {"allgather": "allgather", "art_ring": "ring", "art_tree": "tree"}
 
 __all__ += ["TOPK_FAMILY", "DEFAULT_RATIO", "PICK_COLLECTIVE", "ratio_of", "decision_for",
-            "selectable"]
+            "selectable", "select_decision"]
 
 
 def selectable(compressor: Optional[str], params: Mapping[str, Any]) -> bool:
@@ -297,8 +297,7 @@ def decision_for(dec: GradientPlan, pick: str, compressor: str,
     """``dec`` (a compressing decision for ``compressor``, a ``TOPK_FAMILY`` member,
     with ``params``) turned into what ``pick`` runs, in one partition:
 
-    * "allgather": ``topk`` (the given params when it is already topk, else its
-      ratio) gathered by every rank (LWTopk);
+    * "allgather": ``topk`` at the same ratio, gathered by every rank (LWTopk);
     * "art_ring", "art_tree": ``star_topk`` (``var_topk`` when that is the
       compressor) at the same ratio, summed by a ring or a tree.
 
@@ -308,13 +307,25 @@ def decision_for(dec: GradientPlan, pick: str, compressor: str,
     check_collective(pick)
     if compressor not in TOPK_FAMILY:
         raise ValueError(f"{compressor!r} is not one of {TOPK_FAMILY}")
-    ratio = ratio_of(params)
     if pick == "allgather":
         name = "topk"
-        new = dict(params) if compressor == "topk" else {"ratio": ratio}
     else:
         name = compressor if compressor != "topk" else "star_topk"
-        new = {"ratio": ratio}
-    return dataclasses.replace(dec, compress=True, partitions=1, compressor=name, params=new,
+    return dataclasses.replace(dec, compress=True, partitions=1, compressor=name,
+                               params={"ratio": ratio_of(params)},
                                collective=PICK_COLLECTIVE[pick])
+
+
+def select_decision(dec: GradientPlan, nbytes: float, n: int, alpha: float, beta: float,
+                    beta_one_way: Optional[float], compressor: str,
+                    params: Mapping[str, Any]) -> Optional[tuple]:
+    """The selection for one compressing decision (the planner's and
+    ``collective="auto"``'s): ``(pick, decision_for(...))`` for an ``nbytes``
+    gradient among ``n`` ranks on the link (``alpha``, ``beta``,
+    ``beta_one_way``); None when ``compressor`` and ``params`` are not
+    ``selectable``."""
+    if not selectable(compressor, params):
+        return None
+    pick = select_collective(float(nbytes), n, alpha, beta, ratio_of(params), beta_one_way)
+    return pick, decision_for(dec, pick, compressor, params)
 

@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .collectives import decision_for, ratio_of, select_collective, selectable
+from .collectives import select_decision
 from .model import (
     Link,
     SyncParams,
@@ -559,12 +559,11 @@ def _select_collectives(entries: Dict[str, GradientPlan], items: Sequence[Tuple[
     for grad, nbytes in items:
         e = entries[str(grad)]
         comp, cparams = (e.compressor, e.params) if e.compressor else (name, params)
-        if not e.compress or not selectable(comp, cparams):
-            continue
-        pick = select_collective(float(nbytes), n, link.alpha, link.beta, ratio_of(cparams),
-                                 one.beta if one is not None else None)
-        entries[str(grad)] = decision_for(e, pick, comp, cparams)
-        picks[str(grad)] = pick
+        got = select_decision(e, nbytes, n, link.alpha, link.beta,
+                              one.beta if one is not None else None,
+                              comp, cparams) if e.compress else None
+        if got is not None:
+            picks[str(grad)], entries[str(grad)] = got
     return picks
 
 
