@@ -136,6 +136,7 @@ class Choice:
         self.link: Optional[Link] = None  # measured for collective="auto" (``measure``)
         self.link_one_way: Optional[Link] = None  # the same with one-way steps
         self.selected: Dict[str, str] = {}  # gradient -> the selector's pick
+        self._not_selected: set = set()  # compressors "auto" left alone (logged once)
         self.default_back: Optional[Compressor] = None
         if config.compressor_back is not None:
             self.default_back = build_master(config.compressor_back, config.params_back,
@@ -210,6 +211,11 @@ class Choice:
                                  f"travels (Allgather, ART-Ring, ART-Tree), but its compressor "
                                  f"is {inner!r}; use one of {', '.join(TOPK_FAMILY)} with no "
                                  "parameter but its ratio, or name the collective")
+            if repr(inner) not in self._not_selected:  # once per compressor, not per gradient
+                self._not_selected.add(repr(inner))
+                _log.info("collective='auto' leaves %r on the strategy's workflow: the "
+                          "selection chooses among top-k collectives (%s, ratio only)",
+                          inner, ", ".join(TOPK_FAMILY))
             return dataclasses.replace(dec, collective=None)
         self.selected[name], new = got
         c = ratio_of(params)

@@ -127,10 +127,14 @@ def test_auto_pick_becomes_the_decision():
     assert v.decide("w", 400 << 20).compressor == "var_topk"
 
 
-def test_auto_as_a_default_leaves_other_compressors_alone_and_one_rank_untouched():
+def test_auto_as_a_default_leaves_other_compressors_alone_and_one_rank_untouched(caplog):
     c = Choice(EngineConfig(compressor="onebit", collective="auto"), 4)
     c.link = Link(latency=1e-3, bandwidth=1.25e8)
-    assert c.decide("w", 1 << 30).collective is None
+    with caplog.at_level("INFO", logger="hipress_like.casync.choice"):
+        assert c.decide("w", 1 << 30).collective is None
+        assert c.decide("v", 1 << 30).collective is None
+    said = [r.message for r in caplog.records if "leaves" in r.message]
+    assert len(said) == 1 and "OneBit" in said[0]  # said once, naming the compressor
     assert _choice(n=1).decide("w", 1 << 30).collective is None  # nothing travels
 
 
