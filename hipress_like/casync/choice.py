@@ -27,17 +27,19 @@ or a tree ("tree": ART-Tree). Each pick is logged with its predicted costs
 The plan comes from ``EngineConfig.plan``: a ``Plan``, a plan file, None
 (HiPress's size rule), or a *plan source* called once, collectively,
 inside ``register`` (``fix_plan``): ``source(transport, sizes, config) ->
-Plan``, where ``sizes`` maps gradient names to bytes in registration order.
+Plan``, where ``sizes`` maps gradient names to bytes in registration order
+(a source that takes a ``shapes`` keyword also gets {name: shape}).
 The engine never imports a planner: the front ends turn ``plan="auto"``
 into ``hipress_like.tuning.auto_plan(...)``.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import time
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import compressors as _comp
 from ..compressors.base import Compressor
@@ -265,8 +267,14 @@ class Choice:
                              "compression_back for it or use a single-round compressor")
         return back
 
-    def fix_plan(self, transport: Transport, sizes: Mapping[str, int]) -> None:
-        """Call the plan source, if any, collectively (inside ``register``)."""
+    def fix_plan(self, transport: Transport, sizes: Mapping[str, int],
+                 shapes: Optional[Mapping[str, Tuple[int, ...]]] = None) -> None:
+        """Call the plan source, if any, collectively (inside ``register``).
+
+        A source whose signature takes ``shapes`` also gets the gradients'
+        shapes ({name: shape}): a compressor's cost can depend on the shape as
+        well as the bytes (PowerSGD's matrix view, ``compressors.powersgd``).
+        """
         source = self.config.plan
         if self.plan is not None or source is None:
             return
@@ -275,10 +283,21 @@ class Choice:
             _log.info("plan='auto' with %s: nothing to compress, no profile", self.default.name)
             return
         t0 = time.perf_counter()
-        plan = source(transport, dict(sizes), self.config)
+        kwargs = {"shapes": dict(shapes)} if shapes is not None and _takes(source, "shapes") \
+            else {}
+        plan = source(transport, dict(sizes), self.config, **kwargs)
         if not isinstance(plan, Plan):
             raise TypeError(f"the plan source {source!r} returned {type(plan).__name__}; a "
                             "plan source must return a hipress_like.cost_model.Plan")
         self.plan = plan
         _log.info("rank %d: plan fixed in %.1f s", transport.rank, time.perf_counter() - t0)
 
+
+
+def _takes(fn: Any, name: str) -> bool:
+    """Whether callable ``fn`` accepts keyword ``name`` (named, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

@@ -42,7 +42,8 @@ class EngineConfig:
             such as identity, nothing is compressed), a ``Plan``, a path to a
             plan JSON, or a plan source: a callable ``source(transport,
             sizes, config) -> Plan`` called once, collectively, in
-            ``register`` (``hipress_like.tuning.auto_plan()`` profiles,
+            ``register`` (with ``shapes={name: shape}`` too when it takes
+            that keyword; ``hipress_like.tuning.auto_plan()`` profiles,
             then plans: what the front ends' ``plan="auto"`` passes).
         error_feedback: "auto" wraps biased, stateless compressors (onebit,
             TBQ, top-k, ...) in error feedback; True/False force it.

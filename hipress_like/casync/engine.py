@@ -162,7 +162,7 @@ class Engine:
             raise GradientMismatchError(describe_mismatch([t[0] for t in theirs]))
         check_same_config([t[1] for t in theirs])
         sizes = {n: numel_of(s) * d.itemsize for n, s, d in specs}
-        self._choice.fix_plan(self.transport, sizes)
+        self._choice.fix_plan(self.transport, sizes, {n: s for n, s, _ in specs})
         self._choice.measure(self.transport)
         if self.plan is not None:  # the same plan on every rank (fingerprint): same error
             self.plan.check(sizes, strategy=self.config.strategy, world_size=self.size)

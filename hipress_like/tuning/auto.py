@@ -42,7 +42,7 @@ import json
 import logging
 import statistics
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -170,6 +170,7 @@ class AutoPlanner:
             rule=SizeRule(min_compress_bytes=NEVER), meta={"auto": "provisional"})
         self.iterations = 0
         self.sizes: Dict[str, int] = {}
+        self.shapes: Dict[str, Tuple[int, ...]] = {}  # when known (``observe``, ``finalize``)
         # per warm-up iteration, seconds from its first gradient to its last: the
         # backward the trials run beside each synchronisation (``_best_of``)
         self.backward_s: List[float] = []
@@ -187,8 +188,8 @@ class AutoPlanner:
         """The fixed plan if ready, else the provisional one."""
         return self._plan or self.provisional_plan
 
-    def observe(self, name: str, nbytes: int) -> None:
-        """Record a gradient seen in a warm-up iteration.
+    def observe(self, name: str, nbytes: int, shape: Optional[Sequence[int]] = None) -> None:
+        """Record a gradient seen in a warm-up iteration (and its shape, if given).
 
         Raises:
             ValueError: a size < 1, or a name seen before with another size.
@@ -199,6 +200,8 @@ class AutoPlanner:
         now = time.perf_counter()
         self._span = [self._span[0] if self._span else now, now]
         old = self.sizes.setdefault(str(name), nbytes)
+        if shape is not None:
+            self.shapes[str(name)] = tuple(int(d) for d in shape)
         if old != nbytes:
             raise ValueError(f"gradient {name!r} changed size from {old} to {nbytes} bytes "
                              "between iterations")
@@ -227,13 +230,20 @@ class AutoPlanner:
         self._plan = self.finalize(transport)
         return self._plan
 
-    def finalize(self, transport: Any, gradients: Optional[Mapping[str, int]] = None) -> Plan:
+    def finalize(self, transport: Any, gradients: Optional[Mapping[str, int]] = None,
+                 shapes: Optional[Mapping[str, Sequence[int]]] = None) -> Plan:
         """Profile, plan, and agree on the plan across ranks. Collective.
 
         Args:
             transport: the engine's transport (``rank``, ``size``, collectives);
                 ``None`` plans for a single process.
             gradients: {name: nbytes}; default: the observed ones.
+            shapes: {name: shape} of the gradients, for the trials (default:
+                the observed ones, else flat): PowerSGD's cost depends on
+                its matrix view, and a flat 20 M-entry gradient of the
+                VGG-style model took it twice as long to synchronise as the
+                (2560, 8192) one it stands for (453 against 234 ms, 4 ranks,
+                2026-11-26), which made the trials drop it for onebit.
 
         Returns:
             The plan, identical on every rank.
@@ -292,6 +302,8 @@ class AutoPlanner:
         if transport is not None and n > 1:
             data = broadcast_bytes(transport, data, self.timeout)
         plans = [Plan.from_dict(d) for d in json.loads(data)]
+        if shapes is not None:
+            self.shapes.update({str(k): tuple(int(d) for d in v) for k, v in shapes.items()})
         plan = plans[0] if len(plans) == 1 else self._best_of(transport, plans, sizes)
         _log.info("plan='auto' fixed after %d iteration(s): threshold %s bytes, %d of %d "
                   "gradients compressed", self.iterations, plan.rule.min_compress_bytes,
@@ -306,7 +318,7 @@ class AutoPlanner:
         as long as the warm-up's backward (``backward_s``), so a plan whose
         compression steals CPU from backward is charged for it."""
         from .compute import ComputeLoad
-        from .profiler import time_engine_steps
+        from .engine_timing import time_engine_steps
 
         labels = ["per-gradient"] + [f"all-{c}" for c in self.candidates]
         backward = statistics.median(self.backward_s[1:] or self.backward_s or [0.0])
@@ -317,6 +329,7 @@ class AutoPlanner:
         times = []
         for label, p in zip(labels, plans):
             times.append(time_engine_steps(transport, p, sizes, self.strategy,
+                                           shapes=self.shapes,
                                            repeats=self.trial_repeats, timeout=self.timeout,
                                            engine_config={"raw_collective": self.raw_collective,
                                                           "nonfinite": self.nonfinite},
@@ -406,9 +419,10 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
                                                             for k, v in candidates.items()}
         self.options = options
 
-    def __call__(self, transport: Any, sizes: Mapping[str, int], config: Any) -> Plan:
+    def __call__(self, transport: Any, sizes: Mapping[str, int], config: Any,
+                 shapes: Optional[Mapping[str, Sequence[int]]] = None) -> Plan:
         t0 = time.perf_counter()
-        plan = self.planner(config).finalize(transport, dict(sizes))
+        plan = self.planner(config).finalize(transport, dict(sizes), shapes)
         _log.info("rank %d: plan='auto' fixed in %.1f s", transport.rank,
                   time.perf_counter() - t0)
         return plan

@@ -9,6 +9,7 @@ them.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -82,10 +83,15 @@ def measure_engine_sync(transport: Any, strategy: str = "ps",
 def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strategy: str, *,
                       repeats: int = 3, timeout: float = 300.0,
                       engine_config: Optional[Mapping[str, Any]] = None,
-                      load: Any = None) -> float:
+                      load: Any = None,
+                      shapes: Optional[Mapping[str, Sequence[int]]] = None) -> float:
     """Median seconds of the slowest rank to synchronise float32 gradients of
     ``sizes`` ({name: bytes}, registration order) through an engine running
     ``plan``, over ``repeats`` steps after one warm-up step. Collective.
+
+    A gradient has its shape from ``shapes`` when that holds one with as many
+    entries as its bytes say, else it is flat: a compressor such as PowerSGD
+    costs what its matrix view costs, not what the byte count does.
 
     Every rank submits every gradient at once. Without ``load`` nothing else
     runs, so this times the synchronisation alone, as the cost model
@@ -99,7 +105,8 @@ def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strat
     cfg.update(plan=plan, strategy=strategy, timeline=False, timeout=timeout)
     eng = Engine(transport, EngineConfig(**cfg))
     try:
-        specs = [(name, (max(1, int(nb) // 4),), torch.float32) for name, nb in sizes.items()]
+        specs = [(name, _shape_of(name, int(nb), shapes or {}), torch.float32)
+                 for name, nb in sizes.items()]
         eng.register(specs)
         gen = torch.Generator().manual_seed(transport.rank)
         src = {name: torch.randn(shape, generator=gen) for name, shape, _ in specs}
@@ -122,6 +129,14 @@ def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strat
     finally:
         eng.close()
     return statistics.median(ts)
+
+
+def _shape_of(name: str, nbytes: int, shapes: Mapping[str, Sequence[int]]) -> Tuple[int, ...]:
+    """The float32 shape a trial gives gradient ``name`` of ``nbytes`` bytes: its own
+    shape when known and of that many entries, else flat."""
+    numel = max(1, nbytes // 4)
+    shape = tuple(int(d) for d in shapes.get(name, ()))
+    return shape if shape and math.prod(shape) == numel else (numel,)
 
 
 def engine_points(max_bytes: int, n: int, lo: int = 64 << 10) -> List[Tuple[int, int]]:

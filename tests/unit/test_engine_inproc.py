@@ -629,6 +629,40 @@ def test_auto_plan_chooses_among_candidates_per_gradient_identically_on_every_ra
         assert torch.equal(res[0][2][k], res[1][2][k])
 
 
+def test_a_plan_source_gets_the_shapes_when_it_takes_them():
+    """register hands a plan source the gradients' shapes if its signature has a
+    ``shapes`` keyword (or **kwargs); a three-argument source keeps working."""
+    specs = [("fc", (64, 32), torch.float32), ("b", (7,), torch.float32)]
+    seen = []
+
+    def with_shapes(transport, sizes, config, shapes=None):
+        seen.append(("named", dict(sizes), shapes))
+        return Plan(compressor="onebit", strategy="ps", rule=SizeRule(min_compress_bytes=1))
+
+    def with_kwargs(transport, sizes, config, **kw):
+        seen.append(("kwargs", dict(sizes), kw.get("shapes")))
+        return Plan(compressor="onebit", strategy="ps", rule=SizeRule(min_compress_bytes=1))
+
+    def three(transport, sizes, config):
+        seen.append(("three", dict(sizes), None))
+        return Plan(compressor="onebit", strategy="ps", rule=SizeRule(min_compress_bytes=1))
+
+    for src in (with_shapes, with_kwargs, three):
+        def body(tr, src=src):
+            eng = Engine(tr, EngineConfig(compressor="onebit", plan=src, timeout=60))
+            try:
+                eng.register(specs)
+                return eng.plan.compressor
+            finally:
+                eng.close()
+        assert run_threads(body, 2, timeout=60) == ["onebit", "onebit"]
+    want = {"fc": (64, 32), "b": (7,)}
+    assert [k for k, _, _ in seen] == ["named"] * 2 + ["kwargs"] * 2 + ["three"] * 2
+    for kind, sizes, shapes in seen:
+        assert sizes == {"fc": 64 * 32 * 4, "b": 28}
+        assert shapes == (None if kind == "three" else want)
+
+
 @pytest.mark.parametrize("error_feedback", ["auto", True, False])
 def test_a_wrapped_compressor_instance_works_where_a_name_does(error_feedback):
     """An ErrorFeedback instance used to fail inside the engine; it is taken as it

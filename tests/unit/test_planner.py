@@ -1,6 +1,7 @@
 """Planner: choices equal a brute-force minimum of Eq. 1/2, HiPress's plan shape, plan files."""
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -663,3 +664,45 @@ def test_compute_load_does_the_work_it_was_sized_to():
     load._mm = lambda *a, **k: (calls.append(1), mm(*a, **k))
     load.run()
     assert load.iterations >= 1 and len(calls) == load.iterations
+
+
+def test_trial_gradients_keep_their_shape_when_it_matches_their_bytes():
+    """The trials register each gradient with its own shape (PowerSGD costs what its
+    matrix view costs), flat when the shape is unknown or disagrees with the bytes."""
+    from hipress_like.tuning.engine_timing import _shape_of
+
+    shapes = {"w": (2560, 8192), "b": (2560,), "odd": (3, 3)}
+    assert _shape_of("w", 2560 * 8192 * 4, shapes) == (2560, 8192)
+    assert _shape_of("b", 2560 * 4, shapes) == (2560,)
+    assert _shape_of("odd", 40, shapes) == (10,)  # 9 entries are not 40 bytes of float32
+    assert _shape_of("new", 40, shapes) == (10,)
+    assert _shape_of("tiny", 2, {}) == (1,)
+
+
+def test_auto_planner_hands_the_shapes_to_its_trials(monkeypatch):
+    """finalize(shapes=...) (what the engine's register passes) reaches every trial;
+    observe(shape=...) records them too."""
+    from hipress_like.tuning import engine_timing
+
+    real, got = engine_timing.time_engine_steps, []
+
+    def spy(*args, **kw):
+        got.append(dict(kw.get("shapes") or {}))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(engine_timing, "time_engine_steps", spy)
+    shapes = {"fc": (256, 128), "b": (8,)}
+    sizes = {k: 4 * math.prod(v) for k, v in shapes.items()}
+
+    def body(tr):
+        auto = AutoPlanner("onebit", candidates={"onebit": {}, "powersgd": {"rank": 2}},
+                           max_profile_bytes=1 << 18, max_link_bytes=1 << 14,
+                           engine_timing=False, trial_repeats=1, repeats=1, timeout=120)
+        return auto.finalize(tr, sizes, shapes).meta["trials"]
+
+    res = run_threads(body, 2, timeout=300)
+    assert res[0] == res[1] and set(res[0]) == {"per-gradient", "all-onebit", "all-powersgd"}
+    assert len(got) == 2 * 3 and all(g == shapes for g in got)
+    auto = AutoPlanner()
+    auto.observe("fc", 4 * 256 * 128, shape=(256, 128))
+    assert auto.shapes == {"fc": (256, 128)}
