@@ -314,9 +314,12 @@ class AutoPlanner:
     def _best_of(self, transport: Any, plans: List[Plan], sizes: Mapping[str, int]) -> Plan:
         """Time each plan through the engine (collective) and return the fastest,
         the per-gradient one (``plans[0]``) on a tie within 2 %; the timings go
-        into its ``meta["trials"]``. Each timed step runs beside a compute load
-        as long as the warm-up's backward (``backward_s``), so a plan whose
-        compression steals CPU from backward is charged for it."""
+        into its ``meta["trials"]``. Each gradient keeps its shape (``shapes``).
+        When warm-up iterations were observed (``observe``/``end_iteration``),
+        each timed step runs beside a compute load as long as their backward
+        (``backward_s``), so a plan whose compression steals CPU from backward
+        is charged for it; ``auto_plan`` plans inside ``register``, before any
+        backward, and times the synchronisations alone."""
         from .compute import ComputeLoad
         from .engine_timing import time_engine_steps
 

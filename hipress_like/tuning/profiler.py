@@ -33,6 +33,7 @@ from .engine_timing import (  # noqa: F401 (part of this module's interface)
     engine_points,
     measure_engine_sync,
     measure_sync_overhead,
+    profile_shape,
     time_engine_steps,
 )
 
@@ -148,7 +149,7 @@ def profile_compressor(
     enc_t, dec_t, pay = [], [], []
     encode, decode, sent = _codec(c)
     for nbytes in _iterate(sizes, progress, f"{name} encode/decode"):
-        grad = torch.randn(max(1, nbytes // 4), generator=gen)
+        grad = torch.randn(profile_shape(max(1, nbytes // 4)), generator=gen)
         out = torch.empty_like(grad)
         state = c.init(grad, world_size=1)
         if barrier:

@@ -706,3 +706,22 @@ def test_auto_planner_hands_the_shapes_to_its_trials(monkeypatch):
     auto = AutoPlanner()
     auto.observe("fc", 4 * 256 * 128, shape=(256, 128))
     assert auto.shapes == {"fc": (256, 128)}
+
+
+def test_profiles_time_gradients_as_exact_near_square_matrices():
+    """The profiler's gradients are the most nearly square exact matrices (PowerSGD's
+    fast path, as real weights take it), flat when no factor is near the root; the
+    engine-sync probes use the same shape."""
+    import doctest
+
+    from hipress_like.tuning import engine_timing
+    from hipress_like.tuning.engine_timing import profile_shape
+
+    assert doctest.testmod(engine_timing, optionflags=doctest.ELLIPSIS).failed == 0
+    for n in (1, 2, 1024, 4096 * 3, 2560 * 8192, 1031, 2 * 1031):
+        shape = profile_shape(n)
+        assert math.prod(shape) == n
+        if len(shape) == 2:
+            assert shape[0] <= shape[1] <= 256 * shape[0]
+    assert profile_shape(1024) == (32, 32) and profile_shape(2560 * 8192) == (4096, 5120)
+    assert profile_shape(1031) == (1031,) and profile_shape(1) == (1,)
