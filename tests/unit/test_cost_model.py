@@ -296,9 +296,11 @@ def test_log_sizes():
 def test_profile_compressor_payload_fit(name, ratio):
     c = profile_compressor(name, None, [4096, 16384, 65536], repeats=1, min_time=0.0)
     assert c.ratio == pytest.approx(ratio)
-    assert c.header_bytes == 24  # 16-byte fixed header + one int64 dimension
+    # 16-byte fixed header + one int64 per dimension: the profile times (rows, cols)
+    # matrices (32 x 32, 64 x 64, 128 x 128), as weight gradients are
+    assert c.header_bytes == 16 + 8 * 2
     assert c.encode.sizes == (4096.0, 16384.0, 65536.0)
-    assert c.decode.sizes == tuple(float(24 + ratio * s) for s in (4096, 16384, 65536))
+    assert c.decode.sizes == tuple(float(32 + ratio * s) for s in (4096, 16384, 65536))
     assert all(t > 0 for t in c.encode.times + c.decode.times)
     assert not c.error_feedback
 
@@ -320,13 +322,14 @@ def test_profile_multi_round_compressor_sends_every_round(name):
     import torch
 
     import hipress_like as hp
+    from hipress_like.tuning.engine_timing import profile_shape
 
     sizes = [1 << 16, 1 << 18, 1 << 20]
     c = profile_compressor(name, None, sizes, repeats=1, min_time=0.0)
     comp = hp.compressors.get(name)
     assert c.aggregatable and c.encode.sizes == tuple(float(s) for s in sizes)
     for s, paid in zip(sizes, c.decode.sizes):
-        g = torch.randn(s // 4)
+        g = torch.randn(profile_shape(s // 4))  # the shape the profile times
         st, agg, want = comp.init(g, world_size=1), None, 0
         for r in range(comp.capabilities.rounds):  # the rounds by hand, a world of one
             payload, st = comp.encode_round(r, g, st, agg)
