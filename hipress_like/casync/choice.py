@@ -293,7 +293,6 @@ class Choice:
         _log.info("rank %d: plan fixed in %.1f s", transport.rank, time.perf_counter() - t0)
 
 
-
 def _takes(fn: Any, name: str) -> bool:
     """Whether callable ``fn`` accepts keyword ``name`` (named, or through ``**kwargs``)."""
     try:
