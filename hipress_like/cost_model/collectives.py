@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 from .plan import GradientPlan
 
@@ -318,7 +318,7 @@ def decision_for(dec: GradientPlan, pick: str, compressor: str,
 
 def select_decision(dec: GradientPlan, nbytes: float, n: int, alpha: float, beta: float,
                     beta_one_way: Optional[float], compressor: str,
-                    params: Mapping[str, Any]) -> Optional[tuple]:
+                    params: Mapping[str, Any]) -> Optional[Tuple[str, GradientPlan]]:
     """The selection for one compressing decision (the planner's and
     ``collective="auto"``'s): ``(pick, decision_for(...))`` for an ``nbytes``
     gradient among ``n`` ranks on the link (``alpha``, ``beta``,

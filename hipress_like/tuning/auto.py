@@ -239,7 +239,8 @@ class AutoPlanner:
                 ``None`` plans for a single process.
             gradients: {name: nbytes}; default: the observed ones.
             shapes: {name: shape} of the gradients, for the trials (default:
-                the observed ones, else flat): PowerSGD's cost depends on
+                the observed ones, else ``engine_timing.profile_shape``'s
+                near-square matrices): PowerSGD's cost depends on
                 its matrix view, and a flat 20 M-entry gradient of the
                 VGG-style model took it twice as long to synchronise as the
                 (2560, 8192) one it stands for (453 against 234 ms, 4 ranks,
@@ -249,6 +250,8 @@ class AutoPlanner:
             The plan, identical on every rank.
         """
         sizes = dict(gradients or self.sizes)
+        if shapes is not None:
+            self.shapes.update({str(k): tuple(int(d) for d in v) for k, v in shapes.items()})
         if not sizes:
             raise ValueError("plan='auto' observed no gradient; call observe(name, nbytes) for "
                              "each gradient of the first iteration")
@@ -302,8 +305,6 @@ class AutoPlanner:
         if transport is not None and n > 1:
             data = broadcast_bytes(transport, data, self.timeout)
         plans = [Plan.from_dict(d) for d in json.loads(data)]
-        if shapes is not None:
-            self.shapes.update({str(k): tuple(int(d) for d in v) for k, v in shapes.items()})
         plan = plans[0] if len(plans) == 1 else self._best_of(transport, plans, sizes)
         _log.info("plan='auto' fixed after %d iteration(s): threshold %s bytes, %d of %d "
                   "gradients compressed", self.iterations, plan.rule.min_compress_bytes,

@@ -73,8 +73,7 @@ def measure_engine_sync(transport: Any, strategy: str = "ps",
         cfg = dict(engine_config or {})
         cfg.update(compressor=name, params=params)
         t = time_engine_steps(transport, plan, {"_probe": 4 * numel}, strategy, repeats=repeats,
-                              timeout=timeout, engine_config=cfg,
-                              shapes={"_probe": profile_shape(numel)})
+                              timeout=timeout, engine_config=cfg)
         out.append((4 * numel, int(k), t))
     agreed = torch.tensor([t for _, _, t in out], dtype=torch.float64)
     transport.broadcast(agreed, 0, timeout)
@@ -91,8 +90,9 @@ def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strat
     ``plan``, over ``repeats`` steps after one warm-up step. Collective.
 
     A gradient has its shape from ``shapes`` when that holds one with as many
-    entries as its bytes say, else it is flat: a compressor such as PowerSGD
-    costs what its matrix view costs, not what the byte count does.
+    entries as its bytes say, else the profile's (``profile_shape``): a
+    compressor such as PowerSGD costs what its matrix view costs, not what
+    the byte count does.
 
     Every rank submits every gradient at once. Without ``load`` nothing else
     runs, so this times the synchronisation alone, as the cost model
@@ -157,10 +157,10 @@ def profile_shape(numel: int) -> Tuple[int, ...]:
 
 def _shape_of(name: str, nbytes: int, shapes: Mapping[str, Sequence[int]]) -> Tuple[int, ...]:
     """The float32 shape a trial gives gradient ``name`` of ``nbytes`` bytes: its own
-    shape when known and of that many entries, else flat."""
+    shape when known and of that many entries, else ``profile_shape``'s."""
     numel = max(1, nbytes // 4)
     shape = tuple(int(d) for d in shapes.get(name, ()))
-    return shape if shape and math.prod(shape) == numel else (numel,)
+    return shape if shape and math.prod(shape) == numel else profile_shape(numel)
 
 
 def engine_points(max_bytes: int, n: int, lo: int = 64 << 10) -> List[Tuple[int, int]]:

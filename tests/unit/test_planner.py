@@ -668,14 +668,16 @@ def test_compute_load_does_the_work_it_was_sized_to():
 
 def test_trial_gradients_keep_their_shape_when_it_matches_their_bytes():
     """The trials register each gradient with its own shape (PowerSGD costs what its
-    matrix view costs), flat when the shape is unknown or disagrees with the bytes."""
+    matrix view costs); the profile's near-square matrix when the shape is unknown or
+    disagrees with the bytes (flat when that has one row)."""
     from hipress_like.tuning.engine_timing import _shape_of
 
     shapes = {"w": (2560, 8192), "b": (2560,), "odd": (3, 3)}
     assert _shape_of("w", 2560 * 8192 * 4, shapes) == (2560, 8192)
     assert _shape_of("b", 2560 * 4, shapes) == (2560,)
-    assert _shape_of("odd", 40, shapes) == (10,)  # 9 entries are not 40 bytes of float32
-    assert _shape_of("new", 40, shapes) == (10,)
+    assert _shape_of("odd", 40, shapes) == (2, 5)  # 9 entries are not 40 bytes of float32
+    assert _shape_of("new", 40, shapes) == (2, 5)
+    assert _shape_of("prime", 44, shapes) == (11,)
     assert _shape_of("tiny", 2, {}) == (1,)
 
 
