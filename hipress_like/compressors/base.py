@@ -61,6 +61,7 @@ __all__ = [
     "Capabilities",
     "REDUCTIONS",
     "STEP_SEED",
+    "CONTRIBUTORS",
     "step_seed",
     "mix_seed",
     "Compressor",
@@ -135,6 +136,12 @@ class Capabilities:
             l. 22). Error feedback then keeps each rank's own compression
             error and automatic wrapping applies; without it the residual is
             taken against the decoded average.
+        absent_rounds: a multi-round compressor a rank may sit a step out of
+            (partial aggregation, ``casync.quorum``): ``absent_round`` gives
+            that rank, from each round's aggregate of the others' payloads,
+            the state with which ``decode_rounds`` decodes the last one (THC:
+            the merged range). Single-round payloads decode without state,
+            so they need no declaration.
     """
 
     category: str
@@ -149,6 +156,7 @@ class Capabilities:
     shared_randomness: bool = False
     keeps_memory: bool = False
     own_decode: bool = False
+    absent_rounds: bool = False
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -422,6 +430,16 @@ class Compressor:
             return res, state
         raise NotImplementedError
 
+    def absent_round(self, r: int, grad: torch.Tensor, state: State,
+                     aggregate: Optional[torch.Tensor]) -> State:
+        """Round ``r`` for a rank that contributes nothing this step (``capabilities.
+        absent_rounds``): the state ``encode_round`` would have left, without a
+        payload. ``grad`` gives only the shape and dtype; ``aggregate`` is the
+        merged payload of round r-1 (of the contributing ranks), None in round 0.
+        """
+        raise NotImplementedError(f"{self.name} cannot sit a step out (it does not declare "
+                                  "capabilities.absent_rounds)")
+
     def broadcast_nbytes(self, r: int, numel: int, ndim: int = 1) -> Optional[int]:
         """Bytes of the owner's payload in broadcast round ``r``, when every rank can
         tell them before the round (a non-owner's payload is then replaced by a
@@ -469,6 +487,10 @@ class Compressor:
 # partition's shared seed with the engine's step count, which checkpoints
 # carry, so a resumed run draws what an uninterrupted one would).
 STEP_SEED = "step_seed"
+# Partial aggregation (``casync.quorum``) sets ``state[CONTRIBUTORS]`` before a
+# step's rounds: how many ranks' payloads that step's merged aggregates hold,
+# when fewer than ``world_size`` contributed. Absent, every rank did.
+CONTRIBUTORS = "contributors"
 
 
 def step_seed(state: State) -> int:

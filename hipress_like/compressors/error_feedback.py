@@ -54,6 +54,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from .base import (
+    CONTRIBUTORS,
     STEP_SEED,
     Compressor,
     State,
@@ -236,10 +237,15 @@ class ErrorFeedback(Compressor):
 
     @staticmethod
     def _inner_state(state: State) -> State:
-        """The inner state, with the engine's per-step seed passed down to it."""
+        """The inner state, with the engine's per-step seed (and partial aggregation's
+        contributor count) passed down to it."""
         inner = state.get("inner", {})
         if STEP_SEED in state:
             inner[STEP_SEED] = state[STEP_SEED]
+        if CONTRIBUTORS in state:  # partial aggregation's count, this step only
+            inner[CONTRIBUTORS] = state[CONTRIBUTORS]
+        else:
+            inner.pop(CONTRIBUTORS, None)
         return inner
 
     # -- multi round ---------------------------------------------------------
@@ -274,6 +280,16 @@ class ErrorFeedback(Compressor):
             new["own"] = payload  # decoded alone in decode_rounds: this rank's C(p)
         return payload, new
 
+    def absent_round(self, r: int, grad: torch.Tensor, state: State,
+                     aggregate: Optional[torch.Tensor]) -> State:
+        """Sit a step out (partial aggregation): the inner compressor's ``absent_round``;
+        the memory is left as it is, since this rank sent nothing to lose."""
+        if not self.inner.capabilities.absent_rounds:
+            return super().absent_round(r, grad, state, aggregate)
+        inner = self.inner.absent_round(r, grad, self._inner_state(state), aggregate)
+        return {**{k: v for k, v in state.items() if k not in ("x", "own")},
+                "inner": inner, "absent": True}
+
     def decode_rounds(self, grad: torch.Tensor, state: State, aggregate: torch.Tensor,
                       out: Optional[torch.Tensor] = None,
                       average: bool = False) -> Tuple[torch.Tensor, State]:
@@ -293,6 +309,11 @@ class ErrorFeedback(Compressor):
         """
         if self.inner.capabilities.rounds == 1:
             return super().decode_rounds(grad, state, aggregate, out=out, average=average)
+        if state.get("absent"):  # sat out (``absent_round``): decode; the memory stays
+            res, inner_state = self.inner.decode_rounds(grad, state["inner"], aggregate,
+                                                        out=out, average=average)
+            return res, {**{k: v for k, v in state.items() if k != "absent"},
+                         "inner": inner_state}
         if "x" not in state:
             raise ValueError("ef: decode_rounds before the rounds of this step")
         x, p, own = state["x"], state["error"], state.get("own")

@@ -60,6 +60,11 @@ gives the same bytes, and no lane can carry into the next, so packed words
 add lane-wise (SWAR). Sec. 6.2: the width must hold N g; ``init`` raises
 when ``world_size * g`` does not fit ``sum_bits``.
 
+Partial aggregation (Sec. 6.1, ``casync.quorum``): a step may merge only
+the ranks that arrived in time. ``state[CONTRIBUTORS]`` then says how many
+ranges round 1 expects, and a rank sitting the step out takes the merged
+range from ``absent_round`` and decodes the others' sum as they do.
+
 Kernels and the transform's loops live in ``thc_kernels`` (native C on the
 CPU for the transform, inductor-compiled torch for the rest).
 
@@ -82,6 +87,7 @@ from . import _native, thc_tables
 from ._fused import Kernel, compute_dtype
 from ._fused import minmax as _fused_minmax
 from .base import (
+    CONTRIBUTORS,
     Capabilities,
     Compressor,
     PayloadError,
@@ -205,7 +211,7 @@ class THC(Compressor):
     capabilities = Capabilities("quantization", aggregatable=True, rounds=2,
                                 round_reductions=("max", "sum"), summable=(False, False),
                                 merge_widens=True, shared_randomness=True, unbiased=False,
-                                stateful=True, own_decode=True)
+                                stateful=True, own_decode=True, absent_rounds=True)
 
     def __init__(self, bits: int = 4, granularity: Optional[int] = None, p: float = 1 / 32,
                  transform: bool = True, table: Optional[str] = None, sum_bits: int = 32) -> None:
@@ -248,7 +254,7 @@ class THC(Compressor):
             self.capabilities = Capabilities(
                 "quantization", aggregatable=True, rounds=2, round_reductions=("max", "sum"),
                 summable=(False, False), merge_widens=True, shared_randomness=True,
-                unbiased=True, stateful=True, own_decode=True)
+                unbiased=True, stateful=True, own_decode=True, absent_rounds=True)
 
     def params(self) -> Dict[str, Any]:
         """Constructor parameters."""
@@ -349,15 +355,7 @@ class THC(Compressor):
             return payload, dict(state)
         if r != 1:
             raise ValueError(f"thc has rounds 0 and 1, asked for round {r}")
-        if aggregate is None:
-            raise ValueError("thc round 1 needs the merged round-0 payload (the range)")
-        agg = self._parse(aggregate, (_RANGE,), lay.n)
-        ws = int(state.get("world_size") or 1)
-        if agg.count != ws:
-            raise PayloadError(f"thc round-0 aggregate merges {agg.count} ranks' ranges, "
-                               f"expected world_size={ws}")
-        stats = view_as_dtype(agg.body, torch.float64).view(lay.nstat, lay.k).clone()
-        dseed = step_seed(state)
+        stats, dseed = self._range(aggregate, lay, state)
         dev, cdt, g = x.device, compute_dtype(x.dtype), self.granularity
         seed = torch.tensor(_as_i32(mix_seed(rank_step_seed(int(state["seed"]),
                                                             int(state["step"])))),
@@ -389,6 +387,42 @@ class THC(Compressor):
             _K_QUANT.eager(spec)(a, words[lay.m:], s * 0 + 1, o * 0, seed,
                                  zero + lay.m * lay.planes)
         return payload, dict(state, thc_stats=stats, thc_dseed=dseed)
+
+    def _range(self, aggregate: Optional[torch.Tensor], lay: _Layout, state: State
+               ) -> Tuple[torch.Tensor, int]:
+        """The merged round-0 payload's statistics (nstat, k) and the step's shared seed.
+
+        The aggregate must merge every rank's range, or, under partial
+        aggregation, ``state[CONTRIBUTORS]`` of them.
+        """
+        if aggregate is None:
+            raise ValueError("thc round 1 needs the merged round-0 payload (the range)")
+        agg = self._parse(aggregate, (_RANGE,), lay.n)
+        part = state.get(CONTRIBUTORS)
+        ws = int(part or state.get("world_size") or 1)
+        if agg.count != ws:
+            what = f"the step's {ws} contributors" if part else f"world_size={ws}"
+            raise PayloadError(f"thc round-0 aggregate merges {agg.count} ranks' ranges, "
+                               f"expected {what}")
+        return view_as_dtype(agg.body, torch.float64).view(lay.nstat, lay.k).clone(), \
+            step_seed(state)
+
+    def absent_round(self, r: int, grad: torch.Tensor, state: State,
+                     aggregate: Optional[torch.Tensor]) -> State:
+        """Sit this step out (partial aggregation): round 1 keeps the contributors'
+        merged range and the step's seed, all ``decode_rounds`` needs to decode
+        their sum; round 0 changes nothing. ``grad`` gives only the size.
+
+        Raises:
+            ValueError: bad round; PayloadError: a malformed round-0 aggregate.
+        """
+        if r == 0:
+            return dict(state)
+        if r != 1:
+            raise ValueError(f"thc has rounds 0 and 1, asked for round {r}")
+        stats, dseed = self._range(aggregate, _Layout(grad.numel(), self.bits, self.transform),
+                                   state)
+        return dict(state, thc_stats=stats, thc_dseed=dseed)
 
     def _stats(self, x: torch.Tensor, lay: _Layout) -> torch.Tensor:
         """Round 0's float64 (nstat, k): per block ||x_j||, or the global (max, -min)."""
