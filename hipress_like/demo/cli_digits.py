@@ -143,6 +143,28 @@ def evaluate(model: Any, x: Any, y: Any) -> float:
     return acc
 
 
+def setup_worker(hidden: int, lr: float, seed: int) -> Tuple[int, int, Tuple[Any, ...], Any,
+                                                              Any]:
+    """One worker's start: ``hpt.init()``, the digits split, ``DigitsNet(hidden)`` with
+    rank 0's initial parameters, and SGD (momentum 0.9) over it.
+
+    Returns:
+        (rank, size, (x_train, y_train, x_test, y_test), model, optimizer).
+    """
+    import torch
+
+    import hipress_like.torch as hpt
+
+    torch.set_num_threads(1)
+    hpt.init()
+    data = load_digits_split(seed)
+    torch.manual_seed(seed)
+    model = DigitsNet(hidden)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    hpt.broadcast_parameters(model.state_dict(), root_rank=0)
+    return hpt.rank(), hpt.size(), data, model, opt
+
+
 def train_digits(ctx: Any, cfg_dict: Dict[str, Any]) -> Dict[str, Any]:
     """Train on digits in one worker (``run_workers`` calls it on every rank).
 
@@ -160,14 +182,7 @@ def train_digits(ctx: Any, cfg_dict: Dict[str, Any]) -> Dict[str, Any]:
     import hipress_like.torch as hpt
 
     cfg = DigitsConfig(**cfg_dict)
-    torch.set_num_threads(1)
-    hpt.init()
-    rank, size = hpt.rank(), hpt.size()
-    xtr, ytr, xte, yte = load_digits_split(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model = DigitsNet(cfg.hidden)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    hpt.broadcast_parameters(model.state_dict(), root_rank=0)
+    rank, size, (xtr, ytr, xte, yte), model, opt = setup_worker(cfg.hidden, cfg.lr, cfg.seed)
     hpt.broadcast_optimizer_state(opt, root_rank=0)
     compression = hpt.Compression.get(cfg.compressor, **cfg.params)
     back = (hpt.Compression.get(cfg.compressor_back, **cfg.params_back)

@@ -22,9 +22,12 @@ PyTorch's own (autograd hooks, optimizers, torch tensors), in this package:
   ``broadcast_parameters``, ``broadcast_optimizer_state``.
 - ``optimizer``: ``DistributedOptimizer`` (gradients go to the CaSync
   engine from backward hooks).
+- ``quorum``: ``DistributedOptimizer(stragglers=Quorum(...))``, partial
+  aggregation over ``casync.quorum``'s lane.
 - ``ddp``: ``CaSyncHookState`` + ``casync_hook`` for
   ``DistributedDataParallel.register_comm_hook``.
 """
+from ...casync.quorum import Quorum
 from ..compression import Compression, CompressionSpec
 from ..runtime import (
     barrier,
@@ -83,7 +86,7 @@ __all__ = [
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
     "broadcast_parameters", "grouped_allreduce", "poll", "synchronize",
     "Compression", "CompressionSpec", "CaSyncHookState", "casync_hook",
-    "DistributedOptimizer", "OrderingError",
+    "DistributedOptimizer", "OrderingError", "Quorum",
     "barrier", "cross_rank", "cross_size", "cuda_built", "gloo_built", "gloo_enabled", "init",
     "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled",
     "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",

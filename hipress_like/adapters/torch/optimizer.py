@@ -362,7 +362,7 @@ class _DistributedOptimizerMixin:
         return self._hp_engine
 
 
-_classes: Dict[type, type] = {}
+_classes: Dict[Any, type] = {}
 
 
 def _wrapped_class(cls: type) -> type:
@@ -380,7 +380,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          process_set: Any = None, *, strategy: str = "ps", plan: Any = "auto",
                          nonfinite: str = "propagate", timeout: Optional[float] = None,
                          seed: int = 0, compression_back: Any = None,
-                         collective: Optional[str] = None) -> torch.optim.Optimizer:
+                         collective: Optional[str] = None,
+                         stragglers: Any = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged by CaSync.
 
     A collective call: every rank constructs it at the same point, with the
@@ -444,6 +445,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             when the optimizer is built. "ring", "tree", "backend": AR-Topk's
             (or PowerSGD's, THC's) rounds on that allreduce; "allgather": a
             single-round compressor's payloads gathered by every rank.
+        stragglers: ``hpt.Quorum(fraction=0.75, deadline=None, missing=
+            "rescale", resync_every=0)`` turns partial aggregation on (THC
+            Sec. 6.1, 8.3): a step closes once that fraction of ranks
+            contributed, late gradients are dropped and counted, and every
+            rank applies the same aggregate (``adapters/torch/quorum`` gives
+            the loop contract: count steps with ``opt.steps``). Takes THC or
+            any single-round compressor; ``strategy``, ``plan`` and the
+            fusion options do not apply. None (default): off.
 
     Returns:
         The distributed optimizer (an instance of a subclass of
@@ -460,7 +469,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"expected a torch.optim.Optimizer, found {type(optimizer).__name__}")
-    if isinstance(optimizer, _DistributedOptimizerMixin):
+    if isinstance(optimizer, _DistributedOptimizerMixin) or hasattr(optimizer, "_hpq_lane"):
         raise ValueError("this optimizer is already a DistributedOptimizer")
     if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
         raise ValueError("process sets are not supported; every rank trains together")
@@ -469,6 +478,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     if gradient_predivide_factor != 1.0:
         log.info("gradient_predivide_factor=%s has no effect: averaging is done in float32",
                  gradient_predivide_factor)
+    if stragglers is not None:
+        return _quorum_optimizer(optimizer, named_parameters, compression, stragglers,
+                                 timeout, seed, compression_back, collective,
+                                 backward_passes_per_step, op)
     cls = _wrapped_class(type(optimizer))
     opt = cls.__new__(cls)
     # Share everything but per-instance callables (an LR scheduler patches
@@ -478,4 +491,40 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     opt._hp_engine = None
     opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step, op,
                   sparse_as_dense, nonfinite, timeout, seed, compression_back, collective)
+    return opt
+
+
+def _quorum_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, compression: Any,
+                      stragglers: Any, timeout: Optional[float], seed: int,
+                      compression_back: Any, collective: Optional[str],
+                      backward_passes_per_step: int, op: str) -> torch.optim.Optimizer:
+    """``DistributedOptimizer(stragglers=...)``: the partial-aggregation wrapper."""
+    from ...casync.quorum import Quorum
+    from .quorum import QuorumOptimizerMixin
+
+    if stragglers is True:
+        stragglers = Quorum()
+    if not isinstance(stragglers, Quorum):
+        raise TypeError(f"stragglers must be None, True or hpt.Quorum(...), found "
+                        f"{stragglers!r}")
+    if compression_back is not None or collective is not None:
+        raise ValueError("stragglers: compression_back and collective do not apply under "
+                         "partial aggregation (its lane allgathers each round's payloads)")
+    if op != Average:
+        raise ValueError("stragglers: only op=hpt.Average (a partial sum is rescaled)")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, found "
+                         f"{backward_passes_per_step!r}")
+    base = type(optimizer)
+    cls = _classes.get((QuorumOptimizerMixin, base))
+    if cls is None:
+        cls = _classes[(QuorumOptimizerMixin, base)] = type(
+            base.__name__, (QuorumOptimizerMixin, base),
+            {"__module__": base.__module__,
+             "__doc__": f"{base.__name__} with partial aggregation (hipress-like)."})
+    opt = cls.__new__(cls)
+    opt.__dict__.update({k: v for k, v in optimizer.__dict__.items()
+                         if not callable(getattr(base, k, None))})
+    opt._hpq_lane = None
+    opt._hpq_setup(named_parameters, compression, stragglers, timeout, seed)
     return opt

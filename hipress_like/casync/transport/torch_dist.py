@@ -51,7 +51,7 @@ import torch.distributed as dist
 
 from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
 
-__all__ = ["TorchDistTransport"]
+__all__ = ["TorchDistTransport", "own_store_client"]
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class TorchDistTransport(Transport):
         self._global = [dist.get_global_rank(group, r) for r in range(self.size)]
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.backend == "nccl" else torch.device("cpu"))
-        self._store = store if store is not None else _heartbeat_store()
+        self._store = store if store is not None else own_store_client()
         self._prefix = f"hipress/transport/{next(_instances)}"
         self._interval = float(heartbeat_interval)
         self._seq = 0
@@ -441,7 +441,7 @@ class TorchDistTransport(Transport):
 _FAILED_PREFIX = "hipress/failed"  # + global rank: the process saw a collective fail
 
 
-def _heartbeat_store() -> dist.Store:
+def own_store_client() -> dist.Store:
     """A client connection of our own to the default group's store, if it is a TCPStore.
 
     A store client runs one operation at a time; with a shared client, a
