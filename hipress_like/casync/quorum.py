@@ -58,6 +58,7 @@ import math
 import statistics
 import threading
 import time
+import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -198,8 +199,30 @@ class QuorumLane:
         self._stop = False
         self.counters = {"steps": 0, "contributed": 0, "dropped": 0, "sat_out": 0,
                          "partial": 0, "missing": 0}
+        self._check_peers()
         self._thread = threading.Thread(target=self._run, name="hipress-quorum", daemon=True)
         self._thread.start()
+
+    def _check_peers(self) -> None:
+        """Every rank must run the same lane: the gradient's size and dtype, the
+        compressor and the quorum settings are compared once (an allgather).
+
+        Raises:
+            ValueError: naming what differs and on which ranks.
+        """
+        def crc(obj: Any) -> int:
+            return zlib.crc32(repr(obj).encode())
+
+        mine = (self.numel, crc(self.dtype), crc(self.comp), crc(self.quorum))
+        got = self.transport.allgather(torch.tensor(mine, dtype=torch.int64), self.timeout)
+        rows = [tuple(int(v) for v in t.tolist()) for t in got]
+        for i, what in enumerate(("gradient elements", "dtype", "compressor", "Quorum")):
+            if len({r[i] for r in rows}) > 1:
+                detail = (f": {[r[0] for r in rows]} by rank" if i == 0 else
+                          f" (this rank: {[self.numel, self.dtype, self.comp, self.quorum][i]})")
+                raise ValueError(f"stragglers: the ranks' {what} differ{detail}; every rank "
+                                 "must build DistributedOptimizer with the same parameters, "
+                                 "compression and stragglers settings")
 
     # -- the training loop's side ------------------------------------------------------
     def submit(self, step: int, flat: torch.Tensor) -> None:

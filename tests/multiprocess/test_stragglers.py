@@ -94,3 +94,22 @@ def test_nan_sits_out_zeros_resync_and_resume_keep_replicas_identical():
     assert c[1]["nonfinite"] == 1 and c[1]["sat_out"] >= 1
     assert c[2]["dropped"] >= 1
     assert all(x["partial"] >= 2 for x in c)
+
+
+def _mismatch(ctx):
+    import pytest
+    import torch
+
+    import hipress_like.torch as hpt
+
+    hpt.init()
+    model = torch.nn.Linear(8, 4 + hpt.rank())  # rank 1 has more parameters
+    with pytest.raises(ValueError, match="gradient elements differ") as e:
+        hpt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 stragglers=hpt.Quorum(fraction=0.5))
+    return str(e.value)
+
+
+def test_ranks_that_build_different_lanes_get_one_clear_error():
+    msgs = run_workers(_mismatch, 2, timeout=120)
+    assert all("[36, 45] by rank" in m for m in msgs)

@@ -84,9 +84,14 @@ class QuorumOptimizerMixin:
         self._hpq_quorum = quorum
         self._hpq_steps = 0
         self._hpq_nonfinite = 0
-        self._hpq_lane = QuorumLane(comp, self._hpq_numel, self._hpq_dtype,
-                                    engine_transport(timeout), own_store_client(), rt.rank,
-                                    rt.size, quorum, seed=seed, timeout=timeout)
+        transport = engine_transport(timeout)
+        try:
+            self._hpq_lane = QuorumLane(comp, self._hpq_numel, self._hpq_dtype, transport,
+                                        own_store_client(), rt.rank, rt.size, quorum,
+                                        seed=seed, timeout=timeout)
+        except BaseException:
+            transport.close()
+            raise
         # the lane thread must stop before the interpreter does, even when the
         # optimizer is dropped without close() (its thread would die mid-call)
         weakref.finalize(self, _close_lane, self._hpq_lane)
