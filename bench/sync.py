@@ -47,6 +47,9 @@ COMPRESSORS = {
     "natural": ("natural", {}),  # C_nat workers; the aggregate re-encoded by C_nat
     "natural2": ("natural", {}),  # C_nat both ways (Natural Compression Alg. 1)
     "thc": ("thc", {}),  # 4 bits, T_{4,30,1/32}, the transform; sums merge as integers
+    # THC without the randomized Hadamard transform: the global [min, max] range, unbiased
+    # (no error feedback, so no second decode), the same table and integer sums
+    "thc_plain": ("thc", {"transform": False}),
     # issue 25: top-k 1% with plain indices against fp-aware Bloom-coded ones (eps 0.01)
     "topk": ("topk", {"ratio": 0.01}),
     "topk_bloom": ("topk", {"ratio": 0.01, "index_codec": "bloom", "eps": 0.01}),
