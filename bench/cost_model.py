@@ -149,7 +149,8 @@ def run(transport: Any, compressors: Sequence[str], sizes: Sequence[int], ks: Se
                                 if kind == "calib" and c is None))
     comps = {name: dataclasses.replace(
         cp, engine_samples=tuple(sorted((m, k, t) for (kind, c, m, k), t in measured.items()
-                                        if kind == "calib" and c == name)))
+                                        if kind == "calib" and c == name)),
+        engine_strategy=strategy, engine_samples_by={})
         for name, cp in prof.compressors.items()}
     prof = dataclasses.replace(prof, compressors=comps, lane_samples=lane_samples,
                                lane=fit_link([m for m, _ in lane_samples],

@@ -129,8 +129,9 @@ class EngineTerm:
     and fitted to whole synchronisations timed through the engine
     (``profiler.measure_engine_sync``) by least squares on the relative
     error of ``Eq. 2 + extra``, so small and large samples weigh alike.
-    Coefficients may be negative where Eq. 2 over-counts (its transfers are
-    serial; the engine's go in bulk rounds).
+    The fixed and per-partition coefficients may be negative where Eq. 2
+    over-counts (its transfers are serial; the engine's go in bulk rounds);
+    the per-byte one may not (``fit`` refits a negative slope as 0).
 
     Attributes:
         fixed: seconds per synchronisation.
@@ -181,6 +182,15 @@ class EngineTerm:
                          dtype=torch.float64)
         b = torch.tensor([[(t - eq2(m, k)) / t] for m, k, t in samples], dtype=torch.float64)
         x = torch.linalg.lstsq(a, b, driver="gelsd").solution[:, 0].tolist()
+        if x[2] < 0:
+            # The engine's work beyond Eq. 2 grows with the bytes (copies, the
+            # aggregator's re-encode, final decodes); a negative slope comes from
+            # weighing a few sizes' fixed costs, and extrapolated past the largest
+            # timed size it prices a big gradient below its own timings (Ring +
+            # onebit at 84 MB: 70 ms from samples of 113-202 ms at 32 MB). Refit
+            # without it.
+            x = torch.linalg.lstsq(a[:, :2], b, driver="gelsd").solution[:, 0].tolist()
+            x.append(0.0)
         return cls(fixed=x[0], per_partition=x[1], per_byte=x[2] / scale)
 
 
@@ -262,11 +272,18 @@ class Planner:
         # ... and, when the profile timed whole engine synchronisations with
         # this N, the fitted EngineTerm replaces the constant.
         self.engine_term: Optional[EngineTerm] = None
-        if self.cp.engine_samples and profile.meta.get("ranks") == n and n > 1:
-            self.engine_term = EngineTerm.fit(self.cp.engine_samples, self.eq2)
-        elif self.cp.engine_samples and n > 1:
+        # Only timings of this strategy: PS and Ring differ beyond Eq. 2 (a Ring term
+        # fitted to PS timings priced Ring + onebit 0.75x PS where training took 1.26x).
+        samples = self.cp.samples_for(strategy)
+        if samples and profile.meta.get("ranks") == n and n > 1:
+            self.engine_term = EngineTerm.fit(samples, self.eq2)
+        elif samples and n > 1:
             _log.warning("the profile's engine timings are for %s ranks, not N=%d: using "
                          "Eq. 2 with a constant overhead", profile.meta.get("ranks"), n)
+        elif self.cp.engine_samples and n > 1:
+            _log.info("the profile timed %s's engine with %s only; %s uses Eq. 2 with a "
+                      "constant overhead (hipress-profile profile --strategy both)",
+                      self.label, self.cp.engine_strategy, strategy)
 
     # -- the two equations ---------------------------------------------------
     def busy_links(self, k: int) -> int:

@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from ._files import load_json
 from .collectives import ring_allreduce
 from .model import CATEGORIES, Curve, Link
+from .plan import STRATEGIES as ENGINE_STRATEGIES
 
 __all__ = [
     "PROFILE_FORMAT",
@@ -87,9 +88,16 @@ class CompressorProfile:
             Eq. 2 in the engine (``measure_sync_overhead``); 0: not measured
             (the profile-wide ``sync_overhead`` applies).
         engine_samples: whole compressed synchronisations timed through the
-            engine (``measure_engine_sync``), as ``(bytes, K, seconds)``; the
-            planner fits the engine's cost beyond Eq. 2 to them
-            (``planner.EngineTerm``). Empty: not measured.
+            engine (``measure_engine_sync``) with strategy ``engine_strategy``,
+            as ``(bytes, K, seconds)``; the planner fits the engine's cost
+            beyond Eq. 2 to them (``planner.EngineTerm``). Empty: not measured.
+        engine_strategy: the strategy ``engine_samples`` were timed with
+            ("ps" for profiles written before it was recorded: the CLI's
+            default then).
+        engine_samples_by: the samples of further strategies, by strategy
+            (``samples_for`` reads both): PS and Ring pay differently beyond
+            Eq. 2 (Ring's hops decode, merge and re-encode in turn), so a
+            Ring planner must not fit PS timings.
     """
 
     name: str
@@ -103,10 +111,22 @@ class CompressorProfile:
     error_feedback: bool = False
     sync_overhead: float = 0.0
     engine_samples: Tuple[Tuple[int, int, float], ...] = ()
+    engine_strategy: str = "ps"
+    engine_samples_by: Mapping[str, Tuple[Tuple[int, int, float], ...]] = field(
+        default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "engine_samples",
-                           _engine_samples(self.engine_samples, f"compressor {self.name!r}"))
+        where = f"compressor {self.name!r}"
+        object.__setattr__(self, "engine_samples", _engine_samples(self.engine_samples, where))
+        if self.engine_strategy not in ENGINE_STRATEGIES:
+            raise ProfileError(f"{where}: engine_strategy must be one of {ENGINE_STRATEGIES}, "
+                               f"found {self.engine_strategy!r}")
+        by = self.engine_samples_by
+        if not isinstance(by, Mapping) or any(k not in ENGINE_STRATEGIES for k in by):
+            raise ProfileError(f"{where}: engine_samples_by must map strategies "
+                               f"{ENGINE_STRATEGIES} to samples, found {by!r:.80}")
+        object.__setattr__(self, "engine_samples_by", {
+            k: _engine_samples(v, f"{where}, {k}") for k, v in by.items()})
         if self.category not in CATEGORIES:
             raise ProfileError(f"compressor {self.name!r}: category must be one of "
                                f"{CATEGORIES}, found {self.category!r}")
@@ -119,6 +139,12 @@ class CompressorProfile:
         if not (isinstance(self.sync_overhead, (int, float)) and self.sync_overhead >= 0):
             raise ProfileError(f"compressor {self.name!r}: sync_overhead must be >= 0 seconds, "
                                f"found {self.sync_overhead!r}")
+
+    def samples_for(self, strategy: str) -> Tuple[Tuple[int, int, float], ...]:
+        """The engine timings taken with ``strategy`` (empty when none were)."""
+        if strategy == self.engine_strategy:
+            return self.engine_samples
+        return self.engine_samples_by.get(strategy, ())
 
     def payload_bytes(self, nbytes: float) -> float:
         """Payload size for an ``nbytes`` input (``r * m`` of Eq. 2, plus the header)."""
@@ -135,13 +161,16 @@ class CompressorProfile:
                 "header_bytes": self.header_bytes, "error_feedback": self.error_feedback,
                 "sync_overhead": self.sync_overhead, "encode": self.encode.to_dict(),
                 "decode": self.decode.to_dict(),
-                "engine_samples": [list(x) for x in self.engine_samples]}
+                "engine_samples": [list(x) for x in self.engine_samples],
+                "engine_strategy": self.engine_strategy,
+                "engine_samples_by": {k: [list(x) for x in v]
+                                      for k, v in self.engine_samples_by.items()}}
 
     @classmethod
     def from_dict(cls, name: str, d: Mapping[str, Any]) -> "CompressorProfile":
         """Validate and build; raises ``ProfileError``."""
         optional = {"params", "aggregatable", "error_feedback", "sync_overhead",
-                    "engine_samples", "compressor"}
+                    "engine_samples", "compressor", "engine_strategy", "engine_samples_by"}
         known = optional | {"category", "ratio", "header_bytes", "encode", "decode"}
         if not isinstance(d, Mapping):
             raise ProfileError(f"compressor {name!r}: expected an object, found {d!r:.60}")
@@ -156,7 +185,9 @@ class CompressorProfile:
                        aggregatable=bool(d.get("aggregatable", False)),
                        error_feedback=bool(d.get("error_feedback", False)),
                        sync_overhead=d.get("sync_overhead", 0.0),
-                       engine_samples=d.get("engine_samples", ()), ratio=d["ratio"],
+                       engine_samples=d.get("engine_samples", ()),
+                       engine_strategy=d.get("engine_strategy", "ps"),
+                       engine_samples_by=d.get("engine_samples_by", {}), ratio=d["ratio"],
                        header_bytes=d["header_bytes"], encode=Curve.from_dict(d["encode"]),
                        decode=Curve.from_dict(d["decode"]))
         except ProfileError:

@@ -476,7 +476,8 @@ def with_link(profile: Profile, link: Link) -> Profile:
     planner then uses Table I's Ring-AR and Eq. 2 plus the measured constant
     overheads, which are CPU work). Compressor curves stay.
     """
-    comps = {k: dataclasses.replace(v, engine_samples=()) for k, v in profile.compressors.items()}
+    comps = {k: dataclasses.replace(v, engine_samples=(), engine_samples_by={})
+             for k, v in profile.compressors.items()}
     return dataclasses.replace(profile, link=link, link_samples=(), link_one=None,
                                link_one_samples=(), allreduce=None, allreduce_samples=(),
                                lane=None, lane_samples=(), compressors=comps,

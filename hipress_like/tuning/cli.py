@@ -166,7 +166,7 @@ def _engine_opts(a: argparse.Namespace, ef: Any) -> Dict[str, Any]:
         from ..casync.engine import EngineConfig
 
         opts["round_meta_bytes"] = 8 * report_len(EngineConfig().report_capacity)
-        opts["engine_overhead"] = a.strategy
+        opts["engine_overhead"] = ("ps", "ring") if a.strategy == "both" else a.strategy
     return opts
 
 
@@ -233,9 +233,10 @@ def _cmd_profile(a: argparse.Namespace) -> int:
         if c.engine_samples and isinstance(prof.meta.get("ranks"), int):
             from ..cost_model.planner import Planner
 
-            t = Planner(prof, name, prof.meta["ranks"], a.strategy).engine_term
-            if t is not None:
-                print(f"  engine beyond Eq. 2: {t.describe()}")
+            for st in ("ps", "ring"):
+                t = Planner(prof, name, prof.meta["ranks"], st).engine_term
+                if t is not None:
+                    print(f"  engine beyond Eq. 2 ({st}): {t.describe()}")
     print(f"wrote {a.output}")
     return 0
 
@@ -470,8 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-env", action="store_true",
                    help="this process is one rank of a launched job (torchrun, run_ns.sh)")
     p.add_argument("--link-max-size", default="16MB", help="largest message timed on the link")
-    p.add_argument("--strategy", default="ps", choices=("ps", "ring"),
-                   help="strategy whose engine overhead is measured (with --nprocs/--from-env)")
+    p.add_argument("--strategy", default="both", choices=("ps", "ring", "both"),
+                   help="strategies whose engine synchronisations are timed (with --nprocs/"
+                   "--from-env); the advisor ranks both, so both by default")
     p.add_argument("--no-engine", dest="engine", action="store_false",
                    help="time bare links (no coordinator metadata, no engine overhead): "
                    "HiPress's Eq. 1/2 exactly")

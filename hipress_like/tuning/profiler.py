@@ -350,7 +350,7 @@ def profile_transport(
     progress: Progress = None,
     error_feedback: Union[bool, str] = "auto",
     round_meta_bytes: int = 0,
-    engine_overhead: Optional[str] = None,
+    engine_overhead: Union[None, str, Sequence[str]] = None,
     raw_collective: bool = True,
     engine_grid: Optional[Sequence[Tuple[int, int]]] = None,
 ) -> Profile:
@@ -373,13 +373,14 @@ def profile_transport(
         progress: ``progress(iterable, desc, total)`` wrapper (rank 0 only).
         error_feedback: see ``profile_compressor`` (default: as the engine runs it).
         round_meta_bytes: see ``measure_link``.
-        engine_overhead: a strategy ("ps", "ring") to also time whole
-            synchronisations through the engine: its fixed cost per
-            synchronisation (``measure_sync_overhead``), the uncompressed
-            lane over ``link_sizes`` (``Profile.lane``, with
-            ``raw_collective``) and each compressor over ``engine_grid``
-            (``CompressorProfile.engine_samples``). None measures none of
-            them (HiPress's Eq. 1/2 as published).
+        engine_overhead: a strategy ("ps", "ring"), or several, to also time
+            whole synchronisations through the engine: the first one's fixed
+            cost per synchronisation (``measure_sync_overhead``) and
+            uncompressed lane over ``link_sizes`` (``Profile.lane``, with
+            ``raw_collective``), and each compressor over ``engine_grid``
+            with every one of them (``CompressorProfile.engine_samples``,
+            ``engine_samples_by``). None measures none of them (HiPress's
+            Eq. 1/2 as published).
         raw_collective: the engine's setting (uncompressed gradients by
             allreduce); with a measured link, the allreduce is measured too.
         engine_grid: ``(bytes, K)`` points of the compressed engine timings
@@ -404,9 +405,13 @@ def profile_transport(
                                       round_meta_bytes=round_meta_bytes)
     overhead = 0.0
     lane, lane_samples = None, ()
-    measure = bool(engine_overhead) and transport.size > 1
+    strategies: Tuple[str, ...] = (() if not engine_overhead else (engine_overhead,)
+                                   if isinstance(engine_overhead, str)
+                                   else tuple(engine_overhead))
+    measure = bool(strategies) and transport.size > 1
     ecfg = {"raw_collective": raw_collective}
     if measure:
+        engine_overhead = strategies[0]
         overhead = measure_sync_overhead(transport, one or link, engine_overhead,
                                          repeats=2 * repeats, timeout=timeout,
                                          engine_config=ecfg, allreduce=ar)
@@ -430,7 +435,11 @@ def profile_transport(
                     repeats=2 * repeats, timeout=timeout, engine_config=ecfg),
                 engine_samples=measure_engine_sync(
                     transport, engine_overhead, grid, compressor=cp, repeats=repeats,
-                    timeout=timeout, engine_config=ecfg, progress=prog))
+                    timeout=timeout, engine_config=ecfg, progress=prog),
+                engine_strategy=engine_overhead,
+                engine_samples_by={st: measure_engine_sync(
+                    transport, st, grid, compressor=cp, repeats=repeats, timeout=timeout,
+                    engine_config=ecfg, progress=prog) for st in strategies[1:]})
         profs[name] = cp
     prof = Profile(link=link, compressors=profs, link_samples=samples, link_one=one,
                    link_one_samples=one_samples, sync_overhead=overhead, allreduce=ar,

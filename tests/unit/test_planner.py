@@ -395,11 +395,17 @@ def test_engine_term_is_floored_at_one_partitions_work():
     pl = Planner(dataclasses.replace(base, compressors={"q": cp}, meta={"ranks": 4}),
                  "q", 4, "ps")
     cpq = pl.cp
-    part = (16 << 20) / 4
-    floor = (cpq.encode(part) + pl.link(4)(cpq.payload_bytes(part))
-             + cpq.decode(cpq.payload_bytes(part)))
-    assert pl.t_cpr(16 << 20, 4) == pytest.approx(floor)
-    assert pl.t_cpr(16 << 20, 4) < pl0.t_cpr(16 << 20, 4)
+
+    def floor(m):
+        part = m / 4
+        return (cpq.encode(part) + pl.link(4)(cpq.payload_bytes(part))
+                + cpq.decode(cpq.payload_bytes(part)))
+
+    for m in (1 << 20, 16 << 20):
+        assert pl.t_cpr(m, 4) == pytest.approx(
+            max(floor(m), pl.eq2(m, 4) + pl.engine_term(m, 4)))
+        assert pl.t_cpr(m, 4) < pl0.t_cpr(m, 4)
+    assert pl.t_cpr(1 << 20, 4) == pytest.approx(floor(1 << 20))  # the floor holds it
 
 
 def test_engine_timings_of_another_world_size_are_not_used(caplog):
@@ -408,6 +414,40 @@ def test_engine_timings_of_another_world_size_are_not_used(caplog):
         pl = Planner(prof, "q", 4, "ps")
     assert pl.engine_term is None and "8 ranks, not N=4" in caplog.text
     assert pl.t_cpr(1e6, 2) == pytest.approx(pl.eq2(1e6, 2) + prof.sync_overhead)
+
+
+def test_each_strategy_fits_its_own_engine_timings_and_never_the_others():
+    from hipress_like.cost_model.planner import EngineTerm
+
+    prof, true = _timed_profile()  # PS timings only
+    ring = Planner(prof, "q", 4, "ring")
+    assert ring.engine_term is None  # a Ring term fitted to PS timings would misprice Ring
+    assert ring.t_cpr(1e6, 2) == pytest.approx(ring.eq2(1e6, 2) + prof.sync_overhead)
+    # Ring timings of their own, from another known term
+    ring_true = EngineTerm(fixed=9e-3, per_partition=1e-3, per_byte=3e-9)
+    samples = tuple((m, k, ring.eq2(m, k) + ring_true(m, k))
+                    for m in (64 << 10, 4 << 20, 32 << 20) for k in (1, 4, 12))
+    cp = dataclasses.replace(prof.compressor("q"), engine_samples_by={"ring": samples})
+    both = dataclasses.replace(prof, compressors={"q": cp})
+    t = Planner(both, "q", 4, "ring").engine_term
+    assert (t.fixed, t.per_partition, t.per_byte) == pytest.approx(
+        (ring_true.fixed, ring_true.per_partition, ring_true.per_byte), rel=1e-6)
+    t = Planner(both, "q", 4, "ps").engine_term
+    assert t.per_byte == pytest.approx(true.per_byte, rel=1e-6)
+    back = Profile.from_dict(json.loads(json.dumps(both.to_dict())))
+    assert back.compressor("q").samples_for("ring") == samples
+    assert back.compressor("q").samples_for("ps") == prof.compressor("q").engine_samples
+    # a profile written before the strategy was recorded reads as PS timings
+    d = prof.to_dict()
+    for key in ("engine_strategy", "engine_samples_by"):
+        d["compressors"]["q"].pop(key)
+    assert Profile.from_dict(d).compressor("q").engine_strategy == "ps"
+    for key, bad in (("engine_strategy", "tree"), ("engine_samples_by", {"tree": []}),
+                     ("engine_samples_by", {"ring": [[1, 0, 1.0]]})):
+        d = prof.to_dict()
+        d["compressors"]["q"][key] = bad
+        with pytest.raises(ProfileError, match="engine_s"):
+            Profile.from_dict(d)
 
 
 def test_engine_timings_round_trip_and_bad_ones_are_rejected():
@@ -727,3 +767,24 @@ def test_profiles_time_gradients_as_exact_near_square_matrices():
             assert shape[0] <= shape[1] <= 256 * shape[0]
     assert profile_shape(1024) == (32, 32) and profile_shape(2560 * 8192) == (4096, 5120)
     assert profile_shape(1031) == (1031,) and profile_shape(1) == (1,)
+
+
+def test_a_negative_per_byte_slope_is_refitted_as_zero():
+    import torch
+
+    from hipress_like.cost_model.planner import EngineTerm
+
+    # large fixed costs at small sizes and cheap big ones pull a free fit's slope
+    # below zero, which would price a gradient past the largest sample below it
+    eq2 = lambda m, k: 3e-9 * m  # noqa: E731
+    samples = [(64 << 10, 1, 0.060), (512 << 10, 1, 0.060), (4 << 20, 1, 0.062),
+               (32 << 20, 1, 0.113)]
+    free = torch.linalg.lstsq(
+        torch.tensor([[1 / t, 0.0, m / (32 << 20) / t] for m, _, t in samples],
+                     dtype=torch.float64),
+        torch.tensor([[(t - eq2(m, k)) / t] for m, k, t in samples], dtype=torch.float64),
+        driver="gelsd").solution[:, 0]
+    assert float(free[2]) < 0  # the case this pins
+    t = EngineTerm.fit(samples, eq2)
+    assert t.per_byte == 0.0 and t.fixed > 0
+    assert eq2(84 << 20, 1) + t(84 << 20, 1) > 0.113  # not below the 32 MB timing
