@@ -115,60 +115,15 @@ from .thc_kernels import (
     BLOCK_LOG2,
     _hinges,
     _sign_key,
-    _tail_blocks,
     forward_rht,
     inverse_rht,
     randomized_hadamard,
 )
+from .thc_payload import _EXTRA, _INDEX, _RANGE, _SUM, _WIDTHS, _Layout, _Parsed, sum_width
 
 __all__ = ["THC", "BLOCK", "randomized_hadamard", "sum_width"]
 
-_RANGE, _INDEX, _SUM = 0, 1, 2
-_EXTRA = struct.Struct("<BBBBBBxxIII")  # kind bits flags log2B cap width | g count crc
-_WIDTHS = ((8, 255), (16, 65535), (32, 2**31 - 1))  # sum width, largest sum it holds
 _DEFAULT_G = {2: 36, 4: 30}  # App. C.1 for b=2; Sec. 8's evaluation default for b=4
-
-
-def sum_width(count: int, granularity: int, cap: int = 32) -> int:
-    """Bits per summed value for ``count`` payloads: the narrowest of 8, 16, 32 (at most
-    ``cap``) holding ``count * granularity``; 0 when none does (an overflow)."""
-    for w, top in _WIDTHS:
-        if w <= cap and count * granularity <= top:
-            return w
-    return 0
-
-
-
-
-class _Layout:
-    """Sizes of an n-element gradient's blocks and payload bodies (module docstring)."""
-
-    def __init__(self, n: int, bits: int, transform: bool) -> None:
-        self.n, self.planes = n, 32 // bits
-        self.m = n // self.planes  # main words; the last n - m * planes elements: one more
-        self.rest = n - self.m * self.planes
-        self.words = self.m + (1 if self.rest else 0)
-        self.index_nbytes = 4 * self.words
-        self.full = n // BLOCK * BLOCK if transform else 0
-        self.rows = self.full // BLOCK
-        self.tails = _tail_blocks(n - self.full) if transform else []
-        self.k = 1 if transform else 2
-        self.nstat = self.rows + len(self.tails) if transform else 1
-
-    def sum_nbytes(self, width: int) -> int:
-        """Bytes of a sum body: ``planes / lanes`` arrays of ``words`` int32 words."""
-        return 4 * self.words * (self.planes * width // 32)
-
-
-class _Parsed:
-    __slots__ = ("h", "kind", "bits", "flags", "log2b", "cap", "width", "g", "count", "crc",
-                 "n", "body")
-
-    def __init__(self, h, fields) -> None:
-        self.h = h
-        (self.kind, self.bits, self.flags, self.log2b, self.cap, self.width, self.g,
-         self.count, self.crc) = fields
-        self.n, self.body = (h.shape[0] if len(h.shape) == 1 else -1), h.body
 
 
 @register("thc")
