@@ -113,3 +113,15 @@ def _mismatch(ctx):
 def test_ranks_that_build_different_lanes_get_one_clear_error():
     msgs = run_workers(_mismatch, 2, timeout=120)
     assert all("[36, 45] by rank" in m for m in msgs)
+
+
+def test_a_single_round_compressor_with_error_feedback_stays_identical():
+    # onebit runs inside error feedback (the default for biased compressors): members
+    # update their memory, the late rank's stays; every rank decodes the members'
+    # payloads in rank order
+    cfg = StragglerConfig(compressor="onebit", params={}, fraction=0.75, deadline=0.05,
+                          steps=10, warmup=2, straggler=1, every=5, sleep=0.5, hidden=64)
+    res = run_workers(train_straggling, 4, args=(asdict(cfg),), timeout=300)
+    assert len({r["param_digest"] for r in res}) == 1, "replicas diverged"
+    late = res[1]["stragglers"]
+    assert late["dropped"] >= 1 and late["applied"] == 12
