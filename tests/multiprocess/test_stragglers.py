@@ -6,6 +6,8 @@ No timing is asserted here (bench/stragglers.py measures it).
 """
 from dataclasses import asdict
 
+import pytest
+
 from hipress_like.casync.launch import run_workers
 from hipress_like.demo.stragglers import StragglerConfig, train_straggling
 
@@ -115,6 +117,7 @@ def test_ranks_that_build_different_lanes_get_one_clear_error():
     assert all("[36, 45] by rank" in m for m in msgs)
 
 
+@pytest.mark.slow  # the default suite covers single-round payloads with identity above
 def test_a_single_round_compressor_with_error_feedback_stays_identical():
     # onebit runs inside error feedback (the default for biased compressors): members
     # update their memory, the late rank's stays; every rank decodes the members'
