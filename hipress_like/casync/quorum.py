@@ -75,6 +75,9 @@ MISSING = ("rescale", "zeros")
 _instances = itertools.count()
 
 
+_MOVED = ("moved",)  # ``_close``: load_state_dict moved the step count
+
+
 class QuorumError(RuntimeError):
     """The lane failed (a peer vanished, a payload was refused); training cannot go on."""
 
@@ -146,7 +149,7 @@ def check_compressor(comp: Compressor) -> None:
 class _Done:
     """A finished step: its aggregate (flat, the gradient's dtype) and contributor set."""
 
-    aggregate: torch.Tensor
+    aggregate: Optional[torch.Tensor]  # None: no rank contributed, the step is skipped
     members: Tuple[int, ...]
 
 
@@ -192,6 +195,7 @@ class QuorumLane:
         self._cond = threading.Condition()
         self._store_lock = threading.Lock()  # the store client is shared with ``awaited``
         self._grads: Dict[int, torch.Tensor] = {}
+        self._abstain: set = set()  # steps this rank sends nothing for (NaN/Inf)
         self._done: Dict[int, _Done] = {}
         self._next = 0  # the step the lane works on
         self._durations: List[float] = []
@@ -236,6 +240,16 @@ class QuorumLane:
             self._grads[step] = flat
             self._cond.notify_all()
 
+    def abstain(self, step: int) -> None:
+        """Say that this rank sends nothing for ``step`` (its gradient was NaN/Inf), so
+        the step may close without waiting for it; a step every rank abstains from
+        closes with no contributor and is skipped (``result`` gives None)."""
+        with self._cond:
+            self._raise()
+            if step >= self._next:
+                self._abstain.add(step)
+                self._cond.notify_all()
+
     def ready(self, step: int) -> bool:
         """True when ``step`` is done (``result`` would not wait)."""
         with self._cond:
@@ -247,8 +261,9 @@ class QuorumLane:
         with self._store_lock:
             return self.store.add(f"m/{step}", 0) != 0
 
-    def result(self, step: int) -> Tuple[torch.Tensor, Tuple[int, ...]]:
-        """Wait for ``step``: (its averaged flat gradient, the contributing ranks).
+    def result(self, step: int) -> Tuple[Optional[torch.Tensor], Tuple[int, ...]]:
+        """Wait for ``step``: (its averaged flat gradient, or None when no rank
+        contributed, and the contributing ranks).
 
         Raises:
             QuorumError: the lane failed.
@@ -307,7 +322,7 @@ class QuorumLane:
                 members = self._close(self._next)
                 if members is None:
                     return
-                if not members:  # load_state_dict moved the step count: wait on that step
+                if members is _MOVED:  # load_state_dict moved the step count: wait on that step
                     continue
                 agg = self._exchange(self._next, members)
                 with self._cond:
@@ -332,7 +347,7 @@ class QuorumLane:
 
     def _close(self, s: int) -> Optional[Tuple[int, ...]]:
         """Wait until step ``s`` closes; its contributors (None: stopping)."""
-        mkey, ckey = f"m/{s}", f"c/{s}"
+        mkey, ckey, akey = f"m/{s}", f"c/{s}", f"a/{s}"
         registered, seen_q, t_reg = False, None, None
         t0 = time.monotonic()
         deadline = self._deadline()
@@ -341,23 +356,27 @@ class QuorumLane:
                 if self._stop:
                     return None
                 if self._next != s:
-                    return ()
+                    return _MOVED
                 mine = s in self._grads
+                out = s in self._abstain
             with self._store_lock:
                 closed = self.store.check([ckey])
                 if closed:
                     members = self._members(self.store.get(ckey))
                     break
-                if mine and not registered:
-                    mask = self.store.add(mkey, 1 << self.rank)
+                if (mine or out) and not registered:  # a contribution, or an abstention
+                    self.store.add(mkey if mine else akey, 1 << self.rank)
                     registered, t_reg = True, time.monotonic()
-                else:
-                    mask = self.store.add(mkey, 0)
+                mask = self.store.add(mkey, 0)
+                absent = self.store.add(akey, 0)
                 n = bin(mask).count("1")
                 now = time.monotonic()
                 if n >= self.needed and seen_q is None:
                     seen_q = now
-                if n == self.size or (seen_q is not None and now - seen_q >= deadline):
+                # close when all ranks contributed, when every rank is accounted for
+                # (contributed or abstained: waiting cannot add anyone), or at the deadline
+                if (n == self.size or n + bin(absent).count("1") == self.size
+                        or (seen_q is not None and now - seen_q >= deadline)):
                     members = self._members(self.store.compare_set(ckey, "", str(mask)))
                     break
             if registered and now - t_reg > self.timeout:
@@ -365,7 +384,8 @@ class QuorumLane:
                     f"step {s} did not close within {self.timeout:.0f} s: only ranks "
                     f"{self._members(str(mask))} arrived and {self.needed} are needed")
             with self._cond:
-                if not self._stop and (registered or s not in self._grads):
+                if not self._stop and (registered or (s not in self._grads
+                                                      and s not in self._abstain)):
                     self._cond.wait(self.quorum.poll)
         self._durations.append(time.monotonic() - t0)
         return members
@@ -397,8 +417,12 @@ class QuorumLane:
             parts = [p[:k] for p, k in zip(parts, sizes)]
         return parts
 
-    def _exchange(self, s: int, members: Tuple[int, ...]) -> torch.Tensor:
-        """Run step ``s``'s rounds over ``members``; the averaged flat gradient."""
+    def _exchange(self, s: int, members: Tuple[int, ...]) -> Optional[torch.Tensor]:
+        """Run step ``s``'s rounds over ``members``; the averaged flat gradient, or None
+        when no rank contributed (every rank abstained: the step is skipped)."""
+        if not members:
+            self._count(s, contributed=False, n=0)
+            return None
         comp, caps = self.comp, self.comp.capabilities
         x = self._grads.get(s) if self.rank in members else None
         template = x if x is not None else self._out
@@ -432,14 +456,21 @@ class QuorumLane:
         out.div_(len(members) if self.quorum.missing == "rescale" else self.size)
         state.pop(CONTRIBUTORS, None)
         self._state = state
+        self._count(s, contributed=x is not None, n=len(members))
+        return out
+
+    def _count(self, s: int, contributed: bool, n: int) -> None:
+        """Step ``s`` is done with ``n`` contributors: the counters, and rank 0 drops
+        the store keys of step s - 1 (every lane is past them by now)."""
         c = self.counters
         c["steps"] += 1
-        c["contributed" if x is not None else "sat_out"] += 1
-        if len(members) < self.size:
+        c["contributed" if contributed else "sat_out"] += 1
+        if n < self.size:
             c["partial"] += 1
-            c["missing"] += self.size - len(members)
-        if self.rank == 0 and s >= 1:  # every lane is past step s - 1's keys by now
+            c["missing"] += self.size - n
+        with self._cond:
+            self._abstain.discard(s)
+        if self.rank == 0 and s >= 1:
             with self._store_lock:
-                self.store.delete_key(f"m/{s - 1}")
-                self.store.delete_key(f"c/{s - 1}")
-        return out
+                for k in ("m", "c", "a"):
+                    self.store.delete_key(f"{k}/{s - 1}")

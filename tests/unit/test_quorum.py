@@ -180,3 +180,29 @@ def test_bad_options_are_refused_before_any_exchange(runtime):
     opt.close()
     with pytest.raises(RuntimeError, match="closed"):
         opt.step()
+
+
+def test_a_step_no_rank_can_contribute_to_is_skipped_not_waited_for(runtime):
+    hpt = runtime
+    m = _model()
+    opt = hpt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=m.named_parameters(),
+                                   stragglers=hpt.Quorum(), timeout=30)
+    _train(opt, m, 2)
+    before = [p.detach().clone() for p in m.parameters()]
+    state = {k: v["momentum_buffer"].clone() for k, v in enumerate(opt.state.values())}
+    x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(m(x), y).backward()
+    m[0].weight.grad[0, 0] = float("inf")
+    opt.step()  # the only rank abstains: the step closes at once, empty, and is skipped
+    assert opt.steps == 3
+    for a, b in zip(before, m.parameters()):
+        assert torch.equal(a, b)
+    for k, v in enumerate(opt.state.values()):
+        assert torch.equal(v["momentum_buffer"], state[k])
+    c = opt.stragglers()
+    assert (c["nonfinite"], c["sat_out"], c["contributed"]) == (1, 1, 2)
+    _train(opt, m, 4)  # and training goes on
+    assert opt.steps == 4
+    opt.close()

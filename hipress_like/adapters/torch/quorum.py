@@ -28,9 +28,11 @@ each step's batch by it::
 An LR scheduler must advance once per applied step, so hook it to the
 optimizer (``opt.register_step_post_hook(lambda *a: sched.step())``) rather
 than calling it once per loop iteration. A rank whose gradient holds
-NaN/Inf sits the step out (counted in ``opt.stragglers()``), since the others
-must not wait for it; ``GradScaler``'s overflow detection is therefore not
-available in this mode, and neither are closures or ``synchronize()``.
+NaN/Inf sits the step out (counted in ``opt.stragglers()``) and says so, so
+the others need not wait for it; when every rank does, the step is skipped
+on every rank (parameters and optimizer state unchanged). ``GradScaler``
+cannot see the NaN/Inf of other ranks in this mode, and closures and
+``synchronize()`` are not available.
 Gradients are exchanged at ``step()``, not during backward (one flat
 buffer per step, no overlap with computation).
 """
@@ -116,14 +118,16 @@ class QuorumOptimizerMixin:
             raise RuntimeError("this optimizer was closed")
         s = self._hpq_steps
         flat = self._hpq_flatten()
-        if bool(torch.isfinite(flat).all()):
+        finite = bool(torch.isfinite(flat).all())
+        if finite:
             lane.submit(s, flat)
-        else:
+        else:  # sit the step out, saying so: the others need not wait for this rank
             self._hpq_nonfinite += 1
+            lane.abstain(s)
             log.warning("stragglers: rank %d's gradient of step %d holds NaN/Inf; it sits "
                         "the step out", self._hpq_rank, s)
         members = self._hpq_apply(s)
-        if self._hpq_rank not in members:  # late (or non-finite): apply what closed meanwhile
+        if finite and self._hpq_rank not in members:  # late: apply what closed meanwhile
             while lane.ready(self._hpq_steps):
                 self._hpq_apply(self._hpq_steps)
             if lane.awaited(self._hpq_steps):  # others are past computing it: realign
@@ -145,6 +149,11 @@ class QuorumOptimizerMixin:
 
     def _hpq_apply(self, s: int) -> tuple:
         agg, members = self._hpq_lane.result(s)
+        if agg is None:  # no rank contributed (NaN/Inf everywhere): skipped on every rank
+            log.warning("stragglers: no rank had a finite gradient for step %d; every rank "
+                        "skips it", s)
+            self._hpq_steps = s + 1
+            return members
         o = 0
         with torch.no_grad():
             for p in self._hpq_params:
