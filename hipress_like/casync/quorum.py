@@ -64,6 +64,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..compressors.base import CONTRIBUTORS, STEP_SEED, Compressor, State, mix_seed
+from ..compressors.params import check_int, check_real
 
 __all__ = ["Quorum", "QuorumLane", "QuorumError", "check_compressor"]
 
@@ -107,24 +108,15 @@ class Quorum:
     poll: float = 0.001
 
     def __post_init__(self) -> None:
-        f = self.fraction
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0:
-            raise ValueError(f"Quorum: fraction must be a number in (0, 1], found {f!r} "
-                             "(e.g. 0.75: a step may close once 3 of 4 ranks contributed)")
-        d = self.deadline
-        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float))
-                              or not 0.0 <= d < math.inf):
-            raise ValueError(f"Quorum: deadline must be None (automatic) or seconds >= 0, "
-                             f"found {d!r}")
+        check_real("Quorum", "fraction", self.fraction, low=0.0, low_open=True, high=1.0,
+                   example=0.75)
+        if self.deadline is not None:
+            check_real("Quorum", "deadline", self.deadline, low=0.0, example=0.05)
         if self.missing not in MISSING:
             raise ValueError(f"Quorum: missing must be one of {MISSING}, found "
                              f"{self.missing!r}")
-        r = self.resync_every
-        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-            raise ValueError(f"Quorum: resync_every must be an int >= 0, found {r!r}")
-        p = self.poll
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
-            raise ValueError(f"Quorum: poll must be seconds in (0, 1], found {p!r}")
+        check_int("Quorum", "resync_every", self.resync_every, low=0, example=100)
+        check_real("Quorum", "poll", self.poll, low=0.0, low_open=True, high=1.0, example=0.001)
 
     def needed(self, world_size: int) -> int:
         """q = ceil(fraction * N), at least 1."""

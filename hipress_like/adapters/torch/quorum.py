@@ -46,6 +46,7 @@ import torch
 
 from .. import checkpoint
 from ..compression import resolve_compression
+from ..engine_builder import wire_dtype
 from ..runtime import _require, _track, default_timeout, engine_transport
 from .gradients import resolve_names
 
@@ -68,12 +69,9 @@ class QuorumOptimizerMixin:
         names = resolve_names(params, named_parameters, self.param_groups)
         self._hpq_params: List[torch.Tensor] = [
             p for p in {id(p): p for p in params}.values() if p.requires_grad]
-        for p in self._hpq_params:
-            if p.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-                raise TypeError(f"parameter {names[id(p)]!r} has dtype {p.dtype}; partial "
-                                "aggregation reduces floating-point gradients")
-        every64 = all(p.dtype == torch.float64 for p in self._hpq_params)
-        self._hpq_dtype = torch.float64 if every64 else torch.float32
+        # one flat buffer in the engine's wire dtypes (fp16/bf16 reduced in float32)
+        wires = {wire_dtype(p.dtype, names[id(p)]) for p in self._hpq_params}
+        self._hpq_dtype = torch.float64 if wires == {torch.float64} else torch.float32
         self._hpq_numel = sum(p.numel() for p in self._hpq_params)
         if not self._hpq_numel:
             raise ValueError("stragglers: the optimizer holds no parameter that requires a "
