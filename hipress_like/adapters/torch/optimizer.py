@@ -365,12 +365,21 @@ class _DistributedOptimizerMixin:
 _classes: Dict[Any, type] = {}
 
 
-def _wrapped_class(cls: type) -> type:
-    if cls not in _classes:
-        _classes[cls] = type(cls.__name__, (_DistributedOptimizerMixin, cls),
-                             {"__module__": cls.__module__,
-                              "__doc__": f"{cls.__name__} synchronised by hipress-like CaSync."})
-    return _classes[cls]
+def _wrapped(optimizer: torch.optim.Optimizer, mixin: type, what: str) -> Any:
+    """A new instance of ``(mixin, type(optimizer))`` (one class per pair) sharing
+    ``optimizer``'s param groups and state."""
+    base = type(optimizer)
+    cls = _classes.get((mixin, base))
+    if cls is None:
+        cls = _classes[(mixin, base)] = type(
+            base.__name__, (mixin, base),
+            {"__module__": base.__module__, "__doc__": f"{base.__name__} {what}."})
+    opt = cls.__new__(cls)
+    # Share everything but per-instance callables (an LR scheduler patches
+    # ``optimizer.step`` on the instance; copying it would bypass our step).
+    opt.__dict__.update({k: v for k, v in optimizer.__dict__.items()
+                         if not callable(getattr(base, k, None))})
+    return opt
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
@@ -483,12 +492,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         return _quorum_optimizer(optimizer, named_parameters, compression, stragglers,
                                  timeout, seed, compression_back, collective,
                                  backward_passes_per_step, op)
-    cls = _wrapped_class(type(optimizer))
-    opt = cls.__new__(cls)
-    # Share everything but per-instance callables (an LR scheduler patches
-    # ``optimizer.step`` on the instance; copying it would bypass our step).
-    opt.__dict__.update({k: v for k, v in optimizer.__dict__.items()
-                         if not callable(getattr(type(optimizer), k, None))})
+    opt = _wrapped(optimizer, _DistributedOptimizerMixin, "synchronised by hipress-like CaSync")
     opt._hp_engine = None
     opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step, op,
                   sparse_as_dense, nonfinite, timeout, seed, compression_back, collective)
@@ -516,16 +520,7 @@ def _quorum_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, c
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be an int >= 1, found "
                          f"{backward_passes_per_step!r}")
-    base = type(optimizer)
-    cls = _classes.get((QuorumOptimizerMixin, base))
-    if cls is None:
-        cls = _classes[(QuorumOptimizerMixin, base)] = type(
-            base.__name__, (QuorumOptimizerMixin, base),
-            {"__module__": base.__module__,
-             "__doc__": f"{base.__name__} with partial aggregation (hipress-like)."})
-    opt = cls.__new__(cls)
-    opt.__dict__.update({k: v for k, v in optimizer.__dict__.items()
-                         if not callable(getattr(base, k, None))})
+    opt = _wrapped(optimizer, QuorumOptimizerMixin, "with partial aggregation (hipress-like)")
     opt._hpq_lane = None
     opt._hpq_setup(named_parameters, compression, stragglers, timeout, seed)
     return opt
