@@ -96,7 +96,7 @@ def predict(model: str, profile_path: str, candidates: list, timeline=None):
     from models import MODELS
 
     from hipress_like.cost_model import Profile
-    from hipress_like.tuning.advise import advise, cpu_share_of, measure_compute
+    from hipress_like.tuning.advise import advise, measure_compute
 
     module = MODELS[model](num_classes=10, in_channels=1)
     sizes = [(n, p.numel() * p.element_size()) for n, p in module.named_parameters()]
@@ -107,7 +107,7 @@ def predict(model: str, profile_path: str, candidates: list, timeline=None):
     adv = advise(sizes, NPROCS, prof, timeline, compressors=names,
                  candidates=[c for c in candidates if c in prof.compressors],
                  compressor_plans="rule", meta={"model": model, "profile": profile_path},
-                 cpu_share=cpu_share_of((os.cpu_count() or 1) / NPROCS))
+                 cores_per_rank=(os.cpu_count() or 1) / NPROCS)
     return adv, sizes
 
 
@@ -129,6 +129,7 @@ def timeline_dict(t) -> dict:
 def compare(model: str, adv, sizes: list, measured: dict) -> dict:
     """Rows predicted vs measured, the median relative error and the recommendation check."""
     by = {r["config"]: r for r in measured["rows"]}
+    floor_cpu = by.get("floor", {}).get("cpu_ms_per_step")
     rows = []
     for r in adv.rows:
         cfg = bench_config(r.label)
@@ -136,7 +137,12 @@ def compare(model: str, adv, sizes: list, measured: dict) -> dict:
             ms = by[cfg]["ms_per_step"]
             row = {"advisor": r.label, "config": cfg, "predicted_ms": r.step_s * 1e3,
                    "sync_ms": r.sync_s * 1e3, "measured_ms": ms,
-                   "rel_error": r.step_s * 1e3 / ms - 1}
+                   "rel_error": r.step_s * 1e3 / ms - 1,
+                   # a rank's CPU time synchronising: predicted, and measured beyond the floor's
+                   "sync_cpu_ms": None if r.cpu_s is None else r.cpu_s * 1e3,
+                   "measured_sync_cpu_ms": (by[cfg]["cpu_ms_per_step"] - floor_cpu
+                                            if floor_cpu and "cpu_ms_per_step" in by[cfg]
+                                            else None)}
             if cfg.endswith("-auto") and "compressors" in by[cfg]:
                 # plan="auto" made its own plan from its own profile: say whether it
                 # compressed the same gradients with the same compressors
@@ -155,13 +161,15 @@ def compare(model: str, adv, sizes: list, measured: dict) -> dict:
     print(f"\n{model}: advisor vs bench/train.py ({measured.get('budget', '')})")
     print(f"compute: {adv.timeline.source}; predicted floor {adv.timeline.floor_s * 1e3:.0f} ms"
           + (f", measured floor {floor:.0f} ms" if floor else ""))
-    print(f"{'advisor row':<20} {'bench row':<16} {'sync ms':>8} {'pred ms':>8} "
-          f"{'meas ms':>8} {'error':>7}")
+    print(f"{'advisor row':<20} {'bench row':<16} {'sync ms':>8} {'CPU pred':>8} "
+          f"{'CPU meas':>8} {'pred ms':>8} {'meas ms':>8} {'error':>7}")
     for r in sorted(rows, key=lambda r: r["measured_ms"]):
         note = ""
         if "same_plan" in r and not r["same_plan"]:
             note = f"  (auto chose {r['auto_compressors']})"
-        print(f"{r['advisor']:<20} {r['config']:<16} {r['sync_ms']:8.0f} "
+        cpus = "".join(f" {'-':>8}" if c is None else f" {c:8.0f}"
+                       for c in (r["sync_cpu_ms"], r["measured_sync_cpu_ms"]))
+        print(f"{r['advisor']:<20} {r['config']:<16} {r['sync_ms']:8.0f}{cpus} "
               f"{r['predicted_ms']:8.0f} {r['measured_ms']:8.0f} {r['rel_error'] * 100:+6.1f}%"
               f"{note}")
     ratio = rec["measured_ms"] / fastest["measured_ms"]
@@ -239,7 +247,8 @@ def main(argv=None) -> int:
         report.update(profile=profile, nodes=NPROCS, rate=ns.rate, load=load,
                       timeline=timeline_dict(adv.timeline),
                       predicted=[{"label": r.label, "step_ms": r.step_s * 1e3,
-                                  "sync_ms": r.sync_s * 1e3, "compressed": r.compressed}
+                                  "sync_ms": r.sync_s * 1e3, "compressed": r.compressed,
+                                  "sync_cpu_ms": None if r.cpu_s is None else r.cpu_s * 1e3}
                                  for r in adv.rows])
         with open(out, "w") as f:
             json.dump(report, f, indent=1)

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .collectives import select_decision
+from .engine_term import EngineTerm
 from .model import (
     Link,
     SyncParams,
@@ -112,86 +113,17 @@ class Choice:
         return GradientPlan(compress=self.compress, partitions=self.partitions)
 
 
-@dataclass(frozen=True)
-class EngineTerm:
-    """What a compressed synchronisation costs in the engine beyond HiPress Eq. 2.
+def _cpu_fit(samples: Sequence[Tuple[int, int, float]]) -> Optional[EngineTerm]:
+    """``EngineTerm``'s linear form fitted to CPU samples (no Eq. 2 under them);
+    None without a sample above zero.
 
-    Not in HiPress. Eq. 2 counts ``alpha`` transfers, ``beta`` encodes and
-    ``gamma`` decodes (Table 3 / Sec. 6.1). The CaSync engine also pays for
-    work those counts leave out: coordinator rounds that carry no gradient
-    bytes, tasks and messages per partition, and, in the co-located PS, the
-    aggregator's re-encode and the workers' final decodes. Measured on this
-    repository's engine, that extra cost is roughly linear in three things,
-    so it is modelled as
-
-        extra(m, K) = fixed + per_partition * (K - 1) + per_byte * m
-
-    and fitted to whole synchronisations timed through the engine
-    (``profiler.measure_engine_sync``) by least squares on the relative
-    error of ``Eq. 2 + extra``, so small and large samples weigh alike.
-    The fixed and per-partition coefficients may be negative where Eq. 2
-    over-counts (its transfers are serial; the engine's go in bulk rounds);
-    the per-byte one may not (``fit`` refits a negative slope as 0).
-
-    Attributes:
-        fixed: seconds per synchronisation.
-        per_partition: seconds per partition beyond the first.
-        per_byte: seconds per gradient byte.
+    Example:
+        >>> t = _cpu_fit([(1000, 1, 0.0), (1000, 1, 2e-3), (4000, 1, 5e-3)])
+        >>> round(t(2000, 1) * 1e3, 6), _cpu_fit([(1000, 1, 0.0)])
+        (3.0, None)
     """
-
-    fixed: float = 0.0
-    per_partition: float = 0.0
-    per_byte: float = 0.0
-
-    def __call__(self, m: float, k: int) -> float:
-        """Extra seconds for an ``m``-byte gradient in ``k`` partitions."""
-        return self.fixed + self.per_partition * (k - 1) + self.per_byte * m
-
-    def describe(self) -> str:
-        """The coefficients in readable units, e.g. for the CLI and the benchmark."""
-        return (f"{self.fixed * 1e3:.2f} ms + {self.per_partition * 1e3:.2f} ms per extra "
-                f"partition + {self.per_byte * 1e9:.3f} ns per byte")
-
-    @classmethod
-    def fit(cls, samples: Sequence[Tuple[int, int, float]],
-            eq2: Callable[[float, int], float]) -> "EngineTerm":
-        """Fit to ``(bytes, K, seconds)`` samples given Eq. 2's prediction ``eq2(m, K)``.
-
-        Minimises ``sum(((eq2 + extra) / t - 1) ** 2)``. With fewer distinct
-        K than two (or sizes than two) the unidentifiable coefficient is left
-        at the minimum-norm solution (0 when nothing pins it).
-
-        Raises:
-            ValueError: no samples.
-
-        Example:
-            >>> eq2 = lambda m, k: 1e-3 * k
-            >>> s = [(m, k, 1e-3 * k + 2e-3 + 1e-3 * (k - 1) + 1e-9 * m)
-            ...      for m in (1e6, 8e6) for k in (1, 4)]
-            >>> t = EngineTerm.fit(s, eq2)
-            >>> [round(x, 12) for x in (t.fixed, t.per_partition, t.per_byte)]
-            [0.002, 0.001, 1e-09]
-        """
-        import torch
-
-        if not samples:
-            raise ValueError("EngineTerm.fit needs at least one (bytes, K, seconds) sample")
-        # scale the per-byte column to O(1) so the solve is well conditioned
-        scale = max(m for m, _, _ in samples)
-        a = torch.tensor([[1.0 / t, (k - 1) / t, m / scale / t] for m, k, t in samples],
-                         dtype=torch.float64)
-        b = torch.tensor([[(t - eq2(m, k)) / t] for m, k, t in samples], dtype=torch.float64)
-        x = torch.linalg.lstsq(a, b, driver="gelsd").solution[:, 0].tolist()
-        if x[2] < 0:
-            # The engine's work beyond Eq. 2 grows with the bytes (copies, the
-            # aggregator's re-encode, final decodes); a negative slope comes from
-            # weighing a few sizes' fixed costs, and extrapolated past the largest
-            # timed size it prices a big gradient below its own timings (Ring +
-            # onebit at 84 MB: 70 ms from samples of 113-202 ms at 32 MB). Refit
-            # without it.
-            x = torch.linalg.lstsq(a[:, :2], b, driver="gelsd").solution[:, 0].tolist()
-            x.append(0.0)
-        return cls(fixed=x[0], per_partition=x[1], per_byte=x[2] / scale)
+    usable = [x for x in samples if x[2] > 0]
+    return EngineTerm.fit(usable, lambda m, k: 0.0) if usable else None
 
 
 class Planner:
@@ -245,6 +177,12 @@ class Planner:
         self.n = n
         self.strategy = strategy
         self.model_strategy = model_strategy or ENGINE_TO_MODEL[strategy]
+        # The engine's Ring runs each of its K partitions as a ring allreduce over
+        # N chunks (``casync.workflows.ring_workflow``): HiPress's Ring with K*N
+        # partitions, N per batch (Sec. 3.3). Eq. 1/2 take K*N. Pricing the engine's
+        # K as HiPress's K put a whole 32 MB gradient through every hop at K = 1
+        # (Ring + onebit: 218 ms where the engine took 113 ms, 4 ranks at 1 Gbit/s).
+        self.chunks = n if strategy == "ring" and self.model_strategy == "ring" else 1
         # A quantizer whose payloads sum without decoding (THC Sec. 4) is priced by
         # Table 3's low-rank counts (no decode-merge-encode at the aggregator), its
         # widened sums on the way back (``model.t_sync_homomorphic``).
@@ -284,6 +222,11 @@ class Planner:
             _log.info("the profile timed %s's engine with %s only; %s uses Eq. 2 with a "
                       "constant overhead (hipress-profile profile --strategy both)",
                       self.label, self.cp.engine_strategy, strategy)
+        # CPU seconds per synchronisation, when the profile recorded them with this N
+        same_n = profile.meta.get("ranks") == n and n > 1
+        self.cpu_term = _cpu_fit(self.cp.engine_cpu_by.get(strategy, ())) if same_n else None
+        self._lane_cpu = (_cpu_fit([(m, 1, c) for m, c in profile.lane_cpu]) if same_n
+                          else None)
 
     # -- the two equations ---------------------------------------------------
     def busy_links(self, k: int) -> int:
@@ -312,23 +255,25 @@ class Planner:
         if self.raw_collective:
             t = self.profile.allreduce_time(m, self.n)
         else:
-            t = t_sync_orig(m, k, self.n, self.link(k), self.params)
+            t = t_sync_orig(m, k * self.chunks, self.n, self.link(k), self.params)
         return t + self._overhead if self.n > 1 else t
 
     def eq2(self, m: float, k: int) -> float:
         """HiPress Eq. 2 alone with the profile's curves (seconds); ``r`` includes the header.
         With a master compressor (``back``), Eq. 2 priced in both directions
-        (``model.t_sync_bidi``)."""
+        (``model.t_sync_bidi``). Under the engine's Ring, K partitions are K*N
+        chunks (``chunks``)."""
+        kc = k * self.chunks
         if self.back is not None:
             mb = self.back
-            return t_sync_bidi(m, k, self.n, self.cp.rate(m / k), mb.rate(m / k), self.link(k),
-                               self.cp.encode, self.cp.decode, mb.encode, mb.decode,
-                               self.params, self.cp.aggregatable)
+            return t_sync_bidi(m, kc, self.n, self.cp.rate(m / kc), mb.rate(m / kc),
+                               self.link(k), self.cp.encode, self.cp.decode, mb.encode,
+                               mb.decode, self.params, self.cp.aggregatable)
         if self.homomorphic and self.n > 1:
-            return t_sync_homomorphic(m, k, self.n, self.cp.rate(m / k),
-                                      self.merged_rate(m / k), self.link(k), self.cp.encode,
+            return t_sync_homomorphic(m, kc, self.n, self.cp.rate(m / kc),
+                                      self.merged_rate(m / kc), self.link(k), self.cp.encode,
                                       self.cp.decode, self.params, self.model_strategy == "ring")
-        return t_sync_cpr(m, k, self.n, self.cp.rate(m / k), self.link(k),
+        return t_sync_cpr(m, kc, self.n, self.cp.rate(m / kc), self.link(k),
                           self.cp.encode, self.cp.decode, self.params)
 
     def merged_rate(self, nbytes: float) -> float:
@@ -355,11 +300,25 @@ class Planner:
             return t
         if self.engine_term is None:
             return t + self._overhead_cpr
-        part = m / k
+        part = m / (k * self.chunks)
         back = self.back or self.cp
         floor = (self.cp.encode(part) + self.link(k)(self.cp.payload_bytes(part))
                  + back.decode(back.payload_bytes(part)))
         return max(t + self.engine_term(m, k), floor)
+
+    def cpu_cpr(self, m: float, k: int) -> Optional[float]:
+        """CPU seconds one rank spends on a compressed synchronisation of ``m`` bytes
+        in ``k`` partitions (every thread: encodes, decodes, merges, copies, the
+        transport), from the profile's ``engine_cpu_by`` by ``EngineTerm``'s
+        linear form; None when the profile did not record them for this
+        strategy and N. Not in HiPress, whose compression runs on spare GPU cores."""
+        return None if self.cpu_term is None else max(0.0, self.cpu_term(m, k))
+
+    def cpu_orig(self, m: float) -> Optional[float]:
+        """CPU seconds one rank spends on ``m`` uncompressed bytes in the engine's
+        collective lane (``Profile.lane_cpu``, fitted ``a + b m``); None when not
+        recorded for this N."""
+        return None if self._lane_cpu is None else max(0.0, self._lane_cpu(m, 1))
 
     def _best_k(self, f, m: float) -> Tuple[int, float]:
         times = [(k, f(m, k)) for k in self.partitions]

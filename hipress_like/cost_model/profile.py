@@ -98,6 +98,11 @@ class CompressorProfile:
             (``samples_for`` reads both): PS and Ring pay differently beyond
             Eq. 2 (Ring's hops decode, merge and re-encode in turn), so a
             Ring planner must not fit PS timings.
+        engine_cpu_by: per strategy, the CPU seconds one rank spends on the
+            same synchronisations (every thread of its process), as
+            ``(bytes, K, cpu_seconds)``: the work a rank's cores must find
+            room for, which the advisor adds up when ranks outnumber cores
+            (``advise.predict_step``). Empty: not measured.
     """
 
     name: str
@@ -114,6 +119,8 @@ class CompressorProfile:
     engine_strategy: str = "ps"
     engine_samples_by: Mapping[str, Tuple[Tuple[int, int, float], ...]] = field(
         default_factory=dict)
+    engine_cpu_by: Mapping[str, Tuple[Tuple[int, int, float], ...]] = field(
+        default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"compressor {self.name!r}"
@@ -127,6 +134,12 @@ class CompressorProfile:
                                f"{ENGINE_STRATEGIES} to samples, found {by!r:.80}")
         object.__setattr__(self, "engine_samples_by", {
             k: _engine_samples(v, f"{where}, {k}") for k, v in by.items()})
+        cpu = self.engine_cpu_by
+        if not isinstance(cpu, Mapping) or any(k not in ENGINE_STRATEGIES for k in cpu):
+            raise ProfileError(f"{where}: engine_cpu_by must map strategies "
+                               f"{ENGINE_STRATEGIES} to samples, found {cpu!r:.80}")
+        object.__setattr__(self, "engine_cpu_by", {
+            k: _engine_samples(v, f"{where}, CPU {k}") for k, v in cpu.items()})
         if self.category not in CATEGORIES:
             raise ProfileError(f"compressor {self.name!r}: category must be one of "
                                f"{CATEGORIES}, found {self.category!r}")
@@ -164,13 +177,17 @@ class CompressorProfile:
                 "engine_samples": [list(x) for x in self.engine_samples],
                 "engine_strategy": self.engine_strategy,
                 "engine_samples_by": {k: [list(x) for x in v]
-                                      for k, v in self.engine_samples_by.items()}}
+                                      for k, v in self.engine_samples_by.items()},
+                **({"engine_cpu_by": {k: [list(x) for x in v]
+                                      for k, v in self.engine_cpu_by.items()}}
+                   if self.engine_cpu_by else {})}
 
     @classmethod
     def from_dict(cls, name: str, d: Mapping[str, Any]) -> "CompressorProfile":
         """Validate and build; raises ``ProfileError``."""
         optional = {"params", "aggregatable", "error_feedback", "sync_overhead",
-                    "engine_samples", "compressor", "engine_strategy", "engine_samples_by"}
+                    "engine_samples", "compressor", "engine_strategy", "engine_samples_by",
+                    "engine_cpu_by"}
         known = optional | {"category", "ratio", "header_bytes", "encode", "decode"}
         if not isinstance(d, Mapping):
             raise ProfileError(f"compressor {name!r}: expected an object, found {d!r:.60}")
@@ -187,7 +204,8 @@ class CompressorProfile:
                        sync_overhead=d.get("sync_overhead", 0.0),
                        engine_samples=d.get("engine_samples", ()),
                        engine_strategy=d.get("engine_strategy", "ps"),
-                       engine_samples_by=d.get("engine_samples_by", {}), ratio=d["ratio"],
+                       engine_samples_by=d.get("engine_samples_by", {}),
+                       engine_cpu_by=d.get("engine_cpu_by", {}), ratio=d["ratio"],
                        header_bytes=d["header_bytes"], encode=Curve.from_dict(d["encode"]),
                        decode=Curve.from_dict(d["decode"]))
         except ProfileError:
@@ -222,6 +240,9 @@ class Profile:
             (``measure_engine_sync``) and fitted to ``alpha + m beta``. When
             present it is what "no compression" costs with ``raw_collective``.
         lane_samples: its samples.
+        lane_cpu: the CPU seconds one rank spends on each of those
+            synchronisations, as ``(bytes, cpu_seconds)`` (see
+            ``CompressorProfile.engine_cpu_by``). Empty: not measured.
         meta: provenance (host, transport, world size, date).
     """
 
@@ -236,8 +257,14 @@ class Profile:
     allreduce_samples: Tuple[Tuple[int, float], ...] = ()
     lane: Optional[Link] = None
     lane_samples: Tuple[Tuple[int, float], ...] = ()
+    lane_cpu: Tuple[Tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "lane_cpu", tuple(
+                (int(m), float(c)) for m, c in self.lane_cpu))
+        except (TypeError, ValueError) as e:
+            raise ProfileError(f"lane_cpu must be [bytes, cpu_seconds] pairs: {e}") from None
         if not (isinstance(self.sync_overhead, (int, float)) and self.sync_overhead >= 0):
             raise ProfileError(f"sync_overhead must be a number >= 0 seconds, found "
                                f"{self.sync_overhead!r}")
@@ -280,6 +307,8 @@ class Profile:
             d["allreduce"] = _link_dict(self.allreduce, self.allreduce_samples)
         if self.lane is not None:
             d["lane"] = _link_dict(self.lane, self.lane_samples)
+        if self.lane_cpu:
+            d["lane_cpu"] = [list(x) for x in self.lane_cpu]
         if self.sync_overhead:
             d["sync_overhead"] = self.sync_overhead
         return d
@@ -300,7 +329,7 @@ class Profile:
             raise ProfileError(f"profile version {d.get('version')!r} is not supported "
                                f"(expected {PROFILE_VERSION}); re-run hipress-profile profile")
         known = {"format", "version", "link", "link_one", "sync_overhead", "compressors", "meta",
-                 "allreduce", "lane"}
+                 "allreduce", "lane", "lane_cpu"}
         if set(d) - known:
             raise ProfileError(f"unknown profile keys: {sorted(set(d) - known)}; known: "
                                f"{sorted(known)}")
@@ -319,7 +348,7 @@ class Profile:
                    link_samples=samples, meta=dict(d.get("meta", {})), link_one=one,
                    link_one_samples=one_samples, sync_overhead=d.get("sync_overhead", 0.0),
                    allreduce=ar, allreduce_samples=ar_samples, lane=lane,
-                   lane_samples=lane_samples)
+                   lane_samples=lane_samples, lane_cpu=d.get("lane_cpu", ()))
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the profile as indented JSON."""
@@ -338,12 +367,14 @@ class Profile:
 
 
 def _engine_samples(samples: Any, where: str) -> Tuple[Tuple[int, int, float], ...]:
-    """Validate ``(bytes, K, seconds)`` triples; raises ``ProfileError``."""
+    """Validate ``(bytes, K, seconds)`` triples (seconds >= 0 for CPU samples);
+    raises ``ProfileError``."""
     out = []
+    least = 0.0 if "CPU" in where else 1e-300
     try:
         for row in samples:
             m, k, t = row
-            if not (int(m) == m and m > 0 and int(k) == k and k >= 1 and float(t) > 0
+            if not (int(m) == m and m > 0 and int(k) == k and k >= 1 and float(t) >= least
                     and math.isfinite(float(t))):
                 raise ValueError(f"{row!r}")
             out.append((int(m), int(k), float(t)))

@@ -50,8 +50,18 @@ The step-time model of one configuration:
    ``step = time when backward and every job are done + U``. The
    synchronisation time reported beside it is the sum of all phases
    (nothing overlapped).
+4. The host's cores (``host_bound``). The profile's engine timings each
+   held the host alone; in training a rank's compute, its engine threads
+   (compute, communication, rounds) and the transport's threads all need
+   its cores. When the profile recorded the CPU seconds of each
+   synchronisation (``CompressorProfile.engine_cpu_by``,
+   ``Profile.lane_cpu``), the step is at least the rank's compute CPU plus
+   its synchronisations' CPU over its cores (``cores_per_rank``). With
+   more ranks than cores this bound decides most compressed rows: 4 ranks
+   on 2 cores ran Ring + onebit on the VGG-style model in 957 ms per step,
+   where the three servers alone predicted 531 ms and the bound 742 ms.
 
-Steps 1 and 3 and the lane buckets are not in HiPress, which measures
+Steps 1, 3 and 4 and the lane buckets are not in HiPress, which measures
 throughput rather than predicting it. ``paper_profile`` is the built-in
 ``--profile paper``: Table 3's alpha/beta/gamma (which the model always
 uses) driven by curves taken from the paper's own figures.
@@ -77,7 +87,8 @@ from ..cost_model.planner import NEVER, Planner, plan_per_gradient
 from ..cost_model.profile import CompressorProfile, Profile, ProfileError
 from .compute import ComputeTimeline, infer_input_shape, load_module, measure_compute
 
-__all__ = ["ComputeTimeline", "Row", "Advice", "advise", "predict_step", "paper_profile",
+__all__ = ["ComputeTimeline", "Row", "Advice", "advise", "predict_step", "host_bound",
+           "paper_profile",
            "measure_compute", "optimizer_line", "cpu_share_of", "with_link", "load_module",
            "infer_input_shape", "PAPER_COMPRESSORS"]
 
@@ -152,6 +163,9 @@ class Row:
         compressed: gradients compressed.
         compressed_bytes: their bytes.
         speedup: the no-compression step time over this one.
+        cpu_s: CPU seconds one rank spends synchronising per step (the
+            profile's ``engine_cpu_by`` and ``lane_cpu``); None when the
+            profile has no CPU figures for a part of the plan.
     """
 
     label: str
@@ -164,6 +178,7 @@ class Row:
     compressed: int
     compressed_bytes: int
     speedup: float = 1.0
+    cpu_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -285,9 +300,29 @@ def _simulate(timeline: ComputeTimeline, jobs: List[_Job], cpu_share: float) -> 
                     route(head)
 
 
+def host_bound(timeline: ComputeTimeline, sync_cpu: float, cores_per_rank: float) -> float:
+    """The shortest step the host's cores allow (seconds; module doc, step 4).
+
+    A rank's cores must run its compute and its synchronisation's CPU work
+    (``sync_cpu``). With ``c = cores_per_rank`` a step takes at least
+    ``(compute CPU + sync_cpu) / c``, the compute's CPU being
+    ``floor_s * min(1, c)``: a timeline measured with the ranks sharing the
+    host (``measure_compute``) ran at the rank's share of the cores.
+
+    Example:
+        >>> t = ComputeTimeline(0.1, 0.2, {}, 0.0)
+        >>> round(host_bound(t, 0.2, 0.5), 3), round(host_bound(t, 0.2, 2.0), 3)
+        (0.7, 0.25)
+    """
+    if not cores_per_rank > 0:
+        raise ValueError(f"cores_per_rank must be > 0, found {cores_per_rank!r}")
+    return (timeline.floor_s * min(1.0, cores_per_rank) + sync_cpu) / cores_per_rank
+
+
 def predict_step(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planner],
                  timeline: ComputeTimeline, *, fusion_bytes: int = 25 << 20,
-                 cpu_share: float = 1.0) -> Tuple[float, float]:
+                 cpu_share: Optional[float] = None,
+                 cores_per_rank: Optional[float] = None) -> Tuple[float, float]:
     """Predict (synchronisation seconds, step seconds) of one plan (see the module doc).
 
     Args:
@@ -299,15 +334,34 @@ def predict_step(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planne
         timeline: the compute timeline.
         fusion_bytes: the engine's lane bucket size (``EngineConfig.fusion_bytes``).
         cpu_share: speed of backward and of the engine's compression work
-            while both run, relative to each alone (``cpu_share_of``).
+            while both run, relative to each alone (default
+            ``cpu_share_of(cores_per_rank)``, 1.0 without it).
+        cores_per_rank: cores each rank may use; with it the step is at least
+            ``host_bound`` of the synchronisation's CPU seconds (when the
+            profile recorded them). None: the host's cores are not modelled.
 
     Raises:
         ProfileError: the plan compresses with a compressor not in ``planners``.
     """
+    sync, step, _ = _predict(plan, sizes, n, planners, timeline, fusion_bytes, cpu_share,
+                             cores_per_rank)
+    return sync, step
+
+
+def _predict(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planner],
+             timeline: ComputeTimeline, fusion_bytes: int, cpu_share: Optional[float],
+             cores_per_rank: Optional[float]) -> Tuple[float, float, Optional[float]]:
+    """``predict_step`` and the synchronisation's CPU seconds per rank (None when
+    the profile lacks them for some part of the plan)."""
+    if cpu_share is None:
+        cpu_share = 1.0 if cores_per_rank is None else cpu_share_of(cores_per_rank)
     if n == 1 or not sizes:
-        return 0.0, timeline.floor_s
+        return 0.0, timeline.floor_s, 0.0
     if not 0 < cpu_share <= 1:
         raise ValueError(f"cpu_share must be in (0, 1], found {cpu_share!r}")
+    if cores_per_rank is not None and not cores_per_rank > 0:
+        raise ValueError(f"cores_per_rank must be > 0, found {cores_per_rank!r}")
+    cpus: List[Optional[float]] = []
     size_of = dict(sizes)
     jobs: List[_Job] = []
     lane, fast = [], {}
@@ -329,11 +383,18 @@ def predict_step(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planne
                                  model_strategy=pl.model_strategy, back=pl.back and pl.back.name)
         jobs.append(_Job(timeline.ready(name),
                          _job_phases(pl, fast[comp], nbytes, dec.partitions)))
+        cpus.append(pl.cpu_cpr(nbytes, dec.partitions))
     for bucket in _lane_buckets(sizes, lane, fusion_bytes):
-        cost = any_planner.t_orig(sum(size_of[g] for g in bucket), 1)
-        jobs.append(_Job(max(timeline.ready(g) for g in bucket), [["link", cost]]))
+        held = sum(size_of[g] for g in bucket)
+        jobs.append(_Job(max(timeline.ready(g) for g in bucket),
+                         [["link", any_planner.t_orig(held, 1)]]))
+        cpus.append(any_planner.cpu_orig(held))
     sync = sum(p[1] for j in jobs for p in j.phases)
-    return sync, _simulate(timeline, jobs, cpu_share) + timeline.update_s
+    step = _simulate(timeline, jobs, cpu_share) + timeline.update_s
+    cpu = None if any(c is None for c in cpus) else sum(cpus)  # type: ignore[arg-type]
+    if cpu is not None and cores_per_rank is not None:
+        step = max(step, host_bound(timeline, cpu, cores_per_rank))
+    return sync, step, cpu
 
 
 def cpu_share_of(cores_per_rank: float) -> float:
@@ -353,12 +414,13 @@ def cpu_share_of(cores_per_rank: float) -> float:
 
 def _row(label: str, kind: str, strategy: str, plan: Plan, source: str, sizes: Sizes, n: int,
          planners: Mapping[str, Planner], timeline: ComputeTimeline, fusion_bytes: int,
-         cpu_share: float) -> Row:
-    sync, step = predict_step(plan, sizes, n, planners, timeline, fusion_bytes=fusion_bytes,
-                              cpu_share=cpu_share)
+         cpu_share: Optional[float], cores_per_rank: Optional[float]) -> Row:
+    sync, step, cpu = _predict(plan, sizes, n, planners, timeline, fusion_bytes, cpu_share,
+                               cores_per_rank)
     decs = [(plan.decide(name, b, n), b) for name, b in sizes]
     return Row(label, kind, strategy, plan, source, sync, step,
-               sum(d.compress for d, _ in decs), sum(b for d, b in decs if d.compress))
+               sum(d.compress for d, _ in decs), sum(b for d, b in decs if d.compress),
+               cpu_s=cpu)
 
 
 def advise(sizes: Sizes, n: int, profile: Profile, timeline: ComputeTimeline, *,
@@ -366,7 +428,8 @@ def advise(sizes: Sizes, n: int, profile: Profile, timeline: ComputeTimeline, *,
            candidates: Optional[Sequence[str]] = None,
            strategies: Sequence[str] = ("ps", "ring"), compressor_plans: str = "model",
            max_partitions: Optional[int] = None, fusion_bytes: int = 25 << 20,
-           cpu_share: float = 1.0, meta: Optional[Mapping[str, Any]] = None) -> Advice:
+           cpu_share: Optional[float] = None, cores_per_rank: Optional[float] = None,
+           meta: Optional[Mapping[str, Any]] = None) -> Advice:
     """Predict and rank every configuration (see the module doc).
 
     1. No compression: a plan that compresses nothing (every gradient in
@@ -390,6 +453,7 @@ def advise(sizes: Sizes, n: int, profile: Profile, timeline: ComputeTimeline, *,
         max_partitions: the planner's largest K (default 4N).
         fusion_bytes: the engine's lane bucket size.
         cpu_share: see ``predict_step`` (``cpu_share_of`` derives it).
+        cores_per_rank: see ``predict_step``.
         meta: provenance stored in every plan.
 
     Returns:
@@ -425,7 +489,7 @@ def advise(sizes: Sizes, n: int, profile: Profile, timeline: ComputeTimeline, *,
                         strategy=s, world_size=n, rule=SizeRule(min_compress_bytes=NEVER),
                         gradients={g: GradientPlan(False, 1) for g, _ in sizes}, meta=info)
             rows.append(_row("none", "none", s, none, "model", sizes, n, planners, timeline,
-                             fusion_bytes, cpu_share))
+                             fusion_bytes, cpu_share, cores_per_rank))
         for c in names:
             pl = planners[c]
             if compressor_plans == "model":
@@ -434,11 +498,11 @@ def advise(sizes: Sizes, n: int, profile: Profile, timeline: ComputeTimeline, *,
                 plan = Plan(compressor=c, params=dict(pl.cp.params), strategy=s, world_size=n,
                             meta=info)
             rows.append(_row(f"{c}/{s}", "compressor", s, plan, compressor_plans, sizes, n,
-                             planners, timeline, fusion_bytes, cpu_share))
+                             planners, timeline, fusion_bytes, cpu_share, cores_per_rank))
         if cands:
             plan = plan_per_gradient([planners[c] for c in cands], sizes, meta=info)
             rows.append(_row(f"per-gradient/{s}", "per-gradient", s, plan, "model", sizes, n,
-                             planners, timeline, fusion_bytes, cpu_share))
+                             planners, timeline, fusion_bytes, cpu_share, cores_per_rank))
     base = rows[0]
     rows = [dataclasses.replace(r, speedup=base.step_s / r.step_s if r.step_s > 0 else 1.0)
             for r in rows]

@@ -282,7 +282,7 @@ class AutoPlanner:
                 link_sizes=link_sizes, link=link, repeats=self.repeats, timeout=self.timeout,
                 round_meta_bytes=self.round_meta_bytes, raw_collective=self.raw_collective,
                 engine_overhead=self.strategy if self.engine_timing else None,
-                engine_grid=grid)
+                engine_grid=grid, nonfinite=self.nonfinite)
         rank = 0 if transport is None else transport.rank
         data = b""
         if rank == 0:

@@ -75,7 +75,6 @@ def cmd_advise(a: argparse.Namespace) -> int:
     from .advise import (
         ComputeTimeline,
         advise,
-        cpu_share_of,
         infer_input_shape,
         measure_compute,
         optimizer_line,
@@ -100,7 +99,7 @@ def cmd_advise(a: argparse.Namespace) -> int:
     adv = advise(sizes, a.nodes, prof, timeline, compressors=names, candidates=cands,
                  strategies=_names(a.strategies) or ["ps", "ring"],
                  compressor_plans=a.compressor_plans, max_partitions=a.max_partitions,
-                 cpu_share=cpu_share_of(cores),
+                 cores_per_rank=cores,
                  meta={"model": a.model, "profile": os.fspath(a.profile)})
     lk = prof.link
     print(f"advise: {a.model}, {len(sizes)} gradients, "
@@ -114,15 +113,17 @@ def cmd_advise(a: argparse.Namespace) -> int:
     print(f"compute ({t.source}): forward {t.forward_s * 1e3:.1f} ms, backward "
           f"{t.backward_s * 1e3:.1f} ms, update {t.update_s * 1e3:.1f} ms "
           f"(no communication: {t.floor_s * 1e3:.1f} ms/step); {cores:.3g} cores per rank")
-    print(f"{'rank':>4}  {'configuration':<22}{'compressed':>18}{'sync ms':>10}{'step ms':>10}"
-          f"{'speed-up':>10}")
+    print(f"{'rank':>4}  {'configuration':<22}{'compressed':>18}{'sync ms':>10}{'CPU ms':>9}"
+          f"{'step ms':>10}{'speed-up':>10}")
     for i, r in enumerate(adv.rows, 1):
         comp = f"{r.compressed} ({format_bytes(r.compressed_bytes)})" if r.compressed else "0"
-        print(f"{i:>4}  {r.label:<22}{comp:>18}{r.sync_s * 1e3:>10.1f}{r.step_s * 1e3:>10.1f}"
-              f"{r.speedup:>9.2f}x")
+        cpu = "-" if r.cpu_s is None else f"{r.cpu_s * 1e3:.1f}"
+        print(f"{i:>4}  {r.label:<22}{comp:>18}{r.sync_s * 1e3:>10.1f}{cpu:>9}"
+              f"{r.step_s * 1e3:>10.1f}{r.speedup:>9.2f}x")
     best = adv.best
-    print("(sync: every synchronisation back to back; step: overlapped with backward, "
-          "speed-up against none)")
+    print("(sync: every synchronisation back to back; CPU: a rank's CPU time in them, '-' "
+          "when the profile lacks it; step: overlapped with backward and within the cores' "
+          "room, speed-up against none)")
     print(f"recommended: {best.label}, {best.step_s * 1e3:.1f} ms/step predicted, "
           f"{best.speedup:.2f}x no compression")
     _print_decisions(best, sizes, a.nodes)
@@ -143,6 +144,9 @@ def _print_decisions(row: Any, sizes: Sequence[Tuple[str, int]], n: int) -> None
         d = row.plan.decide(name, nbytes, n)
         comp = row.plan.compressor_of(d)[0] if d.compress else "no"
         groups[(nbytes, comp, d.partitions)] = groups.get((nbytes, comp, d.partitions), 0) + 1
-    print(f"  {'gradient size':>14} {'count':>6}  <compress, K>")
+    ring = row.plan.strategy == "ring"
+    print(f"  {'gradient size':>14} {'count':>6}  <compress, K>"
+          + (f"  (the Ring runs each partition as a ring allreduce of {n} chunks)"
+             if ring else ""))
     for (nbytes, comp, k), count in sorted(groups.items()):
         print(f"  {format_bytes(nbytes):>14} {count:>6}  <{comp}, {k}>")

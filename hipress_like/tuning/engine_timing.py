@@ -2,7 +2,11 @@
 
 ``measure_engine_sync`` and ``engine_points`` give the samples the
 planner's ``EngineTerm`` fits (what Eq. 2 leaves out: tasks, rounds,
-metadata); ``measure_sync_overhead`` is the constant fallback;
+metadata) and, with ``with_cpu``, the CPU seconds a rank spends on each
+synchronisation (all its threads: the caller's submit and scan, the
+engine's compute, communication and round threads, the transport's), which
+the advisor's host-CPU bound adds up; ``measure_sync_overhead`` is the
+constant fallback;
 ``time_engine_steps`` times a plan's real engine steps (``plan="auto"``'s
 trials, beside a compute load). Split from ``profiler.py``, which re-exports
 them.
@@ -19,7 +23,7 @@ import torch
 from ..cost_model.model import Link
 from ..cost_model.profile import CompressorProfile, Profile, Progress
 
-__all__ = ["measure_engine_sync", "time_engine_steps", "engine_points",
+__all__ = ["measure_engine_sync", "time_engine_steps", "time_engine_steps_cpu", "engine_points",
            "measure_sync_overhead", "profile_shape"]
 
 
@@ -33,7 +37,8 @@ def measure_engine_sync(transport: Any, strategy: str = "ps",
                         compressor: Optional[CompressorProfile] = None, repeats: int = 5,
                         timeout: float = 300.0,
                         engine_config: Optional[Mapping[str, Any]] = None,
-                        progress: Progress = None) -> Tuple[Tuple[int, int, float], ...]:
+                        progress: Progress = None,
+                        with_cpu: bool = False) -> Tuple[Tuple[Any, ...], ...]:
     """Time whole synchronisations of one gradient through the CaSync engine. Collective.
 
     For each ``(bytes, K)`` point, an engine with a one-gradient plan
@@ -55,15 +60,18 @@ def measure_engine_sync(transport: Any, strategy: str = "ps",
         timeout: seconds for each collective.
         engine_config: extra ``EngineConfig`` fields (as the engine will run).
         progress: ``progress(iterable, desc, total)`` wrapper (rank 0 only).
+        with_cpu: also return the CPU seconds per synchronisation of the mean
+            rank (``time_engine_steps_cpu``).
 
     Returns:
-        ``(bytes, K, seconds)`` per point, rank 0's numbers on every rank.
+        ``(bytes, K, seconds)`` per point (``(bytes, K, seconds, cpu_seconds)``
+        with ``with_cpu``), rank 0's numbers on every rank.
     """
     from ..cost_model.plan import GradientPlan, Plan
 
     name = compressor.name if compressor else "identity"
     params = dict(compressor.params) if compressor else {}
-    out: List[Tuple[int, int, float]] = []
+    out: List[Tuple[int, int, float, float]] = []
     desc = f"engine sync ({name if compressor else 'uncompressed'})"
     for nbytes, k in _iterate(list(points), progress if transport.rank == 0 else None, desc):
         numel = max(1, int(nbytes) // 4)
@@ -72,12 +80,15 @@ def measure_engine_sync(transport: Any, strategy: str = "ps",
                                                       partitions=int(k))})
         cfg = dict(engine_config or {})
         cfg.update(compressor=name, params=params)
-        t = time_engine_steps(transport, plan, {"_probe": 4 * numel}, strategy, repeats=repeats,
-                              timeout=timeout, engine_config=cfg)
-        out.append((4 * numel, int(k), t))
-    agreed = torch.tensor([t for _, _, t in out], dtype=torch.float64)
+        t, cpu = time_engine_steps_cpu(transport, plan, {"_probe": 4 * numel}, strategy,
+                                       repeats=repeats, timeout=timeout, engine_config=cfg)
+        out.append((4 * numel, int(k), t, cpu))
+    agreed = torch.tensor([[t, c] for _, _, t, c in out], dtype=torch.float64)
     transport.broadcast(agreed, 0, timeout)
-    return tuple((m, k, float(t)) for (m, k, _), t in zip(out, agreed.tolist()))
+    if with_cpu:
+        return tuple((m, k, float(t), float(c))
+                     for (m, k, _, _), (t, c) in zip(out, agreed.tolist()))
+    return tuple((m, k, float(t)) for (m, k, _, _), (t, _) in zip(out, agreed.tolist()))
 
 
 def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strategy: str, *,
@@ -85,6 +96,19 @@ def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strat
                       engine_config: Optional[Mapping[str, Any]] = None,
                       load: Any = None,
                       shapes: Optional[Mapping[str, Sequence[int]]] = None) -> float:
+    """Median seconds of the slowest rank to synchronise (``time_engine_steps_cpu``'s
+    first figure). Collective."""
+    return time_engine_steps_cpu(transport, plan, sizes, strategy, repeats=repeats,
+                                 timeout=timeout, engine_config=engine_config, load=load,
+                                 shapes=shapes)[0]
+
+
+def time_engine_steps_cpu(transport: Any, plan: Any, sizes: Mapping[str, int], strategy: str,
+                          *, repeats: int = 3, timeout: float = 300.0,
+                          engine_config: Optional[Mapping[str, Any]] = None,
+                          load: Any = None,
+                          shapes: Optional[Mapping[str, Sequence[int]]] = None
+                          ) -> Tuple[float, float]:
     """Median seconds of the slowest rank to synchronise float32 gradients of
     ``sizes`` ({name: bytes}, registration order) through an engine running
     ``plan``, over ``repeats`` steps after one warm-up step. Collective.
@@ -99,6 +123,11 @@ def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strat
     predicts it. With a ``load`` (``compute.ComputeLoad``) the caller's
     thread then does its work before waiting, so the time is that of a step
     whose backward overlaps the synchronisation and shares the CPU.
+
+    Returns:
+        ``(seconds, cpu_seconds)``: the slowest rank's median wall time, and
+        the mean over ranks of each rank's median process CPU time (every
+        thread of the process, the load's included) over the same window.
     """
     from ..casync.engine import Engine, EngineConfig
 
@@ -112,24 +141,28 @@ def time_engine_steps(transport: Any, plan: Any, sizes: Mapping[str, int], strat
         gen = torch.Generator().manual_seed(transport.rank)
         src = {name: torch.randn(shape, generator=gen) for name, shape, _ in specs}
         work = {name: v.clone() for name, v in src.items()}
-        ts = []
+        ts, cpus = [], []
         for i in range(repeats + 1):
             for name, v in work.items():
                 v.copy_(src[name])
             transport.barrier(timeout)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for name, v in work.items():
                 eng.submit(name, v)
             if load is not None:
                 load.run()
             eng.synchronize()
             dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            cpu = time.process_time() - c0
             transport.allreduce(dt, "max", timeout)
             if i:  # the first step warms up buffers, threads and compressor state
                 ts.append(float(dt.item()))
+                cpus.append(cpu)
+        mean_cpu = torch.tensor([statistics.median(cpus)], dtype=torch.float64)
+        transport.allreduce(mean_cpu, "sum", timeout)
     finally:
         eng.close()
-    return statistics.median(ts)
+    return statistics.median(ts), float(mean_cpu.item()) / transport.size
 
 
 def profile_shape(numel: int) -> Tuple[int, ...]:

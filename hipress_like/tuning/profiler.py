@@ -353,6 +353,7 @@ def profile_transport(
     engine_overhead: Union[None, str, Sequence[str]] = None,
     raw_collective: bool = True,
     engine_grid: Optional[Sequence[Tuple[int, int]]] = None,
+    nonfinite: str = "propagate",
 ) -> Profile:
     """A full profile on every rank of a transport. Collective.
 
@@ -385,6 +386,9 @@ def profile_transport(
             allreduce); with a measured link, the allreduce is measured too.
         engine_grid: ``(bytes, K)`` points of the compressed engine timings
             (default ``engine_points`` up to the largest profiled size).
+        nonfinite: the engine's ``EngineConfig.nonfinite`` while timing it
+            (default "propagate", the front ends' default, which copies
+            compressor state each step so that a NaN/Inf step can be undone).
 
     Returns:
         The same ``Profile`` on every rank.
@@ -409,7 +413,8 @@ def profile_transport(
                                    if isinstance(engine_overhead, str)
                                    else tuple(engine_overhead))
     measure = bool(strategies) and transport.size > 1
-    ecfg = {"raw_collective": raw_collective}
+    ecfg = {"raw_collective": raw_collective, "nonfinite": nonfinite}
+    lane_cpu: Tuple[Tuple[int, float], ...] = ()
     if measure:
         engine_overhead = strategies[0]
         overhead = measure_sync_overhead(transport, one or link, engine_overhead,
@@ -419,8 +424,9 @@ def profile_transport(
             lsizes = list(link_sizes or log_sizes(4 << 10, 16 << 20))
             timed = measure_engine_sync(transport, engine_overhead, [(s, 1) for s in lsizes],
                                         repeats=repeats, timeout=timeout, engine_config=ecfg,
-                                        progress=prog)
-            lane_samples = tuple((m, t) for m, _, t in timed)
+                                        progress=prog, with_cpu=True)
+            lane_samples = tuple((m, t) for m, _, t, _ in timed)
+            lane_cpu = tuple((m, c) for m, _, _, c in timed)
             lane = fit_link([m for m, _ in lane_samples], [t for _, t in lane_samples])
     profs = {}
     for name, params in compressors.items():
@@ -429,24 +435,28 @@ def profile_transport(
                                 error_feedback=error_feedback)
         if measure:
             grid = engine_grid or engine_points(int(cp.encode.sizes[-1]), transport.size)
+            timed = {st: measure_engine_sync(transport, st, grid, compressor=cp,
+                                             repeats=repeats, timeout=timeout,
+                                             engine_config=ecfg, progress=prog, with_cpu=True)
+                     for st in strategies}
             cp = dataclasses.replace(
                 cp, sync_overhead=measure_sync_overhead(
                     transport, one or link, engine_overhead, compressor=cp,
                     repeats=2 * repeats, timeout=timeout, engine_config=ecfg),
-                engine_samples=measure_engine_sync(
-                    transport, engine_overhead, grid, compressor=cp, repeats=repeats,
-                    timeout=timeout, engine_config=ecfg, progress=prog),
+                engine_samples=tuple(x[:3] for x in timed[engine_overhead]),
                 engine_strategy=engine_overhead,
-                engine_samples_by={st: measure_engine_sync(
-                    transport, st, grid, compressor=cp, repeats=repeats, timeout=timeout,
-                    engine_config=ecfg, progress=prog) for st in strategies[1:]})
+                engine_samples_by={st: tuple(x[:3] for x in timed[st])
+                                   for st in strategies[1:]},
+                engine_cpu_by={st: tuple((m, k, c) for m, k, _, c in timed[st])
+                               for st in strategies})
         profs[name] = cp
     prof = Profile(link=link, compressors=profs, link_samples=samples, link_one=one,
                    link_one_samples=one_samples, sync_overhead=overhead, allreduce=ar,
                    allreduce_samples=ar_samples, lane=lane, lane_samples=lane_samples,
+                   lane_cpu=lane_cpu,
                    meta={"ranks": transport.size, "transport": type(transport).__name__,
                          "link_source": "measured" if samples else "given",
-                         "round_meta_bytes": round_meta_bytes,
+                         "round_meta_bytes": round_meta_bytes, "nonfinite": nonfinite,
                          "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     data = json.dumps(prof.to_dict()).encode() if transport.rank == 0 else b""
     return Profile.from_dict(json.loads(broadcast_bytes(transport, data, timeout)))

@@ -4,6 +4,7 @@ No test checks a timing: predictions come from given profiles and given
 compute times (measured timelines are only checked for their order).
 """
 import ast
+import dataclasses
 import inspect
 import json
 import os
@@ -20,6 +21,7 @@ from hipress_like.cost_model.presets import preset
 from hipress_like.tuning.advise import (
     ComputeTimeline,
     advise,
+    host_bound,
     measure_compute,
     optimizer_line,
     paper_profile,
@@ -52,11 +54,14 @@ def test_paper_values_leave_small_gradients_and_split_the_largest(tmp_path, caps
     small = [n for n, b in sizes.items() if b < 64 << 10]  # biases and the first convs
     assert small and not any(decide[n].compress for n in small)
     largest = max(sizes, key=sizes.get)  # classifier.0.weight, 392 MB
-    assert decide[largest].compress and decide[largest].partitions > 1
+    # the engine's Ring runs each of its K partitions as N chunks: K * N pieces
+    pieces = decide[largest].partitions * (int(nodes) if plan.strategy == "ring" else 1)
+    assert decide[largest].compress and pieces > 1
     # the printed table says the same: its last (largest) line is compressed, split
     table = [ln.split() for ln in stdout.splitlines()
              if ln.strip().endswith(">") and "<compress, K>" not in ln]
-    assert table[0][-2] == "<no," and table[-1][-2] != "<no," and table[-1][-1] != "1>"
+    assert table[0][-2] == "<no," and table[-1][-2] != "<no,"
+    assert table[-1][-1] != "1>" or f"ring allreduce of {nodes} chunks" in stdout
 
 
 def test_compression_ranks_above_none_when_the_link_is_slow():
@@ -157,6 +162,40 @@ def test_compression_work_slows_backward_when_they_share_a_core():
     # one core: both run at half speed until the encode is done, so backward ends 50 ms later
     _, shared = predict_step(plan, sizes, 2, planners, tl, cpu_share=0.5)
     assert shared == pytest.approx(alone + 0.05, abs=1e-4)
+
+
+def test_more_ranks_than_cores_bound_the_step_by_their_cpu_work():
+    """With CPU figures in the profile, the step is at least the rank's compute CPU plus its
+    synchronisations' CPU over its cores (advise.host_bound): 4 ranks on 2 cores ran
+    Ring + onebit on the VGG-style model in 2x its CPU time per rank."""
+    prof, mb = _lane_profile(), 1_000_000
+    cpu = {"ps": ((mb, 1, 0.010), (10 * mb, 1, 0.100), (10 * mb, 2, 0.110))}
+    comp = dataclasses.replace(prof.compressors["onebit"], engine_cpu_by=cpu)
+    prof = dataclasses.replace(prof, compressors={"onebit": comp},
+                               lane_cpu=((mb, 0.002), (10 * mb, 0.020)))
+    sizes = [("a", 10 * mb), ("b", 10 * mb)]
+    tl = ComputeTimeline(0.1, 0.2, {"b": 0.05, "a": 0.2}, 0.005)
+    planners = {"onebit": Planner(prof, "onebit", 2)}
+    plan = Plan(gradients={"b": GradientPlan(True, 1), "a": GradientPlan(False, 1)})
+    pl = planners["onebit"]
+    assert pl.cpu_cpr(10 * mb, 1) == pytest.approx(0.100, rel=1e-6)
+    assert pl.cpu_orig(10 * mb) == pytest.approx(0.020, rel=1e-6)
+    _, free = predict_step(plan, sizes, 2, planners, tl)
+    _, roomy = predict_step(plan, sizes, 2, planners, tl, cores_per_rank=2.0)
+    assert roomy == pytest.approx(free)  # (305 + 120) / 2 ms does not bind
+    # half a core each: (305 ms * 0.5 + 120 ms) / 0.5 = 545 ms, beyond the three servers
+    _, tight = predict_step(plan, sizes, 2, planners, tl, cpu_share=1.0, cores_per_rank=0.5)
+    assert tight == pytest.approx(0.305 + 0.120 / 0.5) and tight > free
+    assert host_bound(tl, 0.120, 0.5) == pytest.approx(tight)
+    # the advisor reports the CPU; without CPU figures it says so (None) and adds no bound
+    row = advise(sizes, 2, prof, tl, compressors=["onebit"], strategies=["ps"],
+                 compressor_plans="rule", cores_per_rank=0.5).row("none")
+    assert row.cpu_s == pytest.approx(0.040, rel=1e-6)  # two 10 MB lane buckets
+    bare = advise(sizes, 2, _lane_profile(), tl, compressors=["onebit"], strategies=["ps"],
+                  compressor_plans="rule", cores_per_rank=0.5).row("onebit/ps")
+    assert bare.cpu_s is None
+    with pytest.raises(ValueError, match="cores_per_rank"):
+        predict_step(plan, sizes, 2, planners, tl, cores_per_rank=0.0)
 
 
 def test_spread_puts_gradients_in_reverse_order_by_bytes():

@@ -25,6 +25,7 @@ MODULES = [
     "hipress_like.compressors.tbq",
     "hipress_like.compressors.terngrad",
     "hipress_like.cost_model.collectives",
+    "hipress_like.cost_model.engine_term",
     "hipress_like.cost_model.model",
     "hipress_like.cost_model.planner",
     "hipress_like.cost_model.presets",

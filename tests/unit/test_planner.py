@@ -43,9 +43,11 @@ def profile():
 def test_choice_is_brute_force_minimum(profile, strategy, model):
     pl = Planner(profile, "q", 4, strategy, k_tolerance=0.0, raw_collective=False)
     cp, p = profile.compressor("q"), sync_params(model, "quantization")
+    c4 = 4 if strategy == "ring" else 1  # the engine's Ring: K partitions of N chunks each
     for m in (4096, 1 << 20, 64 << 20):
-        orig = {k: t_sync_orig(m, k, 4, profile.link, p) for k in range(1, 17)}
-        cpr = {k: t_sync_cpr(m, k, 4, cp.rate(m / k), profile.link, cp.encode, cp.decode, p)
+        orig = {k: t_sync_orig(m, k * c4, 4, profile.link, p) for k in range(1, 17)}
+        cpr = {k: t_sync_cpr(m, k * c4, 4, cp.rate(m / (k * c4)), profile.link, cp.encode,
+                             cp.decode, p)
                for k in range(1, 17)}
         c = pl.choose(m)
         assert c.t_orig == pytest.approx(min(orig.values()))
@@ -53,6 +55,26 @@ def test_choice_is_brute_force_minimum(profile, strategy, model):
         assert c.compress == (min(cpr.values()) < min(orig.values()))
         best = cpr if c.compress else orig
         assert best[c.partitions] == pytest.approx(min(best.values()))
+
+
+def test_engine_ring_partitions_are_chunked(profile):
+    """The engine's Ring allreduces each partition over N chunks, so its K = 1 is HiPress's
+    Ring with N partitions (one batch), and its K = 2 HiPress's 2N in two batches: a whole
+    gradient never goes hop by hop (Eq. 2 at K = 1 priced 32 MB Ring + onebit at 218 ms
+    where the engine took 113 ms)."""
+    ring = Planner(profile, "q", 4, "ring", raw_collective=False)
+    cp, p = profile.compressor("q"), sync_params("ring", "quantization")
+    m = 32 << 20
+    for k in (1, 2):
+        want = t_sync_cpr(m, 4 * k, 4, cp.rate(m / (4 * k)), profile.link, cp.encode,
+                          cp.decode, p)
+        assert ring.eq2(m, k) == pytest.approx(want)
+        assert ring.t_orig(m, k) == pytest.approx(t_sync_orig(m, 4 * k, 4, profile.link, p))
+    whole = t_sync_cpr(m, 1, 4, cp.rate(m), profile.link, cp.encode, cp.decode, p)
+    assert ring.eq2(m, 1) < whole / 2
+    # a cost-model row asked for explicitly keeps HiPress's own K
+    paper = Planner(profile, "q", 4, "ps", model_strategy="ring", raw_collective=False)
+    assert paper.chunks == 1 and paper.eq2(m, 1) == pytest.approx(whole)
 
 
 def test_hand_computed_choice():
@@ -610,11 +632,12 @@ def test_thc_priced_as_aggregatable_with_widened_sums(strategy, model):
     pl = Planner(prof, "thc", 4, strategy, k_tolerance=0.0, raw_collective=False)
     assert pl.homomorphic and pl.params == sync_params(model, "lowrank")
     cp, m = prof.compressor("thc"), 64 << 20
+    c4 = 4 if strategy == "ring" else 1  # the engine's Ring: K partitions of N chunks each
     for k in (1, 3, 8):
-        part = m / k
+        part = m / (k * c4)
         down = pl.merged_rate(part)
         assert down == pytest.approx(2 * cp.rate(part), rel=1e-3)
-        want = t_sync_homomorphic(m, k, 4, cp.rate(part), down, prof.link, cp.encode,
+        want = t_sync_homomorphic(m, k * c4, 4, cp.rate(part), down, prof.link, cp.encode,
                                   cp.decode, sync_params(model, "lowrank"), model == "ring")
         assert pl.eq2(m, k) == pytest.approx(want)
     # where the work, not the link, dominates (100 Gbit/s), no decode-merge-encode at the
@@ -622,7 +645,7 @@ def test_thc_priced_as_aggregatable_with_widened_sums(strategy, model):
     # link its wider sums cost more bytes than that saves, and the model says so
     fast = _thc_profile(1.25e10)
     pf = Planner(fast, "thc", 4, strategy, k_tolerance=0.0, raw_collective=False)
-    quant = t_sync_cpr(m, 1, 4, cp.rate(m), fast.link, cp.encode, cp.decode,
+    quant = t_sync_cpr(m, c4, 4, cp.rate(m / c4), fast.link, cp.encode, cp.decode,
                        sync_params(model, "quantization"))
     assert pf.eq2(m, 1) < quant
 

@@ -69,6 +69,18 @@ def test_profile_over_local_ranks(tmp_path):
     assert [(m, k) for m, k, _ in prof.compressors["fp16"].engine_samples] == \
         [(16384, 1), (16384, 2), (16384, 6)]
     assert Planner(prof, "fp16", 2, "ps").engine_term is not None
+    # and the CPU seconds a rank spent in each, under both strategies, as training runs
+    # the engine (nonfinite="propagate": state copied each step)
+    assert prof.meta["nonfinite"] == "propagate"
+    cpu = prof.compressors["fp16"].engine_cpu_by
+    assert set(cpu) == {"ps", "ring"}
+    for st, samples in cpu.items():
+        assert [(m, k) for m, k, _ in samples] == [(16384, 1), (16384, 2), (16384, 6)]
+        assert all(c >= 0 for _, _, c in samples) and any(c > 0 for _, _, c in samples)
+        assert Planner(prof, "fp16", 2, st).cpu_cpr(16384, 2) >= 0
+    assert [m for m, _ in prof.lane_cpu] == [4096, 16384]
+    assert Planner(prof, "fp16", 2, "ps").cpu_orig(16384) >= 0
+    assert Planner(prof, "fp16", 4, "ps").cpu_cpr(16384, 2) is None  # timed with N = 2
 
 
 def test_plan_prints_table_and_writes_plan(profile_path, tmp_path):
