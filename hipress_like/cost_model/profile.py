@@ -139,7 +139,7 @@ class CompressorProfile:
             raise ProfileError(f"{where}: engine_cpu_by must map strategies "
                                f"{ENGINE_STRATEGIES} to samples, found {cpu!r:.80}")
         object.__setattr__(self, "engine_cpu_by", {
-            k: _engine_samples(v, f"{where}, CPU {k}") for k, v in cpu.items()})
+            k: _engine_samples(v, f"{where}, CPU {k}", cpu=True) for k, v in cpu.items()})
         if self.category not in CATEGORIES:
             raise ProfileError(f"compressor {self.name!r}: category must be one of "
                                f"{CATEGORIES}, found {self.category!r}")
@@ -261,10 +261,13 @@ class Profile:
 
     def __post_init__(self) -> None:
         try:
-            object.__setattr__(self, "lane_cpu", tuple(
-                (int(m), float(c)) for m, c in self.lane_cpu))
+            pairs = tuple((int(m), float(c)) for m, c in self.lane_cpu)
+            if any(not (m > 0 and c >= 0 and math.isfinite(c)) for m, c in pairs):
+                raise ValueError(f"{self.lane_cpu!r:.80}")
         except (TypeError, ValueError) as e:
-            raise ProfileError(f"lane_cpu must be [bytes, cpu_seconds] pairs: {e}") from None
+            raise ProfileError(f"lane_cpu must be [bytes > 0, cpu_seconds >= 0] pairs, "
+                               f"found {e}") from None
+        object.__setattr__(self, "lane_cpu", pairs)
         if not (isinstance(self.sync_overhead, (int, float)) and self.sync_overhead >= 0):
             raise ProfileError(f"sync_overhead must be a number >= 0 seconds, found "
                                f"{self.sync_overhead!r}")
@@ -366,11 +369,12 @@ class Profile:
         return load_json(path, cls.from_dict, ProfileError, "profile")
 
 
-def _engine_samples(samples: Any, where: str) -> Tuple[Tuple[int, int, float], ...]:
-    """Validate ``(bytes, K, seconds)`` triples (seconds >= 0 for CPU samples);
-    raises ``ProfileError``."""
+def _engine_samples(samples: Any, where: str, cpu: bool = False
+                    ) -> Tuple[Tuple[int, int, float], ...]:
+    """Validate ``(bytes, K, seconds)`` triples (seconds > 0; >= 0 for ``cpu``
+    seconds, which a tiny synchronisation may not register); raises ``ProfileError``."""
     out = []
-    least = 0.0 if "CPU" in where else 1e-300
+    least = 0.0 if cpu else 1e-300
     try:
         for row in samples:
             m, k, t = row

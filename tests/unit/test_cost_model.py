@@ -4,6 +4,7 @@ Every expected value below is worked out by hand in the comment next to it
 (HiPress Eq. 1/2, Table 3, Sec. 6.1; flexible-communication Table I, Eq. 4),
 so a formula cannot pass by agreeing with itself.
 """
+import dataclasses
 import json
 
 import pytest
@@ -227,10 +228,11 @@ def _profile():
     cp = CompressorProfile(name="q", category="quantization", ratio=1 / 32, header_bytes=32,
                            encode=Curve.linear(2e-5, 1e-9, sizes),
                            decode=Curve.linear(1e-5, 5e-10, sizes))
+    cp = dataclasses.replace(cp, engine_cpu_by={"ring": ((4096, 1, 0.0), (1 << 20, 4, 3e-3))})
     return Profile(link=Link(1e-4, 1.25e8), compressors={"q": cp},
                    link_samples=((4096, 1.3e-4), (1 << 20, 8.5e-3)), meta={"ranks": 4},
                    link_one=Link(8e-5, 1.3e8), link_one_samples=((4096, 1.1e-4),),
-                   sync_overhead=2e-3)
+                   sync_overhead=2e-3, lane_cpu=((4096, 1e-4), (1 << 20, 2e-3)))
 
 
 def test_profile_json_round_trip(tmp_path):
@@ -254,6 +256,11 @@ def test_profile_json_round_trip(tmp_path):
     (lambda d: d["compressors"]["q"].pop("decode"), "missing keys"),
     (lambda d: d["link_one"].pop("latency"), "link_one"),
     (lambda d: d.update(sync_overhead=-1), "sync_overhead"),
+    (lambda d: d.update(lane_cpu=[[4096, -1e-3]]), "lane_cpu"),
+    (lambda d: d.update(lane_cpu=[[4096]]), "lane_cpu"),
+    (lambda d: d["compressors"]["q"].update(engine_cpu_by={"tree": []}), "engine_cpu_by"),
+    (lambda d: d["compressors"]["q"]["engine_cpu_by"]["ring"].append([4096, 1, -1.0]),
+     "engine_samples"),
 ])
 def test_profile_validation(tmp_path, mutate, message):
     d = _profile().to_dict()
