@@ -53,6 +53,7 @@ from .model import (
     Link,
     SyncParams,
     concurrent_link,
+    n_batches,
     sync_params,
     t_sync_bidi,
     t_sync_cpr,
@@ -305,6 +306,25 @@ class Planner:
         floor = (self.cp.encode(part) + self.link(k)(self.cp.payload_bytes(part))
                  + back.decode(back.payload_bytes(part)))
         return max(t + self.engine_term(m, k), floor)
+
+    def wire_time(self, m: float, k: int) -> float:
+        """Seconds the payload bytes of a compressed synchronisation keep this rank's
+        link busy: Eq. 2's ``alpha`` transfers per batch times its batches, each of
+        one partition's payload at the fit's bandwidth, latency left out (it delays
+        the synchronisation without occupying the link). Transfers carrying the
+        aggregate (half of them; Ring's gather) move the merged payload of an
+        aggregatable quantizer or the master compressor's."""
+        kc = k * self.chunks
+        part = m / kc
+        a, _, _ = self.params.values(self.n, min(kc, self.n))
+        up = self.cp.payload_bytes(part)
+        if self.back is not None:
+            down = self.back.payload_bytes(part)
+        elif self.homomorphic and self.n > 1:
+            down = self.merged_rate(part) * part
+        else:
+            down = up
+        return a * n_batches(kc, self.n) * (up + down) / 2 / self.link(k).bandwidth
 
     def cpu_cpr(self, m: float, k: int) -> Optional[float]:
         """CPU seconds one rank spends on a compressed synchronisation of ``m`` bytes

@@ -164,6 +164,37 @@ def test_compression_work_slows_backward_when_they_share_a_core():
     assert shared == pytest.approx(alone + 0.05, abs=1e-4)
 
 
+def test_latency_delays_a_sync_without_holding_the_link():
+    """A lane bucket's time is its bytes on the link plus its latency; two buckets released
+    together queue only for their bytes: 2 x 10 MB at 10 ms per MB with 50 ms latency each
+    end at 200 + 50 ms, not 2 x 150."""
+    mb = 1_000_000
+    prof = Profile(link=Link(1e-3, 1e8), lane=Link(0.05, 1e8),
+                   compressors=_lane_profile().compressors, meta={"ranks": 2})
+    sizes = [("a", 10 * mb), ("b", 10 * mb)]
+    tl = ComputeTimeline(0.0, 0.0, {}, 0.0)
+    planners = {"onebit": Planner(prof, "onebit", 2)}
+    none = Plan(rule=SizeRule(min_compress_bytes=NEVER))
+    sync, step = predict_step(none, sizes, 2, planners, tl, fusion_bytes=8 * mb)
+    assert sync == pytest.approx(0.3) and step == pytest.approx(0.25)
+
+
+def test_bytes_move_at_the_cpu_share_while_backward_runs():
+    """With the rank's cores shared, the transport's threads move bytes at cpu_share while
+    backward computes (a lane sync and a compute load on 4 ranks / 2 cores barely
+    overlapped). A 10 MB bucket final 100 ms before backward ends: 50 ms of its 100 ms
+    done by then, 50 ms after."""
+    prof, mb = _lane_profile(), 1_000_000
+    sizes = [("a", 10 * mb)]
+    tl = ComputeTimeline(0.1, 0.2, {"a": 0.1}, 0.0)
+    planners = {"onebit": Planner(prof, "onebit", 2)}
+    none = Plan(rule=SizeRule(min_compress_bytes=NEVER))
+    _, alone = predict_step(none, sizes, 2, planners, tl, cpu_share=1.0)
+    _, shared = predict_step(none, sizes, 2, planners, tl, cpu_share=0.5)
+    assert alone == pytest.approx(0.2 + 0.101)  # 1 ms latency after the bytes
+    assert shared == pytest.approx(0.3 + 0.05 + 0.001)
+
+
 def test_more_ranks_than_cores_bound_the_step_by_their_cpu_work():
     """With CPU figures in the profile, the step is at least the rank's compute CPU plus its
     synchronisations' CPU over its cores (advise.host_bound): 4 ranks on 2 cores ran

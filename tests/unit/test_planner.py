@@ -77,6 +77,19 @@ def test_engine_ring_partitions_are_chunked(profile):
     assert paper.chunks == 1 and paper.eq2(m, 1) == pytest.approx(whole)
 
 
+def test_wire_time_counts_payload_bytes_only(profile):
+    """Eq. 2's transfers without their latency: co-located PS at N = 4, K = 4 sends
+    alpha = 6 payloads of m/4 (Sec. 6.1); the engine's Ring at K = 1 sends 2(N-1) = 6 of
+    m/4 (N chunks). onebit-like r = 1/32 of 32 MB: 6 x 256 KB at 1 Gbit/s."""
+    m = 32 << 20
+    cp = profile.compressor("q")
+    for strategy, k in (("ps", 4), ("ring", 1)):
+        pl = Planner(profile, "q", 4, strategy)
+        a, _, _ = pl.params.values(4, 4)
+        assert pl.wire_time(m, k) == pytest.approx(a * cp.payload_bytes(m / 4) / 1.25e8)
+        assert pl.wire_time(m, k) < pl.eq2(m, k)
+
+
 def test_hand_computed_choice():
     # N = 2, co-located PS: alpha = 2, beta = K, gamma = 2; K <= 2 only.
     pts = (1e3, 1e9)
