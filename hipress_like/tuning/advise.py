@@ -63,7 +63,8 @@ The step-time model of one configuration:
    its synchronisations' CPU over its cores (``cores_per_rank``). With
    more ranks than cores this bound decides most compressed rows: 4 ranks
    on 2 cores ran Ring + onebit on the VGG-style model in 957 ms per step,
-   where the three servers alone predicted 531 ms and the bound 742 ms.
+   about twice a rank's CPU time (468 ms), where the three servers alone
+   predicted 531 ms; with the bound, on a later run, 1066 ms against 1091.
 
 Steps 1, 3 and 4 and the lane buckets are not in HiPress, which measures
 throughput rather than predicting it. ``paper_profile`` is the built-in
