@@ -30,6 +30,8 @@ MODULES = [
     "hipress_like.cost_model.planner",
     "hipress_like.cost_model.presets",
     "hipress_like.cost_model.profile",
+    "hipress_like.tuning.advise",
+    "hipress_like.tuning.engine_timing",
 ]
 
 
