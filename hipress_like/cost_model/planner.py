@@ -226,8 +226,8 @@ class Planner:
         # CPU seconds per synchronisation, when the profile recorded them with this N
         same_n = profile.meta.get("ranks") == n and n > 1
         self.cpu_term = _cpu_fit(self.cp.engine_cpu_by.get(strategy, ())) if same_n else None
-        self._lane_cpu = (_cpu_fit([(m, 1, c) for m, c in profile.lane_cpu]) if same_n
-                          else None)
+        self.lane_cpu_term = (_cpu_fit([(m, 1, c) for m, c in profile.lane_cpu]) if same_n
+                              else None)
 
     # -- the two equations ---------------------------------------------------
     def busy_links(self, k: int) -> int:
@@ -338,7 +338,7 @@ class Planner:
         """CPU seconds one rank spends on ``m`` uncompressed bytes in the engine's
         collective lane (``Profile.lane_cpu``, fitted ``a + b m``); None when not
         recorded for this N."""
-        return None if self._lane_cpu is None else max(0.0, self._lane_cpu(m, 1))
+        return None if self.lane_cpu_term is None else max(0.0, self.lane_cpu_term(m, 1))
 
     def _best_k(self, f, m: float) -> Tuple[int, float]:
         times = [(k, f(m, k)) for k in self.partitions]

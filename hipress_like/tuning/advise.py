@@ -60,7 +60,9 @@ The step-time model of one configuration:
    its cores. When the profile recorded the CPU seconds of each
    synchronisation (``CompressorProfile.engine_cpu_by``,
    ``Profile.lane_cpu``), the step is at least the rank's compute CPU plus
-   its synchronisations' CPU over its cores (``cores_per_rank``). With
+   its synchronisations' CPU over its cores (``cores_per_rank``); each
+   profiled synchronisation held a whole engine step, so the step's own
+   CPU (the smallest fixed cost among the fits used) is counted once. With
    more ranks than cores this bound decides most compressed rows: 4 ranks
    on 2 cores ran Ring + onebit on the VGG-style model in 957 ms per step,
    about twice a rank's CPU time (468 ms), where the three servers alone
@@ -397,6 +399,7 @@ def _predict(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planner],
     if cores_per_rank is not None and not cores_per_rank > 0:
         raise ValueError(f"cores_per_rank must be > 0, found {cores_per_rank!r}")
     cpus: List[Optional[float]] = []
+    fixed: List[float] = []  # each used CPU fit's cost per synchronisation
     size_of = dict(sizes)
     jobs: List[_Job] = []
     lane, fast = [], {}
@@ -419,14 +422,24 @@ def _predict(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planner],
         jobs.append(_Job(timeline.ready(name),
                          _job_phases(pl, fast[comp], nbytes, dec.partitions)))
         cpus.append(pl.cpu_cpr(nbytes, dec.partitions))
+        if pl.cpu_term is not None:
+            fixed.append(pl.cpu_term.fixed)
     for bucket in _lane_buckets(sizes, lane, fusion_bytes):
         held = sum(size_of[g] for g in bucket)
         jobs.append(_Job(max(timeline.ready(g) for g in bucket),
                          _lane_phases(any_planner, held)))
         cpus.append(any_planner.cpu_orig(held))
+        if any_planner.lane_cpu_term is not None:
+            fixed.append(any_planner.lane_cpu_term.fixed)
     sync = sum(p[1] for j in jobs for p in j.phases)
     step = _simulate(timeline, jobs, cpu_share) + timeline.update_s
-    cpu = None if any(c is None for c in cpus) else sum(cpus)  # type: ignore[arg-type]
+    cpu = None
+    if cpus and all(c is not None for c in cpus):
+        # every profiled sync held a whole engine step, whose own CPU (opening and
+        # closing the step, its rounds) a real step pays once: the smallest fixed
+        # cost among the fits used stands for it
+        shared = max(0.0, min(fixed)) if fixed else 0.0
+        cpu = max(0.0, sum(cpus) - (len(cpus) - 1) * shared)  # type: ignore[arg-type]
     if cpu is not None and cores_per_rank is not None:
         step = max(step, host_bound(timeline, cpu, cores_per_rank))
     return sync, step, cpu

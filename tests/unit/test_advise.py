@@ -229,6 +229,32 @@ def test_more_ranks_than_cores_bound_the_step_by_their_cpu_work():
         predict_step(plan, sizes, 2, planners, tl, cores_per_rank=0.0)
 
 
+def test_a_step_pays_the_engines_own_cpu_once():
+    """Every profiled sync held a whole engine step, so each CPU fit carries the step's own
+    cost; a step of three syncs pays it once: the smallest fixed cost among the fits used
+    (the lane's 3 ms) is taken off all but one (ResNet-18, 7 PowerSGD gradients: 106 ms
+    predicted before this, 58 ms measured)."""
+    prof, mb = _lane_profile(), 1_000_000
+    cpu = {"ps": ((mb, 1, 0.015), (10 * mb, 1, 0.105), (10 * mb, 2, 0.105))}  # 5 ms + 10 ns/B
+    comp = dataclasses.replace(prof.compressors["onebit"], engine_cpu_by=cpu)
+    prof = dataclasses.replace(prof, compressors={"onebit": comp},
+                               lane_cpu=((mb, 0.013), (10 * mb, 0.103)))  # 3 ms + 10 ns/B
+    sizes = [("a", mb), ("b", mb), ("c", mb)]
+    plan = Plan(gradients={"a": GradientPlan(False, 1), "b": GradientPlan(True, 1),
+                           "c": GradientPlan(True, 1)})
+    tl = ComputeTimeline(0.1, 0.2, {}, 0.0)
+    row = advise(sizes, 2, prof, tl, compressors=["onebit"], strategies=["ps"],
+                 compressor_plans="rule", cores_per_rank=0.5)
+    pl = Planner(prof, "onebit", 2)
+    assert pl.cpu_term.fixed == pytest.approx(0.005, rel=1e-6)
+    assert pl.lane_cpu_term.fixed == pytest.approx(0.003, rel=1e-6)
+    _, step = predict_step(plan, sizes, 2, {"onebit": pl}, tl, cpu_share=1.0,
+                           cores_per_rank=0.5)
+    # 2 x 15 ms + 13 ms, less the step's own 3 ms twice: 37 ms of CPU
+    assert step == pytest.approx(host_bound(tl, 0.037, 0.5))
+    assert row.row("none").cpu_s == pytest.approx(0.033, rel=1e-6)  # one 3 MB bucket
+
+
 def test_spread_puts_gradients_in_reverse_order_by_bytes():
     tl = ComputeTimeline.spread([("first", 100), ("mid", 100), ("last", 200)], 0.3)
     assert tl.forward_s == pytest.approx(0.1) and tl.backward_s == pytest.approx(0.2)
