@@ -365,9 +365,9 @@ class QuorumLane:
                 now = time.monotonic()
                 if n >= self.needed and seen_q is None:
                     seen_q = now
-                # close when all ranks contributed, when every rank is accounted for
-                # (contributed or abstained: waiting cannot add anyone), or at the deadline
-                if (n == self.size or n + bin(absent).count("1") == self.size
+                # close when every rank is accounted for (contributed or abstained:
+                # waiting cannot add anyone), or at the deadline once the quorum is in
+                if (n + bin(absent).count("1") == self.size
                         or (seen_q is not None and now - seen_q >= deadline)):
                     members = self._members(self.store.compare_set(ckey, "", str(mask)))
                     break

@@ -251,7 +251,7 @@ class Planner:
         the all-links fit) plus the constant sync overhead. Otherwise HiPress
         Eq. 1 plus that overhead.
         """
-        if self.raw_collective and self.profile.lane is not None and self.n > 1:
+        if self._timed_lane:
             return self.profile.lane(m)
         if self.raw_collective:
             t = self.profile.allreduce_time(m, self.n)
@@ -306,6 +306,19 @@ class Planner:
         floor = (self.cp.encode(part) + self.link(k)(self.cp.payload_bytes(part))
                  + back.decode(back.payload_bytes(part)))
         return max(t + self.engine_term(m, k), floor)
+
+    @property
+    def _timed_lane(self) -> bool:
+        """Uncompressed gradients cost the profile's timed engine lane (``t_orig``)."""
+        return self.raw_collective and self.profile.lane is not None and self.n > 1
+
+    def wire_time_orig(self, m: float) -> float:
+        """Seconds ``m`` uncompressed bytes keep the link busy: the timed lane's
+        bytes over its bandwidth, its latency left out; without a timed lane,
+        the whole ``t_orig``."""
+        if not self._timed_lane:
+            return self.t_orig(m, 1)
+        return min(self.t_orig(m, 1), m / self.profile.lane.bandwidth)
 
     def wire_time(self, m: float, k: int) -> float:
         """Seconds the payload bytes of a compressed synchronisation keep this rank's

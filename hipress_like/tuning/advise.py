@@ -262,13 +262,9 @@ def _job_phases(planner: Planner, fast: Planner, m: int, k: int) -> List[List[An
 
 
 def _lane_phases(planner: Planner, nbytes: int) -> List[List[Any]]:
-    """A lane bucket's phases: its bytes on the link at the timed lane's bandwidth,
-    then the rest of the timed lane's time (its latency) as a wait."""
-    total = planner.t_orig(nbytes, 1)
-    lane = planner.profile.lane
-    if lane is None or not planner.raw_collective:
-        return [["link", total]]
-    wire = min(total, nbytes / lane.bandwidth)
+    """A lane bucket's phases: its bytes on the link (``Planner.wire_time_orig``),
+    then the rest of its time (the timed lane's latency) as a wait."""
+    total, wire = planner.t_orig(nbytes, 1), planner.wire_time_orig(nbytes)
     return [["link", wire], ["wait", total - wire]]
 
 
