@@ -23,6 +23,8 @@ advisor's recommendation, among the rows the bench ran, measured within 10%
 of the fastest of them. Writes results/advise_check_<model>.json.
 
     python bench/advise_check.py --model vgg --model resnet18      # needs root
+    python bench/advise_check.py --model resnet18 --repeat 3 \\
+        --profile results/advise_profile_1gbit.json                  # medians of 3 alternating runs
     python bench/advise_check.py --model vgg --profile results/advise_profile_1gbit.json \\
         --measured results/advise_train_vgg.json                     # no new runs
 
@@ -81,11 +83,13 @@ def measure_profile(rate: str, out: str, compressors: dict) -> None:
     print(f"  wrote {out} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
-def run_bench(model: str, configs: list, rate: str, steps: int, out: str) -> None:
-    """bench/train.py over emulated links for ``configs``; its JSON goes to ``out``."""
+def run_bench(model: str, configs: list, rate: str, steps: int, out: str,
+              repeat: int = 1) -> None:
+    """bench/train.py over emulated links for ``configs``, the list run ``repeat`` times
+    alternating (each configuration's median run is its row); its JSON goes to ``out``."""
     cmd = [sys.executable, os.path.join(HERE, "train.py"), "--model", model, "--netem", rate,
            "--configs", ",".join(configs), "--steps", str(steps), "--warmup", "5",
-           "--acc-steps", "0", "--out", out]
+           "--acc-steps", "0", "--repeat", str(repeat), "--out", out]
     print(f"running: {' '.join(cmd[1:])}", flush=True)
     subprocess.run(cmd, check=True)
 
@@ -143,6 +147,8 @@ def compare(model: str, adv, sizes: list, measured: dict) -> dict:
                    "measured_sync_cpu_ms": (by[cfg]["cpu_ms_per_step"] - floor_cpu
                                             if floor_cpu and "cpu_ms_per_step" in by[cfg]
                                             else None)}
+            if len(by[cfg].get("runs_ms", [])) > 1:
+                row["runs_ms"] = by[cfg]["runs_ms"]  # every alternating run, for the spread
             if cfg.endswith("-auto") and "compressors" in by[cfg]:
                 # plan="auto" made its own plan from its own profile: say whether it
                 # compressed the same gradients with the same compressors
@@ -169,6 +175,8 @@ def compare(model: str, adv, sizes: list, measured: dict) -> dict:
             note = f"  (auto chose {r['auto_compressors']})"
         cpus = "".join(f" {'-':>8}" if c is None else f" {c:8.0f}"
                        for c in (r["sync_cpu_ms"], r["measured_sync_cpu_ms"]))
+        if "runs_ms" in r:
+            note = f"  runs {min(r['runs_ms']):.0f}-{max(r['runs_ms']):.0f}" + note
         print(f"{r['advisor']:<20} {r['config']:<16} {r['sync_ms']:8.0f}{cpus} "
               f"{r['predicted_ms']:8.0f} {r['measured_ms']:8.0f} {r['rel_error'] * 100:+6.1f}%"
               f"{note}")
@@ -195,6 +203,9 @@ def main(argv=None) -> int:
                     help="bench/train.py JSON per --model (same order) instead of running it")
     ap.add_argument("--rate", default="1gbit", help="emulated link rate (default 1gbit)")
     ap.add_argument("--steps", type=int, default=20, help="bench/train.py timed steps")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run bench/train.py's list this many times, alternating, and compare "
+                    "against each configuration's median run (a shared host drifts)")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "results"))
     ap.add_argument("--reuse-compute", action="store_true",
                     help="take the compute timeline from the last advise_check_<model>.json "
@@ -203,6 +214,8 @@ def main(argv=None) -> int:
     models = ns.model or ["vgg"]
     if ns.measured and len(ns.measured) != len(models):
         ap.error("give one --measured file per --model")
+    if ns.repeat < 1:
+        ap.error(f"--repeat must be at least 1, found {ns.repeat}")
     os.makedirs(ns.out_dir, exist_ok=True)
     from hipress_like.tuning.auto import DEFAULT_CANDIDATES
 
@@ -227,7 +240,7 @@ def main(argv=None) -> int:
         else:
             path = os.path.join(ns.out_dir, f"advise_train_{model}.json")
             configs = ["floor"] + [bench_config(r.label) for r in adv.rows]
-            run_bench(model, configs, ns.rate, ns.steps, path)
+            run_bench(model, configs, ns.rate, ns.steps, path, ns.repeat)
             load[f"after_bench_{model}"] = os.getloadavg()
             with open(path) as f:
                 measured = json.load(f)
