@@ -38,7 +38,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._files import load_json
@@ -102,7 +102,7 @@ class CompressorProfile:
             same synchronisations (every thread of its process), as
             ``(bytes, K, cpu_seconds)``: the work a rank's cores must find
             room for, which the advisor adds up when ranks outnumber cores
-            (``advise.predict_step``). Empty: not measured.
+            (``step_model.predict_step``). Empty: not measured.
     """
 
     name: str
@@ -293,6 +293,21 @@ class Profile:
             raise ProfileError(f"the profile has no compressor {name!r} (it has: {have}); "
                                f"profile it with: hipress-profile profile --compressors {name}")
         return self.compressors[name]
+
+    def with_link(self, link: Link) -> "Profile":
+        """This profile priced on another link: its link fits are replaced by ``link``.
+
+        What was timed on the profiled network goes: the one-link and
+        allreduce fits, the timed lane and the compressors' whole-engine
+        timings (the planner then uses Table I's Ring-AR and Eq. 2 plus the
+        measured constant overheads, which are CPU work). Compressor curves
+        and the CPU figures stay.
+        """
+        comps = {k: replace(v, engine_samples=(), engine_samples_by={})
+                 for k, v in self.compressors.items()}
+        return replace(self, link=link, link_samples=(), link_one=None, link_one_samples=(),
+                       allreduce=None, allreduce_samples=(), lane=None, lane_samples=(),
+                       compressors=comps, meta={**self.meta, "link_source": "given"})
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready dict with format and version tags."""

@@ -2,7 +2,7 @@
 
 The subcommand's reading of its arguments (profile or the paper's values, a
 model as sizes or a torch module, the compute timeline) and its report; the
-model of a step is ``tuning/advise.py``.
+model of a step is ``tuning/step_model.py``, the ranking ``tuning/advise.py``.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _input_shape(text: str) -> Tuple[int, ...]:
 
 def _advise_profile(a: argparse.Namespace) -> Tuple[Profile, str]:
     """The profile (a file or ``paper``) and where its link comes from."""
-    from .advise import paper_profile, with_link
+    from .advise import paper_profile
 
     if (a.bandwidth is None) != (a.latency is None):
         raise CLIError("give both --bandwidth and --latency (or neither, to use the "
@@ -49,7 +49,7 @@ def _advise_profile(a: argparse.Namespace) -> Tuple[Profile, str]:
         return paper_profile(link), "given"
     prof = Profile.load(a.profile)
     if link is not None:
-        return with_link(prof, link), "given, replacing the profile's"
+        return prof.with_link(link), "given, replacing the profile's"
     return prof, f"the profile's, {prof.meta.get('link_source', 'given')}"
 
 

@@ -197,7 +197,7 @@ def test_bytes_move_at_the_cpu_share_while_backward_runs():
 
 def test_more_ranks_than_cores_bound_the_step_by_their_cpu_work():
     """With CPU figures in the profile, the step is at least the rank's compute CPU plus its
-    synchronisations' CPU over its cores (advise.host_bound): 4 ranks on 2 cores ran
+    synchronisations' CPU over its cores (step_model.host_bound): 4 ranks on 2 cores ran
     Ring + onebit on the VGG-style model in 2x its CPU time per rank."""
     prof, mb = _lane_profile(), 1_000_000
     cpu = {"ps": ((mb, 1, 0.010), (10 * mb, 1, 0.100), (10 * mb, 2, 0.110))}

@@ -32,6 +32,7 @@ MODULES = [
     "hipress_like.cost_model.profile",
     "hipress_like.tuning.advise",
     "hipress_like.tuning.engine_timing",
+    "hipress_like.tuning.step_model",
 ]
 
 
