@@ -9,8 +9,12 @@ emulated 1 Gbit/s links:
    --from-env``: link, lane, engine synchronisations); or ``--profile``;
 2. measure: bench/train.py ``--netem`` for the rows the advisor predicts
    (``hp-none``, ``hp-<ps|ring>-<compressor>`` with the engine's size rule,
-   ``hp-<ps|ring>-auto`` for the per-gradient plan); or ``--measured``,
-   a JSON bench/train.py wrote;
+   ``hp-<ps|ring>-plan`` for the per-gradient plan: the advisor's own plan,
+   written to ``advise_plan_<model>_<strategy>.json`` and run as the line it
+   recommends, ``DistributedOptimizer(..., strategy=..., plan=PATH)``); or
+   ``--measured``, a JSON bench/train.py wrote (whose ``hp-<ps|ring>-auto``
+   rows, the engine's own ``plan="auto"``, stand in for the plan rows when it
+   has none: earlier checks ran those);
 3. predict: ``advise`` on the bench's own module (``examples/models.py``,
    1 input channel, batch 8 of 32x32), its backward timed with 4 copies
    running at once (the 4 ranks share this host's cores), the profile, N = 4,
@@ -55,11 +59,21 @@ PROFILED = {"onebit": {}, "terngrad": {}, "dgc": {"momentum": 0.0}, "powersgd": 
 
 def bench_config(label: str) -> str:
     """The bench/train.py row of an advisor row: none -> hp-none, onebit/ps ->
-    hp-ps-onebit, per-gradient/ring -> hp-ring-auto."""
+    hp-ps-onebit, per-gradient/ring -> hp-ring-plan (the advisor's plan file)."""
     if label == "none":
         return "hp-none"
     comp, strategy = label.split("/")
-    return f"hp-{strategy}-{'auto' if comp == 'per-gradient' else comp}"
+    return f"hp-{strategy}-{'plan' if comp == 'per-gradient' else comp}"
+
+
+def write_plans(adv, model: str, out_dir: str) -> dict:
+    """Save each per-gradient row's plan (as ``advise --write-plan`` does); {strategy: path}."""
+    plans = {}
+    for r in adv.rows:
+        if r.kind == "per-gradient":
+            plans[r.strategy] = os.path.join(out_dir, f"advise_plan_{model}_{r.strategy}.json")
+            r.plan.save(plans[r.strategy])
+    return plans
 
 
 def measure_profile(rate: str, out: str, compressors: dict) -> None:
@@ -84,12 +98,15 @@ def measure_profile(rate: str, out: str, compressors: dict) -> None:
 
 
 def run_bench(model: str, configs: list, rate: str, steps: int, out: str,
-              repeat: int = 1) -> None:
+              repeat: int = 1, plans: dict | None = None) -> None:
     """bench/train.py over emulated links for ``configs``, the list run ``repeat`` times
-    alternating (each configuration's median run is its row); its JSON goes to ``out``."""
+    alternating (each configuration's median run is its row), the hp-<s>-plan rows
+    running ``plans[s]``; its JSON goes to ``out``."""
     cmd = [sys.executable, os.path.join(HERE, "train.py"), "--model", model, "--netem", rate,
            "--configs", ",".join(configs), "--steps", str(steps), "--warmup", "5",
            "--acc-steps", "0", "--repeat", str(repeat), "--out", out]
+    for strategy, path in (plans or {}).items():
+        cmd += ["--plan", f"{strategy}={path}"]
     print(f"running: {' '.join(cmd[1:])}", flush=True)
     subprocess.run(cmd, check=True)
 
@@ -137,6 +154,8 @@ def compare(model: str, adv, sizes: list, measured: dict) -> dict:
     rows = []
     for r in adv.rows:
         cfg = bench_config(r.label)
+        if cfg.endswith("-plan") and cfg not in by:  # an earlier check: plan="auto"
+            cfg = cfg[:-len("plan")] + "auto"
         if cfg in by:
             ms = by[cfg]["ms_per_step"]
             row = {"advisor": r.label, "config": cfg, "predicted_ms": r.step_s * 1e3,
@@ -149,9 +168,9 @@ def compare(model: str, adv, sizes: list, measured: dict) -> dict:
                                             else None)}
             if len(by[cfg].get("runs_ms", [])) > 1:
                 row["runs_ms"] = by[cfg]["runs_ms"]  # every alternating run, for the spread
-            if cfg.endswith("-auto") and "compressors" in by[cfg]:
-                # plan="auto" made its own plan from its own profile: say whether it
-                # compressed the same gradients with the same compressors
+            if r.kind == "per-gradient" and "compressors" in by[cfg]:
+                # say whether the engine compressed the gradients the advisor's plan
+                # names, with its compressors (plan="auto" makes its own plan)
                 mine = {n: r.plan.compressor_of(d)[0] for n, b in sizes
                         for d in [r.plan.decide(n, b, adv.nodes)] if d.compress}
                 row["same_plan"] = mine == by[cfg]["compressors"]
@@ -203,6 +222,8 @@ def main(argv=None) -> int:
                     help="bench/train.py JSON per --model (same order) instead of running it")
     ap.add_argument("--rate", default="1gbit", help="emulated link rate (default 1gbit)")
     ap.add_argument("--steps", type=int, default=20, help="bench/train.py timed steps")
+    ap.add_argument("--configs", help="run only these bench rows (comma-separated, e.g. the "
+                    "contenders of an earlier check); the error median is then theirs alone")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run bench/train.py's list this many times, alternating, and compare "
                     "against each configuration's median run (a shared host drifts)")
@@ -240,7 +261,15 @@ def main(argv=None) -> int:
         else:
             path = os.path.join(ns.out_dir, f"advise_train_{model}.json")
             configs = ["floor"] + [bench_config(r.label) for r in adv.rows]
-            run_bench(model, configs, ns.rate, ns.steps, path, ns.repeat)
+            if ns.configs:
+                wanted = set(ns.configs.split(","))
+                unknown = wanted - set(configs)
+                if unknown:
+                    ap.error(f"--configs {sorted(unknown)}: not rows of the advisor; "
+                             f"they are {', '.join(configs)}")
+                configs = [c for c in configs if c in wanted | {"floor"}]
+            run_bench(model, configs, ns.rate, ns.steps, path, ns.repeat,
+                      write_plans(adv, model, ns.out_dir))
             load[f"after_bench_{model}"] = os.getloadavg()
             with open(path) as f:
                 measured = json.load(f)

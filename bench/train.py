@@ -33,6 +33,9 @@ Configurations:
   hp-<strategy>-auto          the same with compression="auto", plan="auto": a
                    compressor per gradient (onebit, TernGrad, DGC, PowerSGD or
                    none) chosen from a profile taken when the optimizer is built
+  hp-<strategy>-plan          the same with a plan file (``--plan STRATEGY=PATH``,
+                   e.g. ``hipress-profile advise --write-plan``), run as the
+                   advisor's ``DistributedOptimizer(..., strategy=..., plan=PATH)``
   hp-none          the same with Compression.none: every gradient in the
                    engine's allreduce lane, the engine's overhead against DDP
   hvd-...          over Horovod (bench/_horovod_rows.py): Horovod's own optimizer
@@ -79,6 +82,8 @@ ARTOPK_RATIO = 0.01
 # rows that send the aggregate back with a master compressor (compression_back)
 BACK = {"natural2": "natural"}
 DDP_CONFIGS = ("ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4")
+# rows that run a plan file given with --plan STRATEGY=PATH (not in "all")
+PLAN_CONFIGS = {"hp-ps-plan": "ps", "hp-ring-plan": "ring"}
 # The plan leaves small gradients uncompressed, so momentum must stay in the
 # optimizer for all of them: DGC runs as a sparsifier with its own momentum
 # off, its sparsity ramped up over the first 5 steps (DGC Sec. 3.4).
@@ -161,6 +166,9 @@ def worker(cfg):
                                        compression=hpt.Compression.get(comp,
                                                                        ratio=ARTOPK_RATIO),
                                        plan=None, collective=coll)
+    elif name in PLAN_CONFIGS:  # a plan file naming each gradient's compressor
+        opt = hpt.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                       strategy=PLAN_CONFIGS[name], plan=cfg["plan"])
     elif name.startswith("hp-"):
         _, strategy, comp = name.split("-", 2) if name != "hp-none" else ("hp", "ps", "none")
         plan = "auto" if comp == "auto" else None
@@ -318,9 +326,10 @@ def _floor_and_auto_goals(by, best_hp, floor, rows):
     f_cpu, b_cpu = by["floor"].get("cpu_ms_per_step"), best_hp.get("cpu_ms_per_step")
     if f_cpu and b_cpu:
         goals.append(("CPU/rank within 1.3x of floor's", b_cpu / f_cpu, 1.3, False))
+    per_gradient = ("-auto", "-plan")  # plan="auto" and the advisor's plan files
     fixed = [r for r in rows if r["config"].startswith("hp-") and
-             not r["config"].endswith("-auto") and r["config"] != "hp-none"]
-    for auto in (r for r in rows if r["config"].endswith("-auto")):
+             not r["config"].endswith(per_gradient) and r["config"] != "hp-none"]
+    for auto in (r for r in rows if r["config"].endswith(per_gradient)):
         if fixed:
             best = min(fixed, key=lambda r: r["ms_per_step"])
             goals.append((f"{auto['config']} vs {best['config']} <= 1.05",
@@ -419,6 +428,8 @@ def _run_configs(ns, names, steps, netem):
     for c in names:
         cfg = dict(config=c, model=ns.model, steps=steps, warmup=ns.warmup, batch=ns.batch,
                    lr=ns.lr, seed=ns.seed)
+        if c in PLAN_CONFIGS:
+            cfg["plan"] = ns.plans[PLAN_CONFIGS[c]]
         t0 = time.perf_counter()
         try:
             r = launch(cfg, ns.nprocs, netem, ns.timeout)
@@ -477,17 +488,30 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=1, help="run the list this many times, "
                     "alternating, and report each configuration's median run (a shared "
                     "host's load drifts)")
+    ap.add_argument("--plan", action="append", default=[], metavar="STRATEGY=PATH",
+                    help="a plan file for the hp-<strategy>-plan row (repeatable: ps=..., "
+                    "ring=...)")
     ap.add_argument("--out", default=None)
     ns = ap.parse_args(argv)
     if ns.worker:
         worker(json.loads(ns.worker))
         return 0
+    ns.plans = {}
+    for item in ns.plan:
+        strategy, sep, path = item.partition("=")
+        if not sep or strategy not in PLAN_CONFIGS.values() or not os.path.isfile(path):
+            ap.error(f"--plan {item!r}: give STRATEGY=PATH with STRATEGY ps or ring and an "
+                     "existing plan file (hipress-profile advise --write-plan PATH)")
+        ns.plans[strategy] = os.path.abspath(path)
     configs = all_configs() if ns.configs == "all" else ns.configs.split(",")
-    unknown = set(configs) - set(all_configs())
+    known = set(all_configs()) | {c for c, s in PLAN_CONFIGS.items() if s in ns.plans}
+    unknown = set(configs) - known
     if unknown:
-        ap.error(f"unknown configs {sorted(unknown)}; known: {', '.join(all_configs())}")
+        hint = "; hp-<strategy>-plan needs --plan STRATEGY=PATH" if unknown & set(
+            PLAN_CONFIGS) else ""
+        ap.error(f"unknown configs {sorted(unknown)}; known: {', '.join(sorted(known))}{hint}")
     if ns.acc_configs != "all":
-        unknown = set(ns.acc_configs.split(",")) - set(all_configs()) - {"best"}
+        unknown = set(ns.acc_configs.split(",")) - known - {"best"}
         if unknown:
             ap.error(f"unknown --acc-configs {sorted(unknown)}; known: best, "
                      f"{', '.join(all_configs())}")
