@@ -174,7 +174,7 @@ def compare(model: str, adv, sizes: list, measured: dict) -> dict:
                 mine = {n: r.plan.compressor_of(d)[0] for n, b in sizes
                         for d in [r.plan.decide(n, b, adv.nodes)] if d.compress}
                 row["same_plan"] = mine == by[cfg]["compressors"]
-                row["auto_compressors"] = by[cfg]["compressors"]
+                row["engine_compressors"] = by[cfg]["compressors"]
                 row["advisor_compressors"] = mine
             rows.append(row)
     if not rows:
@@ -191,7 +191,7 @@ def compare(model: str, adv, sizes: list, measured: dict) -> dict:
     for r in sorted(rows, key=lambda r: r["measured_ms"]):
         note = ""
         if "same_plan" in r and not r["same_plan"]:
-            note = f"  (auto chose {r['auto_compressors']})"
+            note = f"  (the engine compressed {r['engine_compressors']})"
         cpus = "".join(f" {'-':>8}" if c is None else f" {c:8.0f}"
                        for c in (r["sync_cpu_ms"], r["measured_sync_cpu_ms"]))
         if "runs_ms" in r:
