@@ -171,8 +171,12 @@ def compare(model: str, adv, sizes: list, measured: dict) -> dict:
             if r.kind == "per-gradient" and "compressors" in by[cfg]:
                 # say whether the engine compressed the gradients the advisor's plan
                 # names, with its compressors (plan="auto" makes its own plan)
-                mine = {n: r.plan.compressor_of(d)[0] for n, b in sizes
-                        for d in [r.plan.decide(n, b, adv.nodes)] if d.compress}
+                from hipress_like.compressors.registry import get
+
+                # the engine's layout names a compressor by its repr
+                mine = {n: repr(get(cp[0], **cp[1])) for n, b in sizes
+                        for d in [r.plan.decide(n, b, adv.nodes)] if d.compress
+                        for cp in [r.plan.compressor_of(d)]}
                 row["same_plan"] = mine == by[cfg]["compressors"]
                 row["engine_compressors"] = by[cfg]["compressors"]
                 row["advisor_compressors"] = mine
