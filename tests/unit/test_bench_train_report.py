@@ -89,6 +89,9 @@ def test_the_accuracy_table_lists_each_run(capsys):
     (["--acc-configs", "ddp,nope"], "unknown --acc-configs"),
     (["--acc-steps", "3", "--warmup", "5"], "--acc-steps must exceed --warmup"),
     (["--configs", "floor,nope"], "unknown configs"),
+    (["--configs", "floor,hp-ps-plan"], "hp-<strategy>-plan needs --plan STRATEGY=PATH"),
+    (["--plan", "ps=/nonexistent/plan.json"], "an existing plan file"),
+    (["--plan", "tree=plan.json"], "STRATEGY ps or ring"),
 ])
 def test_bad_arguments_fail_before_any_run(capsys, args, message):
     with pytest.raises(SystemExit) as e:
