@@ -147,6 +147,20 @@ def timeline_dict(t) -> dict:
             "update_s": t.update_s, "source": t.source}
 
 
+def plan_compressors(plan, sizes: list, n: int) -> dict:
+    """{gradient: compressor repr} of what ``plan`` compresses, each compressor built
+    as the engine builds it (``casync.choice.build_compressor``, error feedback
+    "auto"), so the reprs match the engine's layout."""
+    from hipress_like.casync.choice import build_compressor
+
+    out = {}
+    for name, nbytes in sizes:
+        dec = plan.decide(name, nbytes, n)
+        if dec.compress:
+            out[name] = repr(build_compressor(*plan.compressor_of(dec), "auto"))
+    return out
+
+
 def compare(model: str, adv, sizes: list, measured: dict) -> dict:
     """Rows predicted vs measured, the median relative error and the recommendation check."""
     by = {r["config"]: r for r in measured["rows"]}
@@ -169,17 +183,10 @@ def compare(model: str, adv, sizes: list, measured: dict) -> dict:
             if len(by[cfg].get("runs_ms", [])) > 1:
                 row["runs_ms"] = by[cfg]["runs_ms"]  # every alternating run, for the spread
             if r.kind == "per-gradient" and "compressors" in by[cfg]:
-                # say whether the engine compressed the gradients the advisor's plan
-                # names, with its compressors (plan="auto" makes its own plan)
-                from hipress_like.compressors.registry import get
-
-                # the engine's layout names a compressor by its repr
-                mine = {n: repr(get(cp[0], **cp[1])) for n, b in sizes
-                        for d in [r.plan.decide(n, b, adv.nodes)] if d.compress
-                        for cp in [r.plan.compressor_of(d)]}
-                ran = by[cfg]["compressors"]  # maybe wrapped: ErrorFeedback(OneBit(), ...)
-                row["same_plan"] = set(mine) == set(ran) and all(
-                    mine[n] in ran[n] for n in mine)
+                # did the engine compress the gradients the advisor's plan names, with
+                # its compressors? (plan="auto" makes its own plan)
+                mine = plan_compressors(r.plan, sizes, adv.nodes)
+                row["same_plan"] = mine == by[cfg]["compressors"]
                 row["engine_compressors"] = by[cfg]["compressors"]
                 row["advisor_compressors"] = mine
             rows.append(row)

@@ -514,7 +514,7 @@ def main(argv=None):
         unknown = set(ns.acc_configs.split(",")) - known - {"best"}
         if unknown:
             ap.error(f"unknown --acc-configs {sorted(unknown)}; known: best, "
-                     f"{', '.join(all_configs())}")
+                     f"{', '.join(sorted(known))}")
     if ns.repeat < 1:
         ap.error(f"--repeat must be at least 1, found {ns.repeat}")
     if 0 < ns.acc_steps <= ns.warmup:

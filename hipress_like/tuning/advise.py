@@ -41,15 +41,13 @@ from ..cost_model.plan import GradientPlan, Plan, SizeRule
 from ..cost_model.planner import NEVER, Planner, plan_per_gradient
 from ..cost_model.profile import CompressorProfile, Profile, ProfileError
 from .compute import ComputeTimeline, infer_input_shape, load_module, measure_compute
-from .step_model import _predict, cpu_share_of, host_bound, predict_step
+from .step_model import Sizes, _predict, cpu_share_of, host_bound, predict_step
 
 # the step model's and compute's names are re-exported: ``advise`` is the module
 # users (and the CLI) import the advisor's whole surface from
 __all__ = ["ComputeTimeline", "Row", "Advice", "advise", "predict_step", "host_bound",
            "paper_profile", "measure_compute", "optimizer_line", "cpu_share_of",
            "load_module", "infer_input_shape", "PAPER_COMPRESSORS"]
-
-Sizes = Sequence[Tuple[str, int]]
 
 # -- the paper's values (--profile paper) ---------------------------------------------
 # HiPress Sec. 6.4: CompLL-TBQ encodes 256 MB >12x faster than OSS-TBQ's 38.17 ms.

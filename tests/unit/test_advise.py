@@ -243,7 +243,7 @@ def test_a_step_pays_the_engines_own_cpu_once():
     plan = Plan(gradients={"a": GradientPlan(False, 1), "b": GradientPlan(True, 1),
                            "c": GradientPlan(True, 1)})
     tl = ComputeTimeline(0.1, 0.2, {}, 0.0)
-    row = advise(sizes, 2, prof, tl, compressors=["onebit"], strategies=["ps"],
+    adv = advise(sizes, 2, prof, tl, compressors=["onebit"], strategies=["ps"],
                  compressor_plans="rule", cores_per_rank=0.5)
     pl = Planner(prof, "onebit", 2)
     assert pl.cpu_term.fixed == pytest.approx(0.005, rel=1e-6)
@@ -252,7 +252,7 @@ def test_a_step_pays_the_engines_own_cpu_once():
                            cores_per_rank=0.5)
     # 2 x 15 ms + 13 ms, less the step's own 3 ms twice: 37 ms of CPU
     assert step == pytest.approx(host_bound(tl, 0.037, 0.5))
-    assert row.row("none").cpu_s == pytest.approx(0.033, rel=1e-6)  # one 3 MB bucket
+    assert adv.row("none").cpu_s == pytest.approx(0.033, rel=1e-6)  # one 3 MB bucket
 
 
 def test_spread_puts_gradients_in_reverse_order_by_bytes():
