@@ -33,7 +33,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from .kernels import FusedDecodeKernels, Kernels, workspace
+from .kernels import Kernels, workspace
 from .payload import (
     _DTYPES,
     HEADER_VERSION,
@@ -65,7 +65,6 @@ __all__ = [
     "step_seed",
     "mix_seed",
     "Compressor",
-    "FusedDecodeMixin",
     "PayloadError",
     "PayloadPool",
     "State",
@@ -405,6 +404,14 @@ class Compressor:
         """``self.kernels.summable_view`` (declared by ``capabilities.summable``)."""
         return self.kernels.summable_view(payload)
 
+    def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
+        """``state`` for a step that writes none of its tensors in place (double
+        buffering): the caller may then keep ``state`` itself to undo the step
+        (``casync.nonfinite``). ``spare``: a state of this compressor the caller
+        discarded, whose buffers may be reused. None (the default): the step
+        updates the state in place, so the caller copies it."""
+        return None
+
     # -- multi round -------------------------------------------------------
     def encode_round(
         self, r: int, grad: torch.Tensor, state: State, aggregate: Optional[torch.Tensor]
@@ -510,13 +517,6 @@ def mix_seed(seed: int, step: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return (z ^ (z >> 31)) & 0x7FFFFFFF
-
-
-class FusedDecodeMixin:
-    """Sets ``kernels_class`` to ``FusedDecodeKernels`` (for compressors written
-    before the kernels protocol; new ones set ``kernels_class`` themselves)."""
-
-    kernels_class = FusedDecodeKernels
 
 
 def decode_output(h: Header, out: Optional[torch.Tensor], device: Any) -> torch.Tensor:

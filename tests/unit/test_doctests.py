@@ -13,6 +13,7 @@ import pytest
 MODULES = [
     "hipress_like.casync.config",
     "hipress_like.casync.lane",
+    "hipress_like.casync.nonfinite",
     "hipress_like.casync.replay",
     "hipress_like.casync.transport.inproc",
     "hipress_like.compressors._fused",
