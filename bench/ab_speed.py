@@ -52,10 +52,12 @@ def _sync(tree: str, net: str, only: str, reps: int, tmp: str) -> dict:
                 for r in json.load(f)["rows"] if not r["config"].startswith("allreduce")}
 
 
-def _train(tree: str, net: str, config: str, model: str, steps: int, tmp: str) -> dict:
+def _train(tree: str, net: str, config: str, model: str, steps: int, nprocs: int,
+           tmp: str) -> dict:
     out = os.path.join(tmp, "train.json")
     cmd = [sys.executable, os.path.join(tree, "bench", "train.py"), "--model", model,
-           "--configs", config, "--acc-steps", "0", "--steps", str(steps), "--out", out]
+           "--configs", config, "--acc-steps", "0", "--steps", str(steps),
+           "--nprocs", str(nprocs), "--out", out]
     if net != "loopback":
         cmd += ["--netem", net]
     subprocess.run(cmd, check=True, cwd=tree, stdout=subprocess.DEVNULL)
@@ -74,39 +76,35 @@ def main() -> int:
     ap.add_argument("--train-configs", default=TRAIN_CONFIGS, help="train rows ('' for none)")
     ap.add_argument("--model", default="vgg", choices=["vgg", "resnet18"])
     ap.add_argument("--steps", type=int, default=20, help="timed steps per train run")
+    ap.add_argument("--nprocs", type=int, default=4,
+                    help="ranks of the train rows (2: a core each on this host)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "ab_speed.json"))
     a = ap.parse_args()
     if a.rounds < 1:
         ap.error("--rounds must be >= 1")
-    created = False
-    if a.net != "loopback":
-        import netem as nm
-        from train import _ensure_netem
-        created = _ensure_netem(4, a.net)
+    # each bench/train.py and bench/sync.py run takes its own emulation session
+    # (netem's lock): holding one here would make every child wait for this process
     times = {"base": {}, "new": {}}
-    try:
-        with tempfile.TemporaryDirectory(prefix="hipress-ab-") as tmp:
-            wt = os.path.join(tmp, "base")
-            subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", wt, a.base],
-                           check=True, stdout=subprocess.DEVNULL)
-            try:
-                jobs = []
-                if a.sync_only:
-                    jobs.append(lambda tree: _sync(tree, a.net, a.sync_only, a.sync_reps, tmp))
-                for c in [c for c in a.train_configs.split(",") if c]:
-                    jobs.append(lambda tree, c=c: _train(tree, a.net, c, a.model, a.steps, tmp))
-                for i, job in enumerate(jobs):
-                    for r in range(a.rounds):
-                        for side, tree in (("base", wt), ("new", ROOT)):
-                            for k, v in job(tree).items():
-                                times[side].setdefault(k, []).append(v)
-                            print(f"[{i + 1}/{len(jobs)} round {r + 1}] {side} done", flush=True)
-            finally:
-                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", wt],
-                               check=False)
-    finally:
-        if created:
-            nm.down(4)
+    with tempfile.TemporaryDirectory(prefix="hipress-ab-") as tmp:
+        wt = os.path.join(tmp, "base")
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", wt, a.base],
+                       check=True, stdout=subprocess.DEVNULL)
+        try:
+            jobs = []
+            if a.sync_only:
+                jobs.append(lambda tree: _sync(tree, a.net, a.sync_only, a.sync_reps, tmp))
+            for c in [c for c in a.train_configs.split(",") if c]:
+                jobs.append(lambda tree, c=c: _train(tree, a.net, c, a.model, a.steps,
+                                                     a.nprocs, tmp))
+            for i, job in enumerate(jobs):
+                for r in range(a.rounds):
+                    for side, tree in (("base", wt), ("new", ROOT)):
+                        for k, v in job(tree).items():
+                            times[side].setdefault(k, []).append(v)
+                        print(f"[{i + 1}/{len(jobs)} round {r + 1}] {side} done", flush=True)
+        finally:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", wt],
+                           check=False)
     rows = []
     print(f"\n{'row':64s} {'base':>9s} {'new':>9s} {'new/base':>9s}  (net {a.net}, "
           f"base {a.base}, {a.rounds} alternations, medians)")

@@ -134,3 +134,18 @@ def test_a_killed_benchmark_takes_its_ranks_and_namespaces_down(netem, tmp_path)
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_ab_speed_runs_its_rows_over_emulated_links(netem, tmp_path):
+    """bench/ab_speed.py's children take their own emulation sessions: the script
+    must not hold one itself (it did, and every child then waited on its lock)."""
+    out = tmp_path / "ab.json"
+    env = dict(os.environ, HIPRESS_NETEM_LOCK_WAIT="60")  # a held lock fails in a minute
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ab_speed.py"),
+                        "--base", "HEAD", "--net", "1gbit", "--rounds", "1", "--sync-only", "",
+                        "--train-configs", "hp-ps-onebit", "--nprocs", "2", "--steps", "2",
+                        "--out", str(out)], capture_output=True, text=True, timeout=900,
+                       cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "train vgg hp-ps-onebit" in out.read_text()
+    assert netem._namespaces() == []
