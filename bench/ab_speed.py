@@ -8,7 +8,8 @@ the load of a shared machine drifts over both alike. Rows:
 - ``sync``: bench/sync.py at ``--net`` on the VGG19-like and ResNet50-like
   lists, one strategy+compressor per row (``--sync-only``);
 - ``train``: bench/train.py at ``--net``, one configuration per row
-  (``--train-configs``, timing only: no accuracy runs).
+  (``--train-configs``, timing only: no accuracy runs), with ``--nprocs``
+  ranks; a second row gives the configuration's CPU time per rank.
 
 Each row prints the base's and the new tree's median and their ratio (new /
 base): ms per step for train rows, and for sync rows the time over the
@@ -61,8 +62,13 @@ def _train(tree: str, net: str, config: str, model: str, steps: int, nprocs: int
     if net != "loopback":
         cmd += ["--netem", net]
     subprocess.run(cmd, check=True, cwd=tree, stdout=subprocess.DEVNULL)
+    res = {}
     with open(out) as f:
-        return {f"train {model} {r['config']}": r["ms_per_step"] for r in json.load(f)["rows"]}
+        for r in json.load(f)["rows"]:
+            res[f"train {model} {r['config']}"] = r["ms_per_step"]
+            if r.get("cpu_ms_per_step"):  # with 4 ranks on 2 cores, what a rank costs
+                res[f"train {model} {r['config']} (CPU ms/rank)"] = r["cpu_ms_per_step"]
+    return res
 
 
 def main() -> int:

@@ -126,9 +126,7 @@ class CompressorCodec:
         k = f"{self.key}|{site}"
         st = self.states.get(k)
         if self.undo is not None:  # before this step's first change to it
-            use = self.undo.save(k, st, comp)
-            if use is not st:  # double buffered: the kept state stays untouched
-                st = self.states[k] = use
+            self.undo.save(k, st)
         if st is None:
             # the run reaches the compressor through init's declared keywords
             # (Compressor.init), never through keys written into its state
