@@ -52,6 +52,9 @@ __all__ = ["ComputeTimeline", "Row", "Advice", "advise", "predict_step", "host_b
 # -- the paper's values (--profile paper) ---------------------------------------------
 # HiPress Sec. 6.4: CompLL-TBQ encodes 256 MB >12x faster than OSS-TBQ's 38.17 ms.
 _PAPER_BYTES_PER_S = 256 * 2**20 / (38.17e-3 / 12)
+# rows predicted this close to the best are named beside it: the model's median
+# error against bench/train.py was 3-21% here (README, "the advisor")
+CLOSE = 0.05
 # Payload bytes per input byte of the paper's quantizers: onebit (Table 7's
 # algorithm) 1 bit of 32, TBQ at Fig. 14's r = 1/16, TernGrad's 2 bits.
 PAPER_COMPRESSORS: Mapping[str, float] = {"onebit": 1 / 32, "tbq": 1 / 16, "terngrad": 1 / 16}
@@ -156,6 +159,22 @@ class Advice:
     def best(self) -> Row:
         """The recommended configuration (the fastest predicted)."""
         return self.rows[0]
+
+    def close_to_best(self, tol: float = CLOSE) -> Tuple[Row, ...]:
+        """The other rows predicted within ``tol`` (relative) of the best one's step:
+        closer than the model's error, so worth timing too.
+
+        Example:
+            >>> from hipress_like.cost_model.model import Link
+            >>> from hipress_like.cost_model.presets import preset
+            >>> sizes = preset("vgg19")
+            >>> adv = advise(sizes, 4, paper_profile(Link(10e-6, 1.25e8)),
+            ...              ComputeTimeline.spread(sizes, 0.3))
+            >>> adv.best.label, [r.label for r in adv.close_to_best()]
+            ('onebit/ring', ['per-gradient/ring', 'onebit/ps', 'per-gradient/ps'])
+        """
+        b = self.best
+        return tuple(r for r in self.rows if r is not b and r.step_s <= b.step_s * (1 + tol))
 
     def row(self, label: str) -> Row:
         """The row called ``label``; KeyError lists the labels."""

@@ -73,6 +73,7 @@ def _advise_model(a: argparse.Namespace) -> Tuple[List[Tuple[str, int]], Any]:
 def cmd_advise(a: argparse.Namespace) -> int:
     """Run ``hipress-profile advise`` (see ``cli.py``'s docstring); returns the exit code."""
     from .advise import (
+        CLOSE,
         ComputeTimeline,
         advise,
         infer_input_shape,
@@ -126,6 +127,12 @@ def cmd_advise(a: argparse.Namespace) -> int:
           "room, speed-up against none)")
     print(f"recommended: {best.label}, {best.step_s * 1e3:.1f} ms/step predicted, "
           f"{best.speedup:.2f}x no compression")
+    close = adv.close_to_best()
+    if close:
+        others = ", ".join(f"{r.label} +{(r.step_s / best.step_s - 1) * 100:.1f}%"
+                           for r in close[:4]) + (" ..." if len(close) > 4 else "")
+        print(f"  within {CLOSE:.0%} of it, closer than the model's error (time them too): "
+              f"{others}")
     _print_decisions(best, sizes, a.nodes)
     print("  import hipress_like.torch as hpt")
     print(f"  {optimizer_line(best, a.write_plan or 'plan.json')}")

@@ -19,6 +19,7 @@ from hipress_like.cost_model.plan import GradientPlan, SizeRule
 from hipress_like.cost_model.planner import NEVER, Planner
 from hipress_like.cost_model.presets import preset
 from hipress_like.tuning.advise import (
+    CLOSE,
     ComputeTimeline,
     advise,
     host_bound,
@@ -73,6 +74,27 @@ def test_compression_ranks_above_none_when_the_link_is_slow():
     assert [r.step_s for r in adv.rows] == sorted(r.step_s for r in adv.rows)
     labels = {r.label for r in adv.rows}
     assert {"onebit/ps", "onebit/ring", "per-gradient/ps", "per-gradient/ring"} <= labels
+
+
+def test_rows_closer_than_the_model_error_are_named_beside_the_pick(capsys):
+    """Rows predicted within ``CLOSE`` of the best are listed with the pick (the
+    model's error on a shared host is larger than their gap), and only they."""
+    sizes = preset("vgg19")
+    adv = advise(sizes, 4, paper_profile(Link(10e-6, 1.25e8)),
+                 ComputeTimeline.spread(sizes, 0.3))
+    close = adv.close_to_best()
+    assert close and adv.best not in close
+    assert all(adv.best.step_s <= r.step_s <= adv.best.step_s * (1 + CLOSE) for r in close)
+    labels = [r.label for r in close]
+    assert labels == [r.label for r in adv.rows[1:]
+                      if r.step_s <= adv.best.step_s * (1 + CLOSE)]
+    assert [r.label for r in adv.close_to_best(0.0)] == [
+        r.label for r in adv.rows[1:] if r.step_s == adv.best.step_s]
+    assert main(PAPER[:3] + ["--bandwidth", "1gbit", "--latency", "10us", "--compute-time", "300ms",
+                             "--model", "vgg19", "--nodes", "4"]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if "closer than" in ln]
+    assert len(line) == 1 and "time them too" in line[0]
+    assert all(f"{r.label} +" in line[0] for r in close[:4])
 
 
 def test_write_plan_round_trips_through_the_plan_loaders(tmp_path, capsys):
