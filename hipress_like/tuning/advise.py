@@ -47,7 +47,7 @@ from .step_model import Sizes, _predict, cpu_share_of, host_bound, predict_step
 # users (and the CLI) import the advisor's whole surface from
 __all__ = ["ComputeTimeline", "Row", "Advice", "advise", "predict_step", "host_bound",
            "paper_profile", "measure_compute", "optimizer_line", "cpu_share_of",
-           "load_module", "infer_input_shape", "PAPER_COMPRESSORS"]
+           "load_module", "infer_input_shape", "PAPER_COMPRESSORS", "CLOSE"]
 
 # -- the paper's values (--profile paper) ---------------------------------------------
 # HiPress Sec. 6.4: CompLL-TBQ encodes 256 MB >12x faster than OSS-TBQ's 38.17 ms.
