@@ -30,11 +30,14 @@ Example:
     >>> adv.best.label != "none"
     True
     >>> [r.label for r in adv.close_to_best()]  # within CLOSE: time them too
-    ['per-gradient/ps', 'onebit/ring', 'per-gradient/ring', 'tbq/ps', 'terngrad/ps']
+    ['onebit/ring', 'tbq/ps', 'terngrad/ps']
+    >>> adv.same_as(adv.row("per-gradient/ps")).label  # it chose onebit throughout
+    'onebit/ps'
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
@@ -126,6 +129,9 @@ class Row:
         cpu_s: CPU seconds one rank spends synchronising per step (the
             profile's ``engine_cpu_by`` and ``lane_cpu``); None when the
             profile has no CPU figures for a part of the plan.
+        decisions: what the engine does with each gradient under ``plan``
+            (compressor and parameters, or None, and K), in registration
+            order: rows with the same strategy and decisions run alike.
     """
 
     label: str
@@ -139,6 +145,7 @@ class Row:
     compressed_bytes: int
     speedup: float = 1.0
     cpu_s: Optional[float] = None
+    decisions: Tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,10 +170,23 @@ class Advice:
         return self.rows[0]
 
     def close_to_best(self, tol: float = CLOSE) -> Tuple[Row, ...]:
-        """The other rows predicted within ``tol`` (relative) of the best one's step:
-        closer than the model's error, so worth timing too (example: the module's)."""
+        """The other configurations predicted within ``tol`` (relative) of the best
+        one's step: closer than the model's error, so worth timing too (example:
+        the module's). A row that runs like a faster one (``same_as``) is left out."""
         limit = self.best.step_s * (1 + tol)
-        return tuple(r for r in self.rows[1:] if r.step_s <= limit)  # rows: fastest first
+        return tuple(r for r in self.rows[1:]  # rows: fastest first
+                     if r.step_s <= limit and self.same_as(r) is None)
+
+    def same_as(self, row: Row) -> Optional[Row]:
+        """The first-ranked other row that runs like ``row`` (same strategy and the
+        same decision for every gradient: a per-gradient plan that chose one
+        compressor throughout, say), if it ranks before ``row``; else None."""
+        for r in self.rows:
+            if r is row:
+                return None
+            if r.strategy == row.strategy and r.decisions and r.decisions == row.decisions:
+                return r
+        return None
 
     def row(self, label: str) -> Row:
         """The row called ``label``; KeyError lists the labels."""
@@ -184,7 +204,17 @@ def _row(label: str, kind: str, strategy: str, plan: Plan, source: str, sizes: S
     decs = [(plan.decide(name, b, n), b) for name, b in sizes]
     return Row(label, kind, strategy, plan, source, sync, step,
                sum(d.compress for d, _ in decs), sum(b for d, b in decs if d.compress),
-               cpu_s=cpu)
+               cpu_s=cpu, decisions=tuple(_decision(plan, d) for d, _ in decs))
+
+
+def _decision(plan: Plan, d: GradientPlan) -> Tuple[Any, ...]:
+    """What the engine does with a gradient: K, and (name, parameters) when compressed."""
+    if not d.compress:
+        return (None, d.partitions)
+    name, params = plan.compressor_of(d)
+    return (name, json.dumps(params, sort_keys=True, default=str), d.partitions,
+            d.compressor_back, json.dumps(dict(d.params_back), sort_keys=True, default=str),
+            d.collective)
 
 
 def advise(sizes: Sizes, n: int, profile: Profile, timeline: ComputeTimeline, *,

@@ -125,6 +125,10 @@ def cmd_advise(a: argparse.Namespace) -> int:
     print("(sync: every synchronisation back to back; CPU: a rank's CPU time in them, '-' "
           "when the profile lacks it; step: overlapped with backward and within the cores' "
           "room, speed-up against none)")
+    twins = [(r, adv.same_as(r)) for r in adv.rows]
+    twins = [f"{r.label} = {t.label}" for r, t in twins if t is not None]
+    if twins:
+        print(f"(the same decision for every gradient as a row above: {', '.join(twins)})")
     print(f"recommended: {best.label}, {best.step_s * 1e3:.1f} ms/step predicted, "
           f"{best.speedup:.2f}x no compression")
     close = adv.close_to_best()

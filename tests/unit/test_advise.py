@@ -86,15 +86,29 @@ def test_rows_closer_than_the_model_error_are_named_beside_the_pick(capsys):
     assert close and adv.best not in close
     assert all(adv.best.step_s <= r.step_s <= adv.best.step_s * (1 + CLOSE) for r in close)
     labels = [r.label for r in close]
-    assert labels == [r.label for r in adv.rows[1:]
-                      if r.step_s <= adv.best.step_s * (1 + CLOSE)]
-    assert [r.label for r in adv.close_to_best(0.0)] == [
-        r.label for r in adv.rows[1:] if r.step_s == adv.best.step_s]
+    within = [r for r in adv.rows[1:] if r.step_s <= adv.best.step_s * (1 + CLOSE)]
+    # a per-gradient plan that chose one compressor throughout runs like that row:
+    # it is named once (as the faster-ranked twin), never as a contender of its own
+    twins = {r.label: adv.same_as(r) for r in within}
+    assert labels == [r.label for r in within if twins[r.label] is None]
+    assert any(t is not None for t in twins.values())
+    for label, t in twins.items():
+        if t is not None:
+            r = adv.row(label)
+            assert r.strategy == t.strategy and r.decisions == t.decisions
+            assert r.step_s == t.step_s and adv.rows.index(t) < adv.rows.index(r)
+    assert adv.same_as(adv.best) is None
+    assert adv.same_as(adv.row("none")) is None
+    assert all(t is None for t in (adv.same_as(r) for r in adv.close_to_best(0.0)))
     assert main(PAPER[:3] + ["--bandwidth", "1gbit", "--latency", "10us", "--compute-time", "300ms",
                              "--model", "vgg19", "--nodes", "4"]) == 0
-    line = [ln for ln in capsys.readouterr().out.splitlines() if "closer than" in ln]
+    out = capsys.readouterr().out.splitlines()
+    line = [ln for ln in out if "closer than" in ln]
     assert len(line) == 1 and "time them too" in line[0]
     assert all(f"{r.label} +" in line[0] for r in close[:4])
+    same = [ln for ln in out if ln.startswith("(the same decision for every gradient")]
+    assert len(same) == 1 and "per-gradient/ps = onebit/ps" in same[0]
+    assert "per-gradient/ps +" not in line[0]
 
 
 def test_write_plan_round_trips_through_the_plan_loaders(tmp_path, capsys):
