@@ -126,7 +126,9 @@ class CompressorCodec:
         k = f"{self.key}|{site}"
         st = self.states.get(k)
         if self.undo is not None:  # before this step's first change to it
-            self.undo.save(k, st)
+            use = self.undo.save(k, st, comp)
+            if use is not st:  # double buffered: the kept state stays untouched
+                st = self.states[k] = use
         if st is None:
             # the run reaches the compressor through init's declared keywords
             # (Compressor.init), never through keys written into its state

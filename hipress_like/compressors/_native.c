@@ -1128,3 +1128,147 @@ int64_t hp_abs_at_least(const float *restrict x, int64_t i0, int64_t i1, float t
         }
     return c;
 }
+
+/* ------------------------------------------------------------------------
+ * PowerSGD's round 0 (_fused_lowrank.powersgd_form_m), in place (out == e)
+ * or into a second buffer (the double buffering of PowerSGD.detach_state),
+ * with the same bits either way: per row i in [r0, r1) of a (rows, cols)
+ * matrix,
+ *
+ *   out[i,j] = (g[i,j] + e[i,j]) - a[i,j],  a = pp[i,0]*qp[0,j]; a = a + pp[i,1]*qp[1,j] ...
+ *   p[i,k]   = sum_j out[i,j] * qt[k,j]     for k < rank
+ *
+ * M rounds as the torch kernels' pointwise formula (no contraction, the
+ * outer products summed in the same order); P is a local payload and sums
+ * in this loop's own fixed order (8 lanes, then the lanes in order, then
+ * the row's unaligned head and tail), the same on every run.
+ *
+ * Why C: out is written with non-temporal stores. A store to a line not in
+ * the cache first reads it ("read for ownership"), so an ordinary sweep
+ * into a second buffer moves a third more bytes than the same sweep in
+ * place; streaming stores skip that read, and keeping the previous error
+ * untouched (so a step can be undone without a copy) then costs what
+ * forming M in place does.
+ * ------------------------------------------------------------------------ */
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#define HP_PSGD_MAX_RANK 8
+
+static inline float hp_psgd_m(const float *e, const float *g, const float *pp, const float *qp,
+                              int prev, int64_t cols, int64_t j) {
+    float m = g[j] + e[j];
+    if (prev) {
+        float a = pp[0] * qp[j];
+        for (int k = 1; k < prev; k++)
+            a = a + pp[k] * qp[(int64_t)k * cols + j];
+        m = m - a;
+    }
+    return m;
+}
+
+void hp_psgd_form_m(const float *e, const float *restrict g,
+                    const float *restrict pp, const float *restrict qp, int prev,
+                    const float *restrict qt, int rank, float *out,
+                    float *restrict p, int64_t cols, int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; i++) {
+        const float *ei = e + i * cols, *gi = g + i * cols;
+        const float *ppi = prev ? pp + i * prev : NULL;
+        float *oi = out + i * cols;
+        float head[HP_PSGD_MAX_RANK] = {0}, tail[HP_PSGD_MAX_RANK] = {0};
+        int64_t j = 0;
+#if defined(__AVX__)
+        if (rank <= HP_PSGD_MAX_RANK) {
+            /* scalar until out is 32-byte aligned, then 8 floats per streaming store */
+            for (; j < cols && ((uintptr_t)(oi + j) & 31); j++) {
+                const float m = hp_psgd_m(ei, gi, ppi, qp, prev, cols, j);
+                oi[j] = m;
+                for (int k = 0; k < rank; k++)
+                    head[k] = head[k] + m * qt[(int64_t)k * cols + j];
+            }
+            __m256 acc[HP_PSGD_MAX_RANK];
+            for (int k = 0; k < rank; k++)
+                acc[k] = _mm256_setzero_ps();
+            for (; j + 8 <= cols; j += 8) {
+                __m256 m = _mm256_add_ps(_mm256_loadu_ps(gi + j), _mm256_loadu_ps(ei + j));
+                if (prev) {
+                    __m256 a = _mm256_mul_ps(_mm256_set1_ps(ppi[0]), _mm256_loadu_ps(qp + j));
+                    for (int k = 1; k < prev; k++)
+                        a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(ppi[k]),
+                                                           _mm256_loadu_ps(qp + (int64_t)k * cols + j)));
+                    m = _mm256_sub_ps(m, a);
+                }
+                _mm256_stream_ps(oi + j, m);
+                for (int k = 0; k < rank; k++)
+                    acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(
+                        m, _mm256_loadu_ps(qt + (int64_t)k * cols + j)));
+            }
+            for (; j < cols; j++) {
+                const float m = hp_psgd_m(ei, gi, ppi, qp, prev, cols, j);
+                oi[j] = m;
+                for (int k = 0; k < rank; k++)
+                    tail[k] = tail[k] + m * qt[(int64_t)k * cols + j];
+            }
+            for (int k = 0; k < rank; k++) {
+                float lanes[8];
+                _mm256_storeu_ps(lanes, acc[k]);
+                float s = lanes[0];
+                for (int l = 1; l < 8; l++)
+                    s = s + lanes[l];
+                p[i * rank + k] = (s + head[k]) + tail[k];
+            }
+            continue;
+        }
+#endif
+        for (int k = 0; k < rank; k++)
+            p[i * rank + k] = 0.0f;
+        for (; j < cols; j++) {
+            const float m = hp_psgd_m(ei, gi, ppi, qp, prev, cols, j);
+            oi[j] = m;
+            for (int k = 0; k < rank; k++)
+                p[i * rank + k] = p[i * rank + k] + m * qt[(int64_t)k * cols + j];
+        }
+    }
+#if defined(__AVX__)
+    _mm_sfence(); /* the streamed lines are visible to other threads once this returns */
+#endif
+}
+
+/* PowerSGD's decode, out = P Q^T (_fused_lowrank.powersgd_lowrank): per row i in
+ * [r0, r1), out[i,j] = p[i,0]*qt[0,j]; then + p[i,k]*qt[k,j] for k = 1.. in order,
+ * the bits of the torch kernels' outer-product sum, written with streaming
+ * stores (out is the gradient's buffer, not in the cache: no read for
+ * ownership). */
+void hp_psgd_lowrank(const float *restrict p, const float *restrict qt, int rank,
+                     float *restrict out, int64_t cols, int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; i++) {
+        const float *pi = p + i * rank;
+        float *oi = out + i * cols;
+        int64_t j = 0;
+#if defined(__AVX__)
+        for (; j < cols && ((uintptr_t)(oi + j) & 31); j++) {
+            float a = pi[0] * qt[j];
+            for (int k = 1; k < rank; k++)
+                a = a + pi[k] * qt[(int64_t)k * cols + j];
+            oi[j] = a;
+        }
+        for (; j + 8 <= cols; j += 8) {
+            __m256 a = _mm256_mul_ps(_mm256_set1_ps(pi[0]), _mm256_loadu_ps(qt + j));
+            for (int k = 1; k < rank; k++)
+                a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(pi[k]),
+                                                   _mm256_loadu_ps(qt + (int64_t)k * cols + j)));
+            _mm256_stream_ps(oi + j, a);
+        }
+#endif
+        for (; j < cols; j++) {
+            float a = pi[0] * qt[j];
+            for (int k = 1; k < rank; k++)
+                a = a + pi[k] * qt[(int64_t)k * cols + j];
+            oi[j] = a;
+        }
+    }
+#if defined(__AVX__)
+    _mm_sfence();
+#endif
+}

@@ -1,5 +1,6 @@
 """Native CPU loops for onebit, the compressor on the PS fast path (HiPress Sec. 6.2),
 for natural compression C_nat (natural.py), THC's Hadamard transform (thc.py),
+PowerSGD's matrix sweeps (powersgd.py),
 the Bloom-filter index codec's universe query and conflict-set policy (bloom.py),
 and top-k's threshold filter (ops.topk_abs).
 
@@ -25,6 +26,12 @@ result with ``nonzero`` (~60 ms for 16 M floats here); one pass that walks a
 THC's transform is another loop of that kind: per block of 4096 floats, a
 hash per element (the signs D) and twelve butterfly stages, all in the L1
 cache, where torch makes a pass over memory per factor.
+
+PowerSGD's two sweeps over a gradient-sized matrix (round 0's ``M = g + e -
+P' Q'^T`` with ``P = M Q``, and the decode's ``P Q^T``) write with streaming
+stores, which torch's kernels never use: a store to a line not in the cache
+reads it first, so a sweep into another buffer moves a third more bytes
+(``_fused_lowrank``; ``tests/unit/test_native_powersgd.py`` checks them).
 
 Contract: same bytes and floats as the torch kernels, for every input
 (``_native.c`` says how; ``tests/unit/test_native.py`` checks it against the
@@ -65,7 +72,9 @@ import torch
 
 __all__ = ["abs_at_least_indices", "available", "bloom_build", "bloom_conflict_blocks",
            "bloom_query", "natural_decode", "natural_encode", "onebit_pack",
-           "onebit_sums", "onebit_unpack", "onebit_unpack_add_many", "sums_scale_ok",
+           "onebit_sums", "onebit_unpack", "onebit_unpack_add_many", "psgd_form_m",
+           "psgd_lowrank",
+           "PSGD_MAX_RANK", "sums_scale_ok",
            "thc_fwht", "thc_merge_b4w8", "thc_rht", "usable"]
 
 _log = logging.getLogger(__name__)
@@ -208,6 +217,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hp_bloom_build.restype = None
     lib.hp_abs_at_least.argtypes = [p, i64, i64, f32, p, i64]
     lib.hp_abs_at_least.restype = i64
+    lib.hp_psgd_form_m.argtypes = [p, p, p, p, i32, p, i32, p, p, i64, i64, i64]
+    lib.hp_psgd_form_m.restype = None
+    lib.hp_psgd_lowrank.argtypes = [p, p, i32, p, i64, i64, i64]
+    lib.hp_psgd_lowrank.restype = None
     return lib
 
 
@@ -546,3 +559,42 @@ def bloom_conflict_blocks(cand: torch.Tensor, cstart: torch.Tensor, mb: torch.Te
     if min(done) < 0:
         raise MemoryError(f"bloom conflict policy: no memory for {cand.numel()} candidates")
     return flags.to(torch.bool), key
+
+
+# ---------------------------------------------------------------- PowerSGD
+
+#: The largest rank (and pending rank) ``psgd_form_m`` takes.
+PSGD_MAX_RANK = 8
+
+
+def psgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev: Optional[torch.Tensor],
+                qt_prev: Optional[torch.Tensor], qt: torch.Tensor,
+                out: torch.Tensor) -> torch.Tensor:
+    """PowerSGD's round 0 into a second buffer: ``out = (g + e) - P' Q'^T`` with the
+    bits of ``_fused_lowrank``'s pointwise formula, written with streaming stores,
+    and ``P = out Q`` returned (rows, rank) from the same sweep (``_native.c``
+    says why). All contiguous float32 (rows, cols) / (rows, r') / (r', cols) /
+    (rank, cols) on the CPU, ranks at most ``PSGD_MAX_RANK``."""
+    lib = _load()
+    rows, cols = out.shape
+    rank = int(qt.shape[0])
+    prev = 0 if p_prev is None else int(p_prev.shape[1])
+    p = torch.empty(rows, rank, dtype=torch.float32)
+    ep, gp, qtp, op, pp = e.data_ptr(), g.data_ptr(), qt.data_ptr(), out.data_ptr(), p.data_ptr()
+    ppp = p_prev.data_ptr() if prev else None
+    qpp = qt_prev.data_ptr() if prev else None
+    _map(lambda r0, r1, last: lib.hp_psgd_form_m(ep, gp, ppp, qpp, prev, qtp, rank, op, pp,
+                                                  cols, r0, r1), _rows(rows, cols))
+    return p
+
+
+def psgd_lowrank(p: torch.Tensor, qt: torch.Tensor, out: torch.Tensor) -> None:
+    """PowerSGD's decode ``out = P Q^T`` with the bits of ``_fused_lowrank``'s
+    outer-product sum, written with streaming stores: contiguous float32 (rows, r),
+    (r, cols) and (rows, cols) on the CPU, r at least 1."""
+    lib = _load()
+    rows, cols = out.shape
+    rank = int(p.shape[1])
+    pp, qtp, op = p.data_ptr(), qt.data_ptr(), out.data_ptr()
+    _map(lambda r0, r1, last: lib.hp_psgd_lowrank(pp, qtp, rank, op, cols, r0, r1),
+         _rows(rows, cols))

@@ -404,6 +404,14 @@ class Compressor:
         """``self.kernels.summable_view`` (declared by ``capabilities.summable``)."""
         return self.kernels.summable_view(payload)
 
+    def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
+        """``state`` for a step that writes none of its tensors in place (double
+        buffering): the caller may then keep ``state`` itself to undo the step
+        (``casync.nonfinite``). ``spare``: a state of this compressor the caller
+        discarded, whose buffers may be reused. None (the default): the step
+        updates the state in place, so the caller copies it."""
+        return None
+
     # -- multi round -------------------------------------------------------
     def encode_round(
         self, r: int, grad: torch.Tensor, state: State, aggregate: Optional[torch.Tensor]

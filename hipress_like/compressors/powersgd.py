@@ -81,6 +81,12 @@ STATE CONTRACT (the engine honours it):
   interrupted between round 0 and decode leaves a state without an error
   (the next round 0 raises; reload the checkpoint). A checkpoint is taken
   between steps.
+* Double buffering (``detach_state``): a state given ``state["m_buffer"]``
+  (a second matrix-sized buffer) has M formed there instead, with the same
+  bits and the same traffic, so the state round 0 received keeps its
+  tensors and stays valid: the engine keeps it, by reference, to undo a
+  step some rank saw NaN/Inf in (``casync.nonfinite``) instead of copying
+  the error every step. The key lives for one step (round 0 consumes it).
 
 Single round (``encode``/``decode``): a *local* variant for benchmarks and
 engines without rounds: one power-iteration step on the local ``M`` with
@@ -298,17 +304,41 @@ class PowerSGD(Compressor):
         """
         err = self._check_error(grad, state)
         rows, cols, _ = self._dims(grad.shape)
+        state = dict(state)
+        buf = state.pop("m_buffer", None)
         if (rows * cols == grad.numel() and err.dtype == accumulator_dtype(grad.dtype)
                 and err.is_contiguous()):
             p_prev, qt_prev = self._pending(state, rows, cols)
-            m = err.view(rows, cols)
+            e = err.view(rows, cols)
+            m = e if buf is None else buf.view(rows, cols)
             if p_prev is not None:
                 p_prev, qt_prev = p_prev.to(m.dtype), qt_prev.to(m.dtype)
-            p = _fused_lowrank.powersgd_form_m(m, grad.detach().reshape(rows, cols), p_prev,
-                                               qt_prev, q.t().contiguous())
+            p = _fused_lowrank.powersgd_form_m(e, grad.detach().reshape(rows, cols), p_prev,
+                                               qt_prev, q.t().contiguous(), out=m)
             return p, dict(state, m=m, error=None, error_p=None)
-        m = self._matrix(grad, state)
+        m = self._matrix(grad, state)  # a fresh matrix: the state's tensors stay as they are
         return matmul(m, q), dict(state, m=m, error_p=None)
+
+    def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
+        """``state`` with ``"m_buffer"`` (see the state contract), for which
+        ``spare``'s error buffer is reused when it fits and is free.
+
+        Example:
+            >>> c = PowerSGD(rank=1); g = torch.randn(8, 8)
+            >>> st = c.init(g, world_size=1); e = st["error"].clone()
+            >>> p0, st1 = c.encode_round(0, g, c.detach_state(st, None), None)
+            >>> torch.equal(st["error"], e), st1["m"] is not st["error"]
+            (True, True)
+        """
+        err = state.get("error")
+        if not isinstance(err, torch.Tensor):
+            return None  # mid-step (M in flight): the caller copies as before
+        buf = spare.get("error") if isinstance(spare, dict) else None
+        if not _fused_lowrank.free_buffer(buf, err, state):
+            buf = state.get("m_buffer")
+            if not _fused_lowrank.free_buffer(buf, err, state, "m_buffer"):
+                buf = torch.empty_like(err, memory_format=torch.contiguous_format)
+        return dict(state, m_buffer=buf)
 
     @staticmethod
     def _round_matrix(state: State) -> torch.Tensor:

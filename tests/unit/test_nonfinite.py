@@ -148,3 +148,30 @@ def test_state_undo_restores_and_drops_states_created_in_the_step():
     states["a"]["error"].add_(1)
     undo.end_step(states, restore=False)
     assert states["a"]["error"].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_double_buffered_state_is_kept_by_reference_and_restored_whole():
+    """PowerSGD double-buffers (``detach_state``): ``save`` keeps the state itself,
+    no copy; a restored step gives back that state with its tensors untouched, and
+    the step's buffers serve the next step (two error buffers in all)."""
+    from hipress_like.compressors import get
+
+    c = get("powersgd", rank=1)
+    gen = torch.Generator().manual_seed(3)
+    g = torch.randn(12, 10, generator=gen)
+    states = {"a": c.init(g, world_size=1, shared_seed=1)}
+    undo, ptrs = StateUndo(), set()
+    for step in range(5):
+        start = states["a"]
+        err = c.error(start) if isinstance(start.get("error"), torch.Tensor) else None
+        st = states["a"] = undo.save("a", start, c)
+        assert undo.saved["a"] is start and st is not start
+        assert undo.save("a", st, c) is st  # once a step
+        p0, st = c.encode_round(0, g * (step + 1), st, None)
+        p1, st = c.encode_round(1, g, st, c.merge([p0]))
+        _, states["a"] = c.decode_rounds(g, st, c.merge([p1]), average=True)
+        ptrs.add(states["a"]["error"].data_ptr())
+        undo.end_step(states, restore=step == 2)
+        if step == 2:
+            assert states["a"] is start and torch.equal(c.error(states["a"]), err)
+    assert len(ptrs) == 2

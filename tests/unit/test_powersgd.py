@@ -400,3 +400,74 @@ def test_summable_view_is_the_merged_part_of_the_payload():
     local, _ = c.encode(g1, c.init(g1))
     with pytest.raises(PayloadError, match="not summable"):
         c.summable_view(local)
+
+
+@pytest.mark.parametrize("kernels", ["eager", "compiled", "native"])
+def test_double_buffered_steps_give_the_in_place_bits_and_leave_the_old_state(
+        kernels, monkeypatch):
+    """``detach_state``: round 0 forms M in a second buffer. The outputs and the
+    states are bit for bit those of the in-place steps, with each kind of
+    kernel; the state a step started from keeps its tensors (so the engine
+    can keep it to undo the step); two buffers alternate, no allocation per
+    step."""
+    from hipress_like.compressors import _fused, _native
+
+    if kernels == "native":
+        if not _native.available():
+            pytest.skip("no working C compiler: the torch kernels are used")
+    else:
+        monkeypatch.setenv("HIPRESS_NO_NATIVE", "1")
+    if kernels == "compiled":
+        if not _fused.compile_enabled():
+            pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
+        monkeypatch.setattr(_fused, "MIN_COMPILE_NUMEL", 64)
+    elif kernels == "eager":
+        monkeypatch.setenv("HIPRESS_NO_COMPILE", "1")
+    c = PowerSGD(rank=2)
+    gen = torch.Generator().manual_seed(11)
+    grads = [[torch.randn(48, 40, generator=gen) for _ in range(2)] for _ in range(5)]
+
+    def run(double):
+        states = [c.init(grads[0][i], world_size=2, shared_seed=7) for i in range(2)]
+        spares, outs, ptrs = [None, None], [], set()
+        for step in grads:
+            kept = states
+            if double:
+                states = [c.detach_state(st, sp) for st, sp in zip(states, spares)]
+            before = [{k: v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)}
+                      for st in kept]
+            outs.append(_run_step(c, step, states, average=True))
+            if double:
+                for st, old in zip(kept, before):
+                    for k, v in old.items():
+                        assert torch.equal(st[k], v), k  # the kept state is untouched
+                spares = kept
+                ptrs.add(states[0]["error"].data_ptr())
+        return outs, states, ptrs
+
+    want, want_states, _ = run(False)
+    got, got_states, ptrs = run(True)
+    for a, b in zip(want, got):  # per step: outputs, P payloads, Q payloads
+        for xs, ys in zip(a, b):
+            assert all(torch.equal(x, y) for x, y in zip(xs, ys))
+    for a, b in zip(want_states, got_states):
+        assert torch.equal(c.error(a), c.error(b)) and torch.equal(a["q"], b["q"])
+        assert "m_buffer" not in b
+    assert len(ptrs) == 2
+
+
+def test_detach_state_never_hands_out_a_buffer_the_state_uses():
+    c = PowerSGD(rank=1)
+    g = torch.randn(6, 5)
+    st = c.init(g, world_size=1)
+    # a spare that is the live error (a state the step only read) is not reused
+    use = c.detach_state(st, {"error": st["error"]})
+    assert use["m_buffer"].data_ptr() != st["error"].data_ptr()
+    # a spare of another shape or dtype is not either; a fitting free one is
+    assert c.detach_state(st, {"error": torch.zeros(5, 6)})["m_buffer"].shape == (6, 5)
+    free = torch.zeros(6, 5)
+    assert c.detach_state(st, {"error": free})["m_buffer"] is free
+    assert c.detach_state(st, {"error": free.double()})["m_buffer"].dtype == torch.float32
+    # mid-step (M in flight, no error buffer) it declines: the caller copies
+    _, mid = c.encode_round(0, g, st, None)
+    assert c.detach_state(mid, None) is None
