@@ -121,8 +121,7 @@ def powersgd_lowrank(p: torch.Tensor, qt: torch.Tensor, out: torch.Tensor) -> No
     Args:
         p: (rows, r); qt: (r, cols) contiguous; out: (rows, cols) contiguous.
     """
-    if (int(p.shape[1]) >= 1 and all(t.dtype == torch.float32 for t in (p, qt, out))
-            and _native.usable(p, qt, out)):
+    if int(p.shape[1]) >= 1 and _native.usable(p, qt, out, dtypes=(torch.float32,)):
         _native.psgd_lowrank(p, qt, out)  # the same bits, streaming stores
         return
     _K_PSGD_LOWRANK(p, qt, out, spec=(int(p.shape[1]), out.dtype), numel=out.numel())
@@ -142,12 +141,10 @@ def free_buffer(buf: Any, like: torch.Tensor, state: Mapping[str, Any], skip: st
 
 def _native_form_m(e, g, p_prev, qt_prev, qt, out) -> bool:
     """``_native.psgd_form_m`` takes these: float32 CPU tensors (the factors may be
-    views), ``e``, ``g``, ``qt`` and ``out`` contiguous, ranks it handles."""
+    views: the caller makes them contiguous), ranks it handles."""
     if int(qt.shape[0]) > _native.PSGD_MAX_RANK or (
             p_prev is not None and int(p_prev.shape[1]) > _native.PSGD_MAX_RANK):
         return False
     facs = () if p_prev is None else (p_prev, qt_prev)
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in facs):
-        return False
-    return (all(t.dtype == torch.float32 for t in (e, g, qt, out))
-            and _native.usable(e, g, qt, out))
+    return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in facs)
+            and _native.usable(e, g, qt, out, dtypes=(torch.float32,)))

@@ -229,12 +229,12 @@ def available() -> bool:
     return _enabled() and _load() is not None
 
 
-def usable(*tensors: torch.Tensor) -> bool:
-    """True when ``tensors`` may take the native path: all contiguous float32 (or
-    uint8 payload bodies) on the CPU, and the library is available."""
+def usable(*tensors: torch.Tensor, dtypes=(torch.float32, torch.uint8)) -> bool:
+    """True when ``tensors`` may take the native path: all contiguous, of ``dtypes``
+    (default float32 values or uint8 payload bodies), on the CPU, and the library
+    is available."""
     for t in tensors:
-        if (t.device.type != "cpu" or not t.is_contiguous()
-                or t.dtype not in (torch.float32, torch.uint8)):
+        if t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in dtypes:
             return False
     return available()
 

@@ -88,7 +88,7 @@ def _fwht_rows(src: torch.Tensor, size: int, bufs: Sequence[torch.Tensor]) -> to
 
 def _native_ok(*ts: torch.Tensor) -> bool:
     """float32 CPU tensors the C loops take (``_native``: the transform in L1 blocks)."""
-    return all(t.dtype == torch.float32 for t in ts) and _native.usable(*ts)
+    return _native.usable(*ts, dtypes=(torch.float32,))
 
 
 def _tail_blocks(tail: int) -> List[int]:

@@ -37,7 +37,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
@@ -130,7 +129,7 @@ class Row:
             profile's ``engine_cpu_by`` and ``lane_cpu``); None when the
             profile has no CPU figures for a part of the plan.
         decisions: what the engine does with each gradient under ``plan``
-            (compressor and parameters, or None, and K), in registration
+            (its ``GradientPlan``, naming its compressor), in registration
             order: rows with the same strategy and decisions run alike.
     """
 
@@ -145,7 +144,7 @@ class Row:
     compressed_bytes: int
     speedup: float = 1.0
     cpu_s: Optional[float] = None
-    decisions: Tuple[Any, ...] = ()
+    decisions: Tuple[GradientPlan, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -207,14 +206,13 @@ def _row(label: str, kind: str, strategy: str, plan: Plan, source: str, sizes: S
                cpu_s=cpu, decisions=tuple(_decision(plan, d) for d, _ in decs))
 
 
-def _decision(plan: Plan, d: GradientPlan) -> Tuple[Any, ...]:
-    """What the engine does with a gradient: K, and (name, parameters) when compressed."""
+def _decision(plan: Plan, d: GradientPlan) -> GradientPlan:
+    """``d`` naming the compressor it runs (the plan's default resolved), so equal
+    decisions compare equal whichever plan they came from."""
     if not d.compress:
-        return (None, d.partitions)
+        return d
     name, params = plan.compressor_of(d)
-    return (name, json.dumps(params, sort_keys=True, default=str), d.partitions,
-            d.compressor_back, json.dumps(dict(d.params_back), sort_keys=True, default=str),
-            d.collective)
+    return dataclasses.replace(d, compressor=name, params=params)
 
 
 def advise(sizes: Sizes, n: int, profile: Profile, timeline: ComputeTimeline, *,
