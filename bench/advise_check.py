@@ -17,7 +17,8 @@ emulated 1 Gbit/s links:
    has none: earlier checks ran those);
 3. predict: ``advise`` on the bench's own module (``examples/models.py``,
    1 input channel, batch 8 of 32x32), its backward timed with 4 copies
-   running at once (the 4 ranks share this host's cores), the profile, N = 4,
+   running at once (the 4 ranks share this host's cores) before the profile,
+   while the host is at rest, the profile, N = 4,
    ``compressor_plans="rule"`` (what ``plan=None`` runs), candidates of the
    per-gradient plan those of ``compression="auto"``.
 
@@ -111,19 +112,30 @@ def run_bench(model: str, configs: list, rate: str, steps: int, out: str,
     subprocess.run(cmd, check=True)
 
 
+def time_compute(model: str):
+    """The compute timeline of bench/train.py's module, its steps timed with NPROCS
+    ranks sharing this host (``measure_compute``)."""
+    from models import MODELS
+
+    from hipress_like.tuning.advise import measure_compute
+
+    module = MODELS[model](num_classes=10, in_channels=1)
+    return measure_compute(module, (BATCH, 1, 32, 32), ranks=NPROCS, repeats=10)
+
+
 def predict(model: str, profile_path: str, candidates: list, timeline=None):
     """The advisor on bench/train.py's module: (advice, module sizes); the module's
     steps are timed unless a ``timeline`` is given."""
     from models import MODELS
 
     from hipress_like.cost_model import Profile
-    from hipress_like.tuning.advise import advise, measure_compute
+    from hipress_like.tuning.advise import advise
 
     module = MODELS[model](num_classes=10, in_channels=1)
     sizes = [(n, p.numel() * p.element_size()) for n, p in module.named_parameters()]
     prof = Profile.load(profile_path)
     if timeline is None:
-        timeline = measure_compute(module, (BATCH, 1, 32, 32), ranks=NPROCS, repeats=10)
+        timeline = time_compute(model)
     names = [c for c in PROFILED if c in prof.compressors]
     adv = advise(sizes, NPROCS, prof, timeline, compressors=names,
                  candidates=[c for c in candidates if c in prof.compressors],
@@ -255,18 +267,26 @@ def main(argv=None) -> int:
 
     profile = ns.profile or os.path.join(ns.out_dir, f"advise_profile_{ns.rate}.json")
     load = {"start": os.getloadavg()}  # a shared host: the load says how much to trust
+    # The modules' steps are timed first, on a host at rest: timed right after the
+    # profile (a minute of 4 ranks' traffic in namespaces) the ResNet-18 step once
+    # came out at 1101 ms against a floor of 670 measured later, where the same
+    # timing on an idle host gave 582-637 ms.
+    timelines = {}
+    for model in models:
+        if ns.reuse_compute:
+            from hipress_like.tuning.advise import ComputeTimeline
+
+            with open(os.path.join(ns.out_dir, f"advise_check_{model}.json")) as f:
+                timelines[model] = ComputeTimeline(**json.load(f)["timeline"])
+        else:
+            timelines[model] = time_compute(model)
+    load["after_compute"] = os.getloadavg()
     if not ns.profile:
         measure_profile(ns.rate, profile, PROFILED)
         load["after_profile"] = os.getloadavg()
     for i, model in enumerate(models):
         out = os.path.join(ns.out_dir, f"advise_check_{model}.json")
-        timeline = None
-        if ns.reuse_compute:
-            from hipress_like.tuning.advise import ComputeTimeline
-
-            with open(out) as f:
-                timeline = ComputeTimeline(**json.load(f)["timeline"])
-        adv, sizes = predict(model, profile, list(DEFAULT_CANDIDATES), timeline)
+        adv, sizes = predict(model, profile, list(DEFAULT_CANDIDATES), timelines[model])
         load[f"after_predict_{model}"] = os.getloadavg()
         if ns.measured:
             with open(ns.measured[i]) as f:
