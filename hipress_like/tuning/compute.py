@@ -7,18 +7,26 @@ the adapters hook them); with R ranks sharing this host's cores, R copies
 run at once so the timings carry the contention. ``ComputeTimeline.spread``
 builds one from a compute time alone (F : B = 1 : 2, backward spread over
 the gradients by bytes). ``load_module`` and ``infer_input_shape`` read a
-``package.module:attr`` model and guess its input. ``advise.py`` uses them.
+``package.module:attr`` model and guess its input; ``host_busy`` says how much
+of the host other work held just before a timing. ``advise.py`` uses them.
 """
 from __future__ import annotations
 
 import copy
+import logging
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["ComputeTimeline", "ComputeLoad", "measure_compute", "load_module",
-           "infer_input_shape"]
+           "infer_input_shape", "host_busy"]
+
+log = logging.getLogger(__name__)
+
+# Busier than this before a timing (a share of all the host's cores), the timing
+# carries other work's contention and the report says so.
+BUSY_WARN = 0.25
 
 Sizes = Sequence[Tuple[str, int]]
 
@@ -130,6 +138,43 @@ def _busy(module: Any, shape: Sequence[int], threads: int, started: Any, stop: A
     _steps(module, shape, 0, stop)
 
 
+def _busy_share(before: str, after: str) -> Optional[float]:
+    """The busy share of CPU time between two ``cpu`` lines of /proc/stat (all
+    cores): 1 - (idle + iowait) / total. None when no time passed.
+
+    Example:
+        >>> _busy_share("cpu  100 0 100 800 0 0 0 0 0 0", "cpu  250 0 150 900 0 0 0 0 0 0")
+        0.6667
+    """
+    b = [int(x) for x in before.split()[1:]]
+    a = [int(x) for x in after.split()[1:]]
+    total = sum(a) - sum(b)
+    if total <= 0:
+        return None
+    idle = (a[3] - b[3]) + (a[4] - b[4] if len(a) > 4 and len(b) > 4 else 0)
+    return round(1.0 - idle / total, 4)
+
+
+def host_busy(seconds: float = 0.3, stat_path: str = "/proc/stat") -> Optional[float]:
+    """The share of this host's CPU time (all cores) that was busy over the next
+    ``seconds``, read from Linux's ``/proc/stat``; None where it cannot be read.
+
+    ``measure_compute`` calls it before it starts anything: a shared host's
+    other work slows the timed steps, and every prediction scales with them
+    (ResNet-18's step once timed at 1101 ms right after a profiling run, and
+    582-637 ms on the same host at rest).
+    """
+    try:
+        with open(stat_path) as f:
+            before = f.readline()
+        time.sleep(seconds)
+        with open(stat_path) as f:
+            after = f.readline()
+        return _busy_share(before, after)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def measure_compute(module: Any, input_shape: Sequence[int], *, ranks: int = 1,
                     repeats: int = 5, warmup: int = 2, threads: int = 1) -> ComputeTimeline:
     """Time a torch module's step on this machine: forward, per-gradient ready times, update.
@@ -144,6 +189,10 @@ def measure_compute(module: Any, input_shape: Sequence[int], *, ranks: int = 1,
        post-accumulate-grad hook on every parameter (when the adapters
        hand the gradient to the engine), then an SGD-with-momentum update.
     3. Each quantity is the median over the timed steps.
+
+    Before any of it, ``host_busy`` reads how busy the host is. Above
+    ``BUSY_WARN`` of its cores, other work would slow the timed steps: a
+    warning is logged and the timeline's ``source`` says how busy it was.
 
     Args:
         module: a ``torch.nn.Module``.
@@ -167,6 +216,13 @@ def measure_compute(module: Any, input_shape: Sequence[int], *, ranks: int = 1,
 
     if ranks < 1 or repeats < 1:
         raise ValueError(f"ranks and repeats must be >= 1, found {ranks} and {repeats}")
+    busy = host_busy()
+    crowded = ""
+    if busy is not None and busy > BUSY_WARN:
+        crowded = f"; the host was {busy:.0%} busy with other work before timing"
+        log.warning("this host was %.0f%% busy with other work before the module's steps "
+                    "were timed: the compute timeline carries that contention. Time it on an "
+                    "idle host, or give the compute time instead (--compute-time)", busy * 100)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     mod = copy.deepcopy(module)
@@ -206,7 +262,7 @@ def measure_compute(module: Any, input_shape: Sequence[int], *, ranks: int = 1,
         backward_s=statistics.median(r[1] for r in runs), ready_s=ready,
         update_s=statistics.median(r[2] for r in runs),
         source=(f"measured: {repeats} steps on input {tuple(input_shape)}, "
-                f"{ranks} rank(s) sharing this host, {threads} thread(s) each"))
+                f"{ranks} rank(s) sharing this host, {threads} thread(s) each{crowded}"))
 
 
 def load_module(spec: str) -> Any:

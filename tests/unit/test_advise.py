@@ -308,6 +308,36 @@ def test_measured_ready_times_follow_backward_order():
     assert net[0].weight.grad is None  # timed on a copy: the caller's module is untouched
 
 
+def test_a_busy_host_is_named_in_the_timing_and_warned_about(monkeypatch, caplog):
+    from hipress_like.tuning import compute
+
+    net = torch.nn.Linear(8, 2)
+    monkeypatch.setattr(compute, "host_busy", lambda: 0.9)  # as /proc/stat would say
+    with caplog.at_level("WARNING", logger="hipress_like.tuning.compute"):
+        tl = measure_compute(net, (4, 8), repeats=1, warmup=0)
+    assert "90% busy with other work" in tl.source
+    assert "--compute-time" in caplog.text
+    monkeypatch.setattr(compute, "host_busy", lambda: 0.1)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hipress_like.tuning.compute"):
+        tl = measure_compute(net, (4, 8), repeats=1, warmup=0)
+    assert "busy" not in tl.source and not caplog.text
+
+
+def test_host_busy_reads_proc_stat_or_says_it_cannot(tmp_path):
+    from hipress_like.tuning.compute import _busy_share, host_busy
+
+    assert host_busy(0.0, str(tmp_path / "missing")) is None
+    frozen = tmp_path / "stat"
+    frozen.write_text("cpu  10 0 10 80 0 0 0 0 0 0\n")
+    assert host_busy(0.0, str(frozen)) is None  # no time passed between the reads
+    # iowait counts as idle: a host waiting on its disk is not busy computing
+    assert _busy_share("cpu  0 0 0 0 0", "cpu  10 0 0 50 40") == 0.1
+    if os.path.exists("/proc/stat"):
+        share = host_busy(0.05)
+        assert share is None or 0.0 <= share <= 1.0
+
+
 def test_measure_compute_names_the_fix_for_a_wrong_input():
     with pytest.raises(ValueError, match="--input-shape"):
         measure_compute(torch.nn.Linear(4, 2), (3, 5))
