@@ -41,7 +41,7 @@ import os
 from datetime import timedelta
 
 # this project's best configurations (README, "Where it stands"), over Horovod
-HP_OVER_HOROVOD = ("hvd-hp-ps-onebit", "hvd-hp-ring-powersgd1")
+HP_OVER_HOROVOD = ("hvd-hp-ps-onebit", "hvd-hp-ps-powersgd1", "hvd-hp-ring-powersgd1")
 CONFIGS = ("hvd-none", "hvd-fp16", *HP_OVER_HOROVOD)
 
 _keep = []  # the port-sharing store (and rank 0's server) live as long as the job
