@@ -146,8 +146,9 @@ def _busy_share(before: str, after: str) -> Optional[float]:
         >>> _busy_share("cpu  100 0 100 800 0 0 0 0 0 0", "cpu  250 0 150 900 0 0 0 0 0 0")
         0.6667
     """
-    b = [int(x) for x in before.split()[1:]]
-    a = [int(x) for x in after.split()[1:]]
+    # user nice system idle iowait irq softirq steal; guest time is already in user
+    b = [int(x) for x in before.split()[1:9]]
+    a = [int(x) for x in after.split()[1:9]]
     total = sum(a) - sum(b)
     if total <= 0:
         return None
