@@ -123,9 +123,9 @@ def time_compute(model: str):
     return measure_compute(module, (BATCH, 1, 32, 32), ranks=NPROCS, repeats=10)
 
 
-def predict(model: str, profile_path: str, candidates: list, timeline=None):
-    """The advisor on bench/train.py's module: (advice, module sizes); the module's
-    steps are timed unless a ``timeline`` is given."""
+def predict(model: str, profile_path: str, candidates: list, timeline):
+    """The advisor on bench/train.py's module with the compute ``timeline``
+    (``time_compute``'s, or one read back): (advice, module sizes)."""
     from models import MODELS
 
     from hipress_like.cost_model import Profile
@@ -134,8 +134,6 @@ def predict(model: str, profile_path: str, candidates: list, timeline=None):
     module = MODELS[model](num_classes=10, in_channels=1)
     sizes = [(n, p.numel() * p.element_size()) for n, p in module.named_parameters()]
     prof = Profile.load(profile_path)
-    if timeline is None:
-        timeline = time_compute(model)
     names = [c for c in PROFILED if c in prof.compressors]
     adv = advise(sizes, NPROCS, prof, timeline, compressors=names,
                  candidates=[c for c in candidates if c in prof.compressors],

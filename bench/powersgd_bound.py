@@ -7,8 +7,8 @@ engine are hidden. This script times both on one thread in one process:
 
 1. the floor: the model's training step (forward, backward, SGD with
    momentum) on a batch of 8 32x32 images, as bench/train.py's floor row;
-2. PowerSGD's work per step on the weights the bench compresses (two or
-   more dimensions, 1 MB or more): round 0 (``M = g + e - P'Q'^T``,
+2. PowerSGD's work per step on the gradients the engine compresses
+   (``SizeRule``, the rule ``plan=None`` runs), each as one matrix: round 0 (``M = g + e - P'Q'^T``,
    ``P = M Q``), round 1 (orthogonalise, ``Q = M^T P``) and the decode
    (``P Q^T`` into the gradient), with one rank (N = 1: no exchange);
 3. the NaN/Inf scan the engine runs on each submitted gradient
@@ -25,25 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
-
-
-def _median_ms(fn, steps: int, warmup: int = 2) -> float:
-    """Median wall milliseconds of ``fn()`` over ``steps`` calls after ``warmup``."""
-    times = []
-    for i in range(warmup + steps):
-        t0 = time.perf_counter()
-        fn()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def main(argv=None) -> int:
@@ -53,6 +40,11 @@ def main(argv=None) -> int:
 
     from hipress_like.compressors.base import all_finite
     from hipress_like.compressors.powersgd import PowerSGD
+    from hipress_like.cost_model.plan import SizeRule
+    from hipress_like.tuning.profiler import _time
+
+    def median_ms(fn):
+        return _time(fn, ns.steps, 0.0) * 1e3
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="vgg")
@@ -71,9 +63,10 @@ def main(argv=None) -> int:
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
-    floor = _median_ms(floor_step, ns.steps)
+    floor = median_ms(floor_step)
+    rule = SizeRule()  # two ranks, as --nprocs 2
     weights = [(n, p) for n, p in model.named_parameters()
-               if p.dim() >= 2 and p.numel() * p.element_size() >= (1 << 20)]
+               if rule.decide(p.numel() * p.element_size(), 2).compress]
     grads = [torch.randn_like(p) for _, p in weights]
     comp = PowerSGD(rank=ns.rank)
     states = [comp.init(g, world_size=1) for g in grads]
@@ -84,11 +77,11 @@ def main(argv=None) -> int:
             p1, st = comp.encode_round(1, g, st, p0)  # N = 1: the sum is the payload
             _, states[i] = comp.decode_rounds(g, st, p1, out=g, average=True)
 
-    psgd = _median_ms(powersgd_step, ns.steps)
-    scan = _median_ms(lambda: [all_finite(g) for g in grads], ns.steps)
+    psgd = median_ms(powersgd_step)
+    scan = median_ms(lambda: [all_finite(g) for g in grads])
     mb = sum(g.numel() * g.element_size() for g in grads) / 1e6
     print(f"{ns.model}, one thread: floor step {floor:.1f} ms; PowerSGD rank {ns.rank} on "
-          f"{len(grads)} weights ({mb:.0f} MB) {psgd:.1f} ms; NaN/Inf scan {scan:.1f} ms")
+          f"{len(grads)} gradients ({mb:.0f} MB) {psgd:.1f} ms; NaN/Inf scan {scan:.1f} ms")
     print(f"  (floor + PowerSGD) / floor          {(floor + psgd) / floor:.2f}")
     print(f"  (floor + PowerSGD + scan) / floor   {(floor + psgd + scan) / floor:.2f}")
     print("  a lower bound on a PowerSGD row's 'x floor' with a core per rank (--nprocs 2)")
