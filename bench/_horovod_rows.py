@@ -31,6 +31,11 @@ set (the global one too) without ``HOROVOD_GLOO_IFACE``
 ``gloo_iface_``), so gloo falls back to the hostname's address, which is
 127.0.0.1 in every namespace, and the ranks cannot connect.
 
+A row name may end in ``-cycle<MS>`` (``hvd-hp-ps-powersgd1-cycle5``,
+``hvd-none-cycle5``): the row then runs with ``HOROVOD_CYCLE_TIME=<MS>``, so
+Horovod's cycle time (1 ms by default) is compared with the default in the
+same alternated run.
+
 ``report(rows)`` prints the issue's ratios from the same run: this project
 over Horovod against Horovod fp16 (goal >= 2x) and none (>= 3x), and
 against the same configuration over gloo (within 10%).
@@ -38,6 +43,7 @@ against the same configuration over gloo (within 10%).
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 
 # this project's best configurations (README, "Where it stands"), over Horovod
@@ -47,21 +53,31 @@ CONFIGS = ("hvd-none", "hvd-fp16", *HP_OVER_HOROVOD)
 _keep = []  # the port-sharing store (and rank 0's server) live as long as the job
 
 
+_CYCLE = re.compile(r"-cycle(\d+(?:\.\d+)?)$")
+
+
 def is_horovod_row(name: str) -> bool:
-    """True for the rows this module runs (``hvd-...``)."""
-    return name.startswith("hvd-")
+    """True for the rows this module runs (``hvd-...``, with or without ``-cycle<MS>``)."""
+    return name.startswith("hvd-") and split_cycle(name)[0] in CONFIGS
+
+
+def split_cycle(name: str):
+    """``hvd-none-cycle5`` -> (``hvd-none``, ``"5"``); without the suffix, (name, None)."""
+    m = _CYCLE.search(name)
+    return (name[:m.start()], m.group(1)) if m else (name, None)
 
 
 def hp_name(name: str) -> str:
     """``hvd-hp-ps-onebit`` -> ``hp-ps-onebit`` (the same configuration's gloo row)."""
+    name = split_cycle(name)[0]
     return name[len("hvd-"):] if name.startswith("hvd-hp-") else name
 
 
-def enter_horovod_job() -> None:
+def enter_horovod_job(cycle_ms=None) -> None:
     """Turn this rank's torchrun-style environment into horovodrun's gloo-mode one.
 
     Collective: every rank calls it before ``hpt.init()``. Rank 0 starts
-    Horovod's rendezvous server.
+    Horovod's rendezvous server. ``cycle_ms`` sets ``HOROVOD_CYCLE_TIME``.
     """
     import torch.distributed as dist
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
@@ -93,6 +109,8 @@ def enter_horovod_job() -> None:
                HOROVOD_GLOO_RENDEZVOUS_PORT=rdv_port, HOROVOD_CONTROLLER="gloo",
                HOROVOD_CPU_OPERATIONS="gloo",
                HOROVOD_GLOO_IFACE=env.get("GLOO_SOCKET_IFNAME", "lo"))
+    if cycle_ms is not None:
+        env["HOROVOD_CYCLE_TIME"] = cycle_ms
 
 
 def netns_hosts(nprocs: int, subnet: str = "10.77.0") -> None:
@@ -113,7 +131,8 @@ def horovod_optimizer(base, model, name: str):
     """Horovod's own ``DistributedOptimizer`` for ``hvd-none`` / ``hvd-fp16``."""
     import horovod.torch as hvd
 
-    compression = {"hvd-none": hvd.Compression.none, "hvd-fp16": hvd.Compression.fp16}[name]
+    compression = {"hvd-none": hvd.Compression.none,
+                   "hvd-fp16": hvd.Compression.fp16}[split_cycle(name)[0]]
     return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                     compression=compression)
 
@@ -121,7 +140,7 @@ def horovod_optimizer(base, model, name: str):
 def report(rows) -> None:
     """Print the Horovod ratios of issue 20 from rows measured in the same run."""
     by = {r["config"]: r for r in rows}
-    ours = [by[c] for c in HP_OVER_HOROVOD if c in by]
+    ours = [r for r in rows if split_cycle(r["config"])[0] in HP_OVER_HOROVOD]
     if not ours:
         return
     best = min(ours, key=lambda r: r["ms_per_step"])

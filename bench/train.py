@@ -39,7 +39,8 @@ Configurations:
   hp-none          the same with Compression.none: every gradient in the
                    engine's allreduce lane, the engine's overhead against DDP
   hvd-...          over Horovod (bench/_horovod_rows.py): Horovod's own optimizer
-                   (hvd-none, hvd-fp16) and this project on the Horovod transport
+                   (hvd-none, hvd-fp16) and this project on the Horovod transport;
+                   a -cycle<MS> suffix (hvd-none-cycle5) sets HOROVOD_CYCLE_TIME
 
 Links: loopback by default; ``--netem`` runs rank i inside network namespace
 ``h<i>`` over emulated 1 Gbit/s links (bench/netem.py; created and removed
@@ -135,7 +136,7 @@ def worker(cfg):
     if name.startswith("hvd-"):  # the rows over Horovod: join as under horovodrun
         import _horovod_rows
 
-        _horovod_rows.enter_horovod_job()
+        _horovod_rows.enter_horovod_job(_horovod_rows.split_cycle(name)[1])
         name = _horovod_rows.hp_name(name)  # hvd-hp-ps-onebit runs as hp-ps-onebit
     hpt.init()
     rank, size = hpt.rank(), hpt.size()
@@ -503,9 +504,11 @@ def main(argv=None):
             ap.error(f"--plan {item!r}: give STRATEGY=PATH with STRATEGY ps or ring and an "
                      "existing plan file (hipress-profile advise --write-plan PATH)")
         ns.plans[strategy] = os.path.abspath(path)
+    import _horovod_rows
+
     configs = all_configs() if ns.configs == "all" else ns.configs.split(",")
     known = set(all_configs()) | {c for c, s in PLAN_CONFIGS.items() if s in ns.plans}
-    unknown = set(configs) - known
+    unknown = {c for c in set(configs) - known if not _horovod_rows.is_horovod_row(c)}
     if unknown:
         hint = "; hp-<strategy>-plan needs --plan STRATEGY=PATH" if unknown & set(
             PLAN_CONFIGS) else ""

@@ -109,3 +109,27 @@ def test_floor_by_cpu_per_rank_and_auto_against_the_fastest_fixed_row(capsys):
     lines = _goal_lines(capsys, rows)
     assert "1.25  met" in lines["CPU/rank within 1.3x of floor's"]  # 200 / 160
     assert "1.03  met" in lines["hp-ps-auto vs hp-ps-powersgd1 <= 1.05"]  # 618 / 600
+
+
+def test_horovod_rows_with_a_cycle_suffix_pair_with_their_gloo_row(capsys):
+    """``hvd-...-cycle<MS>`` runs a Horovod row at another HOROVOD_CYCLE_TIME; its
+    ratio is still taken against the same configuration over gloo."""
+    _bench()  # puts bench/ on sys.path
+    import _horovod_rows as hr
+
+    assert hr.split_cycle("hvd-none-cycle2.5") == ("hvd-none", "2.5")
+    assert hr.split_cycle("hvd-hp-ps-powersgd1") == ("hvd-hp-ps-powersgd1", None)
+    assert hr.hp_name("hvd-hp-ps-powersgd1-cycle5") == "hp-ps-powersgd1"
+    assert hr.is_horovod_row("hvd-hp-ring-powersgd1-cycle10")
+    assert not hr.is_horovod_row("hvd-hp-ring-dgc-cycle5")  # not a row over Horovod
+    assert not hr.is_horovod_row("hvd-none-cycle")
+    rows = [{"config": "hp-ps-powersgd1", "ms_per_step": 500.0},
+            {"config": "hvd-hp-ps-powersgd1", "ms_per_step": 600.0},
+            {"config": "hvd-hp-ps-powersgd1-cycle5", "ms_per_step": 525.0},
+            {"config": "hvd-none", "ms_per_step": 1800.0}]
+    hr.report(rows)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "best of this project hvd-hp-ps-powersgd1-cycle5 (525 ms/step)" in out
+    assert "hvd-none/this >= 3x 3.43 met" in out
+    assert "hvd-hp-ps-powersgd1 / hp-ps-powersgd1 <= 1.10 1.20 NOT met" in out
+    assert "hvd-hp-ps-powersgd1-cycle5 / hp-ps-powersgd1 <= 1.10 1.05 met" in out
