@@ -146,6 +146,10 @@ def test_horovod_torch_and_hipress_like_torch_share_one_job():
     assert rc == 0 and sorted(res) == [0, 1, 2, 3], out[-4000:]
     assert len({r["digest"] for r in res.values()}) == 1
     assert len({r["mixed_sum"] for r in res.values()}) == 1 and res[0]["mixed_sum"] > 0
+    # 4 ranks on one host: with no core to spare, its first rank (only) logs the
+    # advice on HOROVOD_CYCLE_TIME, which this job leaves unset
+    hints = re.findall(r"\[(\d)\]<stderr>:.*horovodrun started 4 ranks on this host", out)
+    assert hints == (["0"] if len(os.sched_getaffinity(0)) <= 4 else []), out[-4000:]
 
 
 @needs_horovod

@@ -108,3 +108,36 @@ def test_unknown_transport_name_lists_the_known_ones():
 
     with pytest.raises(ValueError, match="available: gloo, horovod, mpi, nccl, torch"):
         make_transport("horovd")
+
+
+class TestCycleTimeHint:
+    """No spare core on a host: the advice on HOROVOD_CYCLE_TIME, only then."""
+
+    @staticmethod
+    def hint(*args):
+        from hipress_like.adapters.horovod_rendezvous import cycle_time_hint
+
+        return cycle_time_hint(*args)
+
+    @staticmethod
+    def launch(local_size):
+        from hipress_like.adapters.launcher import Launch
+
+        return Launch("horovodrun-gloo", 0, 8, 0, local_size)
+
+    def test_no_spare_core_gets_the_measured_advice(self):
+        text = self.hint(self.launch(4), {}, 2)
+        assert text.startswith("horovodrun started 4 ranks on this host, which has 2 cores: "
+                               "no core is spare")
+        assert "horovodrun --cycle-time-ms 5" in text and "HOROVOD_CYCLE_TIME=5" in text
+        assert self.hint(self.launch(4), {}, 4).startswith("horovodrun started 4 ranks")
+        assert "which has 1 core:" in self.hint(self.launch(1), {}, 1)
+
+    @pytest.mark.parametrize("local_size, env, cores", [
+        (4, {"HOROVOD_CYCLE_TIME": "1"}, 2),   # the user chose, even Horovod's default
+        (4, {"HOROVOD_CYCLE_TIME": "5"}, 2),
+        (4, {}, 5),                            # a core to spare
+        (None, {}, 1),                         # the launcher did not say
+    ])
+    def test_no_advice_when_chosen_not_needed_or_unknown(self, local_size, env, cores):
+        assert self.hint(self.launch(local_size), env, cores) is None
