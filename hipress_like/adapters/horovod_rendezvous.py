@@ -25,9 +25,8 @@ Before ``hvd.init()``, the first rank of a host with no core to spare (no
 more cores than ranks) logs a hint (``cycle_time_hint``): Horovod's
 background thread negotiates every ``HOROVOD_CYCLE_TIME`` (1 ms by
 default), busy or not, and without a spare core that CPU is taken from
-training. The setting stays the
-user's (it also paces the script's own ``horovod.torch`` calls); the hint
-gives the measured trade.
+training. The setting stays the user's (it also paces the script's own
+``horovod.torch`` calls); the hint gives the measured trade.
 """
 from __future__ import annotations
 
