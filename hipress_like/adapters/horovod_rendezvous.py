@@ -170,8 +170,9 @@ def join_horovod(launch: Launch, timeout: float, backend: str,
     hvd = import_horovod_torch(f"this process was started by horovodrun ({mode} mode) as rank "
                                f"{launch.rank} of {launch.size}")
     if not hvd.is_initialized():
-        hint = cycle_time_hint(launch, env, _usable_cores())
-        if hint and launch.local_rank in (0, None):
+        hint = cycle_time_hint(launch, env, _usable_cores()) if launch.local_rank in (0, None) \
+            else None  # once per host
+        if hint:
             log.warning(hint)
         hvd.init()
     r, n = hvd.rank(), hvd.size()
