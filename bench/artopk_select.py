@@ -1,7 +1,7 @@
 """Does Eq. 5a-5c pick the fastest way to synchronise top-k? Measured on shaped links.
 
 For each network (tc tbf rate, optionally with added one-way delay) and each
-world size N, ranks run in network namespaces (``hipress_like.casync.netem``)
+world size N, ranks run in network namespaces (``hipress_like.launch.netem``)
 and:
 
 1. measure alpha and beta of their own transport (``casync.collectives.

@@ -191,7 +191,7 @@ def _cmd_profile(a: argparse.Namespace) -> int:
     if a.nprocs and a.from_env:
         raise CLIError("--nprocs and --from-env exclude each other")
     if a.nprocs:
-        from ..casync.launch import run_workers
+        from ..launch.launch import run_workers
 
         res = run_workers(_profile_worker, a.nprocs, a.backend,
                           args=(specs, sizes, link_sizes, a.repeats, given, a.quiet,

@@ -120,7 +120,7 @@ def _train(ctx, flags, before, after):
 
 def _set_rate(n, rate):
     """Every link of the emulated network to ``rate`` (both directions), as netem.up does."""
-    from hipress_like.casync.netem import rate_bits
+    from hipress_like.launch.netem import rate_bits
 
     burst = str(max(rate_bits(rate) // 4000, 32768))
     for i in range(n):
@@ -133,8 +133,8 @@ def _set_rate(n, rate):
 def test_bandwidth_drop_switches_the_cr_and_says_why():
     if os.geteuid() != 0 or shutil.which("tc") is None:
         pytest.skip("network emulation needs root and iproute2")
-    from hipress_like.casync import netem
-    from hipress_like.casync.launch import run_workers
+    from hipress_like.launch import netem
+    from hipress_like.launch.launch import run_workers
 
     n = 4
     flags = tempfile.mkdtemp(prefix="adaptive-cr-")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hipress_like.casync import collectives as col
-from hipress_like.casync.launch import run_workers
 from hipress_like.casync.transport.base import TransportError
+from hipress_like.launch.launch import run_workers
 
 
 def _data(rank, numel):

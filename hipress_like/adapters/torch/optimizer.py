@@ -42,6 +42,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 
+from ...errors import HipressError
 from .. import checkpoint
 from ..engine_builder import build_engine, specs_of
 from ..runtime import _require, _track
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 
 
-class OrderingError(AssertionError, RuntimeError):
+class OrderingError(HipressError, AssertionError, RuntimeError):
     """Calls in the wrong order (Horovod raises AssertionError; this is both)."""
 
 

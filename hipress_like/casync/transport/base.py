@@ -17,6 +17,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ...errors import HipressError
+
 __all__ = ["Transport", "TransportError", "PeerError", "DEFAULT_TIMEOUT"]
 
 # Long enough for a 1 GB exchange on a slow link, short enough that a dead
@@ -24,7 +26,7 @@ __all__ = ["Transport", "TransportError", "PeerError", "DEFAULT_TIMEOUT"]
 DEFAULT_TIMEOUT = 300.0
 
 
-class TransportError(RuntimeError):
+class TransportError(HipressError, RuntimeError):
     """A collective failed (timeout, closed connection, misuse)."""
 
 

@@ -95,7 +95,7 @@ class TorchDistTransport(Transport):
             raise TransportError(
                 "TorchDistTransport needs an initialised default process group; call "
                 "torch.distributed.init_process_group(...) first (torchrun sets the env:// "
-                "variables), or use hipress_like.casync.launch.run_workers")
+                "variables), or use hipress_like.launch.launch.run_workers")
         if bulk not in ("p2p", "a2a"):
             raise ValueError(f"bulk must be 'p2p' or 'a2a', got {bulk!r}")
         self.bulk = bulk
