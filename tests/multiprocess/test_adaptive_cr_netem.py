@@ -33,7 +33,6 @@ def _train(ctx, flags, before, after):
     import torch.nn.functional as F
 
     import hipress_like.torch as hpt
-    from hipress_like.casync import collectives as col
     from hipress_like.demo.cli_digits import (
         COMMUNICATION_KINDS,
         COMPRESSION_KINDS,
@@ -48,6 +47,7 @@ def _train(ctx, flags, before, after):
         set_ratio,
         snapshot_torch,
     )
+    from hipress_like.tuning.link import measure_link
 
     logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(1)
@@ -88,7 +88,8 @@ def _train(ctx, flags, before, after):
         return (t / size).tolist()
 
     def link():
-        li = col.measure_link(tr, sizes=(1 << 10, 1 << 16, 1 << 20), reps=3, timeout=120)
+        li, _ = measure_link(tr, sizes=(1 << 10, 1 << 16, 1 << 20), repeats=3, timeout=120,
+                             steps=3)
         return li.alpha, li.beta
 
     checkpoint, restore = snapshot_torch(
