@@ -19,7 +19,7 @@ from ..cost_model.plan import STRATEGIES
 from .compression import resolve_compression
 from .runtime import _require, default_timeout, engine_transport
 
-__all__ = ["build_engine", "wire_dtype", "resolve_plan", "STRATEGIES"]
+__all__ = ["build_engine", "close_engine", "wire_dtype", "resolve_plan", "STRATEGIES"]
 
 log = logging.getLogger(__name__)
 
@@ -167,3 +167,10 @@ def specs_of(named: List[Tuple[str, torch.Tensor]]
     engine checks it before any data moves.
     """
     return [(n, tuple(p.shape), wire_dtype(p.dtype, n)) for n, p in named]
+
+
+def close_engine(engine: Any) -> None:
+    """Close ``engine`` and then the transport ``build_engine`` opened for it
+    (every face's ``close``; ``shutdown()`` calls those)."""
+    engine.close()
+    engine.transport.close()

@@ -143,3 +143,14 @@ def test_the_launcher_sits_above_the_scheduler():
     assert not bad, bad
     assert _layer("hipress_like.launch.netem") == _layer("hipress_like.tuning.profiler")
     assert _layer("hipress_like.casync.engine") < _layer("hipress_like.launch.launch")
+
+
+def test_no_face_imports_another_face():
+    """The TensorFlow and MXNet adapters use the framework-neutral collectives
+    (adapters/collectives.py, objects.py, ordering.py), never adapters/torch."""
+    files, edges = _graph()
+    bad = [f"{files[m].relative_to(PKG.parent)}:{line} imports {t}"
+           for m, deps in edges.items() for t, line in deps.items()
+           if m.startswith(("hipress_like.adapters.tensorflow", "hipress_like.adapters.mxnet"))
+           and (t == "hipress_like.adapters.torch" or t.startswith("hipress_like.adapters.torch."))]
+    assert not bad, "a face imports the torch face:\n" + "\n".join(bad)
