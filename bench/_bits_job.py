@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     from hipress_like import compressors
-    from hipress_like.casync.launch import run_workers
+    from hipress_like.launch.launch import run_workers
 
     names = [n for n in a.names.split(",") if n in compressors.available()]
     res = run_workers(job, a.ranks, args=(names,), timeout=900)

@@ -79,7 +79,7 @@ def write_plans(adv, model: str, out_dir: str) -> dict:
 
 def measure_profile(rate: str, out: str, compressors: dict) -> None:
     """Profile ``compressors`` with 4 ranks in namespaces over ``rate`` links."""
-    from hipress_like.casync import netem
+    from hipress_like.launch import netem
 
     spec = ",".join(name + "".join(f":{k}={json.dumps(v)}" for k, v in ps.items())
                     for name, ps in compressors.items())

@@ -1,12 +1,12 @@
 """Does Eq. 5a-5c pick the fastest way to synchronise top-k? Measured on shaped links.
 
 For each network (tc tbf rate, optionally with added one-way delay) and each
-world size N, ranks run in network namespaces (``hipress_like.casync.netem``)
+world size N, ranks run in network namespaces (``hipress_like.launch.netem``)
 and:
 
-1. measure alpha and beta of their own transport (``casync.collectives.
-   measure_link``: timed ring exchanges, fitted, agreed by every rank), and
-   beta of one-way steps (``pattern="one_way"``: rank 2i to 2i+1);
+1. measure alpha and beta of their own transport and beta of one-way steps
+   (rank 2i to 2i+1) as ``collective="auto"`` does (``tuning.link.
+   collective_links``: timed exchanges, fitted, agreed by every rank);
 2. for each (gradient size M, compression ratio c) of the grid, time the three
    ways of the paper, as ``casync.collectives`` runs them over point-to-point
    messages: Allgather of k values and k indices (``bruck_allgather``),
@@ -68,6 +68,7 @@ def worker(a) -> None:
     from hipress_like.casync import collectives as col
     from hipress_like.casync.transport.torch_dist import TorchDistTransport
     from hipress_like.cost_model.collectives import select_collective, topk_costs
+    from hipress_like.tuning.link import collective_links
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -79,8 +80,7 @@ def worker(a) -> None:
         if rank == 0:
             print(f"[{a.net} N={n}] {msg}", file=sys.stderr, flush=True)
 
-    link = col.measure_link(tr, reps=a.reps, timeout=timeout)
-    one_way = col.measure_link(tr, reps=a.reps, timeout=timeout, pattern="one_way")
+    link, one_way = collective_links(tr, timeout, repeats=a.reps)
     bo = one_way.beta
     log(f"alpha {link.alpha * 1e3:.3f} ms, beta {link.beta * 1e9:.3f} ns/B "
         f"({8e-9 / link.beta:.3f} Gbit/s); one-way steps {8e-9 / bo:.3f} Gbit/s")

@@ -305,7 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         report["network"] = os.environ.get("HIPRESS_BENCH_NET", "from-env")
     else:
-        from hipress_like.casync.launch import run_workers
+        from hipress_like.launch.launch import run_workers
 
         report = run_workers(_worker, a.nprocs, "gloo", args=args,
                              timeout=a.timeout * 20)[0]

@@ -1,4 +1,4 @@
-"""Command line of the emulated network (``hipress_like.casync.netem``), for benchmarks.
+"""Command line of the emulated network (``hipress_like.launch.netem``), for benchmarks.
 
 The library lives in the package (the main job uses it too); this module
 re-exports it for the benchmark scripts and tests that ``import netem``
@@ -20,7 +20,7 @@ import time
 from typing import Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from hipress_like.casync.netem import (  # noqa: E402,F401 (re-exported for benchmarks/tests)
+from hipress_like.launch.netem import (  # noqa: E402,F401 (re-exported for benchmarks/tests)
     DEFAULT_PORT,
     LOCK_PATH,
     MASTER_ADDR,

@@ -38,8 +38,8 @@ from dataclasses import asdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from hipress_like.casync.launch import run_workers  # noqa: E402
 from hipress_like.demo.stragglers import StragglerConfig, train_straggling  # noqa: E402
+from hipress_like.launch.launch import run_workers  # noqa: E402
 
 
 def run(cfg: StragglerConfig, ranks: int) -> dict:

@@ -237,7 +237,7 @@ def worker(args) -> None:
 
 # --------------------------------------------------------------------------- parent
 def _run_loopback(argv, n, timeout):
-    from hipress_like.casync.launch import free_port
+    from hipress_like.launch.launch import free_port
     port = str(free_port())
     procs = []
     for r in range(n):

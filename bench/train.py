@@ -278,7 +278,7 @@ def launch(cfg, nprocs, netem, timeout):
 
 
 def _run_local(cmd, nprocs, pypath, timeout):
-    from hipress_like.casync.launch import own_process_group
+    from hipress_like.launch.launch import own_process_group
 
     port = str(_free_port())
     procs = []

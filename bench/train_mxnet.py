@@ -25,7 +25,7 @@ Configurations:
 Links: loopback by default. ``--netem [RATE]`` (root) puts worker i in
 network namespace ``h<i>`` and the kvstore's scheduler and server in ``h4``
 (a host of their own, as a parameter server is deployed), every link shaped
-to RATE (default 1gbit) by ``hipress_like.casync.netem``.
+to RATE (default 1gbit) by ``hipress_like.launch.netem``.
 
     python bench/train_mxnet.py                   # loopback, every configuration
     python bench/train_mxnet.py --netem           # 1 Gbit/s emulated links
@@ -178,7 +178,7 @@ def _free_port():
 
 def _processes(cfg, nprocs, netem):
     """(namespace or None, env) of every process of one configuration."""
-    from hipress_like.casync import netem as nm
+    from hipress_like.launch import netem as nm
 
     host = (lambda i: nm.host_address(i)) if netem else (lambda i: "127.0.0.1")
     ns = (lambda i: f"h{i}") if netem else (lambda i: None)
@@ -205,7 +205,7 @@ def _processes(cfg, nprocs, netem):
 
 def launch(cfg, nprocs, netem, timeout):
     """Start every process of ``cfg``; return worker 0's result dict."""
-    from hipress_like.casync.procs import own_process_group
+    from hipress_like.launch.procs import own_process_group
 
     fd, path = tempfile.mkstemp(prefix="hp-train-mx-", suffix=".json")
     os.close(fd)
@@ -296,7 +296,7 @@ def main(argv=None):
               f"(median run)")
     print(f"bench/train_mxnet.py: {budget}", flush=True)
     if ns.netem:
-        from hipress_like.casync import netem as nm
+        from hipress_like.launch import netem as nm
 
         nm.up(max(ns.nprocs, SERVER_HOST + 1), ns.netem)
     runs = {c: [] for c in configs}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, List, Optional
 
-__all__ = ["FORMAT", "VERSION", "pack", "check_format", "unpack"]
+__all__ = ["FORMAT", "VERSION", "pack", "check_format", "unpack", "restore"]
 
 FORMAT = "hipress-like-optimizer-state"
 VERSION = 1
@@ -74,3 +74,12 @@ def unpack(hip: Any, rank: int, size: int, *, where: str, fix: str,
     raise ValueError(f"the compressor state in {where} belongs to rank {hip.get('rank')}, not "
                      f"rank {rank}: loading it would resume rank {rank} with another rank's "
                      f"error-feedback residuals. {fix}")
+
+
+def restore(engine: Any, state: Optional[Dict[str, Any]]) -> None:
+    """Put what ``unpack`` returned into ``engine``: None (another world size)
+    starts its compressor state fresh, a dict is loaded as this rank's."""
+    if state is None:
+        engine.reset_state()
+    else:
+        engine.load_state_dict(state)

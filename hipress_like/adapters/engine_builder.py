@@ -15,14 +15,13 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..cost_model.plan import STRATEGIES
 from .compression import resolve_compression
 from .runtime import _require, default_timeout, engine_transport
 
-__all__ = ["build_engine", "wire_dtype", "resolve_plan", "STRATEGIES"]
+__all__ = ["build_engine", "close_engine", "wire_dtype", "resolve_plan", "STRATEGIES"]
 
 log = logging.getLogger(__name__)
-
-STRATEGIES = ("ps", "ring")
 
 # Tests may swap the engine class (``factory(transport, config)``); None: the real one.
 _engine_factory: Optional[Callable[[Any, Any], Any]] = None
@@ -133,10 +132,14 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         from ..tuning.auto import auto_plan
 
         plan = auto_plan(candidates=candidates)  # profiles inside register()
+    # collective="auto" (from the argument or a plan entry) measures links in register()
+    from ..tuning.link import collective_links
+
     cfg_kwargs = dict(compressor=name, params=params, compressor_back=back,
                       params_back=back_params, strategy=strategy, plan=plan,
                       timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed),
-                      replay=replay == "1", collective=collective)
+                      replay=replay == "1", collective=collective,
+                      link_source=collective_links)
     cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
     transport = engine_transport(timeout)  # HIPRESS_TRANSPORT, else the launcher's
     try:
@@ -164,3 +167,10 @@ def specs_of(named: List[Tuple[str, torch.Tensor]]
     engine checks it before any data moves.
     """
     return [(n, tuple(p.shape), wire_dtype(p.dtype, n)) for n, p in named]
+
+
+def close_engine(engine: Any) -> None:
+    """Close ``engine`` and then the transport ``build_engine`` opened for it
+    (every face's ``close``; ``shutdown()`` calls those)."""
+    engine.close()
+    engine.transport.close()

@@ -28,13 +28,15 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
+from ..errors import HipressError
+
 __all__ = ["Launch", "LaunchError", "detect", "MPI_RANK_VARS"]
 
 MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
-class LaunchError(RuntimeError):
+class LaunchError(HipressError, RuntimeError):
     """The launcher environment is incomplete or inconsistent."""
 
 

@@ -89,11 +89,12 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
+from ..adapters import collectives as _coll
+from ..adapters import objects as _objects
 from ..adapters import runtime as _runtime
 from ..adapters.compression import Compression, CompressionSpec
-from ..adapters.torch import collectives as _coll
-from ..adapters.torch import objects as _objects
 from ..adapters.torch.gradients import resolve_names
+from ..adapters.torch.objects import broadcast_optimizer_state as _broadcast_optimizer_state
 from ..adapters.torch.optimizer import DistributedOptimizer as _DistributedOptimizer
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
 
@@ -472,7 +473,7 @@ def broadcast_parameters(params: Any, root_rank: int, prefix: str = "Parameter."
 def broadcast_optimizer_state(optimizer: Any, root_rank: int,
                               prefix: str = "Parameter.") -> None:
     """Overwrite every worker's optimizer state with ``root_rank``'s."""
-    _objects.broadcast_optimizer_state(optimizer, root_rank=root_rank)
+    _broadcast_optimizer_state(optimizer, root_rank=root_rank)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:

@@ -15,9 +15,10 @@ A compressing decision may also name how its payloads travel
 is the flexible-communication paper's selection (Sec. 3-D, Eq. 5a-5c;
 ``cost_model.collectives.select_collective``) made per gradient: for a
 top-k gradient of M bytes at ratio c among N ranks, with alpha and beta
-measured on this very transport at ``register`` (``measure``: ring steps
-for beta, one-way steps for the tree terms' ``beta_one_way``, the
-refinement ``cost_model.collectives`` explains), it becomes
+measured on this very transport at ``register`` (``measure``, by the
+config's link source: ring steps for beta, one-way steps for the tree
+terms' ``beta_one_way``, the refinement ``cost_model.collectives``
+explains), it becomes
 an Allgather of top-k values and indices (``topk``, ``collective=
 "allgather"``: LWTopk), or AR-Topk (``star_topk``, or ``var_topk`` when
 that is the compressor) whose values are summed by a ring ("ring": ART-Ring)
@@ -47,7 +48,6 @@ from ..compressors.error_feedback import needs_error_feedback, with_error_feedba
 from ..cost_model.collectives import TOPK_FAMILY, ratio_of, select_decision, topk_costs
 from ..cost_model.model import Link
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
-from .collectives import measure_link
 from .config import EngineConfig
 from .transport.base import Transport
 
@@ -187,9 +187,13 @@ class Choice:
         (collectively, inside ``register``: every rank has the same settings)."""
         if self.link is None and self.needs_link():
             t0 = time.perf_counter()
-            self.link = measure_link(transport, timeout=self.config.timeout)
-            self.link_one_way = measure_link(transport, timeout=self.config.timeout,
-                                             pattern="one_way")
+            if self.config.link_source is None:
+                raise ValueError("collective='auto' selects from alpha and beta measured on "
+                                 "this transport, but the engine was given no link source "
+                                 "(EngineConfig.link_source is None); pass link_source="
+                                 "hipress_like.tuning.collective_links, or name the collective")
+            self.link, self.link_one_way = self.config.link_source(transport,
+                                                                   self.config.timeout)
             _log.info("rank %d: link for collective='auto' measured in %.2f s: alpha %.3g s, "
                       "%.3g Gbit/s (ring steps), %.3g Gbit/s (one-way steps)", transport.rank,
                       time.perf_counter() - t0, self.link.alpha, 8e-9 / self.link.beta,

@@ -24,9 +24,9 @@ naming it, never a hang.
 Sums are taken in a fixed order and the result is forwarded as bytes, so
 every rank ends with bitwise-identical tensors.
 
-``measure_link`` fits alpha (seconds per message) and beta (seconds per
-byte) from timed ring exchanges of this very transport (``model.fit_link``),
-agreed on by every rank, so the selection is the same everywhere.
+The alpha and beta the selection needs are measured above this layer
+(``tuning.link``) and handed to the engine as its link source
+(``EngineConfig.link_source``), as its plan source is.
 
 ``topk_sync`` is the top-k synchronisation of the paper's comparison run by
 the chosen collective: "allgather" (LWTopk: every rank's values and
@@ -35,27 +35,20 @@ indices), "art_ring" and "art_tree" (AR-Topk, Alg. 1 lines 16-19).
 from __future__ import annotations
 
 import logging
-import statistics
-import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional
 
 import torch
 
 from ..compressors.ops import extract, topk_abs
 from ..compressors.sparse import num_selected
 from ..cost_model.collectives import check_collective
-from ..cost_model.model import Link, fit_link
+from .chunks import chunk_bounds
 from .transport.base import DEFAULT_TIMEOUT, Transport
 
 __all__ = ["exchange", "ring_allreduce", "tree_allreduce", "tree_broadcast",
-           "bruck_allgather", "allreduce_by", "measure_link", "topk_sync", "ALLREDUCES",
-           "DEFAULT_LINK_SIZES"]
+           "bruck_allgather", "allreduce_by", "topk_sync", "ALLREDUCES"]
 
 _log = logging.getLogger(__name__)
-
-# From 1 KB (latency dominates) to 4 MB (bandwidth dominates): both ends of the fit.
-DEFAULT_LINK_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
-
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
@@ -81,16 +74,6 @@ def exchange(tr: Transport, sends: Dict[int, torch.Tensor], recv_nbytes: Dict[in
     return {p: got[p] for p in recv_nbytes if recv_nbytes[p] and got[p] is not None}
 
 
-def _chunks(n_elems: int, n: int) -> List[Tuple[int, int]]:
-    base, extra = divmod(n_elems, n)
-    out, s = [], 0
-    for i in range(n):
-        e = s + base + (1 if i < extra else 0)
-        out.append((s, e))
-        s = e
-    return out
-
-
 def ring_allreduce(tr: Transport, tensor: torch.Tensor,
                    timeout: float = DEFAULT_TIMEOUT) -> torch.Tensor:
     """Sum ``tensor`` over ranks in place with a ring (Table I, Ring-AR).
@@ -112,7 +95,7 @@ def ring_allreduce(tr: Transport, tensor: torch.Tensor,
     if n == 1:
         return tensor
     flat = tensor.view(-1)
-    parts = _chunks(flat.numel(), n)
+    parts = chunk_bounds(flat.numel(), n)
     nxt, prv = (me + 1) % n, (me - 1) % n
     isz = flat.element_size()
     for s in range(n - 1):
@@ -254,85 +237,6 @@ def allreduce_by(name: str, tr: Transport, tensor: torch.Tensor,
         raise ValueError(f"unknown allreduce algorithm {name!r}; available: "
                          f"{', '.join(sorted(ALLREDUCES))}")
     return fn(tr, tensor, timeout)
-
-
-def measure_link(tr: Transport, sizes: Sequence[int] = DEFAULT_LINK_SIZES, reps: int = 5,
-                 timeout: float = DEFAULT_TIMEOUT, steps: int = 3,
-                 pattern: str = "ring") -> Link:
-    """Fit alpha and beta of this transport's links from timed exchanges.
-
-    1. For each size, ``reps`` times: a barrier, then ``steps`` back-to-back
-       steps of ``pattern`` with ``size`` bytes per message; the time per
-       step is kept (back-to-back steps include the skew between ranks that
-       a multi-step collective pays at every step). ``pattern`` "ring":
-       every rank sends to the next rank and receives from the previous one
-       at once (every host sends and receives: the steps of a ring
-       allreduce and of Bruck's allgather); "one_way": rank 2i sends to
-       rank 2i+1 (every host only sends or only receives: the steps of a
-       binomial tree). Where a host's sending and receiving share a
-       bottleneck (a shaped link, a shared core), one-way steps move
-       their bytes faster, and ``cost_model.collectives`` prices tree steps
-       with that beta (``beta_one_way``).
-    2. Each rank's medians are combined by an allreduce of their maximum (a
-       step lasts as long as its slowest link), so every rank fits the same
-       numbers and gets the same ``Link``.
-    3. The fit: ``model.fit_link`` (relative error, so both ends count), unless
-       it contradicts the two ends of the measurement (a bandwidth more than
-       twice the slope between the smallest and the largest size, or a
-       latency above the smallest size's time): small messages are noisy on
-       a loaded host and once gave 330 Gbit/s for a 1 Gbit/s link; then
-       alpha is the smallest size's time and beta that slope.
-
-    Args:
-        tr: the transport (2 or more ranks).
-        sizes: message sizes in bytes (two or more distinct; the largest should
-            be bandwidth-bound, ~1 MB or more).
-        reps: repetitions per size (the median is kept).
-        timeout: seconds per call.
-        steps: back-to-back steps per repetition.
-
-    Returns:
-        ``Link``: ``.alpha`` seconds per message, ``.beta`` seconds per byte.
-
-    Raises:
-        ValueError: one rank, fewer than two sizes, reps/steps < 1, or an
-            unknown pattern.
-    """
-    if tr.size < 2:
-        raise ValueError("measure_link needs at least 2 ranks: a link joins two")
-    if pattern not in ("ring", "one_way"):
-        raise ValueError(f"pattern must be 'ring' or 'one_way', found {pattern!r}")
-    if len(set(sizes)) < 2 or reps < 1 or steps < 1:
-        raise ValueError(f"measure_link needs two or more distinct sizes, reps >= 1 and "
-                         f"steps >= 1, found sizes={list(sizes)}, reps={reps}, steps={steps}")
-    sizes = sorted(int(x) for x in set(sizes))
-    me, n = tr.rank, tr.size
-    if pattern == "ring":
-        to, frm = [(me + 1) % n], [(me - 1) % n]
-    else:  # pairs (0 -> 1, 2 -> 3, ...); the last of an odd world idles
-        to = [me + 1] if me % 2 == 0 and me + 1 < n else []
-        frm = [me - 1] if me % 2 == 1 else []
-    medians = []
-    for size in sizes:
-        buf = torch.zeros(size, dtype=torch.uint8)
-        sends, recvs = {d: buf for d in to}, {s_: size for s_ in frm}
-        exchange(tr, sends, recvs, timeout)  # warm the connection
-        times = []
-        for _ in range(reps):
-            tr.barrier(timeout)
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                exchange(tr, sends, recvs, timeout)
-            times.append((time.perf_counter() - t0) / steps)
-        medians.append(statistics.median(times))
-    agreed = tr.allreduce(torch.tensor(medians, dtype=torch.float64), "max", timeout).tolist()
-    link = fit_link(sizes, agreed)
-    slope = (agreed[-1] - agreed[0]) / (sizes[-1] - sizes[0])
-    if slope > 0 and (link.beta < slope / 2 or link.alpha > agreed[0]):
-        link = Link(latency=max(0.0, agreed[0] - sizes[0] * slope), bandwidth=1.0 / slope)
-    _log.info("measured link (%s): alpha %.3g s, beta %.3g s/B (%.3g Gbit/s)", pattern,
-              link.alpha, link.beta, 8e-9 / link.beta)
-    return link
 
 
 def topk_sync(tr: Transport, grad: torch.Tensor, ratio: float, collective: str, *,

@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import msgpack
 
-from ..cost_model.plan import Plan, check_collective_name
+from ..cost_model.plan import STRATEGIES, Plan, check_collective_name
 from .errors import ConfigMismatchError
 from .transport.base import DEFAULT_TIMEOUT
 
@@ -93,7 +93,13 @@ class EngineConfig:
             flexible-communication paper's selector (Eq. 5a-5c) picks per
             top-k gradient between Allgather (``topk``), ART-Ring and
             ART-Tree (``star_topk``/``var_topk``), from alpha and beta this
-            transport measures at ``register``.
+            transport measures at ``register`` (``link_source``).
+        link_source: what measures the links for ``collective="auto"``: a
+            callable ``source(transport, timeout) -> (ring Link, one-way
+            Link)`` called once, collectively, in ``register``. The engine
+            never imports a measurement: the front ends pass
+            ``hipress_like.tuning.collective_links``, as they pass a plan
+            source for ``plan="auto"``.
         seed: base of every compressor's RNG seed.
         threads: run compute and communication on background threads
             (overlap); False runs everything inside ``synchronize``
@@ -145,9 +151,10 @@ class EngineConfig:
     # become none for VGG-style + Ring/PS + PowerSGD (replay.py)
     replay: bool = True
     collective: Optional[str] = None
+    link_source: Any = None
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("ps", "ring"):
+        if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be 'ps' or 'ring', found {self.strategy!r}")
         if self.nonfinite not in ("propagate", "skip", "raise", "ignore"):
             raise ValueError(f"nonfinite must be 'propagate', 'skip', 'raise' or 'ignore', "
@@ -167,6 +174,10 @@ class EngineConfig:
         if self.compressor_back is None and self.params_back:
             raise ValueError(f"params_back {dict(self.params_back)} given without a "
                              "compressor_back")
+        if self.link_source is not None and not callable(self.link_source):
+            raise ValueError(f"link_source must be a callable source(transport, timeout) -> "
+                             f"(ring Link, one-way Link), found {self.link_source!r}; pass "
+                             "hipress_like.tuning.collective_links")
         if self.plan == "auto":
             raise ValueError("EngineConfig(plan='auto'): the engine takes a plan source, not "
                              "the string; pass plan=hipress_like.tuning.auto_plan() (what the "

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..errors import HipressError
+
 __all__ = ["EngineError", "GradientMismatchError", "ConfigMismatchError"]
 
 
-class EngineError(RuntimeError):
+class EngineError(HipressError, RuntimeError):
     """Synchronisation failed (on this rank or a peer); the engine is unusable after it.
 
     Attributes:

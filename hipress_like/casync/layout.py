@@ -35,6 +35,7 @@ import torch
 
 from ..compressors.base import Compressor
 from ..cost_model.plan import GradientPlan
+from .chunks import chunk_bounds
 from .lane import LaneBucket, plan_lane_buckets
 
 __all__ = ["Workflow", "GradLayout", "Layout", "KEY_LIMITS", "msg_key", "digest_of",
@@ -190,17 +191,6 @@ def msg_key(g: int, p: int, phase: int, src: int) -> int:
 def digest_of(idx: int) -> int:
     """A gradient's fingerprint in a step's digest (XOR of the submitted ones)."""
     return (idx * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & ((1 << 62) - 1)
-
-
-def chunk_bounds(n: int, k: int) -> List[Tuple[int, int]]:
-    """Split ``n`` elements into ``k`` contiguous near-equal (start, end) ranges."""
-    base, extra = divmod(n, k)
-    out, start = [], 0
-    for i in range(k):
-        end = start + base + (1 if i < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def row_chunks(shape: Sequence[int], k: int) -> List[Tuple[int, int]]:

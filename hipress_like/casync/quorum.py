@@ -65,6 +65,7 @@ import torch
 
 from ..compressors.base import CONTRIBUTORS, STEP_SEED, Compressor, State, mix_seed
 from ..compressors.params import check_int, check_real
+from ..errors import HipressError
 
 __all__ = ["Quorum", "QuorumLane", "QuorumError", "check_compressor"]
 
@@ -79,7 +80,7 @@ _instances = itertools.count()
 _MOVED = ("moved",)  # ``_close``: load_state_dict moved the step count
 
 
-class QuorumError(RuntimeError):
+class QuorumError(HipressError, RuntimeError):
     """The lane failed (a peer vanished, a payload was refused); training cannot go on."""
 
 

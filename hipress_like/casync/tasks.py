@@ -26,6 +26,8 @@ import time
 from enum import Enum
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from ..errors import HipressError
+
 __all__ = ["Task", "TaskGraph", "Kind", "TaskState", "CycleError", "DeadlockError",
            "COMPUTE_KINDS", "COMM_KINDS"]
 
@@ -62,7 +64,7 @@ COMPUTE_KINDS = frozenset({Kind.ENCODE, Kind.DECODE, Kind.MERGE, Kind.WRITE})
 COMM_KINDS = frozenset({Kind.SEND, Kind.RECV, Kind.ALLREDUCE})
 
 
-class CycleError(RuntimeError):
+class CycleError(HipressError, RuntimeError):
     """Adding a dependency would close a cycle; ``path`` lists the tasks."""
 
     def __init__(self, path: List["Task"]):
@@ -70,7 +72,7 @@ class CycleError(RuntimeError):
         super().__init__("dependency cycle: " + " -> ".join(t.label for t in path))
 
 
-class DeadlockError(RuntimeError):
+class DeadlockError(HipressError, RuntimeError):
     """Tasks wait on dependencies that can never finish; ``path`` shows one chain."""
 
     def __init__(self, path: List["Task"], detail: str = ""):

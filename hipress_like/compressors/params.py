@@ -21,10 +21,12 @@ import math
 import numbers
 from typing import Any, Optional, Sequence
 
+from ..errors import HipressError
+
 __all__ = ["ParamError", "ParamTypeError", "check_real", "check_int", "check_bool"]
 
 
-class ParamError(ValueError):
+class ParamError(HipressError, ValueError):
     """A compressor parameter has a value out of its range."""
 
 

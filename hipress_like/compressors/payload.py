@@ -27,6 +27,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
+from ..errors import HipressError
+
 __all__ = ["HEADER_VERSION", "PayloadError", "Header", "PayloadPool", "pack_payload",
            "unpack_payload", "unpack_fields", "check_body_nbytes", "header_nbytes",
            "FLOAT_DTYPES"]
@@ -46,7 +48,7 @@ _DTYPE_OF = {v: k for k, v in _DTYPES.items()}
 FLOAT_DTYPES = tuple(_DTYPES)
 
 
-class PayloadError(ValueError):
+class PayloadError(HipressError, ValueError):
     """A payload is malformed: truncated, foreign, another version, wrong size."""
 
 

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..errors import HipressError
+
 __all__ = ["FORMAT", "VERSION", "SOLVER", "TABLE_DIR", "MAX_GRANULARITY", "Table",
            "TableError", "t_p", "interval_cost", "objective", "solve", "from_json",
            "load", "dump", "file_name", "shipped", "shipped_tables"]
@@ -61,7 +63,7 @@ _REQUIRED = ("format", "version", "bits", "granularity", "p", "t_p", "values", "
 _OPTIONAL = ("source",)
 
 
-class TableError(ValueError):
+class TableError(HipressError, ValueError):
     """A THC table file is malformed, or is for other parameters than asked for."""
 
 

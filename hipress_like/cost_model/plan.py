@@ -46,6 +46,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
+from ..errors import HipressError
 from ._files import load_json
 
 __all__ = ["GradientPlan", "SizeRule", "Plan", "PLAN_FORMAT", "PLAN_VERSION", "PlanError",
@@ -87,7 +88,7 @@ def canonical_params(params: Any, where: str = "params") -> Dict[str, Any]:
     return out
 
 
-class PlanError(ValueError):
+class PlanError(HipressError, ValueError):
     """A plan file or object is invalid."""
 
 

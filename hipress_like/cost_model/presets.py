@@ -20,7 +20,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, Dict, List, Tuple
 
-__all__ = ["PRESETS", "preset", "available", "from_module", "from_json"]
+__all__ = ["PRESETS", "preset", "available", "from_module", "from_json", "load_module"]
 
 Sizes = List[Tuple[str, int]]
 _F32 = 4
@@ -136,12 +136,11 @@ def preset(name: str, scale: float = 1.0) -> Sizes:
     return [(n, max(_F32, int(round(s * scale / _F32)) * _F32)) for n, s in sizes]
 
 
-def from_module(spec: str) -> Sizes:
-    """Gradient sizes of an importable torch module, ``"package.module:attr"``.
+def load_module(spec: str) -> Any:
+    """Import and build the torch module of ``"package.module:attr"``.
 
     ``attr`` may be an ``nn.Module`` instance, or a class or function called
-    without arguments to build one; every parameter that requires a gradient
-    counts, at its own dtype's size.
+    without arguments to build one.
 
     Raises:
         ValueError: the spec is malformed, cannot be imported, or is not a module.
@@ -166,6 +165,18 @@ def from_module(spec: str) -> Sizes:
             raise ValueError(f"{spec!r} must build a module without arguments: {e}") from e
     if not isinstance(obj, torch.nn.Module):
         raise ValueError(f"{spec!r} is a {type(obj).__name__}, not a torch.nn.Module")
+    return obj
+
+
+def from_module(spec: str) -> Sizes:
+    """Gradient sizes of an importable torch module, ``"package.module:attr"``
+    (``load_module``): every parameter that requires a gradient counts, at its
+    own dtype's size.
+
+    Raises:
+        ValueError: the spec is malformed, cannot be imported, or is not a module.
+    """
+    obj = load_module(spec)
     sizes = [(n, p.numel() * p.element_size()) for n, p in obj.named_parameters()
              if p.requires_grad and p.numel() > 0]
     if not sizes:

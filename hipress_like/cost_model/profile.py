@@ -41,6 +41,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..errors import HipressError
 from ._files import load_json
 from .collectives import ring_allreduce
 from .model import CATEGORIES, Curve, Link
@@ -64,7 +65,7 @@ PROFILE_VERSION = 1
 Progress = Optional[Callable[[Iterable[Any], str, int], Iterable[Any]]]
 
 
-class ProfileError(ValueError):
+class ProfileError(HipressError, ValueError):
     """A profile file or object is invalid."""
 
 

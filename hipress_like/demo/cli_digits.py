@@ -3,7 +3,7 @@
 ``python -m hipress_like.demo`` (or ``./run.sh``) trains the same small CNN
 on scikit-learn's bundled digits (1797 real 8x8 images, 80/20 train/test
 split, no download) twice with ``hipress_like.torch``, its workers in network
-namespaces over emulated 1 Gbit/s links (``casync/netem``; ``--net``; as
+namespaces over emulated 1 Gbit/s links (``launch/netem``; ``--net``; as
 root, else on loopback, said in one line):
 
 1. with CaSync compression (default: PowerSGD rank 4 with its error
@@ -279,7 +279,7 @@ def _run(cfg: DigitsConfig, workers: int, timeout: float, netns: bool = False
          ) -> List[Dict[str, Any]]:
     import importlib
 
-    from hipress_like.casync.launch import run_workers
+    from hipress_like.launch.launch import run_workers
 
     # By module name, so the workers import it even when this file runs as __main__.
     fn = importlib.import_module("hipress_like.demo.cli_digits").train_digits
@@ -306,7 +306,7 @@ def _network(net: str, workers: int) -> Tuple[bool, str]:
     can; else say why in one line and use loopback. Returns (in namespaces?, where)."""
     if net.lower() in LOOPBACK:
         return False, "loopback (--net none)"
-    from hipress_like.casync import netem
+    from hipress_like.launch import netem
 
     why = emulation_blocker()
     if why is None:
@@ -385,7 +385,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if ns.plan not in ("auto", "all") and not os.path.isfile(ns.plan):
         ap.error(f"--plan must be 'auto', 'all' or a plan file; {ns.plan!r} is none of them")
     if ns.net.lower() not in LOOPBACK:
-        from hipress_like.casync import netem
+        from hipress_like.launch import netem
 
         try:
             netem.rate_bits(ns.net)
@@ -436,7 +436,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "compressed": f"{len(r0['compressed'])}/{r0['gradients']}"})
     finally:
         if netns:
-            from hipress_like.casync import netem
+            from hipress_like.launch import netem
 
             netem.down()
     base = float(rows[-1]["train time s"])

@@ -276,7 +276,7 @@ class AdaptiveCR:
             ``restore`` puts one back (``snapshot_torch`` builds both for a model
             and optimizer).
         measure_link: a collective returning the link's ``(alpha, beta)``
-            (e.g. from ``casync.collectives.measure_link``), or None to trigger
+            (e.g. from ``tuning.link.measure_link``), or None to trigger
             on the gain alone.
         agree: make a list of floats equal on every rank (an allreduce mean);
             the identity for one process.

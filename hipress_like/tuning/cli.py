@@ -191,7 +191,7 @@ def _cmd_profile(a: argparse.Namespace) -> int:
     if a.nprocs and a.from_env:
         raise CLIError("--nprocs and --from-env exclude each other")
     if a.nprocs:
-        from ..casync.launch import run_workers
+        from ..launch.launch import run_workers
 
         res = run_workers(_profile_worker, a.nprocs, a.backend,
                           args=(specs, sizes, link_sizes, a.repeats, given, a.quiet,
@@ -352,6 +352,16 @@ def load_measurements(path: str) -> Dict[str, Any]:
     return d
 
 
+def _save(plt, fig, ax, path: str) -> str:
+    """Grid, legend, tight layout, then ``path`` (PNG, 120 dpi); returns ``path``."""
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _cmd_report(a: argparse.Namespace) -> int:
     import matplotlib
 
@@ -396,12 +406,7 @@ def _cmd_report(a: argparse.Namespace) -> int:
             errors.append(abs(f(r["nbytes"], int(r["partitions"])) / r["measured_s"] - 1))
     ax.set(xscale="log", yscale="log", xlabel="gradient size (MB)",
            ylabel="synchronisation time (ms)", title=f"Predicted vs measured sync time: {title}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    p1 = os.path.join(a.out_dir, "sync_time.png")
-    fig.tight_layout()
-    fig.savefig(p1, dpi=120)
-    plt.close(fig)
+    p1 = _save(plt, fig, ax, os.path.join(a.out_dir, "sync_time.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(xs, [c.k_cpr for c in choices], "rs-", label="model: best K with compression")
@@ -412,12 +417,7 @@ def _cmd_report(a: argparse.Namespace) -> int:
                     label="measured: best K with compression")
     ax.set(xscale="log", xlabel="gradient size (MB)", ylabel="partitions K",
            title=f"Chosen number of partitions: {title}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    p2 = os.path.join(a.out_dir, "partitions.png")
-    fig.tight_layout()
-    fig.savefig(p2, dpi=120)
-    plt.close(fig)
+    p2 = _save(plt, fig, ax, os.path.join(a.out_dir, "partitions.png"))
     print(f"wrote {p1}")
     print(f"wrote {p2}")
     if errors:

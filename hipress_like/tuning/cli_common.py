@@ -12,12 +12,13 @@ import re
 from typing import Dict, List, Tuple
 
 from ..cost_model.presets import PRESETS, from_json, from_module, preset
+from ..errors import HipressError
 
 __all__ = ["CLIError", "parse_bytes", "parse_bandwidth", "parse_seconds", "format_bytes",
            "model_sizes"]
 
 
-class CLIError(ValueError):
+class CLIError(HipressError, ValueError):
     """Bad command-line input; printed as one line, exit code 2."""
 
 

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..cost_model import presets
+
 __all__ = ["ComputeTimeline", "ComputeLoad", "measure_compute", "load_module",
            "infer_input_shape", "host_busy"]
 
@@ -267,37 +269,19 @@ def measure_compute(module: Any, input_shape: Sequence[int], *, ranks: int = 1,
 
 
 def load_module(spec: str) -> Any:
-    """Import and build the torch module of ``"package.module:attr"``.
-
-    ``attr`` may be a module instance, or a class or function called without
-    arguments (as ``cost_model.presets.from_module`` reads it).
+    """Import and build the torch module of ``"package.module:attr"``
+    (``cost_model.presets.load_module``), with what to pass instead on failure.
 
     Raises:
         ValueError: the spec does not import or does not give a module (the
             message says what to pass instead).
     """
-    import importlib
-
-    import torch
-
     hint = ("give a preset, sizes like 4MB,16MB, a JSON file, or an importable "
             "package.module:attr (its folder on PYTHONPATH)")
-    mod_name, _, attr = spec.partition(":")
     try:
-        obj: Any = importlib.import_module(mod_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"cannot import model {spec!r} ({e}); {hint}") from e
-    if not isinstance(obj, torch.nn.Module) and callable(obj):
-        try:
-            obj = obj()
-        except TypeError as e:
-            raise ValueError(f"{spec!r} must build a module without arguments ({e}); "
-                             f"{hint}") from e
-    if not isinstance(obj, torch.nn.Module):
-        raise ValueError(f"{spec!r} is a {type(obj).__name__}, not a torch.nn.Module; {hint}")
-    return obj
+        return presets.load_module(spec)
+    except ValueError as e:
+        raise ValueError(f"{e}; {hint}") from e
 
 
 def infer_input_shape(module: Any, batch: int) -> Tuple[int, ...]:

@@ -5,7 +5,7 @@ rounds over a real transport, and synchronisations through the CaSync
 engine, and fills the ``cost_model.profile.Profile`` the pure planner reads.
 It sits above ``casync`` (it drives engines), below the front ends. The
 timings of whole engine synchronisations live in ``engine_timing.py`` and
-are re-exported here.
+are re-exported here, and so is the one link measurement (``link.py``).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from .engine_timing import (  # noqa: F401 (part of this module's interface)
     profile_shape,
     time_engine_steps,
 )
+from .link import measure_link  # noqa: F401 (part of this module's interface)
 
 __all__ = [
     "candidate",
@@ -252,90 +253,6 @@ def _curve_by_payload(payloads: Sequence[int], times: Sequence[float]) -> Curve:
         pts[p] = max(pts.get(p, 0.0), times[i])
     xs = sorted(pts)
     return Curve(tuple(xs), tuple(pts[x] for x in xs))
-
-
-def measure_link(
-    transport: Any,
-    sizes: Optional[Sequence[int]] = None,
-    *,
-    repeats: int = 5,
-    timeout: float = 300.0,
-    progress: Progress = None,
-    pattern: str = "all",
-    round_meta_bytes: int = 0,
-) -> Tuple[Link, Tuple[Tuple[int, float], ...]]:
-    """Fit ``T_send`` over a transport. Collective: every rank must call it.
-
-    1. For each size, one bulk round: an ``allgather`` of ``round_meta_bytes``
-       (CaSync's coordinator reports; 0 skips it), then one ``alltoallv`` in
-       which every rank sends ``size`` bytes to its ring successor
-       (``pattern="all"``, every link busy) or only rank 0 sends to rank 1
-       (``pattern="one"``); ``pattern="allreduce"`` times the transport's
-       allreduce of ``size`` bytes instead (what the engine's collective lane
-       runs), so its fit is Table I's Ring-AR ``2(N-1) alpha + 2(N-1)/N m
-       beta`` with the constants measured as a whole. The slowest rank's
-       time counts.
-    2. Medians over ``repeats`` are fitted to ``latency + bytes/bandwidth``.
-    3. Rank 0's fit is broadcast, so every rank returns identical numbers.
-
-    Args:
-        transport: a ``Transport`` (rank, size, alltoallv, allgather, allreduce,
-            broadcast, barrier).
-        sizes: message sizes in bytes (default 4 KB .. 16 MB).
-        repeats: timed rounds per size.
-        timeout: seconds for each collective.
-        progress: ``progress(iterable, desc, total)`` wrapper (rank 0 only).
-        pattern: "all" or "one" busy link(s), or "allreduce".
-        round_meta_bytes: metadata allgathered before each round.
-
-    Returns:
-        (link, samples) where samples are (bytes, seconds) medians.
-
-    Raises:
-        ValueError: a single rank (no link to measure) or an unknown pattern.
-    """
-    n, rank = transport.size, transport.rank
-    if n < 2:
-        raise ValueError("measuring a link needs at least 2 ranks; pass latency and "
-                         "bandwidth instead")
-    if pattern not in ("all", "one", "allreduce"):
-        raise ValueError(f"pattern must be 'all', 'one' or 'allreduce', found {pattern!r}")
-    sizes = list(sizes or log_sizes(4 << 10, 16 << 20))
-    dst, src = (rank + 1) % n, (rank - 1) % n
-    if pattern == "one":
-        dst, src = (1 if rank == 0 else -1), (0 if rank == 1 else -1)
-    meta = torch.zeros(max(1, round_meta_bytes // 8), dtype=torch.int64)
-    samples: List[Tuple[int, float]] = []
-    for nbytes in _iterate(sizes, progress if rank == 0 else None, f"link ({pattern})"):
-        send: List[Optional[torch.Tensor]] = [None] * n
-        recv = [0] * n
-        values = None
-        if pattern == "allreduce":
-            values = torch.zeros(max(1, nbytes // 4))
-        else:
-            if dst >= 0:
-                send[dst] = torch.zeros(nbytes, dtype=torch.uint8)
-            if src >= 0:
-                recv[src] = nbytes
-        ts = []
-        for i in range(repeats + 1):
-            transport.barrier(timeout)
-            t0 = time.perf_counter()
-            if round_meta_bytes:
-                transport.allgather(meta, timeout)
-            if values is not None:
-                transport.allreduce(values, "sum", timeout)
-            else:
-                transport.alltoallv(send, recv, timeout)
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            transport.allreduce(dt, "max", timeout)
-            if i:  # the first exchange warms up connections and buffers
-                ts.append(float(dt.item()))
-        samples.append((nbytes, statistics.median(ts)))
-    link = fit_link([s for s, _ in samples], [t for _, t in samples])
-    agreed = torch.tensor([link.latency, link.bandwidth], dtype=torch.float64)
-    transport.broadcast(agreed, 0, timeout)
-    return Link(latency=float(agreed[0]), bandwidth=float(agreed[1])), tuple(samples)
 
 
 def profile_transport(

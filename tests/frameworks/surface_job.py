@@ -168,7 +168,7 @@ def collectives_ride_horovod():
     # Horovod's own handle counter moves when ours run
     import horovod.torch as real
 
-    from hipress_like.adapters.torch.collectives import _Wire
+    from hipress_like.adapters.collectives import _Wire
 
     assert _Wire().hvd is real
     h = real.allreduce_async(torch.zeros(1), name="probe.before")

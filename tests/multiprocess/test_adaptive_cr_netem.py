@@ -33,7 +33,6 @@ def _train(ctx, flags, before, after):
     import torch.nn.functional as F
 
     import hipress_like.torch as hpt
-    from hipress_like.casync import collectives as col
     from hipress_like.demo.cli_digits import (
         COMMUNICATION_KINDS,
         COMPRESSION_KINDS,
@@ -48,6 +47,7 @@ def _train(ctx, flags, before, after):
         set_ratio,
         snapshot_torch,
     )
+    from hipress_like.tuning.link import measure_link
 
     logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(1)
@@ -88,7 +88,8 @@ def _train(ctx, flags, before, after):
         return (t / size).tolist()
 
     def link():
-        li = col.measure_link(tr, sizes=(1 << 10, 1 << 16, 1 << 20), reps=3, timeout=120)
+        li, _ = measure_link(tr, sizes=(1 << 10, 1 << 16, 1 << 20), repeats=3, timeout=120,
+                             steps=3)
         return li.alpha, li.beta
 
     checkpoint, restore = snapshot_torch(
@@ -120,7 +121,7 @@ def _train(ctx, flags, before, after):
 
 def _set_rate(n, rate):
     """Every link of the emulated network to ``rate`` (both directions), as netem.up does."""
-    from hipress_like.casync.netem import rate_bits
+    from hipress_like.launch.netem import rate_bits
 
     burst = str(max(rate_bits(rate) // 4000, 32768))
     for i in range(n):
@@ -133,8 +134,8 @@ def _set_rate(n, rate):
 def test_bandwidth_drop_switches_the_cr_and_says_why():
     if os.geteuid() != 0 or shutil.which("tc") is None:
         pytest.skip("network emulation needs root and iproute2")
-    from hipress_like.casync import netem
-    from hipress_like.casync.launch import run_workers
+    from hipress_like.launch import netem
+    from hipress_like.launch.launch import run_workers
 
     n = 4
     flags = tempfile.mkdtemp(prefix="adaptive-cr-")

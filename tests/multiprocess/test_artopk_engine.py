@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from hipress_like.casync.engine import Engine, EngineConfig
-from hipress_like.casync.launch import run_workers
 from hipress_like.compressors.artopk import STARTopk, VARTopk, fuse
 from hipress_like.cost_model.plan import Plan, SizeRule
+from hipress_like.launch.launch import run_workers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))

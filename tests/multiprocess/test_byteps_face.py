@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hipress_like.casync.launch import run_workers
+from hipress_like.launch.launch import run_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "byteps_digits.py"

@@ -12,9 +12,9 @@ import torch
 
 import hipress_like as hp
 from hipress_like.casync.engine import Engine, EngineConfig
-from hipress_like.casync.launch import WorkerError, run_workers
 from hipress_like.casync.workflows import chunk_bounds
 from hipress_like.cost_model.plan import Plan, SizeRule
+from hipress_like.launch.launch import WorkerError, run_workers
 
 SIZES = [1, 7, 8, 1001, 65537, 250_003]
 

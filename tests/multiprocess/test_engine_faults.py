@@ -26,8 +26,8 @@ import torch
 
 import hipress_like as hp
 from hipress_like.casync.engine import Engine, EngineConfig
-from hipress_like.casync.launch import WorkerError, run_workers
 from hipress_like.cost_model.plan import GradientPlan, Plan, SizeRule
+from hipress_like.launch.launch import WorkerError, run_workers
 
 SHAPES = [(3,), (64, 33), (40, 40), (128, 20), (257,), (96, 64)]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hipress_like.casync.launch import run_workers
 from hipress_like.casync.transport.inproc import run_threads
+from hipress_like.launch.launch import run_workers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rounds_compressors import OwnerTopk, RangeQuant, run_rounds  # noqa: E402

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from hipress_like.casync import collectives as col
-from hipress_like.casync.launch import run_workers
 from hipress_like.casync.transport.base import TransportError
+from hipress_like.launch.launch import run_workers
+from hipress_like.tuning.link import measure_link
 
 
 def _data(rank, numel):
@@ -25,8 +26,8 @@ def _work(ctx, numel):
             "gather": col.bruck_allgather(tr, x(), 30),
             "topk": {c: col.topk_sync(tr, g, 0.01, c, owner=2, timeout=30)
                      for c in ("allgather", "art_ring", "art_tree")},
-            "link": tuple(vars(col.measure_link(tr, sizes=(1 << 10, 1 << 18), reps=3,
-                                                timeout=30)).values())}
+            "link": tuple(vars(measure_link(tr, sizes=(1 << 10, 1 << 18), repeats=3,
+                                            timeout=30, steps=3)[0]).values())}
 
 
 def test_p2p_collectives_over_gloo():

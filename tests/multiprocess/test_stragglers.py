@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 import pytest
 
-from hipress_like.casync.launch import run_workers
 from hipress_like.demo.stragglers import StragglerConfig, train_straggling
+from hipress_like.launch.launch import run_workers
 
 
 def test_thc_under_a_quorum_drops_the_stragglers_late_gradients_and_stays_identical():

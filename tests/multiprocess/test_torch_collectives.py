@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 import hipress_like.torch as hpt
-from hipress_like.casync.launch import run_workers
+from hipress_like.launch.launch import run_workers
 
 
 def collectives_worker(ctx):

@@ -11,8 +11,8 @@ from dataclasses import asdict
 import pytest
 
 import hipress_like as hp
-from hipress_like.casync.launch import run_workers
 from hipress_like.demo import DigitsConfig, train_digits
+from hipress_like.launch.launch import run_workers
 
 EPOCHS = 10
 

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 import hipress_like.torch as hpt
-from hipress_like.casync.launch import run_workers
 from hipress_like.cost_model import Plan, SizeRule
+from hipress_like.launch.launch import run_workers
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool]

@@ -16,8 +16,8 @@ from torch import nn
 
 import hipress_like as hp
 import hipress_like.torch as hpt
-from hipress_like.casync.launch import WorkerError, run_workers
 from hipress_like.cost_model import Plan, SizeRule
+from hipress_like.launch.launch import WorkerError, run_workers
 
 _ALIASES = {"none", "ef", "error_feedback"}
 

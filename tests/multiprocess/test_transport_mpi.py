@@ -4,8 +4,8 @@ import shutil
 import pytest
 import torch
 
-from hipress_like.casync.launch import run_workers
 from hipress_like.casync.transport import PeerError, TransportError
+from hipress_like.launch.launch import run_workers
 
 pytestmark = pytest.mark.mpi
 

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from hipress_like.casync.launch import WorkerError, run_workers
 from hipress_like.casync.transport import PeerError, TransportError
+from hipress_like.launch.launch import WorkerError, run_workers
 
 
 def _payload(src: int, dst: int) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Eq. 4a/4b/5a-5c of the flexible-communication paper on hand-computed cases, the
 selection against the argmin of the costs, and the point-to-point collectives
-(casync/collectives.py) on in-process ranks against exact sums."""
+(casync/collectives.py) on in-process ranks against exact sums; the link measurement
+the selection reads (tuning/link.py)."""
 import math
 import random
 
@@ -10,6 +11,7 @@ import torch
 from hipress_like.casync import collectives as col
 from hipress_like.casync.transport.inproc import run_threads
 from hipress_like.cost_model import collectives as cm
+from hipress_like.tuning.link import collective_links, measure_link
 
 # M = 1 MB, N = 4, alpha = 1 ms, beta = 1 ns/B (8 Gbit/s), c = 0.1: Mc beta = 0.1 ms.
 CASE = dict(m=1e6, n=4, alpha=1e-3, beta=1e-9, c=0.1)
@@ -150,12 +152,12 @@ def test_topk_sync_bad_input(bad, match):
 
 
 def test_measure_link_agrees_on_every_rank():
-    res = run_threads(lambda tr: col.measure_link(tr, sizes=(1 << 10, 1 << 16), reps=2,
-                                                  timeout=10), 3)
+    res = run_threads(lambda tr: measure_link(tr, sizes=(1 << 10, 1 << 16), repeats=2,
+                                              timeout=10, steps=3)[0], 3)
     assert res[0] == res[1] == res[2]
     assert res[0].alpha >= 0 and res[0].beta > 0
     with pytest.raises(ValueError, match="at least 2 ranks"):
-        run_threads(lambda tr: col.measure_link(tr), 1)
+        run_threads(lambda tr: measure_link(tr), 1)
 
 
 def test_one_way_beta_by_hand():
@@ -187,11 +189,20 @@ def test_one_way_beta_can_pick_the_tree_that_eq5c_never_picks_at_four_ranks():
 
 def test_measure_link_one_way_pairs_ranks():
     """Rank 2i sends to 2i+1 (an odd world's last rank idles); every rank agrees."""
-    res = run_threads(lambda tr: col.measure_link(tr, sizes=(1 << 10, 1 << 16), reps=2,
-                                                  timeout=10, pattern="one_way"), 3)
+    res = run_threads(lambda tr: measure_link(tr, sizes=(1 << 10, 1 << 16), repeats=2,
+                                              timeout=10, pattern="one_way", steps=3)[0], 3)
     assert res[0] == res[1] == res[2] and res[0].beta > 0
-    with pytest.raises(ValueError, match="pattern must be 'ring' or 'one_way'"):
-        run_threads(lambda tr: col.measure_link(tr, pattern="star"), 2)
+    with pytest.raises(ValueError, match="pattern must be one of"):
+        run_threads(lambda tr: measure_link(tr, pattern="star"), 2)
+
+
+def test_collective_links_is_the_engines_link_source():
+    """The front ends' link source: ring then one-way links, equal on every rank."""
+    res = run_threads(lambda tr: collective_links(tr, 10, sizes=(1 << 10, 1 << 16),
+                                                  repeats=2, steps=2), 3)
+    assert res[0] == res[1] == res[2]
+    ring, one_way = res[0]
+    assert ring.beta > 0 and one_way.beta > 0
 
 
 def test_docstring_examples():

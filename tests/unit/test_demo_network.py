@@ -66,8 +66,8 @@ def test_root_can_emulate_and_others_are_told_why():
 
 @pytest.mark.netem
 def test_root_brings_the_workers_links_up_and_down():
-    from hipress_like.casync import netem
     from hipress_like.demo.cli_digits import _network
+    from hipress_like.launch import netem
 
     if emulation_blocker() is not None:
         pytest.skip(emulation_blocker())

@@ -11,6 +11,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "hipress_like.casync.chunks",
     "hipress_like.casync.config",
     "hipress_like.casync.lane",
     "hipress_like.casync.nonfinite",
@@ -32,7 +33,9 @@ MODULES = [
     "hipress_like.cost_model.presets",
     "hipress_like.cost_model.profile",
     "hipress_like.tuning.advise",
+    "hipress_like.errors",
     "hipress_like.tuning.engine_timing",
+    "hipress_like.tuning.link",
     "hipress_like.tuning.step_model",
 ]
 

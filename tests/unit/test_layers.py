@@ -1,17 +1,19 @@
 """Imports run one way, and no module imports another that imports it back.
 
-The layers, lowest first (DESIGN.md): compressors < cost_model < casync <
-tuning < adapters < the faces (hipress_like/torch.py, demo/, and the faces
-to come). The test reads every module's source with ``ast`` (nothing is
-imported), resolves relative imports, counts imports inside functions too
-(a lazy import is still a dependency), and skips ``if TYPE_CHECKING:``
-blocks (they never run).
+The layers, lowest first (DESIGN.md): errors (the one error base, which
+imports nothing) < compressors < cost_model < casync < launch and tuning (one
+floor: neither is below the other) < adapters < the faces
+(hipress_like/torch.py, demo/, and the faces to come). The test reads every
+module's source with ``ast`` (nothing is imported), resolves relative
+imports, counts imports inside functions too (a lazy import is still a
+dependency), and skips ``if TYPE_CHECKING:`` blocks (they never run).
 """
 import ast
 import pathlib
 
 PKG = pathlib.Path(__file__).resolve().parents[2] / "hipress_like"
-LAYERS = ["compressors", "cost_model", "casync", "tuning", "adapters"]  # then the faces
+LAYERS = [{"errors"}, {"compressors"}, {"cost_model"}, {"casync"}, {"launch", "tuning"},
+          {"adapters"}]  # then the faces
 
 
 def _module_name(path: pathlib.Path, pkg: pathlib.Path = PKG) -> str:
@@ -66,7 +68,7 @@ def _layer(mod: str) -> int:
     parts = mod.split(".")
     if len(parts) == 1:
         return -1  # hipress_like/__init__.py re-exports
-    return LAYERS.index(parts[1]) if parts[1] in LAYERS else len(LAYERS)
+    return next((i for i, floor in enumerate(LAYERS) if parts[1] in floor), len(LAYERS))
 
 
 def upward_imports(pkg: pathlib.Path = PKG):
@@ -131,3 +133,24 @@ def test_the_checks_see_a_lazy_circle_through_layers(tmp_path):
                for u in upward_imports(pkg))
     cyc = import_cycles(pkg)
     assert len(cyc) == 1 and "engine.py:2" in cyc[0] and "profiler.py:2" in cyc[0], cyc
+
+
+def test_the_launcher_sits_above_the_scheduler():
+    """casync never imports launch (the launcher moved out of the scheduler, issue 44)."""
+    _, edges = _graph()
+    bad = [f"{m} imports {t}" for m, deps in edges.items() for t in deps
+           if m.startswith("hipress_like.casync") and t.startswith("hipress_like.launch")]
+    assert not bad, bad
+    assert _layer("hipress_like.launch.netem") == _layer("hipress_like.tuning.profiler")
+    assert _layer("hipress_like.casync.engine") < _layer("hipress_like.launch.launch")
+
+
+def test_no_face_imports_another_face():
+    """The TensorFlow and MXNet adapters use the framework-neutral collectives
+    (adapters/collectives.py, objects.py, ordering.py), never adapters/torch."""
+    files, edges = _graph()
+    bad = [f"{files[m].relative_to(PKG.parent)}:{line} imports {t}"
+           for m, deps in edges.items() for t, line in deps.items()
+           if m.startswith(("hipress_like.adapters.tensorflow", "hipress_like.adapters.mxnet"))
+           and (t == "hipress_like.adapters.torch" or t.startswith("hipress_like.adapters.torch."))]
+    assert not bad, "a face imports the torch face:\n" + "\n".join(bad)

@@ -11,6 +11,7 @@ tree sums in its own order).
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from hipress_like.compressors.ops import topk_abs
 from hipress_like.compressors.sparse import num_selected
 from hipress_like.cost_model.model import Link
 from hipress_like.cost_model.plan import GradientPlan, Plan, PlanError, SizeRule
+from hipress_like.tuning.link import collective_links
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rounds_compressors as rc  # noqa: E402
@@ -73,7 +75,8 @@ def _auto(tr):
     plan = Plan(compressor="identity", rule=SizeRule(min_compress_bytes=0,
                                                      bytes_per_partition=1 << 30))
     eng = Engine(tr, EngineConfig(compressor="star_topk", params={"ratio": 0.05}, plan=plan,
-                                  collective="auto", timeout=60))
+                                  collective="auto", timeout=60,
+                                  link_source=collective_links))
     try:
         gs = rc.grads_of(tr.rank)
         eng.register([(k, tuple(v.shape), v.dtype) for k, v in gs.items()])
@@ -243,3 +246,18 @@ def test_hipress_profile_plan_shows_the_selected_collectives(tmp_path, capsys):
     plan = Plan.load(out)
     assert {g.collective for g in plan.gradients.values() if g.compress} <= {
         "ring", "tree", "allgather"}
+
+
+def test_auto_without_a_link_source_says_how_to_fix():
+    """casync never imports the measurement (tuning/link.py): without the link source the
+    front ends inject, collective='auto' refuses at register, naming the fix."""
+    with pytest.raises(ValueError, match="link_source=hipress_like.tuning.collective_links"):
+        _choice().measure(None)
+    seen = []
+    c = Choice(EngineConfig(compressor="star_topk", params={"ratio": 0.01}, collective="auto",
+                            link_source=lambda tr, t: seen.append((tr, t)) or
+                            (Link(1e-3, 1e9), Link(1e-3, 2e9))), 4)
+    tr = SimpleNamespace(rank=0)  # the source receives it untouched
+    c.measure(tr)
+    assert seen == [(tr, c.config.timeout)]
+    assert (c.link.bandwidth, c.link_one_way.bandwidth) == (1e9, 2e9)

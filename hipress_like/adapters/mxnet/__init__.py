@@ -23,34 +23,9 @@ hands MXNet's arrays to them without copying (DLPack, ``tensors``):
 mpi4py, a bpslaunch-style environment, or a single process). MXNet needs
 numpy 1.23.5, so it lives in its own environment: ``scripts/env_mxnet.sh``.
 """
-from ..compression import Compression, CompressionSpec
-from ..runtime import (
-    barrier,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-)
+from ..basics import *  # noqa: F403 (init, rank, size, Compression, ...: every face's)
+from ..basics import __all__ as _BASICS
 from .collectives import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
     allgather,
     allgather_object,
     allreduce,
@@ -66,12 +41,8 @@ from .parameters import broadcast_parameters
 from .trainer import STATE_SUFFIX, DistributedTrainer, OrderingError
 
 __all__ = [
-    "Adasum", "Average", "Max", "Min", "Product", "Sum",
     "allgather", "allgather_object", "allreduce", "allreduce_", "broadcast", "broadcast_",
     "broadcast_object", "grouped_allreduce", "grouped_allreduce_",
-    "Compression", "CompressionSpec", "DistributedOptimizer", "DistributedTrainer",
+    "DistributedOptimizer", "DistributedTrainer",
     "OrderingError", "STATE_SUFFIX", "broadcast_parameters",
-    "barrier", "cross_rank", "cross_size", "cuda_built", "gloo_built", "gloo_enabled", "init",
-    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled",
-    "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",
-]
+] + _BASICS

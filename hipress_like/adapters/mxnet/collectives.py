@@ -1,11 +1,12 @@
 """Horovod's MXNet collectives (``allreduce``, ``allgather``, ``broadcast``, objects).
 
-Each takes and returns ``mx.nd.NDArray`` and runs the PyTorch face's
-collective (``adapters.torch.collectives``, over torch.distributed's default
-group) on a DLPack view of the array, so the reductions, the dtype handling
-(int16 and unsigned types Horovod accepts) and the error messages are
-written once. In-place forms (``allreduce_``, ``broadcast_``) write into the
-array's own memory; the others return a new NDArray on the input's context.
+Each takes and returns ``mx.nd.NDArray`` and runs the framework-neutral
+collective (``adapters.collectives``, over the runtime's wire:
+torch.distributed's default group, or Horovod) on a DLPack view of the
+array, so the reductions, the dtype handling (int16 and unsigned types
+Horovod accepts) and the error messages are written once. In-place forms
+(``allreduce_``, ``broadcast_``) write into the array's own memory; the
+others return a new NDArray on the input's context.
 
 ``priority`` (Horovod's scheduling hint to MXNet's engine) is accepted and
 ignored: each call is blocking here. Gradients go through the CaSync engine
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from ..torch import collectives as _tc
-from ..torch import objects as _to
+from .. import collectives as _tc
+from .. import objects as _to
 from .tensors import as_torch, check_dense, to_mxnet
 
 __all__ = [

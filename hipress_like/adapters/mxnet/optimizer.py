@@ -20,7 +20,7 @@ from typing import Any, Dict
 
 import mxnet as mx
 
-from ..torch import collectives as _tc
+from .. import collectives as _tc
 from .tensors import as_torch
 
 __all__ = ["DistributedOptimizer"]

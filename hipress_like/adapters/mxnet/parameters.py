@@ -4,7 +4,7 @@ Accepts what Horovod's MXNet face accepts: a Gluon ``ParameterDict``
 (``net.collect_params()``), a dict of Parameters or NDArrays (the Module
 API's ``arg_params``), or a list of them. Initialised arrays are viewed as
 torch tensors (DLPack) and broadcast packed by dtype
-(``adapters.torch.objects.broadcast_parameters``: a few broadcasts, not one
+(``adapters.objects.broadcast_parameters``: a few broadcasts, not one
 per parameter).
 
 Gluon initialises a layer whose input size is not given (``Dense(10)``)
@@ -20,9 +20,9 @@ from typing import Any, List, Tuple
 
 import torch
 
+from .. import collectives as _tc
+from .. import objects as _to
 from ..runtime import _require
-from ..torch import collectives as _tc
-from ..torch import objects as _to
 from .tensors import as_torch, check_dense
 
 __all__ = ["broadcast_parameters"]

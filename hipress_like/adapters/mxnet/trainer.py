@@ -51,17 +51,18 @@ import torch
 from ...casync.errors import EngineError
 from ...cost_model.plan import check_collective_name
 from .. import checkpoint
+from ..collectives import _no_process_set
 from ..compression import resolve_compression
 from ..engine_builder import (
     STRATEGIES,
     build_engine,
+    close_engine,
     resolve_plan,
     wire_dtype,
 )
+from ..objects import allgather_object
+from ..ordering import OrderingError
 from ..runtime import _require, _track, barrier
-from ..torch.collectives import _no_process_set
-from ..torch.objects import allgather_object
-from ..torch.optimizer import OrderingError
 from .optimizer import DistributedOptimizer
 from .tensors import as_torch
 
@@ -349,18 +350,15 @@ class DistributedTrainer(mx.gluon.Trainer):
     def _hp_set_state(self, state: Optional[Dict[str, Any]]) -> None:
         if self._hp_engine is None:
             self._hp_pending = state
-        elif state is None:
-            self._hp_engine.reset_state()
         else:
-            self._hp_engine.load_state_dict(state)
+            checkpoint.restore(self._hp_engine, state)
 
     # -- teardown -----------------------------------------------------------------------
     def close(self) -> None:
         """Close the engine and its transport (also done by ``hvd.shutdown()``)."""
         eng, self._hp_engine = self._hp_engine, None
         if eng is not None:
-            eng.close()
-            eng.transport.close()
+            close_engine(eng)
 
     @property
     def engine(self) -> Any:

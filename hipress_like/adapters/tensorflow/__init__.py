@@ -25,27 +25,8 @@ Framework-neutral, shared with the other faces: ``adapters.runtime``
 (``init``, ``rank``, ``size``, launchers), ``adapters.engine_builder`` and
 ``adapters.compression`` (the ``Compression`` namespace).
 """
-from ..compression import Compression, CompressionSpec
-from ..runtime import (
-    barrier,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-)
+from ..basics import *  # noqa: F403 (init, rank, size, Compression, ...: every face's)
+from ..basics import __all__ as _BASICS
 from . import callbacks
 from .callbacks import (
     BroadcastGlobalVariablesCallback,
@@ -53,12 +34,6 @@ from .callbacks import (
     MetricAverageCallback,
 )
 from .collectives import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
     allgather,
     allgather_object,
     allreduce,
@@ -72,14 +47,10 @@ from .sync import GradientSync
 from .tape import DistributedGradientTape, compressor_state, load_compressor_state
 
 __all__ = [
-    "Adasum", "Average", "Max", "Min", "Product", "Sum",
     "allgather", "allgather_object", "allreduce", "broadcast", "broadcast_object",
     "broadcast_variables", "grouped_allreduce",
-    "Compression", "CompressionSpec", "DistributedGradientTape", "DistributedOptimizer",
+    "DistributedGradientTape", "DistributedOptimizer",
     "GradientSync", "BroadcastGlobalVariablesCallback", "LearningRateWarmupCallback",
     "MetricAverageCallback", "callbacks",
     "compressor_state", "load_compressor_state",
-    "barrier", "cross_rank", "cross_size", "cuda_built", "gloo_built", "gloo_enabled", "init",
-    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled",
-    "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",
-]
+] + _BASICS

@@ -20,8 +20,8 @@ from typing import Any, Dict, Optional
 import keras
 import torch
 
+from .. import collectives as _tc
 from ..runtime import size
-from ..torch import collectives as _tc
 from .collectives import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",

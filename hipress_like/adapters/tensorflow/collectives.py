@@ -1,13 +1,13 @@
-"""Horovod's functional collectives for TensorFlow tensors, over the PyTorch face's.
+"""Horovod's functional collectives for TensorFlow tensors, over the neutral ones.
 
 ``allreduce``, ``allgather``, ``broadcast``, ``broadcast_variables``,
 ``broadcast_object`` and ``allgather_object`` take and return TF tensors
 (or variables, or plain objects). Each is one call of the framework-neutral
-collective in ``adapters.torch.collectives`` / ``objects`` (torch.distributed's
-default group): the TF tensor crosses by a zero-copy DLPack view (the torch
-collectives never write into their input) and the result comes back by
-DLPack. Eagerly the call is direct; inside ``tf.function`` it is a
-``tf.py_function``, so the same code runs in both.
+collective in ``adapters.collectives`` / ``adapters.objects`` (the runtime's
+wire: torch.distributed's default group, or Horovod): the TF tensor
+crosses by a zero-copy DLPack view (the collectives never write into their
+input) and the result comes back by DLPack. Eagerly the call is direct;
+inside ``tf.function`` it is a ``tf.py_function``, so the same code runs in both.
 
 Gradients do not go this way: they go through the CaSync engine
 (``DistributedGradientTape``, ``DistributedOptimizer``).
@@ -18,8 +18,8 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
-from ..torch import collectives as _tc
-from ..torch import objects as _to
+from .. import collectives as _tc
+from .. import objects as _to
 from .bridge import as_tf, as_torch, to_torch_dtype
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "allreduce", "allgather",

@@ -52,6 +52,7 @@ from ..compression import resolve_compression
 from ..engine_builder import (
     STRATEGIES,
     build_engine,
+    close_engine,
     wire_dtype,
 )
 from ..runtime import _require, _track
@@ -284,7 +285,7 @@ class GradientSync:
         local = self._engine.state_dict()
         engines = None
         if all_ranks:
-            from ..torch.objects import allgather_object
+            from ..objects import allgather_object
 
             engines = allgather_object(local, name=f"{self.what} state")
         return checkpoint.pack(local, rt.rank, rt.size, engines)
@@ -307,14 +308,10 @@ class GradientSync:
             fix="Save a checkpoint on every rank (e.g. a file name with hvd.rank() in it), "
                 "or gather every rank's state with compressor_state(all_ranks=True)",
             foreign_empty_ok=True)
-        if saved is None:
-            self._engine.reset_state()
-        else:
-            self._engine.load_state_dict(saved)
+        checkpoint.restore(self._engine, saved)
 
     def close(self) -> None:
         """Close the engine and its transport (also done by ``shutdown()``)."""
         eng, self._engine = self._engine, None
         if eng is not None:
-            eng.close()
-            eng.transport.close()
+            close_engine(eng)

@@ -13,13 +13,16 @@ What is here, by module. Framework-neutral, shared with the other faces:
 - ``adapters.engine_builder``: ``compression=``/``strategy=``/``plan=`` to an
   engine over a transport of its own.
 - ``adapters.compression``: the ``Compression`` namespace.
+- ``adapters.collectives``: ``allreduce``, ``allgather``, ``broadcast``
+  (plus in-place and async forms), over torch tensors, as this face
+  re-exports them.
+- ``adapters.objects``: ``broadcast_object``, ``allgather_object``,
+  ``broadcast_parameters``.
+- ``adapters.ordering``: ``OrderingError``.
 
-PyTorch's own (autograd hooks, optimizers, torch tensors), in this package:
+PyTorch's own (autograd hooks, optimizers), in this package:
 
-- ``collectives``: ``allreduce``, ``allgather``, ``broadcast`` (plus
-  in-place and async forms).
-- ``objects``: ``broadcast_object``, ``allgather_object``,
-  ``broadcast_parameters``, ``broadcast_optimizer_state``.
+- ``objects``: ``broadcast_optimizer_state`` (``torch.optim`` state).
 - ``optimizer``: ``DistributedOptimizer`` (gradients go to the CaSync
   engine from backward hooks).
 - ``quorum``: ``DistributedOptimizer(stragglers=Quorum(...))``, partial
@@ -28,34 +31,9 @@ PyTorch's own (autograd hooks, optimizers, torch tensors), in this package:
   ``DistributedDataParallel.register_comm_hook``.
 """
 from ...casync.quorum import Quorum
-from ..compression import Compression, CompressionSpec
-from ..runtime import (
-    barrier,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-)
-from .collectives import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
+from ..basics import *  # noqa: F403 (init, rank, size, Compression, ...: every face's)
+from ..basics import __all__ as _BASICS
+from ..collectives import (
     allgather,
     allgather_async,
     allreduce,
@@ -70,24 +48,17 @@ from .collectives import (
     poll,
     synchronize,
 )
+from ..objects import allgather_object, broadcast_object, broadcast_parameters
+from ..ordering import OrderingError
 from .ddp import CaSyncHookState, casync_hook
-from .objects import (
-    allgather_object,
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
-)
-from .optimizer import DistributedOptimizer, OrderingError
+from .objects import broadcast_optimizer_state
+from .optimizer import DistributedOptimizer
 
 __all__ = [
-    "Adasum", "Average", "Max", "Min", "Product", "Sum",
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
     "broadcast_parameters", "grouped_allreduce", "poll", "synchronize",
-    "Compression", "CompressionSpec", "CaSyncHookState", "casync_hook",
+    "CaSyncHookState", "casync_hook",
     "DistributedOptimizer", "OrderingError", "Quorum",
-    "barrier", "cross_rank", "cross_size", "cuda_built", "gloo_built", "gloo_enabled", "init",
-    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled",
-    "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",
-]
+] + _BASICS

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..engine_builder import build_engine, specs_of, wire_dtype
+from ..engine_builder import build_engine, close_engine, specs_of, wire_dtype
 from ..runtime import _track
 
 __all__ = ["CaSyncHookState", "casync_hook"]
@@ -98,8 +98,7 @@ class CaSyncHookState:
         """Close the engine (also done by ``hpt.shutdown()``)."""
         eng, self.engine = self.engine, None
         if eng is not None:
-            eng.close()
-            eng.transport.close()
+            close_engine(eng)
 
 
 # No annotations on purpose: DDP rejects a hook whose annotations are not exactly

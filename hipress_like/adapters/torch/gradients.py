@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
-from .collectives import _allgather_uint8
+from ..collectives import _allgather_uint8
 
 __all__ = ["resolve_names", "sparse_average"]
 

@@ -43,19 +43,15 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import torch
 
 from .. import checkpoint
-from ..engine_builder import build_engine, specs_of
+from ..collectives import Average, Sum
+from ..engine_builder import build_engine, close_engine, specs_of
+from ..ordering import OrderingError
 from ..runtime import _require, _track
-from .collectives import Average, Sum
 from .gradients import resolve_names, sparse_average
 
 __all__ = ["DistributedOptimizer", "OrderingError"]
 
 log = logging.getLogger(__name__)
-
-
-
-class OrderingError(AssertionError, RuntimeError):
-    """Calls in the wrong order (Horovod raises AssertionError; this is both)."""
 
 
 class _Step:
@@ -340,10 +336,7 @@ class _DistributedOptimizerMixin:
             fix="Save optimizer.state_dict(all_ranks=True) on every rank (every rank's state "
                 "in one dict), or each rank's own optimizer.state_dict(); to start the "
                 "compressor state fresh, delete the 'hipress' key before loading")
-        if saved is None:
-            self._hp_engine.reset_state()
-        else:
-            self._hp_engine.load_state_dict(saved)
+        checkpoint.restore(self._hp_engine, saved)
 
     # -- teardown ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -353,8 +346,7 @@ class _DistributedOptimizerMixin:
         self._hp_hooks.clear()
         eng, self._hp_engine = self._hp_engine, None
         if eng is not None:
-            eng.close()
-            eng.transport.close()
+            close_engine(eng)
 
     @property
     def engine(self) -> Any:

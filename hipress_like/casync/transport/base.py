@@ -13,9 +13,11 @@ engine's communication executor); callers serialise access.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+from ...errors import HipressError
 
 __all__ = ["Transport", "TransportError", "PeerError", "DEFAULT_TIMEOUT"]
 
@@ -24,7 +26,7 @@ __all__ = ["Transport", "TransportError", "PeerError", "DEFAULT_TIMEOUT"]
 DEFAULT_TIMEOUT = 300.0
 
 
-class TransportError(RuntimeError):
+class TransportError(HipressError, RuntimeError):
     """A collective failed (timeout, closed connection, misuse)."""
 
 
@@ -63,6 +65,52 @@ class Transport(ABC):
         Returns:
             For each peer, the received 1-D uint8 tensor (None where 0 bytes).
         """
+
+    def _alltoallv_counts(self, send: Sequence[Optional[torch.Tensor]],
+                          recv_nbytes: Sequence[int]) -> Tuple[List[int], List[int]]:
+        """Check ``alltoallv``'s arguments (every transport's, in this one place) and
+        size the exchange.
+
+        Returns:
+            ``(send_counts, recv_counts)`` in bytes per peer, 0 for this rank's
+            own slot (it never crosses the wire: ``_own_message``).
+
+        Raises:
+            ValueError: not one entry per rank, or a negative count.
+            TypeError: a send entry that is not a 1-D uint8 tensor.
+        """
+        if len(send) != self.size or len(recv_nbytes) != self.size:
+            raise ValueError(f"alltoallv needs {self.size} send entries and recv sizes (one "
+                             f"per rank), got {len(send)} and {len(recv_nbytes)}")
+        counts = []
+        for p, t in enumerate(send):
+            if t is not None and (t.dtype != torch.uint8 or t.dim() != 1):
+                raise TypeError(f"alltoallv send[{p}] must be a 1-D torch.uint8 tensor, got "
+                                f"{t.dtype} with shape {tuple(t.shape)}; send payload bytes "
+                                "(tensor.view(torch.uint8).reshape(-1))")
+            counts.append(0 if t is None or p == self.rank else t.numel())
+        rcounts = [0 if p == self.rank else int(n) for p, n in enumerate(recv_nbytes)]
+        if any(n < 0 for n in rcounts):
+            raise ValueError(f"recv_nbytes must be >= 0 (bytes expected from each rank), got "
+                             f"{list(recv_nbytes)}")
+        return counts, rcounts
+
+    def _own_message(self, send: Sequence[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
+        """What ``alltoallv`` returns in this rank's own slot: its send entry, or None
+        when that is missing or empty (as for a peer that sends nothing)."""
+        own = send[self.rank]
+        return None if own is None or own.numel() == 0 else own
+
+    def _check_root(self, root: int) -> None:
+        """``broadcast``'s root must be a rank of this transport."""
+        if not 0 <= root < self.size:
+            raise ValueError(f"broadcast root must be in [0, {self.size}), got {root}")
+
+    @staticmethod
+    def _check_op(op: str, ops: Sequence[str]) -> None:
+        """``allreduce``'s op must be one this transport has (``ops``)."""
+        if op not in ops:
+            raise ValueError(f"unknown reduce op {op!r}; available: {', '.join(ops)}")
 
     @abstractmethod
     def allgather(self, tensor: torch.Tensor, timeout: float = DEFAULT_TIMEOUT

@@ -210,19 +210,9 @@ class HorovodTransport(Transport):
     def alltoallv(self, send: Sequence[Optional[torch.Tensor]], recv_nbytes: Sequence[int],
                   timeout: float = DEFAULT_TIMEOUT, tag: Optional[str] = None
                   ) -> List[Optional[torch.Tensor]]:
-        if len(send) != self.size or len(recv_nbytes) != self.size:
-            raise ValueError(f"alltoallv needs {self.size} send entries and recv sizes, got "
-                             f"{len(send)} and {len(recv_nbytes)}")
-        counts, parts = [], []
+        counts, rcounts = self._alltoallv_counts(send, recv_nbytes)
         device = next((t.device for t in send if t is not None), torch.device("cpu"))
-        for p, t in enumerate(send):
-            if t is not None and (t.dtype != torch.uint8 or t.dim() != 1):
-                raise TypeError(f"alltoallv send[{p}] must be a 1-D torch.uint8 tensor, got "
-                                f"{t.dtype} with shape {tuple(t.shape)}")
-            n = 0 if t is None or p == self.rank else t.numel()
-            counts.append(n)
-            if n:
-                parts.append(t.to(device))
+        parts = [t.to(device) for t, n in zip(send, counts) if n]
         inp = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
         splits = torch.tensor(counts, dtype=torch.int32)
         # a tag names the exchange's shape on every rank: Horovod then reuses the
@@ -231,7 +221,6 @@ class HorovodTransport(Transport):
                         lambda name: self._hvd.alltoall_async(inp, splits=splits, name=name),
                         timeout)
         out, got = res if isinstance(res, tuple) else (res, None)
-        rcounts = [0 if p == self.rank else int(n) for p, n in enumerate(recv_nbytes)]
         if got is not None and [int(x) for x in got] != rcounts:
             raise TransportError(f"rank {self.rank}: alltoallv expected {rcounts} bytes from the "
                                  f"ranks but received {[int(x) for x in got]}")
@@ -239,8 +228,7 @@ class HorovodTransport(Transport):
         offset = 0
         for p, n in enumerate(rcounts):
             if p == self.rank:
-                own = send[p]
-                result.append(None if own is None or own.numel() == 0 else own)
+                result.append(self._own_message(send))
             else:
                 result.append(out[offset:offset + n] if n else None)
             offset += n
@@ -255,8 +243,7 @@ class HorovodTransport(Transport):
 
     def broadcast(self, tensor: torch.Tensor, root: int, timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:
-        if not 0 <= root < self.size:
-            raise ValueError(f"broadcast root must be in [0, {self.size}), got {root}")
+        self._check_root(root)
         buf = self._contiguous(tensor)
         self._run(f"broadcast{root}.{_shape_name(buf)}", lambda name: self._hvd.broadcast_async_(
             buf, root, name=name), timeout)
@@ -266,8 +253,7 @@ class HorovodTransport(Transport):
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:
-        if op not in self._ops:
-            raise ValueError(f"unknown reduce op {op!r}; available: {', '.join(self._ops)}")
+        self._check_op(op, self._ops)
         if self._ops[op] is None:
             raise TransportError(f"this Horovod version has no {op!r} reduction; upgrade to "
                                  "horovod>=0.26")

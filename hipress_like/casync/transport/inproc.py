@@ -179,21 +179,13 @@ class InProcTransport(Transport):
     def alltoallv(self, send: Sequence[Optional[torch.Tensor]], recv_nbytes: Sequence[int],
                   timeout: float = DEFAULT_TIMEOUT, tag: Optional[str] = None
                   ) -> List[Optional[torch.Tensor]]:
-        if len(send) != self.size or len(recv_nbytes) != self.size:
-            raise ValueError(f"alltoallv needs {self.size} send entries and recv sizes, got "
-                             f"{len(send)} and {len(recv_nbytes)}")
-        mine: List[Optional[torch.Tensor]] = []
-        for p, t in enumerate(send):
-            if t is not None and (t.dtype != torch.uint8 or t.dim() != 1):
-                raise TypeError(f"alltoallv send[{p}] must be a 1-D torch.uint8 tensor, got "
-                                f"{t.dtype} with shape {tuple(t.shape)}")
-            mine.append(None if t is None or t.numel() == 0 or p == self.rank else t.clone())
-        deposits = self._call("alltoallv", (mine, [int(n) for n in recv_nbytes]), timeout)
+        counts, rcounts = self._alltoallv_counts(send, recv_nbytes)
+        mine = [t.clone() if n else None for t, n in zip(send, counts)]
+        deposits = self._call("alltoallv", (mine, rcounts), timeout)
         out: List[Optional[torch.Tensor]] = []
         for p in range(self.size):
             if p == self.rank:
-                own = send[p]
-                out.append(None if own is None or own.numel() == 0 else own)
+                out.append(self._own_message(send))
                 continue
             got = deposits[p][0][self.rank]
             nbytes = 0 if got is None else got.numel()
@@ -219,8 +211,7 @@ class InProcTransport(Transport):
 
     def broadcast(self, tensor: torch.Tensor, root: int, timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:
-        if not 0 <= root < self.size:
-            raise ValueError(f"broadcast root must be in [0, {self.size}), got {root}")
+        self._check_root(root)
         value = tensor.detach().clone() if self.rank == root else None
         deposits = self._call(f"broadcast(root={root})", value, timeout)
         if self.rank != root:
@@ -233,8 +224,7 @@ class InProcTransport(Transport):
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:
-        if op not in _REDUCE_OPS:
-            raise ValueError(f"unknown reduce op {op!r}; available: {', '.join(_REDUCE_OPS)}")
+        self._check_op(op, _REDUCE_OPS)
         deposits = self._call(f"allreduce({op})", tensor.detach().clone(), timeout)
         acc = deposits[0].clone()
         for r in range(1, self.size):  # rank order: bitwise-identical on every rank

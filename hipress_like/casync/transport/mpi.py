@@ -174,21 +174,8 @@ class MPITransport(Transport):
     def alltoallv(self, send: Sequence[Optional[torch.Tensor]], recv_nbytes: Sequence[int],
                   timeout: float = DEFAULT_TIMEOUT, tag: Optional[str] = None
                   ) -> List[Optional[torch.Tensor]]:
-        if len(send) != self.size or len(recv_nbytes) != self.size:
-            raise ValueError(f"alltoallv needs {self.size} send entries and recv sizes, got "
-                             f"{len(send)} and {len(recv_nbytes)}")
-        counts, parts = [], []
-        for p, t in enumerate(send):
-            if t is not None and (t.dtype != torch.uint8 or t.dim() != 1):
-                raise TypeError(f"alltoallv send[{p}] must be a 1-D torch.uint8 tensor, got "
-                                f"{t.dtype} with shape {tuple(t.shape)}")
-            n = 0 if t is None or p == self.rank else t.numel()
-            counts.append(n)
-            if n:
-                parts.append(self._host(t))
-        rcounts = [0 if p == self.rank else int(n) for p, n in enumerate(recv_nbytes)]
-        if any(n < 0 for n in rcounts):
-            raise ValueError(f"recv_nbytes must be >= 0, got {list(recv_nbytes)}")
+        counts, rcounts = self._alltoallv_counts(send, recv_nbytes)
+        parts = [self._host(t) for t, n in zip(send, counts) if n]
         sbuf = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
         rbuf = torch.empty(sum(rcounts), dtype=torch.uint8)
         sdispl = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
@@ -200,8 +187,7 @@ class MPITransport(Transport):
         out: List[Optional[torch.Tensor]] = []
         for p in range(self.size):
             if p == self.rank:
-                own = send[p]
-                out.append(None if own is None or own.numel() == 0 else own)
+                out.append(self._own_message(send))
             else:
                 n, d = rcounts[p], rdispl[p]
                 out.append(rbuf[d:d + n] if n else None)
@@ -217,8 +203,7 @@ class MPITransport(Transport):
 
     def broadcast(self, tensor: torch.Tensor, root: int, timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:
-        if not 0 <= root < self.size:
-            raise ValueError(f"broadcast root must be in [0, {self.size}), got {root}")
+        self._check_root(root)
         buf = self._host(tensor)
         view = _bytes_view(buf)
         self._run(f"broadcast(root={root})", [lambda: self._data.Ibcast(view, root=root)],
@@ -229,8 +214,7 @@ class MPITransport(Transport):
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:
-        if op not in self._ops:
-            raise ValueError(f"unknown reduce op {op!r}; available: {', '.join(self._ops)}")
+        self._check_op(op, self._ops)
         # float16/bfloat16 have no MPI type: reduce in float32 (exact for max/min).
         wire = tensor.dtype if tensor.dtype in self._types else torch.float32
         if not (tensor.dtype.is_floating_point or tensor.dtype in self._types):

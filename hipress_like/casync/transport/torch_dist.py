@@ -95,7 +95,7 @@ class TorchDistTransport(Transport):
             raise TransportError(
                 "TorchDistTransport needs an initialised default process group; call "
                 "torch.distributed.init_process_group(...) first (torchrun sets the env:// "
-                "variables), or use hipress_like.casync.launch.run_workers")
+                "variables), or use hipress_like.launch.launch.run_workers")
         if bulk not in ("p2p", "a2a"):
             raise ValueError(f"bulk must be 'p2p' or 'a2a', got {bulk!r}")
         self.bulk = bulk
@@ -261,24 +261,12 @@ class TorchDistTransport(Transport):
     def alltoallv(self, send: Sequence[Optional[torch.Tensor]], recv_nbytes: Sequence[int],
                   timeout: float = DEFAULT_TIMEOUT, tag: Optional[str] = None
                   ) -> List[Optional[torch.Tensor]]:
-        if len(send) != self.size or len(recv_nbytes) != self.size:
-            raise ValueError(f"alltoallv needs {self.size} send entries and recv sizes, got "
-                             f"{len(send)} and {len(recv_nbytes)}")
-        in_splits = []
-        for p, t in enumerate(send):
-            if t is not None and (t.dtype != torch.uint8 or t.dim() != 1):
-                raise TypeError(f"alltoallv send[{p}] must be a 1-D torch.uint8 tensor, got "
-                                f"{t.dtype} with shape {tuple(t.shape)}")
-            in_splits.append(0 if t is None or p == self.rank else t.numel())
-        out_splits = [0 if p == self.rank else int(n) for p, n in enumerate(recv_nbytes)]
-        if any(n < 0 for n in out_splits):
-            raise ValueError(f"recv_nbytes must be >= 0, got {list(recv_nbytes)}")
+        in_splits, out_splits = self._alltoallv_counts(send, recv_nbytes)
         if self.bulk == "p2p":
             received = self._alltoallv_p2p(send, in_splits, out_splits, timeout)
         else:
             received = self._alltoallv_a2a(send, in_splits, out_splits, timeout)
-        own = send[self.rank]
-        received[self.rank] = None if own is None or own.numel() == 0 else own
+        received[self.rank] = self._own_message(send)
         return received
 
     def _alltoallv_p2p(self, send, in_splits, out_splits, timeout) -> List[Optional[torch.Tensor]]:
@@ -329,8 +317,7 @@ class TorchDistTransport(Transport):
 
     def broadcast(self, tensor: torch.Tensor, root: int, timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:
-        if not 0 <= root < self.size:
-            raise ValueError(f"broadcast root must be in [0, {self.size}), got {root}")
+        self._check_root(root)
         buf = self._on_device(tensor)
         with self._lock:
             self._run(f"broadcast(root={root})", lambda seq: dist.broadcast(
@@ -341,8 +328,7 @@ class TorchDistTransport(Transport):
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:
-        if op not in _REDUCE_OPS:
-            raise ValueError(f"unknown reduce op {op!r}; available: {', '.join(_REDUCE_OPS)}")
+        self._check_op(op, _REDUCE_OPS)
         buf = self._on_device(tensor)
         with self._lock:
             self._run(f"allreduce({op})", lambda seq: dist.all_reduce(

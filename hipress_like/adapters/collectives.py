@@ -1,10 +1,17 @@
-"""Horovod's functional collectives over torch.distributed's default group.
+"""Horovod's functional collectives, framework-neutral: one implementation for every face.
 
 ``allreduce``, ``allgather``, ``broadcast`` (plus ``_`` in-place and
 ``_async`` forms with ``synchronize(handle)`` / ``poll(handle)``). These are
 the small, blocking-by-default operations training scripts use around the
 optimizer (metric averaging); gradients go through the engine instead.
-Objects and model/optimizer state are in ``objects``.
+Objects and parameters are in ``objects``.
+
+They work on torch tensors, the library's one tensor type, over the
+runtime's wire (torch.distributed's default group, or Horovod); the faces
+convert at their edge only: ``hipress_like.torch`` re-exports them as they
+are, TensorFlow (``adapters/tensorflow/bridge``) and MXNet
+(``adapters/mxnet/tensors``) cast their tensors to torch views and back.
+No face imports another face.
 
 Every dtype Horovod's collectives take works, including those gloo lacks
 (int16, uint16; also uint32 and uint64): ``allgather`` and ``broadcast``
@@ -27,8 +34,8 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from ..compression import Compression, CompressionSpec
-from ..runtime import _require, default_timeout
+from .compression import Compression, CompressionSpec
+from .runtime import _require, default_timeout
 
 __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
@@ -68,7 +75,7 @@ class _Handle:
                 for w in self._works:
                     w.wait(timeout=t)
             except RuntimeError as e:
-                from ...casync.transport import TransportError
+                from ..casync.transport import TransportError
 
                 raise TransportError(
                     f"{self._what} failed: {e}; a peer rank may have crashed or stalled "

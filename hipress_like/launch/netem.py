@@ -17,7 +17,7 @@ Used by the main job (``./run.sh``: its workers train over emulated links),
 the benchmarks and the network tests; ``bench/netem.py`` is its command line
 (up, down, status, selfcheck)::
 
-    from hipress_like.casync import netem
+    from hipress_like.launch import netem
     netem.up(4, "1gbit")
     rc = netem.run_in_namespaces(4, [sys.executable, "train.py"], env={...})
     netem.down()
@@ -35,6 +35,7 @@ import threading
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ..errors import HipressError
 from .procs import own_process_group  # a group, not a session
 
 __all__ = ["SUBNET", "MASTER_ADDR", "up", "down", "status", "run_in_namespaces",
@@ -50,7 +51,7 @@ DEFAULT_PORT = 29700
 _NS_RE = re.compile(r"^(h\d+|hsw)$")
 
 
-class NetemError(RuntimeError):
+class NetemError(HipressError, RuntimeError):
     """Setting up, using or tearing down the emulated network failed."""
 
 

@@ -1,6 +1,6 @@
 """CLI of the local launcher: run ``module:function(ctx, *args)`` on N ranks and print results.
 
-    python -m hipress_like.casync.cli_launch --nprocs 4 [--backend gloo|mpi] module:function [args]
+    python -m hipress_like.launch.cli_launch --nprocs 4 [--backend gloo|mpi] module:function [args]
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ __all__ = ["main"]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """CLI: ``python -m hipress_like.casync.cli_launch --nprocs N module:function [args]``."""
-    ap = argparse.ArgumentParser(prog="python -m hipress_like.casync.cli_launch",
+    """CLI: ``python -m hipress_like.launch.cli_launch --nprocs N module:function [args]``."""
+    ap = argparse.ArgumentParser(prog="python -m hipress_like.launch.cli_launch",
                                  description="Run module:function(ctx, *args) on N local ranks.")
     ap.add_argument("--nprocs", "-n", type=int, required=True)
     ap.add_argument("--backend", default="gloo", choices=BACKENDS)

@@ -30,7 +30,7 @@ Workers default to ``OMP_NUM_THREADS=1`` (4 ranks share 2 cores here).
 
 CLI (prints each rank's return value; ``cli_launch.py``)::
 
-    python -m hipress_like.casync.cli_launch --nprocs 4 [--backend gloo] module:function [arg ...]
+    python -m hipress_like.launch.cli_launch --nprocs 4 [--backend gloo] module:function [arg ...]
 """
 from __future__ import annotations
 
@@ -51,8 +51,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from ..casync.transport.base import Transport
+from ..errors import HipressError
 from .procs import own_process_group
-from .transport.base import Transport
 
 __all__ = ["WorkerContext", "WorkerError", "run_workers", "BACKENDS", "free_port",
            "mpirun_command", "own_process_group"]
@@ -83,7 +84,7 @@ class WorkerContext:
     transport: Transport
 
 
-class WorkerError(RuntimeError):
+class WorkerError(HipressError, RuntimeError):
     """One or more worker ranks failed.
 
     Attributes:
@@ -201,7 +202,7 @@ def run_workers(fn: Callable[..., Any], nprocs: int, backend: str = "gloo",
         base_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         base_env.update(env or {})
         cmd_tail = [sys.executable, "-c",
-                    "from hipress_like.casync.launch import _worker_main; _worker_main()",
+                    "from hipress_like.launch.launch import _worker_main; _worker_main()",
                     workdir]
         procs: List[subprocess.Popen] = []
         if netns and backend != "gloo":
@@ -369,13 +370,13 @@ def _worker_main() -> None:
         if backend == "mpi":
             from mpi4py import MPI
 
-            from .transport.mpi import MPITransport
+            from ..casync.transport.mpi import MPITransport
             rank = MPI.COMM_WORLD.Get_rank()
             transport = MPITransport()
         else:
             import torch.distributed as dist
 
-            from .transport.torch_dist import TorchDistTransport
+            from ..casync.transport.torch_dist import TorchDistTransport
             dist.init_process_group("gloo", init_method="env://",
                                     timeout=timedelta(seconds=spec["timeout"]))
             transport = TorchDistTransport()
