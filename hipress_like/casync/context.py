@@ -46,7 +46,7 @@ import threading
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 import torch
 
@@ -167,7 +167,7 @@ class StepContext:
     config: EngineConfig
     rank: int
     size: int
-    transport: Any  # a Transport (a test may pass a fake one)
+    transport: Transport
     graph: TaskGraph
     cv: threading.Condition = field(default_factory=threading.Condition)
     data: Optional[Transport] = None
