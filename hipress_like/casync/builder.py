@@ -62,22 +62,22 @@ class StepBuilder:
     def compute(self, kind: Kind, p: int, fn: Callable[..., Any],
                 inputs: Iterable[Task] = ()) -> Task:
         """Add a compute task (encode, decode, merge, write) reading ``inputs``."""
-        t = Task(kind, self.grad.name, p, fn)
-        if t.kind is Kind.WRITE:
-            t.owner = self._handle
-            self._handle._hold()
+        write = kind == Kind.WRITE
+        t = Task(kind, self.grad.name, p, fn, owner=self._handle if write else None)
+        if write:
+            self._handle.hold()
         return self._add(t, inputs)
 
     def send(self, p: int, phase: int, dst: int, payload: Task) -> Task:
         """Add a send of ``payload``'s result to rank ``dst``."""
-        t = Task(Kind.SEND, self.grad.name, p, _identity, info=f"->{dst} ph{phase}")
-        t.msg = (msg_key(self.grad.idx, p, phase, self.rank), dst)
+        t = Task(Kind.SEND, self.grad.name, p, _identity, info=f"->{dst} ph{phase}",
+                 msg=(msg_key(self.grad.idx, p, phase, self.rank), dst))
         return self._add(t, [payload])
 
     def recv(self, p: int, phase: int, src: int) -> Task:
         """Add a receive from ``src``; its result is the received bytes."""
-        t = Task(Kind.RECV, self.grad.name, p, None, info=f"<-{src} ph{phase}")
-        t.msg = (msg_key(self.grad.idx, p, phase, src), src)
+        t = Task(Kind.RECV, self.grad.name, p, None, info=f"<-{src} ph{phase}",
+                 msg=(msg_key(self.grad.idx, p, phase, src), src))
         return self._add(t, ())
 
     def collective(self, payload: Task, phase: int,
@@ -95,14 +95,10 @@ class StepBuilder:
         owner once the payload exists, and the result is the buffer, filled.
         ``op`` "gather": the result is every rank's payload, in rank order.
         The layout's ``ops`` and ``algos`` must say the same."""
-        fn = view or _identity
-        if root is not None:
-            def fn(x: Any, view: Callable[[Any], Any] = fn) -> Any:
-                t.root = root()
-                return view(x)
-        t = Task(Kind.ALLREDUCE, self.grad.name, 0, fn, info=op)
-        t.msg = (msg_key(self.grad.idx, 0, phase, 0), COLLECTIVE)
-        self._step.coll_keys.add(t.msg[0])
+        key = msg_key(self.grad.idx, 0, phase, 0)
+        t = Task(Kind.ALLREDUCE, self.grad.name, 0, view or _identity, info=op,
+                 msg=(key, COLLECTIVE), root=root)
+        self._step.coll_keys.add(key)
         return self._add(t, [payload])
 
 

@@ -7,72 +7,78 @@ A replay that some rank cannot finish (an error, other gradients) hands the
 rest of the step to coordinated rounds. With ``threads=False`` the same
 work runs inline inside ``synchronize``.
 
-States: idle (waiting for ``wake``), running a step, *broken* (a transport
-or protocol failure: the transport is not used again), stopped.
+It sees the engine only through its ``StepContext`` (``context.py``) and
+follows the context's ``Life``: it waits for ``started`` (set when a step
+leaves ``OPEN``), runs the step, sets ``done``; a failure moves the life to
+``BROKEN`` (the transport is not used again); ``CLOSED`` stops the thread,
+``CLOSING`` after one last step that tells the peers this rank's error.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
+from .context import Life
 from .replay import Replayer, Schedule
 from .rounds import Rounds
-from .transport.base import Transport
+
+if TYPE_CHECKING:
+    from .context import StepContext
 
 __all__ = ["Communicator"]
 
 
 class Communicator:
-    """Runs an engine's steps' communication (see the module docstring).
+    """Runs the steps' communication (see the module docstring).
 
     Args:
-        eng: the engine.
-        data: the engine's own data channel (``transport.split()``), or None.
+        ctx: the engine's step context (``ctx.data``, the data channel, may be None).
         threaded: run on a thread of its own.
     """
 
-    def __init__(self, eng: Any, data: Optional[Transport], threaded: bool):
-        self.eng = eng
-        self.data = data
-        self.rounds = Rounds(eng, data)
-        self.replayer = Replayer(eng, data if data is not None else eng.transport)
+    def __init__(self, ctx: "StepContext", threaded: bool):
+        self.ctx = ctx
+        self.rounds = Rounds(ctx)
+        self.replayer = Replayer(ctx, ctx.data if ctx.data is not None else ctx.transport)
         self.replayable = False  # set by register: the layout has collectives only
         self.schedule: Optional[Schedule] = None  # recorded by the last coordinated step
         self.replayed = 0
-        self.broken = False
         self.started = threading.Event()
         self.done = threading.Event()
         self._thread: Optional[threading.Thread] = None
         if threaded:
             self._thread = threading.Thread(target=self._main, daemon=True,
-                                            name=f"hipress-comm-{eng.rank}")
+                                            name=f"hipress-comm-{ctx.rank}")
             self._thread.start()
 
     def _main(self) -> None:
-        e = self.eng
+        c = self.ctx
         while True:
             self.started.wait()
             self.started.clear()
-            # A rank that failed and is closing still reports its error first (one
-            # round, or one replayed bucket and one round), so its peers fail naming
-            # it instead of seeing its transport close under them.
-            if e._closed and (e._error is None or self.broken):
+            # A rank that failed and is closing (CLOSING) still reports its error
+            # first (one round, or one replayed bucket and one round), so its peers
+            # fail naming it instead of seeing its transport close under them.
+            if c.life is Life.CLOSED:
                 return
             self.run_step()
             self.done.set()
-            if e._closed:
+            if c.life in (Life.CLOSING, Life.CLOSED):
+                with c.cv:
+                    c.become(Life.CLOSED)
                 return
 
     def run_step(self) -> None:
         """This step's communication (unless broken); a failure breaks the channel."""
-        e = self.eng
-        if self.broken:  # after a failure the transport is not used again
+        c = self.ctx
+        if c.life in (Life.BROKEN, Life.CLOSED):  # the transport is not used again
             return
         try:
-            e._st.skipped = self._sync()
+            c.st.skipped = self._sync()
         except BaseException as err:
-            self.broken = True
-            e._fail(err, -1)
+            with c.cv:
+                c.broken()
+            c.fail(err, -1)
 
     def _sync(self) -> bool:
         """Replay or coordinate one step; returns whether the step is skipped."""
@@ -91,14 +97,15 @@ class Communicator:
             skipped = self.rounds.step()
             # a step with lane buckets missing members (parameters without gradients)
             # would miss again: keep coordinating such steps
-            if self.rounds.record and not self.eng._lane_partial():
+            if self.rounds.record and not self.ctx.layout.lane_partial():
                 self.schedule = Schedule.of(self.rounds.record)
         finally:
             self.rounds.record = None
         return skipped
 
     def close(self) -> None:
-        """Stop the thread (after ``eng._closed`` is set) and the round executor."""
+        """Stop the thread (once the life is ``CLOSING`` or ``CLOSED``) and the round
+        executor."""
         self.started.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

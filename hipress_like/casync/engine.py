@@ -1,17 +1,30 @@
 """The CaSync engine: a facade over layout, step state, task graph and communication.
 
-State, in the manner of dask's ``local.py``. The engine holds:
+State, in the manner of dask's ``local.py``. The engine builds one
+``context.StepContext`` and hands it, never itself, to its parts (the task
+manager, the communicator, rounds, replay, fused buckets), so each part can
+be read and tested alone. The context holds:
 
-- ``_layout`` (``layout.Layout``, fixed by ``register``): per gradient its
-  compressors, workflow, partitions; the lane's buckets and round groups.
-- ``_st`` (``step.StepState``): everything the current step owns; replaced
-  by a fresh one when ``synchronize`` returns.
-- ``_graph`` (``tasks.TaskGraph``): the step's tasks in the sets waiting,
-  ready, running, done.
-- ``_states``: the compressors' explicit states, keyed by gradient,
-  partition and site (saved by ``state_dict``).
-- the engine's life: open; *broken* once its communication failed (the
-  transport is not used again; ``_error`` holds why); *closed* by ``close``.
+- ``layout`` (a read-only ``context.LayoutView`` of ``layout.Layout``, fixed
+  by ``register``): per gradient its index; the lane's buckets, solo
+  collectives, round groups, reductions and named algorithms, by key;
+- ``st`` (``step.StepState``): everything the current step owns; replaced
+  by a fresh one when ``synchronize`` returns;
+- ``graph`` (``tasks.TaskGraph``): the step's tasks in the sets waiting,
+  ready, running, done;
+- ``life`` (``context.Life``, the one lifecycle enum): ``OPEN`` ->
+  ``STEPPING`` (the communication thread is woken) -> ``SEALED``
+  (``synchronize`` began) -> ``OPEN``; ``BROKEN`` once communication failed
+  (the transport is not used again; ``error`` holds why); ``CLOSING`` /
+  ``CLOSED`` by ``close``;
+- ``error``/``error_arg``: the first error and the gradient it concerns;
+- the lock ``cv``, the config, rank and size, the transport and data
+  channel, the timeline, and the callbacks ``fail`` (``Engine._fail``) and
+  ``deliver`` (``TaskManager.deliver``).
+
+The engine itself keeps the full ``Layout``, the compressors' explicit
+states (``_states``, keyed by gradient, partition and site; saved by
+``state_dict``) and their undo copies (``nonfinite.py``).
 
 Transitions of one step:
 
@@ -19,22 +32,26 @@ Transitions of one step:
    lane bucket (``lane.py``; the bucket's last member makes it one collective)
    or has its workflow (``workflows.py``) add tasks through a
    ``builder.StepBuilder``. Ready compute tasks go to the computing executor;
-   ready sends to ``_st.outbox``; ready collectives to ``_st.collective``;
-   recvs wait in ``_st.expect`` (``_on_ready``).
-2. The communication thread (``_comm_main``) runs the step: a recorded
-   schedule when there is one (``replay.Replayer``), else coordinated rounds
-   (``rounds.Rounds``), which deliver received bytes to recv tasks and
-   finish sends and collectives; finishing a task releases its dependents.
-3. ``synchronize`` closes the step (``_st.closed``), waits for the
-   communication thread, raises the step's error on every rank, moves the
-   finished tasks to the timeline and starts a fresh ``StepState``.
+   ready sends to ``st.outbox``; ready collectives to ``st.collective``;
+   recvs wait in ``st.expect`` (``TaskManager.on_ready``). The first submit
+   moves the life from ``OPEN`` to ``STEPPING`` and wakes the communication
+   thread.
+2. The communication thread (``comm.Communicator``) runs the step: a
+   recorded schedule when there is one (``replay.Replayer``), else
+   coordinated rounds (``rounds.Rounds``), which deliver received bytes to
+   recv tasks and finish sends and collectives; finishing a task releases
+   its dependents.
+3. ``synchronize`` seals the step (``SEALED``), waits for the communication
+   thread, raises the step's error on every rank, moves the finished tasks
+   to the timeline, starts a fresh ``StepState`` and reopens (``OPEN``).
 
 An error anywhere (``_fail``) is reported to every peer in the next round
 (or replayed status words), so every rank raises, naming the failing rank;
 a dead peer becomes a ``PeerError`` from the transport's timeout.
 
-Threads: the caller's (submit, synchronize), the computing executor, the
-communication thread, and the round executor (with a data channel).
+Threads: the caller's (submit, synchronize), the computing executor (passed
+in, or built from the config), the communication thread, and the round
+executor (with a data channel).
 """
 from __future__ import annotations
 
@@ -53,9 +70,10 @@ from .builder import StepBuilder
 from .choice import Choice
 from .comm import Communicator
 from .config import EngineConfig, check_same_config, fingerprint
+from .context import LayoutView, Life, StepContext
 from .coordinator import ABSENT, COLLECTIVE
 from .errors import ConfigMismatchError, EngineError, GradientMismatchError
-from .executors import SyncExecutor, ThreadExecutor
+from .executors import Executor, SyncExecutor, ThreadExecutor
 from .lane import LaneBucket
 from .layout import (
     KEY_LIMITS,
@@ -87,6 +105,9 @@ class Engine:
     Args:
         transport: the collectives (all ranks build an engine over theirs).
         config: an ``EngineConfig``; keyword overrides are applied on top.
+        executor: the computing executor (``executors.py``); None builds the
+            config's: a ``ThreadExecutor`` with ``threads=True``, else a
+            ``SyncExecutor``. The engine shuts it down on ``close``.
 
     Example:
         eng = Engine(transport, EngineConfig(compressor="onebit"))
@@ -97,7 +118,7 @@ class Engine:
     """
 
     def __init__(self, transport: Transport, config: Optional[EngineConfig] = None,
-                 **overrides: Any):
+                 executor: Optional[Executor] = None, **overrides: Any):
         config = EngineConfig(**overrides) if config is None else replace(config, **overrides)
         self.config = config
         self.transport = transport
@@ -111,16 +132,7 @@ class Engine:
         self._undo = StateUndo() if config.nonfinite in ("propagate", "skip") else None
         self._layout = Layout()
         self._lane_of: Dict[int, LaneBucket] = {}
-        self._lane_by_key: Dict[int, LaneBucket] = {}
-        self._cv = threading.Condition()
-        self._tasks = TaskManager(self, ThreadExecutor() if config.threads else SyncExecutor())
-        self._graph = TaskGraph(self._tasks.on_ready)
         self._step = 0
-        self._st = StepState(0)
-        self._error: Optional[BaseException] = None
-        self._error_arg = -1
-        self._closed = False
-        self._device = torch.device("cpu")  # of the gradients (a replay's stand-in zeros)
         data = None
         if config.threads and config.pipeline:
             try:
@@ -128,8 +140,17 @@ class Engine:
             except NotImplementedError:
                 _log.info("transport %s has no split(); rounds are planned and executed "
                           "back to back", type(transport).__name__)
-        self._data = data
-        self._comm = Communicator(self, data, threaded=config.threads)
+        if executor is None:
+            executor = ThreadExecutor() if config.threads else SyncExecutor()
+        # the graph routes ready tasks to the manager, which needs the context
+        # (holding the graph): the callback closes the circle once both exist
+        graph = TaskGraph(lambda task: self._tasks.on_ready(task))
+        self._ctx = ctx = StepContext(config=config, rank=self.rank, size=self.size,
+                                      transport=transport, graph=graph, data=data,
+                                      timeline=self.timeline, fail=self._fail,
+                                      deliver=lambda key, buf: self._tasks.deliver(key, buf))
+        self._tasks = TaskManager(ctx, executor)
+        self._comm = Communicator(ctx, threaded=config.threads)
 
     @property
     def plan(self) -> Optional[Plan]:
@@ -174,7 +195,8 @@ class Engine:
                               back_for=self._choice.back_for)
         self._layout = layout
         self._lane_of = layout.lane_of()
-        self._lane_by_key = {b.key: b for b in layout.lane}
+        with self._ctx.cv:
+            self._ctx.layout = LayoutView.of(layout)
         cfg = self.config
         self._comm.replayable = cfg.replay and cfg.coordinator and self.size > 1 \
             and layout.replayable()
@@ -201,11 +223,12 @@ class Engine:
         if tuple(tensor.shape) != g.shape or tensor.dtype != g.dtype:
             raise ValueError(f"gradient {name!r}: registered as {g.shape} {g.dtype}, "
                              f"submitted {tuple(tensor.shape)} {tensor.dtype}")
-        self._device = tensor.device
-        with self._cv:
-            if self._st.closed:
+        ctx = self._ctx
+        ctx.device = tensor.device
+        with ctx.cv:
+            if ctx.sealed:
                 raise RuntimeError("submit() after synchronize() began; call it in the next step")
-            if name in self._st.submitted:
+            if name in ctx.st.submitted:
                 raise ValueError(f"gradient {name!r} submitted twice in one step")
         lane = self._lane_of.get(g.idx)
         if lane is not None:
@@ -215,22 +238,26 @@ class Engine:
                 and self._on_nonfinite(g.idx, name, g.compressor is not None):
             work.zero_()  # no compressor sees NaN; the step is undone (nonfinite.py)
         check_gradient(work, nonfinite="ignore", name=name)
-        handle = Handle(self, name, tensor, work)
-        self._admit(g, handle)
-        b = StepBuilder(self._graph, self._st, g, handle, self.rank, self.size)
+        handle = Handle(name, tensor, work, self.config.timeout, self._raise_if_failed)
+        st = self._admit(g, handle)
+        b = StepBuilder(ctx.graph, st, g, handle, self.rank, self.size)
         # submit() scanned the gradient for NaN/Inf (or zeroed it): compressors skip theirs
         add_gradient_tasks(b, work, self._states, self._seed_of, undo=self._undo,
-                           vouched=self.config.nonfinite != "ignore", step=self._st.index)
+                           vouched=self.config.nonfinite != "ignore", step=st.index)
         b.seal()
         self._start_step()
-        handle._release()
+        handle.release()
         return handle
 
-    def _admit(self, g: GradLayout, handle: Handle) -> None:
-        with self._cv:
-            self._st.submitted.add(g.name)
-            self._st.digest ^= digest_of(g.idx)
-            self._st.handles.append(handle)
+    def _admit(self, g: GradLayout, handle: Handle) -> StepState:
+        """Count ``g`` as submitted in the current step; return the step."""
+        ctx = self._ctx
+        with ctx.cv:
+            st = ctx.st
+            st.submitted.add(g.name)
+            st.digest ^= digest_of(g.idx)
+            st.handles.append(handle)
+        return st
 
     def _on_nonfinite(self, idx: int, name: str, compressed: bool) -> bool:
         """Gradient ``name`` holds NaN/Inf: with ``nonfinite="raise"`` fail the step on
@@ -244,23 +271,23 @@ class Engine:
             self._fail(err, idx)
             self._flush_error()
             raise err
-        self._st.nonfinite = True
+        self._ctx.st.nonfinite = True
         return compressed or self.config.nonfinite == "skip"
 
     def _submit_to_lane(self, lane: LaneBucket, g: GradLayout, tensor: torch.Tensor) -> Handle:
         """``submit`` for a gradient of the collective lane: copy it into its bucket's
         slot; the bucket's last member checks it and reports it (``lane.py``)."""
         lane.slot(g.idx, tensor).view(g.shape).copy_(tensor)
-        handle = Handle(self, g.name, tensor, tensor)
-        handle._hold()  # released by the bucket's write_mean
+        handle = Handle(g.name, tensor, tensor, self.config.timeout, self._raise_if_failed)
+        handle.hold()  # released by the bucket's write_mean
         self._admit(g, handle)
-        with self._cv:
+        with self._ctx.cv:
             lane.arrived.append((g.idx, g.name, tensor, handle))
             full = lane.complete()
         if full:
             self._flush_lane(lane)
         self._start_step()
-        handle._release()
+        handle.release()
         return handle
 
     def _flush_lane(self, lane: LaneBucket) -> None:
@@ -271,32 +298,28 @@ class Engine:
             if bad is not None and self._on_nonfinite(*bad, compressed=False):
                 lane.buf.zero_()
         lane.flushed = True
-        t = Task(Kind.ALLREDUCE, f"bucket{lane.index}", 0, lambda: lane.buf, info="sum")
-        t.msg = (lane.key, COLLECTIVE)
-        self._st.coll_keys.add(lane.key)
-        self._graph.add(t, ())
-
-    def _lane_partial(self) -> bool:
-        """Some lane bucket got only part of its gradients this step (frozen parameters)."""
-        return any(lane.arrived and not lane.complete() for lane in self._layout.lane)
+        t = Task(Kind.ALLREDUCE, f"bucket{lane.index}", 0, lambda: lane.buf, info="sum",
+                 msg=(lane.key, COLLECTIVE))
+        self._ctx.st.coll_keys.add(lane.key)
+        self._ctx.graph.add(t, ())
 
     def _seed_of(self, key: str) -> int:
         return zlib.crc32(f"{self.config.seed}|{self.rank}|{key}".encode()) & 0x7FFFFFFF
 
     def _start_step(self) -> None:
-        with self._cv:
-            if not self._st.active:
-                self._st.active = True
+        """``OPEN`` -> ``STEPPING``: wake the communication thread for this step."""
+        ctx = self._ctx
+        with ctx.cv:
+            if ctx.life is Life.OPEN:
+                ctx.become(Life.STEPPING)
                 self._comm.started.set()
 
     # -- errors --------------------------------------------------------------
     def _fail(self, err: BaseException, grad_idx: int) -> None:
-        """Record the first error; the next report round tells every peer."""
-        with self._cv:
-            if self._error is None:
-                self._error = err
-                self._error_arg = grad_idx
-            self._cv.notify_all()
+        """Record the first error; the next report round tells every peer (the
+        context's ``fail`` callback)."""
+        with self._ctx.cv:
+            self._ctx.record_error(err, grad_idx)
         self._start_step()
 
     def _flush_error(self) -> None:
@@ -305,16 +328,17 @@ class Engine:
             self._comm.done.wait(self.config.timeout)
         else:
             self._comm.run_step()
-            self._comm.broken = True
+            with self._ctx.cv:
+                self._ctx.broken()
 
     def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            err = self._error
+        err = self._ctx.error
+        if err is not None:
             if isinstance(err, EngineError) or not isinstance(err, Exception):
                 raise err
             raise EngineError(f"synchronisation failed on rank {self.rank}: {err}",
                               ranks=getattr(err, "ranks", ())) from err
-        if self._closed:
+        if self._ctx.life in (Life.CLOSING, Life.CLOSED):
             raise EngineError("the engine is closed")
 
     # -- step boundary -------------------------------------------------------
@@ -332,12 +356,15 @@ class Engine:
         for lane in self._layout.lane:  # buckets some of whose gradients were not submitted
             if lane.arrived and not lane.flushed:
                 self._flush_lane(lane)
-        with self._cv:
-            self._st.closed = True
-            self._st.unreported.extend((k, ABSENT, 0) for k in
-                                       self._layout.grouped_round_keys(self._st.submitted))
-            self._cv.notify_all()
-        self._start_step()
+        ctx = self._ctx
+        with ctx.cv:
+            if ctx.life is Life.OPEN:  # nothing submitted: wake the thread for the step
+                self._comm.started.set()
+            if ctx.life in (Life.OPEN, Life.STEPPING):  # (else a failure came meanwhile)
+                ctx.become(Life.SEALED)
+            ctx.st.unreported.extend((k, ABSENT, 0) for k in
+                                     self._layout.grouped_round_keys(ctx.st.submitted))
+            ctx.cv.notify_all()
         if self.config.threads:
             t = self.config.timeout if timeout is None else timeout
             if not self._comm.done.wait(t + 5.0):
@@ -346,19 +373,22 @@ class Engine:
             self._comm.started.clear()
             self._comm.run_step()
         self._raise_if_failed()
-        for h in self._st.handles:  # complete once the step is: a bounded check, no wait
+        st = ctx.st
+        for h in st.handles:  # complete once the step is: a bounded check, no wait
             h.wait()
-        done = self._graph.clear_done()
+        done = ctx.graph.clear_done()
         if self.timeline.enabled:
             self.timeline.extend(Event(t.kind.value, t.grad, t.part, t.start, t.end, t.nbytes,
                                        t.queue, self._step) for t in done)
-        ok = finish_step(self._undo, self._states, self._st.skipped, self._st.handles,
+        ok = finish_step(self._undo, self._states, st.skipped, st.handles,
                          self._layout.grads, self.config.nonfinite)
         self._step += 1
-        with self._cv:
-            self._st = StepState(self._step)
+        with ctx.cv:
+            ctx.st = StepState(self._step)
             for lane in self._layout.lane:
                 lane.reset()
+            if ctx.life is Life.SEALED:
+                ctx.become(Life.OPEN)
         self._comm.done.clear()
         return ok
 
@@ -404,7 +434,7 @@ class Engine:
         self._states.clear()
         self._states.update({k: dict(v) for k, v in d["states"].items()})
         self._step = int(d.get("step", 0))
-        self._st.index = self._step
+        self._ctx.st.index = self._step
         if d.get("replay_schedule") is not None and self._comm.replayable:
             self._comm.schedule = Schedule.from_list(d["replay_schedule"])
 
@@ -419,17 +449,21 @@ class Engine:
         exception) does not wait for peers that may never close: they learn of this
         rank's exit from the transport at once. The transport passed in stays open.
         """
-        if self._closed:
-            return
-        self._closed = True
+        ctx = self._ctx
+        with ctx.cv:
+            if ctx.life in (Life.CLOSING, Life.CLOSED):
+                return
+            # an error the peers were not told yet (BROKEN: they were) gets one last step
+            told = ctx.error is None or ctx.life is Life.BROKEN or not self.config.threads
+            ctx.become(Life.CLOSED if told else Life.CLOSING)
         self._comm.close()
         self._tasks.executor.shutdown()
-        if self._data is None:
+        if ctx.data is None:
             return
         exiting = not threading.main_thread().is_alive()
-        wait = 0.0 if self._error is not None or exiting else min(self.config.timeout, 10.0)
+        wait = 0.0 if ctx.error is not None or exiting else min(self.config.timeout, 10.0)
         try:
-            if not self._data.free(wait, watch=[self.transport]):
+            if not ctx.data.free(wait, watch=[self.transport]):
                 _log.debug("rank %d: peers did not close their engines within %.0f s; "
                            "the data channel is left to process exit", self.rank, wait)
         except Exception as e:  # closing must not mask the caller's error

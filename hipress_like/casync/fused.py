@@ -9,7 +9,7 @@ collective of a gradient whose decision names its collective
 from __future__ import annotations
 
 import time
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import torch
 
@@ -17,6 +17,9 @@ from .collectives import allreduce_by, bruck_allgather, tree_broadcast
 from .tasks import Task
 from .timeline import Event
 from .transport.base import Transport
+
+if TYPE_CHECKING:
+    from .context import StepContext
 
 __all__ = ["reduce_fused", "scatter", "finish_bucket", "run_named"]
 
@@ -39,19 +42,23 @@ def reduce_fused(xs: List[torch.Tensor], channel: Transport, timeout: float,
         scatter(flat, xs)
 
 
-def run_named(task: Task, x: torch.Tensor, channel: Transport, timeout: float, op: str,
-              algo: str) -> Any:
+def run_named(x: torch.Tensor, channel: Transport, timeout: float, op: str,
+              algo: str, root: Optional[int] = None) -> Any:
     """Run one named collective (``op``: sum, max, broadcast, gather; ``algo``: the
-    layout's algorithm) on ``x``; return the task's new result (the filled
-    broadcast buffer, or the gathered payloads), or None when ``x`` was a view
-    reduced in place (the task's result is then its payload, as for a bucket)."""
+    layout's algorithm; ``root``: a broadcast's source rank) on ``x``; return the
+    task's new result (the filled broadcast buffer, or the gathered payloads), or
+    None when ``x`` was a view reduced in place (the task's result is then its
+    payload, as for a bucket)."""
     if op == "gather":
         return bruck_allgather(channel, x, timeout)
     if op == "broadcast":
+        if root is None:
+            raise ValueError("a broadcast collective needs its root rank; found none "
+                             "(pass root= to StepBuilder.collective)")
         if algo == "backend":
-            channel.broadcast(x, task.root, timeout)
+            channel.broadcast(x, root, timeout)
         else:
-            tree_broadcast(channel, x, task.root, timeout)
+            tree_broadcast(channel, x, root, timeout)
         return x
     if op == "sum" and algo in ("ring", "tree"):
         allreduce_by(algo, channel, x, timeout)
@@ -60,17 +67,18 @@ def run_named(task: Task, x: torch.Tensor, channel: Transport, timeout: float, o
     return None
 
 
-def finish_bucket(eng: Any, tasks: List[Task], t0: float, nbytes: int,
+def finish_bucket(ctx: "StepContext", tasks: List[Task], t0: float, nbytes: int,
                   result: Any = None) -> None:
     """After a bucket's allreduce: a static lane bucket writes its means (``lane.py``),
     a summed payload (PowerSGD's P or Q) goes on to its next task as it is (the
     allreduce task's result is its input, now summed); a named collective's task
     takes ``result`` (``run_named``)."""
+    lanes = ctx.layout.lane_by_key
     grads = 0
     for t in tasks:
-        lane = eng._lane_by_key.get(t.msg[0])
+        lane = lanes.get(t.msg[0])
         if lane is not None:
-            lane.write_mean(eng.size)
+            lane.write_mean(ctx.size)
             grads += len(lane.arrived)
         elif result is not None:
             t.result = result
@@ -78,7 +86,7 @@ def finish_bucket(eng: Any, tasks: List[Task], t0: float, nbytes: int,
         else:
             t.result = t.deps[0].result if t.deps else None
             grads += 1
-        eng._graph.finish(t)
+        ctx.graph.finish(t)
     # the event's "part" counts the gradients the fused allreduce carried
-    eng.timeline.add(Event("bucket", "", grads, t0, time.perf_counter(), nbytes,
-                           "comm", eng._st.index))
+    ctx.timeline.add(Event("bucket", "", grads, t0, time.perf_counter(), nbytes,
+                           "comm", ctx.st.index))

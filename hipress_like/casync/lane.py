@@ -101,7 +101,7 @@ class LaneBucket:
             s, e = self.slots[idx]
             torch.div(self.buf[s:e].view(tensor.shape), n, out=tensor)
         for _, _, _, handle in self.arrived:
-            handle._release()
+            handle.release()
 
     def restore(self) -> None:
         """Undo an allreduce whose result is discarded (a replayed bucket some rank

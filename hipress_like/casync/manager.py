@@ -12,17 +12,24 @@ that becomes ready:
 - a ``recv`` waits in the step's ``expect`` until the round that carries its
   message calls ``deliver`` (or takes a message that arrived first).
 
-Any failure becomes the engine's error (``Engine._fail``), which the next
-round reports to every peer.
+Any failure becomes the step's error (the context's ``fail`` callback), which
+the next round reports to every peer.
+
+The manager sees the engine only through its ``StepContext`` (``context.py``):
+the lock, the current step state, the graph, the layout view and ``fail``.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from .executors import Executor
 from .tasks import Kind, Task
+
+if TYPE_CHECKING:
+    from .context import StepContext
 
 __all__ = ["TaskManager"]
 
@@ -30,26 +37,26 @@ _log = logging.getLogger(__name__)
 
 
 class TaskManager:
-    """Dispatches an engine's ready tasks (its lock, step state, executor, errors).
+    """Dispatches ready tasks (see the module docstring).
 
     Args:
-        eng: the engine.
+        ctx: the engine's step context.
         executor: the computing executor (``executors.py``).
     """
 
-    def __init__(self, eng: Any, executor: Any):
-        self.eng = eng
+    def __init__(self, ctx: "StepContext", executor: Executor):
+        self.ctx = ctx
         self.executor = executor
 
     def on_ready(self, task: Task) -> None:
         """A task's inputs are done: route it (see the module docstring)."""
-        e = self.eng
+        c = self.ctx
         if task.kind is Kind.RECV:
             key = task.msg[0]
-            with e._cv:
-                buf = e._st.early.pop(key, None)
+            with c.cv:
+                buf = c.st.early.pop(key, None)
                 if buf is None:
-                    e._st.expect[key] = task
+                    c.st.expect[key] = task
             if buf is not None:
                 self._deliver_to(task, buf)
             return
@@ -58,52 +65,55 @@ class TaskManager:
             return
         try:
             x = task.fn(*task.inputs())
+            # a broadcast's owner is known once its payload exists (``Task.root``)
+            root = task.root() if task.root is not None else None
         except BaseException as err:  # a misaligned payload, or a bug in a workflow
-            e._fail(err, self.grad_index(task))
+            c.fail(err, self.grad_index(task))
             return
         key, dst = task.msg
-        with e._cv:
+        with c.cv:
             if task.kind is Kind.SEND:
                 task.nbytes = x.numel()
-                e._st.outbox[(key, dst)] = (x, task)
+                c.st.outbox[(key, dst)] = (x, task)
             else:
                 task.nbytes = x.numel() * x.element_size()
-                e._st.collective[key] = (task, x)
-            e._st.unreported.append((key, dst, task.nbytes))
-            e._cv.notify_all()
+                c.st.collective[key] = (task, x)
+                if root is not None:
+                    c.st.roots[key] = root
+            c.st.unreported.append((key, dst, task.nbytes))
+            c.cv.notify_all()
 
     def grad_index(self, task: Task) -> int:
         """The registration index of the task's gradient (-1 for a lane bucket)."""
-        g = self.eng._layout.grads.get(task.grad)
-        return g.idx if g is not None else -1
+        return self.ctx.layout.grad_index(task.grad)
 
     def run(self, task: Task) -> None:
         """Run a compute task on the executor; on success release its dependents."""
-        e = self.eng
-        if e._error is not None:
+        c = self.ctx
+        if c.error is not None:
             return
         try:
-            e._graph.start(task)
+            c.graph.start(task)
             task.run()
         except BaseException as err:
-            _log.error("rank %d: task %s failed: %s", e.rank, task.label, err)
-            e._fail(err, self.grad_index(task))
+            _log.error("rank %d: task %s failed: %s", c.rank, task.label, err)
+            c.fail(err, self.grad_index(task))
             return
-        e._graph.finish(task)
+        c.graph.finish(task)
         if task.owner is not None:
-            task.owner._release()
+            task.owner.release()
 
     def deliver(self, key: int, buf: torch.Tensor) -> None:
         """Message ``key`` arrived: finish its recv task, or keep it until the task is ready."""
-        e = self.eng
-        with e._cv:
-            task = e._st.expect.pop(key, None)
+        c = self.ctx
+        with c.cv:
+            task = c.st.expect.pop(key, None)
             if task is None:
-                e._st.early[key] = buf
+                c.st.early[key] = buf
                 return
         self._deliver_to(task, buf)
 
     def _deliver_to(self, task: Task, buf: torch.Tensor) -> None:
         task.nbytes = buf.numel()
         task.result = buf
-        self.eng._graph.finish(task)
+        self.ctx.graph.finish(task)

@@ -153,6 +153,6 @@ def finish_step(undo: Optional[StateUndo], states: Dict[str, Any], flagged: bool
     if mode == "propagate":
         for h in handles:
             if grads[h.name].compressor is not None:
-                h._tensor.fill_(float("nan"))
+                h.tensor.fill_(float("nan"))
         return True
     return False

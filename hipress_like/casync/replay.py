@@ -39,12 +39,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from .fused import finish_bucket, reduce_fused, scatter
 from .tasks import DeadlockError
+
+if TYPE_CHECKING:
+    from .context import StepContext
 
 __all__ = ["Schedule", "Replayer", "STATUS_LEN", "ERROR", "MISS", "SKIP", "dtype_groups", "op_of",
            "status_tensor", "read_status"]
@@ -143,16 +146,17 @@ def read_status(tail: torch.Tensor) -> Tuple[bool, bool, bool]:
 
 
 class Replayer:
-    """Runs a recorded ``Schedule`` for an engine (its lock, step state and channel).
+    """Runs a recorded ``Schedule`` over a step context (its lock, step state, layout
+    view and channel; ``context.py``).
 
     Args:
-        eng: the engine.
+        ctx: the engine's step context.
         channel: the transport the fused allreduces run on (the engine's data
             channel when it has one).
     """
 
-    def __init__(self, eng: Any, channel: Any):
-        self.eng = eng
+    def __init__(self, ctx: "StepContext", channel: Any):
+        self.ctx = ctx
         self.channel = channel
 
     def step(self, sched: Schedule) -> Optional[bool]:
@@ -167,33 +171,33 @@ class Replayer:
             the schedule: the bucket in hand was discarded (its members are as
             before) and the caller coordinates the rest of the step.
         """
-        e = self.eng
+        c = self.ctx
         last = len(sched.buckets) - 1
         skipped = False
         for i, bucket in enumerate(sched.buckets):
             state = self._await_bucket(sched, i, i == last)
             t0 = time.perf_counter()
-            with e._cv:
-                items = [e._st.collective[k] for k, _, _ in bucket] if state == "ok" else []
-                skip = e._st.nonfinite and i == last
+            with c.cv:
+                items = [c.st.collective[k] for k, _, _ in bucket] if state == "ok" else []
+                skip = c.st.nonfinite and i == last
             xs = {k: x for (k, _, _), (_, x) in zip(bucket, items)}
-            ops = e._layout.ops
+            ops = c.layout.ops
             groups = dtype_groups(bucket, ops)
             erred, missed, skipped = self._status_allreduce(
                 groups[0][1], xs, (state == "error", state == "miss", skip))
             if erred or missed:
                 _log.debug("rank %d: replay of step %d stopped at bucket %d (%s); "
-                           "coordinating the rest", e.rank, e._st.index, i,
+                           "coordinating the rest", c.rank, c.st.index, i,
                            "an error" if erred else "other gradients")
                 return None
             for _, members in groups[1:]:
-                reduce_fused([xs[k] for k, _, _ in members], self.channel, e.config.timeout,
+                reduce_fused([xs[k] for k, _, _ in members], self.channel, c.config.timeout,
                              op_of(members[0][0], ops))
-            with e._cv:
+            with c.cv:
                 for k in xs:
-                    del e._st.collective[k]
-                e._st.unreported = [m for m in e._st.unreported if m[0] not in xs]
-            finish_bucket(e, [t for t, _ in items], t0,
+                    del c.st.collective[k]
+                c.st.unreported = [m for m in c.st.unreported if m[0] not in xs]
+            finish_bucket(c, [t for t, _ in items], t0,
                           sum(m[1] * m[2].itemsize for m in bucket))
         return skipped
 
@@ -208,20 +212,20 @@ class Replayer:
         its buffer's spare room, and rebuilt if the result is discarded; other
         members are summed in a copy, written back only if the result is kept.
         """
-        e = self.eng
+        c = self.ctx
         dtype = members[0][2]
         total = sum(m[1] for m in members)
-        lane = e._lane_by_key.get(members[0][0]) if len(members) == 1 and xs else None
+        lane = c.layout.lane_by_key.get(members[0][0]) if len(members) == 1 and xs else None
         if lane is not None and lane.store is not None:
             flat = lane.store
         else:
             lane = None
-            dev = next(iter(xs.values())).device if xs else e._device
+            dev = next(iter(xs.values())).device if xs else c.device
             flat = torch.zeros(total + STATUS_LEN, dtype=dtype, device=dev)
             if xs:
                 torch.cat([xs[k] for k, _, _ in members], out=flat[:total])
         flat[total:] = status_tensor(*status, dtype, flat.device)
-        self.channel.allreduce(flat, op_of(members[0][0], e._layout.ops), e.config.timeout)
+        self.channel.allreduce(flat, op_of(members[0][0], c.layout.ops), c.config.timeout)
         words = read_status(flat[total:])
         if words[0] or words[1]:
             if lane is not None:
@@ -235,21 +239,22 @@ class Replayer:
         ready; for the last bucket, also ``synchronize`` was called), "error" (this
         rank failed) or "miss" (this rank closed a step whose gradients are not the
         schedule's: a member will never come, or a collective outside it exists)."""
-        e = self.eng
+        c = self.ctx
         keys = [k for k, _, _ in sched.buckets[i]]
-        deadline = time.monotonic() + e.config.timeout
-        with e._cv:
+        deadline = time.monotonic() + c.config.timeout
+        with c.cv:
             while True:
-                st = e._st
-                if e._error is not None:
+                st = c.st
+                if c.error is not None:
                     return "error"
-                if st.closed and (e._lane_partial() or not st.coll_keys <= sched.keys
-                                  or any(k not in st.coll_keys for k in keys)):
+                sealed = c.sealed
+                if sealed and (c.layout.lane_partial() or not st.coll_keys <= sched.keys
+                               or any(k not in st.coll_keys for k in keys)):
                     return "miss"
-                if (st.closed or not last) and all(k in st.collective for k in keys):
+                if (sealed or not last) and all(k in st.collective for k in keys):
                     return "ok"
                 if time.monotonic() > deadline:
                     raise DeadlockError([], f"replayed bucket {i} of step {st.index} not "
-                                            f"ready on rank {e.rank} within "
-                                            f"{e.config.timeout:.0f} s")
-                e._cv.wait(0.05)
+                                            f"ready on rank {c.rank} within "
+                                            f"{c.config.timeout:.0f} s")
+                c.cv.wait(0.05)

@@ -3,8 +3,10 @@
 A step begins with the first ``submit`` and ends when ``synchronize``
 returns; the engine then replaces its ``StepState`` with a fresh one. Every
 field below lives exactly that long, so nothing of a step can leak into the
-next. The engine's lock (``Engine._cv``) guards the containers; the
-communication thread reads and mutates them between metadata rounds.
+next. The lock of the engine's ``StepContext`` (``context.py``) guards the
+containers; the communication thread reads and mutates them between
+metadata rounds. Whether the step still takes submissions is the context's
+``Life`` (one enum for the engine's whole lifecycle), not a field here.
 
 Where a message or collective is, by key (``layout.msg_key``):
 
@@ -13,6 +15,7 @@ Where a message or collective is, by key (``layout.msg_key``):
     collective  -- an allreduce's tensor waiting for its bucket: key -> (task, tensor)
     planned     -- collectives already put into a round (they finish without
                    another report)
+    roots       -- a ready broadcast collective's source rank: key -> rank
     expect      -- a recv task waiting for its message: key -> task
     early       -- a message that arrived before its recv task was ready
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -42,10 +45,12 @@ class StepState:
             them with a recorded schedule).
         digest: XOR of the submitted gradients' fingerprints; equal on every
             rank that submitted the same set (checked when all have closed).
-        closed: ``synchronize`` was called: no more submissions.
-        nonfinite: this rank saw NaN/Inf with ``nonfinite="skip"``.
-        active: the communication thread was woken for this step.
-        skipped: the step's outcome: some rank asked to skip it.
+        nonfinite: this rank saw NaN/Inf (with ``nonfinite`` "skip" or
+            "propagate"): data for the next report, not lifecycle.
+        skipped: the step's *result*, written by the communication once every
+            rank agreed on it: some rank saw NaN/Inf, so the step is undone
+            (``nonfinite.finish_step``). Not lifecycle: a skipped step ends
+            like any other.
     """
 
     index: int
@@ -53,15 +58,14 @@ class StepState:
     outbox: Dict[Tuple[int, int], Tuple[torch.Tensor, Task]] = field(default_factory=dict)
     collective: Dict[int, Tuple[Task, torch.Tensor]] = field(default_factory=dict)
     planned: List[Task] = field(default_factory=list)
+    roots: Dict[int, int] = field(default_factory=dict)
     expect: Dict[int, Task] = field(default_factory=dict)
     early: Dict[int, torch.Tensor] = field(default_factory=dict)
     handles: List["Handle"] = field(default_factory=list)
     submitted: Set[str] = field(default_factory=set)
     coll_keys: Set[int] = field(default_factory=set)
     digest: int = 0
-    closed: bool = False
     nonfinite: bool = False
-    active: bool = False
     skipped: bool = False
 
     def unreported_bytes(self) -> int:
@@ -76,29 +80,41 @@ class Handle:
     building token (released once all the gradient's tasks are added) and
     one per ``write`` task (or the lane bucket's mean). The last release
     copies the result into the caller's tensor when the engine worked on a
-    contiguous copy, and sets the event.
+    contiguous copy, and sets the event. ``hold`` and ``release`` are the
+    engine's side (its builder, task manager and lane); a caller only
+    ``wait``s.
+
+    Args:
+        name: the gradient.
+        tensor: the caller's tensor (receives the average).
+        work: the tensor the engine works on (``tensor`` or a contiguous copy).
+        timeout: ``wait``'s default, in seconds.
+        check: raises the engine's error, if any (``wait`` polls it).
     """
 
-    def __init__(self, engine: Any, name: str, tensor: torch.Tensor,
-                 work: torch.Tensor):
-        self._engine = engine
+    def __init__(self, name: str, tensor: torch.Tensor, work: torch.Tensor, timeout: float,
+                 check: Callable[[], None]):
         self.name = name
-        self._tensor = tensor
+        self.tensor = tensor
         self._work = work
+        self._timeout = timeout
+        self._check = check
         self._pending = 1  # the building token, released after all tasks are added
         self._event = threading.Event()
         self._lock = threading.Lock()
 
-    def _hold(self, n: int = 1) -> None:
+    def hold(self, n: int = 1) -> None:
+        """Count ``n`` more completions to wait for (engine side)."""
         with self._lock:
             self._pending += n
 
-    def _release(self, n: int = 1) -> None:
+    def release(self, n: int = 1) -> None:
+        """``n`` completions happened (engine side); the last one finishes the handle."""
         with self._lock:
             self._pending -= n
             if self._pending == 0:
-                if self._work is not self._tensor:
-                    self._tensor.copy_(self._work)
+                if self._work is not self.tensor:
+                    self.tensor.copy_(self._work)
                 self._event.set()
 
     def done(self) -> bool:
@@ -112,11 +128,11 @@ class Handle:
             EngineError / PeerError: the synchronisation failed.
             TimeoutError: not done within ``timeout`` seconds.
         """
-        t = self._engine.config.timeout if timeout is None else timeout
+        t = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + t
         while not self._event.wait(0.05):
-            self._engine._raise_if_failed()
+            self._check()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"gradient {self.name!r} not synchronised within {t:.1f} s")
-        self._engine._raise_if_failed()
-        return self._tensor
+        self._check()
+        return self.tensor

@@ -24,7 +24,7 @@ import itertools
 import threading
 import time
 from enum import Enum
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..errors import HipressError
 
@@ -101,6 +101,13 @@ class Task:
             received buffer as its result.
         result: what ``fn`` returned (or the received bytes).
         start, end: ``time.perf_counter()`` stamps for the timeline.
+        msg: (message key, peer rank) of a send or recv; (key, ``COLLECTIVE``)
+            of a collective (``layout.msg_key``). Given at construction.
+        owner: the submission handle a ``write`` task completes (its
+            ``release`` is called once the task is done).
+        root: a broadcast collective's source rank, as a function called once
+            the task is ready (the owner is known only once its payload
+            exists: ``lane_workflows.py``).
     """
 
     __slots__ = ("id", "kind", "grad", "part", "fn", "nbytes", "info", "deps", "dependents",
@@ -108,7 +115,8 @@ class Task:
     _ids = itertools.count()
 
     def __init__(self, kind: str, grad: str, part: int, fn: Optional[Callable[..., Any]],
-                 nbytes: int = 0, info: str = ""):
+                 nbytes: int = 0, info: str = "", *, msg: Optional[Tuple[int, int]] = None,
+                 owner: Any = None, root: Optional[Callable[[], int]] = None):
         try:
             kind = Kind(kind)
         except ValueError:
@@ -127,9 +135,9 @@ class Task:
         self.state = TaskState.NEW
         self.start = 0.0
         self.end = 0.0
-        self.msg = None  # (key, peer) for send/recv
-        self.owner = None  # the submission handle a write task completes
-        self.root = -1  # a broadcast collective's source rank, set when it is ready
+        self.msg = msg
+        self.owner = owner
+        self.root = root
         self.result: Any = None
         # dependents that have not finished (they read ``result``), plus one for
         # whoever may still add readers, until ``TaskGraph.seal`` releases it
