@@ -42,7 +42,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..compressors.ops import extract, topk_abs
-from ..compressors.sparse import num_selected
+from ..compressors.sparse.topk import num_selected
 from ..cost_model.collectives import check_collective
 from ..cost_model.model import Link, fit_link
 from .transport.base import DEFAULT_TIMEOUT, Transport

@@ -6,27 +6,22 @@
 
 Algorithms register themselves on import; this package imports them all.
 """
-# Importing the algorithm modules registers them (identity/none, fp16, onebit,
+import importlib
+import sys
+
+# Importing the algorithm families registers them (identity/none, fp16, onebit,
 # tbq, terngrad, topk, randomk, dgc, graddrop, powersgd, ef, natural,
 # natural_dithering, dithering, compose, thc, star_topk, var_topk, mstopk), and the
-# sparse payload's codecs (sparse_codecs: plain, rle; bloom; curvefit).
+# sparse payload's codecs (sparse.codecs: plain, rle; bloom; curvefit).
 from . import (  # noqa: F401
-    artopk,
-    bloom,
-    compose,
-    curvefit,
-    dgc,
-    dithering,
-    graddrop,
     identity,
     natural,
     onebit,
     powersgd,
+    quantizers,
     sparse,
-    sparse_codecs,
-    tbq,
-    terngrad,
     thc,
+    wrappers,
 )
 from .base import (
     HEADER_VERSION,
@@ -41,9 +36,9 @@ from .base import (
     unpack_fields,
     unpack_payload,
 )
-from .error_feedback import ErrorFeedback, needs_error_feedback, with_error_feedback
 from .params import ParamError, ParamTypeError
 from .registry import ENTRY_POINT_GROUP, available, get, register
+from .wrappers.error_feedback import ErrorFeedback, needs_error_feedback, with_error_feedback
 
 __all__ = [
     "HEADER_VERSION", "Capabilities", "Compressor", "PayloadError", "State", "check_gradient",
@@ -51,3 +46,41 @@ __all__ = [
     "ErrorFeedback", "ENTRY_POINT_GROUP", "ParamError", "ParamTypeError", "available", "get",
     "register", "needs_error_feedback", "with_error_feedback",
 ]
+
+#: The module paths of the flat layout (one file per algorithm, before the
+#: algorithm folders) and the modules now holding that code. Users' imports and
+#: pickled compressors and plans name the old paths; each resolves to the new
+#: module through ``sys.modules`` (the packages that kept an old module's name,
+#: ``identity``, ``onebit``, ``natural``, ``powersgd``, ``thc`` and ``sparse``,
+#: re-export its public names instead).
+OLD_PATHS = {
+    "tbq": "quantizers.tbq",
+    "terngrad": "quantizers.terngrad",
+    "dithering": "natural.dithering",
+    "thc_kernels": "thc.kernels",
+    "thc_payload": "thc.payload",
+    "thc_tables": "thc.tables",
+    "thc_tables_cli": "thc.tables_cli",
+    "_fused_lowrank": "powersgd.lowrank",
+    "artopk": "sparse.artopk",
+    "bloom": "sparse.bloom",
+    "bloom_filter": "sparse.bloom_filter",
+    "curvefit": "sparse.curvefit",
+    "dgc": "sparse.dgc",
+    "graddrop": "sparse.graddrop",
+    "sparse_codecs": "sparse.codecs",
+    "compose": "wrappers.compose",
+    "error_feedback": "wrappers.error_feedback",
+    "_native": "_build.native",
+    "_fused": "_build.fused",
+}
+
+
+def _install_old_paths() -> None:
+    for old, new in OLD_PATHS.items():
+        module = importlib.import_module(f"{__name__}.{new}")
+        sys.modules[f"{__name__}.{old}"] = module
+        globals()[old] = module
+
+
+_install_old_paths()

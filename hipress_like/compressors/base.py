@@ -49,8 +49,6 @@ from .payload import (
 
 __all__ = [
     "HEADER_VERSION",
-    "compute_dtype",
-    "write_extra_f64",
     "decode_output",
     "all_finite",
     "workspace",
@@ -579,22 +577,3 @@ def accumulate_(buf: torch.Tensor, grad: torch.Tensor, scale: float = 1.0,
             flat.mul_(scale)
         return flat.add_(g, alpha=weight)
     return buf.reshape(-1).to(acc) * scale + g.to(acc) * weight
-
-
-# -- payload helpers shared by the quantizers -----------------------------------------
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Arithmetic dtype of the quantizers: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def write_extra_f64(payload: torch.Tensor, ndim: int, offset: int,
-                    values: Tuple[torch.Tensor, ...]) -> None:
-    """Store 0-d tensors as float64 into the header's extra field, on the device.
-
-    The extra field starts at ``header_nbytes(ndim, 0)`` (base.py layout) and
-    is 8-byte aligned, so it can be viewed as float64 without a host round trip.
-    """
-    start = header_nbytes(ndim, 0) + offset
-    dst = payload[start: start + 8 * len(values)].view(torch.float64)
-    dst.copy_(torch.stack([v.to(torch.float64) for v in values]))

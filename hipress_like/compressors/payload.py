@@ -29,7 +29,7 @@ import torch
 
 __all__ = ["HEADER_VERSION", "PayloadError", "Header", "PayloadPool", "pack_payload",
            "unpack_payload", "unpack_fields", "check_body_nbytes", "header_nbytes",
-           "FLOAT_DTYPES"]
+           "FLOAT_DTYPES", "write_extra_f64"]
 
 HEADER_VERSION = 1
 _MAGIC = b"HL"
@@ -226,3 +226,15 @@ def check_body_nbytes(h: Header, expected: int, name: str, detail: str = "") -> 
     if h.body.numel() != expected:
         raise PayloadError(f"{name} body has {h.body.numel()} bytes, expected {expected} "
                            f"for {h.numel} elements{detail}")
+
+
+def write_extra_f64(payload: torch.Tensor, ndim: int, offset: int,
+                    values: Tuple[torch.Tensor, ...]) -> None:
+    """Store 0-d tensors as float64 into the header's extra field, on the device.
+
+    The extra field starts at ``header_nbytes(ndim, 0)`` (the layout above) and
+    is 8-byte aligned, so it can be viewed as float64 without a host round trip.
+    """
+    start = header_nbytes(ndim, 0) + offset
+    dst = payload[start: start + 8 * len(values)].view(torch.float64)
+    dst.copy_(torch.stack([v.to(torch.float64) for v in values]))

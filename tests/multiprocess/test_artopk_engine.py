@@ -16,7 +16,7 @@ import torch
 
 from hipress_like.casync.engine import Engine, EngineConfig
 from hipress_like.casync.launch import run_workers
-from hipress_like.compressors.artopk import STARTopk, VARTopk, fuse
+from hipress_like.compressors.sparse.artopk import STARTopk, VARTopk, fuse
 from hipress_like.cost_model.plan import Plan, SizeRule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

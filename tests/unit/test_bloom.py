@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import hipress_like.compressors as C
-from hipress_like.compressors import PayloadError, _native, bloom
+from hipress_like.compressors import PayloadError
+from hipress_like.compressors._build import native as _native
+from hipress_like.compressors.sparse import bloom
 from hipress_like.compressors.base import header_nbytes, unpack_payload
-from hipress_like.compressors.bloom import (
+from hipress_like.compressors.sparse.bloom import (
     BLOCK_LOG2,
     BloomIndex,
     block_starts,

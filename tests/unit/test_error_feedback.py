@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hipress_like.compressors import ErrorFeedback, available, get
-from hipress_like.compressors.sparse import TopK
+from hipress_like.compressors.sparse.topk import TopK
 
 # Inner compressors built here (plus others' quantizers when registered).
 INNERS = [
@@ -129,7 +129,7 @@ def test_unknown_inner_lists_available():
 
 
 def test_wrapping_own_memory_compressor_warns(caplog):
-    with caplog.at_level(logging.WARNING, logger="hipress_like.compressors.error_feedback"):
+    with caplog.at_level(logging.WARNING, logger="hipress_like.compressors.wrappers.error_feedback"):
         get("ef", inner="graddrop")
     assert "own residual" in caplog.text
 

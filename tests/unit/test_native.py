@@ -1,4 +1,4 @@
-"""onebit's native C loops (compressors/_native.c) against the torch kernels.
+"""onebit's native C loops (compressors/onebit/onebit.c) against the torch kernels.
 
 The contract is bit equality with the eager torch path (itself pinned
 against the compiled one in test_quantizers.py) for every entry point the
@@ -20,7 +20,8 @@ import torch
 from test_quantizers import _assert_releases_gil  # tests/unit is on sys.path (rootdir import)
 
 import hipress_like.compressors as C
-from hipress_like.compressors import _native
+from hipress_like.compressors._build import native as _native
+from hipress_like.compressors.onebit import native as onebit_native
 
 pytestmark = pytest.mark.skipif(not _native.available(),
                                 reason="no working C compiler: the torch kernels are used")
@@ -123,7 +124,7 @@ def test_calls_split_over_threads_give_the_same_bits(monkeypatch):
         torch.set_num_threads(1)
         one = _all_paths(g, mem, acc)
         torch.set_num_threads(3)
-        assert len(_native._ranges(n // 8, n)) == 3
+        assert len(_native.ranges(n // 8, n)) == 3
         many = _all_paths(g, mem, acc)
     finally:
         torch.set_num_threads(threads)
@@ -163,7 +164,7 @@ def _fresh(monkeypatch, tmp_path):
 def test_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
     _fresh(monkeypatch, tmp_path)
     assert _native.available()
-    built = list((tmp_path / "native").glob("onebit_*.so"))
+    built = list((tmp_path / "native").glob("kernels_*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
     _fresh(monkeypatch, tmp_path)
@@ -207,7 +208,7 @@ def test_a_long_call_releases_the_gil():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        _assert_releases_gil(lambda: _native.onebit_pack(x, body), "native")
+        _assert_releases_gil(lambda: onebit_native.onebit_pack(x, body), "native")
     finally:
         torch.set_num_threads(threads)
 
@@ -292,7 +293,7 @@ def test_natural_calls_split_over_threads_give_the_same_bits(monkeypatch):
         torch.set_num_threads(1)
         one = [_natural_paths(g), _natural_paths(g_sub)]
         torch.set_num_threads(3)
-        assert len(_native._ranges(n // 8, n)) == 3
+        assert len(_native.ranges(n // 8, n)) == 3
         many = [_natural_paths(g), _natural_paths(g_sub)]
     finally:
         torch.set_num_threads(threads)

@@ -13,8 +13,8 @@ import torch
 import hipress_like.compressors as C
 from hipress_like.compressors import PayloadError
 from hipress_like.compressors.params import ParamError
-from hipress_like.compressors.sparse import unpack_sparse
-from hipress_like.compressors.sparse_codecs import (
+from hipress_like.compressors.sparse.topk import unpack_sparse
+from hipress_like.compressors.sparse.codecs import (
     RunLength,
     index_codec_names,
     pack_uint,
