@@ -29,7 +29,7 @@ import torch
 
 __all__ = ["HEADER_VERSION", "PayloadError", "Header", "PayloadPool", "pack_payload",
            "unpack_payload", "unpack_fields", "check_body_nbytes", "header_nbytes",
-           "FLOAT_DTYPES", "write_extra_f64"]
+           "FLOAT_DTYPES", "pad8", "write_extra_f64"]
 
 HEADER_VERSION = 1
 _MAGIC = b"HL"
@@ -52,10 +52,12 @@ class PayloadError(ValueError):
 
 def header_nbytes(ndim: int, extra_nbytes: int) -> int:
     """Bytes taken by the header for a tensor of ``ndim`` dims and ``extra_nbytes`` fields."""
-    return _FIXED.size + 8 * ndim + _pad8(extra_nbytes)
+    return _FIXED.size + 8 * ndim + pad8(extra_nbytes)
 
 
-def _pad8(n: int) -> int:
+def pad8(n: int) -> int:
+    """``n`` rounded up to a multiple of 8: header fields and payload sections
+    keep what follows them 8-byte aligned (viewable as float64/int64)."""
     return (n + 7) & ~7
 
 
@@ -76,7 +78,7 @@ def pack_payload(
     fresh allocation.
     """
     ndim = len(shape)
-    extra = extra + b"\0" * (_pad8(len(extra)) - len(extra))  # keep the body 8-byte aligned
+    extra = extra + b"\0" * (pad8(len(extra)) - len(extra))  # keep the body 8-byte aligned
     hdr = _FIXED.pack(_MAGIC, HEADER_VERSION, algo_id, _DTYPES[grad_dtype], ndim, len(extra),
                       body_nbytes)
     hdr += struct.pack(f"<{ndim}q", *shape) + extra

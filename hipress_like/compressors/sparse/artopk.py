@@ -82,6 +82,7 @@ from ..base import (
 from ..kernels import Kernels
 from ..ops import extract, hash32, topk_abs
 from ..params import check_int
+from ..payload import pad8
 from ..registry import register
 from .topk import Sparsifier, _check_ratio, index_dtype, num_selected, pack_sparse
 
@@ -90,10 +91,6 @@ __all__ = ["ARTopk", "STARTopk", "VARTopk", "MSTopk", "ms_threshold", "fuse", "u
 _EXTRA = struct.Struct("<QQ")  # kind, count
 _INDICES, _VALUES, _VARIANCES = 1, 2, 3
 _KIND_NAMES = {_INDICES: "indices", _VALUES: "values", _VARIANCES: "variances"}
-
-
-def _pad8(n: int) -> int:
-    return (n + 7) & ~7
 
 
 class _ARKernels(Kernels):
@@ -148,7 +145,7 @@ class ARTopk(Compressor):
     # -- payloads ----------------------------------------------------------------
     def _pack(self, grad: torch.Tensor, kind: int, data: torch.Tensor) -> torch.Tensor:
         raw = data.reshape(-1).contiguous().view(torch.uint8)
-        nbytes = _pad8(raw.numel()) if kind == _INDICES else raw.numel()
+        nbytes = pad8(raw.numel()) if kind == _INDICES else raw.numel()
         payload, body = pack_payload(self.algo_id, grad.dtype, tuple(grad.shape),
                                      _EXTRA.pack(kind, data.numel()), nbytes, grad.device)
         body[: raw.numel()].copy_(raw)
@@ -164,7 +161,7 @@ class ARTopk(Compressor):
         if kind == _INDICES:
             idt = index_dtype(h.numel)
             isz = torch.empty((), dtype=idt).element_size()
-            check_body_nbytes(h, _pad8(count * isz), self.name, f" with k={count}")
+            check_body_nbytes(h, pad8(count * isz), self.name, f" with k={count}")
             idx = h.body[: count * isz].view(idt).to(torch.int64)
             if count and (int(idx[0]) < 0 or int(idx[-1]) >= h.numel
                           or (count > 1 and not bool((idx[1:] > idx[:-1]).all()))):
@@ -183,7 +180,7 @@ class ARTopk(Compressor):
         isz = torch.empty((), dtype=index_dtype(numel)).element_size()
         hdr = header_nbytes(ndim, _EXTRA.size)
         own = (hdr + 8) * self._owner_rounds
-        return own + hdr + _pad8(k * isz) + hdr + 4 * k
+        return own + hdr + pad8(k * isz) + hdr + 4 * k
 
     def broadcast_nbytes(self, r: int, numel: int, ndim: int = 1) -> Optional[int]:
         """The owner's index payload: the header and k sorted indices, 8-byte padded
@@ -191,7 +188,7 @@ class ARTopk(Compressor):
         if self.capabilities.round_reductions[r] != "broadcast":
             raise ValueError(f"{self.name}: round {r} is not a broadcast round")
         isz = torch.empty((), dtype=index_dtype(numel)).element_size()
-        return header_nbytes(ndim, _EXTRA.size) + _pad8(self.k_of(numel) * isz)
+        return header_nbytes(ndim, _EXTRA.size) + pad8(self.k_of(numel) * isz)
 
     # -- rounds ------------------------------------------------------------------
     def owner(self, state: State, aggregate: Optional[torch.Tensor]) -> int:

@@ -90,7 +90,7 @@ import torch
 from ..base import mix_seed, view_as_dtype
 from ..memo import DecodeMemo
 from ..params import ParamError, check_bool, check_real
-from ..payload import PayloadError
+from ..payload import PayloadError, pad8
 from . import native as _c
 from .bloom_filter import (  # noqa: F401  (re-exported: the codec's primitives)
     BLOCK_LOG2,
@@ -108,7 +108,7 @@ from .bloom_filter import (  # noqa: F401  (re-exported: the codec's primitives)
     probe_positions,
     query,
 )
-from .codecs import IndexCode, IndexCodec, pad8, register_index_codec
+from .codecs import IndexCode, IndexCodec, register_index_codec
 
 __all__ = [
     "POLICIES",

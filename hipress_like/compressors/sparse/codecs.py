@@ -51,7 +51,7 @@ import torch
 
 from ..base import view_as_dtype
 from ..params import ParamError, check_int
-from ..payload import PayloadError
+from ..payload import PayloadError, pad8  # noqa: F401  (sparse_codecs.pad8 was public)
 
 __all__ = [
     "IndexCode",
@@ -76,10 +76,6 @@ __all__ = [
 ]
 
 _INT32_LIMIT = 2**31  # indices are < n, so int32 holds them while n <= 2**31
-
-
-def _pad8(n: int) -> int:
-    return (n + 7) & ~7
 
 
 def index_dtype(n: int) -> torch.dtype:
@@ -531,11 +527,6 @@ class RunLength(IndexCodec):
         of the sum); with a chosen width, the best bound over widths."""
         widths = [self.block_bits] if self.block_bits else range(1, 33)
         return min((w * (k + (n - k) // ((1 << w) - 1)) + 7) // 8 for w in widths)
-
-
-def pad8(n: int) -> int:
-    """``n`` rounded up to a multiple of 8 (sections keep the body 8-byte aligned)."""
-    return _pad8(n)
 
 
 def ceil_log2(k: int) -> int:

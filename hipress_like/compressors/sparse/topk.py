@@ -67,6 +67,7 @@ from ..base import (
 from ..kernels import Kernels
 from ..ops import extract, hash32, sample_positions, topk_abs
 from ..params import ParamError, check_bool, check_real
+from ..payload import pad8
 from ..registry import register
 from . import bloom, curvefit  # noqa: F401  (register the codecs before any decode)
 from .codecs import (
@@ -106,10 +107,6 @@ _MIN_SAMPLES = 1024
 _MIN_HITS = 32
 
 
-def _pad8(n: int) -> int:
-    return (n + 7) & ~7
-
-
 def _check_ratio(name: str, ratio: float, param: str = "ratio") -> float:
     """A density in (0, 1]: 0.01 keeps 1% of the elements."""
     return check_real(name, param, ratio, low=0.0, high=1.0, low_open=True, example=0.01)
@@ -126,7 +123,7 @@ def sparse_payload_nbytes(k: int, numel: int, ndim: int = 1, value_itemsize: int
     ``header + pad8(k * index_size) + k * value_itemsize`` (see the module docstring).
     """
     isz = torch.empty((), dtype=index_dtype(numel)).element_size()
-    return header_nbytes(ndim, _EXTRA.size) + _pad8(k * isz) + k * value_itemsize
+    return header_nbytes(ndim, _EXTRA.size) + pad8(k * isz) + k * value_itemsize
 
 
 def pack_sparse(algo_id: int, grad: torch.Tensor, idx: torch.Tensor,
@@ -145,7 +142,7 @@ def pack_sparse(algo_id: int, grad: torch.Tensor, idx: torch.Tensor,
     n, k = grad.numel(), idx.numel()
     idt = index_dtype(n)
     isz = torch.empty((), dtype=idt).element_size()
-    ipad = _pad8(k * isz)
+    ipad = pad8(k * isz)
     vsz = grad.element_size()
     payload, body = pack_payload(algo_id, grad.dtype, tuple(grad.shape), _EXTRA.pack(k, isz),
                                  ipad + k * vsz, grad.device)
@@ -177,10 +174,10 @@ def pack_coded(algo_id: int, grad: torch.Tensor, k: int, icode: IndexCode, icode
              + vcode.fields + bytes(-len(vcode.fields) % 8))
     isec, vsec = icode.section.numel(), vcode.section.numel()
     payload, body = pack_payload(algo_id, grad.dtype, tuple(grad.shape), extra,
-                                 _pad8(isec) + vsec, grad.device)
+                                 pad8(isec) + vsec, grad.device)
     body[:isec].copy_(icode.section)
-    body[isec: _pad8(isec)].zero_()
-    body[_pad8(isec):].copy_(vcode.section)
+    body[isec: pad8(isec)].zero_()
+    body[pad8(isec):].copy_(vcode.section)
     return payload
 
 
@@ -206,21 +203,21 @@ def unpack_sparse(payload: torch.Tensor, algo_id: int) -> Tuple[Header, torch.Te
                            + (f" (reserved bits set: {word:#x})" if word >> 24 else ""))
     icls, vcls = index_codec_by_id(iid), value_codec_by_id(vid)
     ilen, vlen = icls.fields.size, vcls.fields.size
-    if len(h.extra) != _EXTRA.size + _pad8(ilen) + _pad8(vlen):
+    if len(h.extra) != _EXTRA.size + pad8(ilen) + pad8(vlen):
         raise PayloadError(f"sparse payload extra has {len(h.extra)} bytes, expected "
-                           f"{_EXTRA.size + _pad8(ilen) + _pad8(vlen)} for codecs "
+                           f"{_EXTRA.size + pad8(ilen) + pad8(vlen)} for codecs "
                            f"{icls.name}/{vcls.name}")
     ifields = icls.fields.unpack_from(h.extra, _EXTRA.size)
-    vfields = vcls.fields.unpack_from(h.extra, _EXTRA.size + _pad8(ilen))
+    vfields = vcls.fields.unpack_from(h.extra, _EXTRA.size + pad8(ilen))
     isec = icls.section_nbytes(ifields, n, k)
     vsec = vcls.section_nbytes(vfields, k, h.dtype)
     codecs = "" if iid == vid == 0 else f" ({icls.name} indices, {vcls.name} values)"
-    check_body_nbytes(h, _pad8(isec) + vsec, "sparse", f" with k={k}{codecs}")
+    check_body_nbytes(h, pad8(isec) + vsec, "sparse", f" with k={k}{codecs}")
     idx = icls.decode(ifields, h.body[:isec], n, k)
     if idx.numel() != k:
         raise PayloadError(f"sparse payload's {icls.name} indices decode to {idx.numel()} "
                            f"positions, expected {k}")
-    vals = vcls.decode(vfields, h.body[_pad8(isec):], k, h.dtype)
+    vals = vcls.decode(vfields, h.body[pad8(isec):], k, h.dtype)
     return h, idx, vals
 
 
@@ -445,8 +442,8 @@ class Sparsifier(Compressor):
         if self._plain:
             return sparse_payload_nbytes(k, numel, ndim, 4)
         ic, vc = self.index_codec, self.value_codec
-        extra = _EXTRA.size + _pad8(ic.fields.size) + _pad8(vc.fields.size)
-        return (header_nbytes(ndim, extra) + _pad8(ic.max_section_nbytes(numel, k))
+        extra = _EXTRA.size + pad8(ic.fields.size) + pad8(vc.fields.size)
+        return (header_nbytes(ndim, extra) + pad8(ic.max_section_nbytes(numel, k))
                 + vc.max_section_nbytes(k, 4))
 
     def reselect(self, grad: torch.Tensor, k: Optional[int] = None) -> torch.Tensor:

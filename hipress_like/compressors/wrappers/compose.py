@@ -86,8 +86,9 @@ from ..base import (
     unpack_payload,
     view_as_dtype,
 )
+from ..payload import pad8
 from ..registry import get, register
-from ..sparse.topk import Sparsifier, _pad8, index_dtype, num_selected, unpack_sparse
+from ..sparse.topk import Sparsifier, index_dtype, num_selected, unpack_sparse
 
 __all__ = ["Compose", "compose"]
 
@@ -297,7 +298,7 @@ class Compose(Compressor):
         """This compressor's payload of a sparse payload: its indices, quantized values."""
         h, idx, vals = unpack_sparse(sparse_payload, self.sparsifier.algo_id)
         k, isz = idx.numel(), _index_itemsize(h.numel)
-        ipad = _pad8(k * isz)
+        ipad = pad8(k * isz)
         inner = None
         if k:
             inner, q_state = self.quantizer.encode(vals, q_state)
@@ -321,7 +322,7 @@ class Compose(Compressor):
         if (k == 0) != (qn == 0):
             raise PayloadError(f"compose payload declares k={k} values in an inner payload "
                                f"of {qn} bytes")
-        ipad = _pad8(k * isz)
+        ipad = pad8(k * isz)
         check_body_nbytes(h, ipad + qn, "compose", f" with k={k} and a {qn}-byte inner payload")
         idx = view_as_dtype(h.body[: k * isz], index_dtype(n)).to(torch.int64)
         if not k:
@@ -380,7 +381,7 @@ class Compose(Compressor):
         Exact when both parts have fixed sizes, else an upper bound.
         """
         k = self._max_kept(numel)
-        return (header_nbytes(ndim, _EXTRA.size) + _pad8(k * _index_itemsize(numel))
+        return (header_nbytes(ndim, _EXTRA.size) + pad8(k * _index_itemsize(numel))
                 + self.quantizer.payload_nbytes(k, 1))
 
     def bits_per_value(self, numel: int, ndim: int = 1) -> float:
