@@ -5,6 +5,14 @@
     hp.compressors.available()
 
 Algorithms register themselves on import; this package imports them all.
+Each family lives in its own folder with its Python, its C and its kernels
+(onebit/, quantizers/, natural/, thc/, powersgd/, sparse/, identity/); the
+wrappers (error feedback, composition) in wrappers/, what they share to build
+kernels in _build/. A new algorithm derives from ``Compressor`` (one round:
+``init``, ``encode``, ``decode``, ``params`` and declared ``capabilities``) or
+``MultiRoundCompressor`` (``rounds.py``), and registers with ``register``.
+The flat layout's module paths (``compressors.tbq``, ``.sparse_codecs``, ...)
+stay importable through ``OLD_PATHS`` below.
 """
 import importlib
 import sys
@@ -24,10 +32,12 @@ from . import (  # noqa: F401
     wrappers,
 )
 from .base import (
+    CATEGORIES,
     HEADER_VERSION,
     Capabilities,
     Compressor,
     PayloadError,
+    Round,
     State,
     check_body_nbytes,
     check_gradient,
@@ -38,10 +48,13 @@ from .base import (
 )
 from .params import ParamError, ParamTypeError
 from .registry import ENTRY_POINT_GROUP, available, get, register
+from .rounds import MultiRoundCompressor
 from .wrappers.error_feedback import ErrorFeedback, needs_error_feedback, with_error_feedback
+from .wrappers.wrapper import Wrapper
 
 __all__ = [
-    "HEADER_VERSION", "Capabilities", "Compressor", "PayloadError", "State", "check_gradient",
+    "CATEGORIES", "HEADER_VERSION", "Capabilities", "Compressor", "MultiRoundCompressor",
+    "Round", "Wrapper", "PayloadError", "State", "check_gradient",
     "check_body_nbytes", "header_nbytes", "pack_payload", "unpack_fields", "unpack_payload",
     "ErrorFeedback", "ENTRY_POINT_GROUP", "ParamError", "ParamTypeError", "available", "get",
     "register", "needs_error_feedback", "with_error_feedback",

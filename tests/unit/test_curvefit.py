@@ -8,6 +8,8 @@ import torch
 
 import hipress_like.compressors as C
 from hipress_like.compressors import PayloadError
+from hipress_like.compressors.params import ParamError
+from hipress_like.compressors.sparse.codecs import ceil_log2
 from hipress_like.compressors.sparse.curvefit import (
     FITS,
     CurveFit,
@@ -16,8 +18,6 @@ from hipress_like.compressors.sparse.curvefit import (
     fit_sorted,
     n_coefficients,
 )
-from hipress_like.compressors.params import ParamError
-from hipress_like.compressors.sparse.codecs import ceil_log2
 
 
 def _u(k):

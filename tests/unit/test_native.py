@@ -43,20 +43,20 @@ def _all_paths(g, mem, acc, count=3):
     c = C.get("onebit")
     p, _ = c.encode(g, {})
     m2 = mem.clone()
-    p2, _ = c.encode_accumulated_(m2, g, {})
+    p2, _ = c.kernels.encode_accumulated_(m2, g, {})
     res = m2.clone()
-    c.subtract_decoded_(res, p2)
+    c.kernels.subtract_decoded_(res, p2)
     add = acc.clone()
-    c.decode_add_(p, add)
+    c.kernels.decode_add_(p, add)
     div = acc.clone()
-    c.decode_div_(p2, div, 3)
+    c.kernels.decode_div_(p2, div, 3)
     many = acc.clone()
-    c.decode_add_many_([p, p2, p][:count], many)
+    c.kernels.decode_add_many_([p, p2, p][:count], many)
     # error feedback's deferred residual: taken out in the next accumulation sweep
-    tok = c.deferred_residual(p2, m2)
-    applied = c.apply_residual_(m2.clone(), tok)
+    tok = c.kernels.deferred_residual(p2, m2)
+    applied = c.kernels.apply_residual_(m2.clone(), tok)
     m3 = m2.clone()
-    p3, _ = c.encode_accumulated_(m3, g, {}, residual=tok)
+    p3, _ = c.kernels.encode_accumulated_(m3, g, {}, residual=tok)
     return {"payload": p, "payload_acc": p2, "mem": m2, "residual": res,
             "decode": c.decode(p), "decode_add": add, "decode_div": div, "add_many": many,
             "residual_applied": applied, "payload_deferred": p3, "mem_deferred": m3}
@@ -93,14 +93,14 @@ def test_deferred_residual_is_the_two_steps(n):
     accumulating encode, and apply_residual_ is subtract_decoded_."""
     c = C.get("onebit")
     g, mem = _grad(n, 11), _grad(n, 12)
-    p, _ = c.encode_accumulated_(mem, _grad(n, 13), {})
-    tok = c.deferred_residual(p, mem)
-    two = c.subtract_decoded_(mem.clone(), p)
-    assert torch.equal(c.apply_residual_(mem.clone(), tok).view(torch.int32),
+    p, _ = c.kernels.encode_accumulated_(mem, _grad(n, 13), {})
+    tok = c.kernels.deferred_residual(p, mem)
+    two = c.kernels.subtract_decoded_(mem.clone(), p)
+    assert torch.equal(c.kernels.apply_residual_(mem.clone(), tok).view(torch.int32),
                        two.view(torch.int32))
-    p_two, _ = c.encode_accumulated_(two, g, {})
+    p_two, _ = c.kernels.encode_accumulated_(two, g, {})
     one = mem.clone()
-    p_one, _ = c.encode_accumulated_(one, g, {}, residual=tok)
+    p_one, _ = c.kernels.encode_accumulated_(one, g, {}, residual=tok)
     assert torch.equal(p_one, p_two)
     assert torch.equal(one.view(torch.int32), two.view(torch.int32))
 
@@ -140,7 +140,7 @@ def test_nonfinite_input_is_rejected(bad):
     with pytest.raises(ValueError, match="NaN or Inf"):
         c.encode(g, {})
     with pytest.raises(ValueError, match="NaN or Inf"):
-        c.encode_accumulated_(torch.zeros(1001), g, {})
+        c.kernels.encode_accumulated_(torch.zeros(1001), g, {})
 
 
 def test_other_dtypes_and_layouts_keep_the_torch_path():

@@ -394,13 +394,13 @@ def test_summable_view_is_the_merged_part_of_the_payload():
     a, _ = c.encode_round(0, g1, c.init(g1, world_size=2), None)
     b, _ = c.encode_round(0, g2, c.init(g2, world_size=2), None)
     want = c.merge([a, b])
-    va = c.summable_view(a)
+    va = c.kernels.summable_view(a)
     assert va.data_ptr() >= a.data_ptr() and va.numel() == 12 * 2
-    va.add_(c.summable_view(b))  # what an allreduce does in place
+    va.add_(c.kernels.summable_view(b))  # what an allreduce does in place
     assert torch.equal(a, want)
     local, _ = c.encode(g1, c.init(g1))
     with pytest.raises(PayloadError, match="not summable"):
-        c.summable_view(local)
+        c.kernels.summable_view(local)
 
 
 @pytest.mark.parametrize("kernels", ["eager", "compiled", "native"])

@@ -278,14 +278,14 @@ def test_decode_add_many_matches_a_loop_of_decode_add(n, count, dtype, kernels, 
     c = C.get("onebit")
     payloads = [c.encode(_grad(n, seed=10 + i, dtype=dtype), {})[0] for i in range(count)]
     acc0 = _grad(n, seed=99, dtype=dtype)
-    fused = c.decode_add_many_(payloads, acc0.clone())
+    fused = c.kernels.decode_add_many_(payloads, acc0.clone())
     loop = acc0.clone()
     for p in payloads:
-        c.decode_add_(p, loop)
+        c.kernels.decode_add_(p, loop)
     assert torch.equal(fused, loop)
     # the engine's error-feedback wrapper passes it through
     ef = C.get("ef", inner="onebit")
-    assert torch.equal(ef.decode_add_many_(payloads, acc0.clone()), loop)
+    assert torch.equal(ef.kernels.decode_add_many_(payloads, acc0.clone()), loop)
 
 
 def test_decode_add_many_rejects_a_foreign_payload():
@@ -293,7 +293,7 @@ def test_decode_add_many_rejects_a_foreign_payload():
     good = c.encode(_grad(100, seed=1), {})[0]
     bad = C.get("tbq").encode(_grad(100, seed=1), {})[0]
     with pytest.raises(C.PayloadError):
-        c.decode_add_many_([good, bad], torch.zeros(100))
+        c.kernels.decode_add_many_([good, bad], torch.zeros(100))
 
 
 def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplog):
@@ -305,7 +305,8 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplo
     monkeypatch.setattr(_fused, "_warned", False)
     monkeypatch.delenv("HIPRESS_NO_COMPILE", raising=False)
     # fresh kernels, so the cached compiled functions are not used
-    monkeypatch.setattr(quantizers_fused, "_K_TBQ_PACK", _fused.Kernel(quantizers_fused._tbq_pack_fn, "tbq encode"))
+    monkeypatch.setattr(quantizers_fused, "_K_TBQ_PACK",
+                        _fused.Kernel(quantizers_fused._tbq_pack_fn, "tbq encode"))
     monkeypatch.setattr(quantizers_fused, "_K_TBQ_UNPACK",
                         _fused.Kernel(quantizers_fused._tbq_unpack_fn, "tbq decode"))
     monkeypatch.setattr(torch, "compile", broken_compile)
@@ -327,7 +328,7 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplo
 def test_fused_decode_add_and_div_match_decode_then_op(name, params, n, dtype):
     """decode_add_ / decode_div_ (one fused pass; compiled for large n, eager for small,
     with a partial last byte at n = 1001) give the bits of decode, then add_ / div_."""
-    from hipress_like.compressors.base import Compressor
+    from hipress_like.compressors.kernels import Kernels
 
     c = C.get(name, **params)
     gen = torch.Generator().manual_seed(n)
@@ -335,15 +336,15 @@ def test_fused_decode_add_and_div_match_decode_then_op(name, params, n, dtype):
     payload, _ = c.encode(x, c.init(x))
     acc = torch.randn(n, generator=gen).to(dtype)
     want_add = acc.clone().add_(c.decode(payload))
-    assert torch.equal(c.decode_add_(payload, acc.clone()), want_add)
-    assert torch.equal(Compressor.decode_add_(c, payload, acc.clone()), want_add)
+    assert torch.equal(c.kernels.decode_add_(payload, acc.clone()), want_add)
+    assert torch.equal(Kernels(c).decode_add_(payload, acc.clone()), want_add)
     out = torch.empty(n, dtype=dtype)
     want_div = c.decode(payload).div_(4)
-    assert torch.equal(c.decode_div_(payload, out, 4), want_div)
-    assert torch.equal(Compressor.decode_div_(c, payload, torch.empty(n, dtype=dtype), 4),
+    assert torch.equal(c.kernels.decode_div_(payload, out, 4), want_div)
+    assert torch.equal(Kernels(c).decode_div_(payload, torch.empty(n, dtype=dtype), 4),
                        want_div)
     with pytest.raises(ValueError, match="elements"):
-        c.decode_add_(payload, torch.zeros(n + 1, dtype=dtype))
+        c.kernels.decode_add_(payload, torch.zeros(n + 1, dtype=dtype))
 
 
 def test_assume_finite_skips_the_scan_but_kernels_still_catch_nan():

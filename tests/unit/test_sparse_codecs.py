@@ -13,7 +13,6 @@ import torch
 import hipress_like.compressors as C
 from hipress_like.compressors import PayloadError
 from hipress_like.compressors.params import ParamError
-from hipress_like.compressors.sparse.topk import unpack_sparse
 from hipress_like.compressors.sparse.codecs import (
     RunLength,
     index_codec_names,
@@ -22,6 +21,7 @@ from hipress_like.compressors.sparse.codecs import (
     unpack_uint,
     value_codec_names,
 )
+from hipress_like.compressors.sparse.topk import unpack_sparse
 
 SPARSIFIERS = [("topk", {"ratio": 0.02}), ("randomk", {"ratio": 0.02}),
                ("randomk", {"ratio": 0.02, "unbiased": False}),

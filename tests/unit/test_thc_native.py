@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from hipress_like.compressors._build import native as _native
+from hipress_like.compressors.ops import _as_i32
 from hipress_like.compressors.thc import kernels as thc_kernels
 from hipress_like.compressors.thc import native as thc_native
 from hipress_like.compressors.thc import thc
-from hipress_like.compressors.ops import _as_i32
 
 pytestmark = pytest.mark.skipif(not _native.available(), reason="no C compiler here")
 

@@ -107,7 +107,6 @@ import torch
 
 from ..base import (
     Capabilities,
-    Compressor,
     Header,
     PayloadError,
     State,
@@ -125,6 +124,7 @@ from ..kernels import Kernels
 from ..ops import matmul, orthogonalize_, uniform
 from ..params import check_bool, check_int
 from ..registry import register
+from ..rounds import MultiRoundCompressor
 from . import lowrank
 
 __all__ = ["PowerSGD", "matrix_shape", "power_iteration", "ROUND_P", "ROUND_Q", "ROUND_LOCAL"]
@@ -170,7 +170,7 @@ class _Parsed:
 
 
 @register("powersgd")
-class PowerSGD(Compressor):
+class PowerSGD(MultiRoundCompressor):
     """Rank-r PowerSGD with warm start and built-in error feedback.
 
     Args:

@@ -67,7 +67,6 @@ import torch
 
 from ..base import (
     Capabilities,
-    Compressor,
     PayloadError,
     State,
     accumulate_,
@@ -84,6 +83,7 @@ from ..ops import extract, hash32, topk_abs
 from ..params import check_int
 from ..payload import pad8
 from ..registry import register
+from ..rounds import MultiRoundCompressor
 from .topk import Sparsifier, _check_ratio, index_dtype, num_selected, pack_sparse
 
 __all__ = ["ARTopk", "STARTopk", "VARTopk", "MSTopk", "ms_threshold", "fuse", "unfuse"]
@@ -107,7 +107,7 @@ class _ARKernels(Kernels):
         return None
 
 
-class ARTopk(Compressor):
+class ARTopk(MultiRoundCompressor):
     """Common rounds of STAR-Topk and VAR-Topk (module docstring); subclasses name the owner.
 
     Args:

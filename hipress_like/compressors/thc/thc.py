@@ -88,7 +88,6 @@ from .._build.fused import Kernel, compute_dtype
 from ..base import (
     CONTRIBUTORS,
     Capabilities,
-    Compressor,
     PayloadError,
     State,
     check_gradient,
@@ -106,6 +105,7 @@ from ..params import ParamError, check_bool, check_int, check_real
 from ..quantizers.fused import minmax as _fused_minmax
 from ..quantizers.terngrad import step_seed as rank_step_seed
 from ..registry import register
+from ..rounds import MultiRoundCompressor
 from . import native as _c
 from . import tables as thc_tables
 from .kernels import (
@@ -129,7 +129,7 @@ _DEFAULT_G = {2: 36, 4: 30}  # App. C.1 for b=2; Sec. 8's evaluation default for
 
 
 @register("thc")
-class THC(Compressor):
+class THC(MultiRoundCompressor):
     """THC (Li et al., NSDI 2024): homomorphic b-bit quantization; the aggregator sums.
 
     Args:

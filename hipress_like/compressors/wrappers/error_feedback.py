@@ -36,7 +36,7 @@ fp16), and the inner compressor always sees the gradient's own dtype.
 
 **The residual may be deferred.** ``m_{t+1} = p_t - decode(payload)`` costs
 one read and one write of the memory. When the inner compressor can redo it
-from a small token (``Compressor.deferred_residual``: onebit's two values,
+from a small token (``inner.kernels.deferred_residual``: onebit's two values,
 since its decode is a function of ``p_t``'s signs), the state keeps
 ``"error": p_t`` plus ``"pending": token``, and the next encode subtracts
 it inside the sweep that adds the next gradient (``encode_accumulated_``),
@@ -49,22 +49,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
 from ..base import (
-    CONTRIBUTORS,
-    STEP_SEED,
     Compressor,
     State,
     accumulate_,
     accumulator_dtype,
     check_gradient,
 )
-from ..kernels import InnerKernels
 from ..params import check_real
-from ..registry import get, register
+from ..registry import register
+from .wrapper import Wrapper
 
 __all__ = ["ErrorFeedback", "needs_error_feedback", "with_error_feedback"]
 
@@ -77,7 +75,7 @@ def _check_factor(name: str, x: Any) -> float:
 
 
 @register("ef", "error_feedback")
-class ErrorFeedback(Compressor):
+class ErrorFeedback(Wrapper):
     """Error feedback around ``inner``: send ``C(beta*m + gamma*g)``, keep the rest in ``m``.
 
     Args:
@@ -109,9 +107,7 @@ class ErrorFeedback(Compressor):
             raise ValueError(f"ef: inner parameter(s) {both} given both in inner_params and "
                              "as keywords; give each once")
         inner_params = {**dict(inner_params or {}), **kwargs}
-        if isinstance(inner, Compressor) and inner_params:
-            raise ValueError("ef: inner parameters cannot be given with a compressor instance")
-        self.inner = get(inner, **inner_params)
+        super().__init__(inner, **inner_params)
         if isinstance(self.inner, ErrorFeedback):
             raise ValueError("ef: wrapping error feedback in error feedback feeds the error "
                              "back twice; wrap the inner compressor once")
@@ -120,10 +116,8 @@ class ErrorFeedback(Compressor):
                          self.inner.name)
         self.beta = _check_factor("beta", beta)
         self.gamma = _check_factor("gamma", gamma)
-        self.algo_id = self.inner.algo_id  # the payload is the inner one, unchanged
-        # so its fast paths (decode-add, summable view, ...) are the inner ones
-        self.kernels_class = InnerKernels
-        # the payload is the inner one (same merge, same rounds); the memory is ours
+        # the payload is the inner one (Wrapper: same merge, rounds, size and kernels);
+        # the memory is ours
         self.capabilities = dataclasses.replace(self.inner.capabilities, stateful=True,
                                                 keeps_memory=True)
 
@@ -223,31 +217,6 @@ class ErrorFeedback(Compressor):
             err = p.sub_(dec.to(p.dtype))
         return payload, {"error": err, "inner": inner_state}
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The inner compressor's decode (into ``out`` when given)."""
-        return self.inner.decode(payload, out=out)
-
-    def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
-        """The inner compressor's merge (when it is aggregatable)."""
-        return self.inner.merge(payloads)
-
-    def merge_round(self, r: int, payloads: List[torch.Tensor]) -> torch.Tensor:
-        """The inner compressor's reduction of round ``r``."""
-        return self.inner.merge_round(r, payloads)
-
-    @staticmethod
-    def _inner_state(state: State) -> State:
-        """The inner state, with the engine's per-step seed (and partial aggregation's
-        contributor count) passed down to it."""
-        inner = state.get("inner", {})
-        if STEP_SEED in state:
-            inner[STEP_SEED] = state[STEP_SEED]
-        if CONTRIBUTORS in state:  # partial aggregation's count, this step only
-            inner[CONTRIBUTORS] = state[CONTRIBUTORS]
-        else:
-            inner.pop(CONTRIBUTORS, None)
-        return inner
-
     # -- multi round ---------------------------------------------------------
     def encode_round(self, r: int, grad: torch.Tensor, state: State,
                      aggregate: Optional[torch.Tensor]) -> Tuple[torch.Tensor, State]:
@@ -285,7 +254,8 @@ class ErrorFeedback(Compressor):
         """Sit a step out (partial aggregation): the inner compressor's ``absent_round``;
         the memory is left as it is, since this rank sent nothing to lose."""
         if not self.inner.capabilities.absent_rounds:
-            return super().absent_round(r, grad, state, aggregate)
+            raise NotImplementedError(f"ef: {self.inner.name} cannot sit a step out (it does "
+                                      "not declare capabilities.absent_rounds)")
         inner = self.inner.absent_round(r, grad, self._inner_state(state), aggregate)
         return {**{k: v for k, v in state.items() if k not in ("x", "own")},
                 "inner": inner, "absent": True}
@@ -333,25 +303,6 @@ class ErrorFeedback(Compressor):
         new = {k: v for k, v in state.items() if k not in ("x", "own")}
         new["inner"] = inner_state
         return res, new
-
-    def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
-        """The inner compressor's payload size."""
-        return self.inner.payload_nbytes(numel, ndim)
-
-    def broadcast_nbytes(self, r: int, numel: int, ndim: int = 1) -> Optional[int]:
-        """The inner compressor's broadcast payload size."""
-        return self.inner.broadcast_nbytes(r, numel, ndim)
-
-    def broadcast_root(self, state: State) -> int:
-        """The inner compressor's owner of the broadcast round just encoded."""
-        return self.inner.broadcast_root(state.get("inner", {}))
-
-    def reselect(self, grad: torch.Tensor, k: Optional[int] = None) -> torch.Tensor:
-        """Stateless re-encode of a merged tensor, if the inner sparsifier offers it."""
-        fn = getattr(self.inner, "reselect", None)
-        if fn is None:
-            raise TypeError(f"ef: inner compressor {self.inner.name!r} has no reselect")
-        return fn(grad, k)
 
     def __repr__(self) -> str:
         return f"ErrorFeedback({self.inner!r}, beta={self.beta!r}, gamma={self.gamma!r})"
