@@ -15,7 +15,11 @@ The flat layout's module paths (``compressors.tbq``, ``.sparse_codecs``, ...)
 stay importable through ``OLD_PATHS`` below.
 """
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import sys
+from typing import Any
 
 # Importing the algorithm families registers them (identity/none, fp16, onebit,
 # tbq, terngrad, topk, randomk, dgc, graddrop, powersgd, ef, natural,
@@ -73,7 +77,6 @@ OLD_PATHS = {
     "thc_kernels": "thc.kernels",
     "thc_payload": "thc.payload",
     "thc_tables": "thc.tables",
-    "thc_tables_cli": "thc.tables_cli",
     "_fused_lowrank": "powersgd.lowrank",
     "artopk": "sparse.artopk",
     "bloom": "sparse.bloom",
@@ -89,11 +92,35 @@ OLD_PATHS = {
 }
 
 
+#: Old paths of command-line modules (``python -m``), which no code imports: they
+#: load from the new module's file on first import instead of being imported
+#: here (importing a ``-m`` target beforehand makes runpy warn, and an alias
+#: in ``sys.modules`` cannot be run by ``-m`` at all).
+OLD_CLI_PATHS = {"thc_tables_cli": "thc.tables_cli"}
+
+
+class _OldCliFinder(importlib.abc.MetaPathFinder):
+    """Finds ``OLD_CLI_PATHS``' modules: the new module's source under the old name."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        prefix, _, old = fullname.rpartition(".")
+        if prefix != __name__ or old not in OLD_CLI_PATHS:
+            return None
+        new = importlib.util.find_spec(f"{__name__}.{OLD_CLI_PATHS[old]}")
+        if new is None or new.origin is None:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, new.origin, loader=importlib.machinery.SourceFileLoader(fullname,
+                                                                              new.origin))
+
+
 def _install_old_paths() -> None:
     for old, new in OLD_PATHS.items():
         module = importlib.import_module(f"{__name__}.{new}")
         sys.modules[f"{__name__}.{old}"] = module
         globals()[old] = module
+    if not any(isinstance(f, _OldCliFinder) for f in sys.meta_path):
+        sys.meta_path.append(_OldCliFinder())
 
 
 _install_old_paths()

@@ -49,7 +49,6 @@ OLD_TO_NEW = {
     "thc_kernels": "thc.kernels",
     "thc_payload": "thc.payload",
     "thc_tables": "thc.tables",
-    "thc_tables_cli": "thc.tables_cli",
     "_fused_lowrank": "powersgd.lowrank",
     "artopk": "sparse.artopk",
     "bloom": "sparse.bloom",
@@ -117,3 +116,16 @@ def test_a_compressor_pickled_with_its_old_class_path_loads_and_works(blob, old_
     p_new, _ = new.encode(g, new.init(g))
     assert torch.equal(p_old, p_new)
     assert torch.equal(old.decode(p_old), new.decode(p_new))
+
+
+def test_the_old_command_line_path_still_runs():
+    """``python -m hipress_like.compressors.thc_tables_cli`` (the README's command)."""
+    import subprocess
+    import sys
+
+    for mod in ("thc_tables_cli", "thc.tables_cli"):
+        res = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m",
+                              f"hipress_like.compressors.{mod}", "list"],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        assert "b=4 g=30" in res.stdout

@@ -13,7 +13,8 @@ import sys
 from fractions import Fraction
 from typing import Iterable, Optional
 
-from .tables import TableError, dump, load, shipped_tables, solve
+# absolute: the old path hipress_like.compressors.thc_tables_cli runs this file too
+from hipress_like.compressors.thc.tables import TableError, dump, load, shipped_tables, solve
 
 __all__ = ["main"]
 
