@@ -61,7 +61,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hipress_like.compressors as C  # noqa: E402
-from hipress_like.compressors import _fused_lowrank, ops  # noqa: E402
+from hipress_like.compressors import ops  # noqa: E402
+from hipress_like.compressors.powersgd import lowrank  # noqa: E402
 from hipress_like.compressors.registry import _REGISTRY  # noqa: E402
 
 try:
@@ -202,7 +203,7 @@ def bench_powersgd(repeats: int, rows: int = 4096, cols: int = 4096,
         p = ops.matmul(m, q0)
         ops.orthogonalize_(p)
         q = ops.matmul(m.t(), p)
-        _fused_lowrank.powersgd_lowrank(p, q.t().contiguous(), out)
+        lowrank.powersgd_lowrank(p, q.t().contiguous(), out)
 
     fns = (rounds, linalg, linalg_full, linalg_kernel)
     for f in fns:

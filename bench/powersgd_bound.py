@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from models import MODELS
 
     from hipress_like.compressors.base import all_finite
-    from hipress_like.compressors.powersgd import PowerSGD
+    from hipress_like.compressors.powersgd.powersgd import PowerSGD
     from hipress_like.cost_model.plan import SizeRule
     from hipress_like.tuning.profiler import _time
 

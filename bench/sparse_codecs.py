@@ -46,16 +46,17 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hipress_like.compressors as C  # noqa: E402
-from hipress_like.compressors import _native, bloom, curvefit  # noqa: E402
+from hipress_like.compressors._build import native as _native  # noqa: E402
 from hipress_like.compressors.base import header_nbytes  # noqa: E402
 from hipress_like.compressors.ops import extract  # noqa: E402
-from hipress_like.compressors.sparse import TopK  # noqa: E402
-from hipress_like.compressors.sparse_codecs import (  # noqa: E402
+from hipress_like.compressors.payload import pad8  # noqa: E402
+from hipress_like.compressors.sparse import bloom, curvefit  # noqa: E402
+from hipress_like.compressors.sparse.codecs import (  # noqa: E402
     RunLength,
     _gaps,
-    pad8,
     rle_nbits,
 )
+from hipress_like.compressors.sparse.topk import TopK  # noqa: E402
 
 MB = 1 << 20
 BLOOM_GOAL = 0.05       # x copy, Bloom encode at 64 MB (issue 25)

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hipress_like.compressors as C  # noqa: E402
-from hipress_like.compressors.thc import THC  # noqa: E402
+from hipress_like.compressors.thc.thc import THC  # noqa: E402
 
 ENCODE_GOAL = {True: 0.1, False: 0.3}  # x copy, with / without the transform
 MERGE_GOAL = 0.3  # x onebit's decode-merge-encode

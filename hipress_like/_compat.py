@@ -1,7 +1,8 @@
 """Compatibility names: modules that moved, importable under their old names.
 
 ``hipress_like.casync.{launch,cli_launch,netem,procs}`` moved to
-``hipress_like.launch`` (issue 44: the launcher is not the scheduler). Users'
+``hipress_like.launch`` (the launcher is not the scheduler), and the
+compressors' flat modules into one folder per algorithm family. Users'
 scripts that import the old names keep working: a meta-path finder answers
 for exactly those names and hands back the *same* module object as the new
 name, so state (``netem``'s lock, monkeypatches) is shared, and
@@ -27,6 +28,31 @@ MOVED: Dict[str, str] = {
     f"hipress_like.casync.{m}": f"hipress_like.launch.{m}"
     for m in ("launch", "cli_launch", "netem", "procs")
 }
+# The compressors' flat layout (one file per algorithm) before the algorithm
+# folders. Packages that kept an old module's name (``identity``, ``onebit``,
+# ``natural``, ``powersgd``, ``thc``, ``sparse``) re-export its public names
+# instead; pickled compressors and plans name these paths.
+MOVED.update({f"hipress_like.compressors.{old}": f"hipress_like.compressors.{new}" for old, new in {
+    "tbq": "quantizers.tbq",
+    "terngrad": "quantizers.terngrad",
+    "dithering": "natural.dithering",
+    "thc_kernels": "thc.kernels",
+    "thc_payload": "thc.payload",
+    "thc_tables": "thc.tables",
+    "thc_tables_cli": "thc.tables_cli",
+    "_fused_lowrank": "powersgd.lowrank",
+    "artopk": "sparse.artopk",
+    "bloom": "sparse.bloom",
+    "bloom_filter": "sparse.bloom_filter",
+    "curvefit": "sparse.curvefit",
+    "dgc": "sparse.dgc",
+    "graddrop": "sparse.graddrop",
+    "sparse_codecs": "sparse.codecs",
+    "compose": "wrappers.compose",
+    "error_feedback": "wrappers.error_feedback",
+    "_native": "_build.native",
+    "_fused": "_build.fused",
+}.items()})
 
 
 class _AliasLoader(importlib.abc.Loader):

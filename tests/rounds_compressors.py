@@ -25,9 +25,10 @@ from typing import List, Optional, Tuple
 import torch
 
 from hipress_like.casync.engine import Engine, EngineConfig
-from hipress_like.compressors.base import Capabilities, Compressor, State, step_seed
+from hipress_like.compressors.base import Capabilities, State, step_seed
 from hipress_like.compressors.kernels import Kernels
 from hipress_like.compressors.payload import pack_payload, unpack_payload
+from hipress_like.compressors.rounds import MultiRoundCompressor
 from hipress_like.cost_model.plan import Plan, SizeRule
 
 LEVELS = 7
@@ -91,7 +92,7 @@ def levels(x: torch.Tensor, rng: float, seed: int) -> torch.Tensor:
     return torch.floor(x.reshape(-1).float() / rng * LEVELS + dither(seed, x.numel()))
 
 
-class RangeQuant(Compressor):
+class RangeQuant(MultiRoundCompressor):
     """Range round (max) then dithered levels (sum); see the module docstring."""
 
     name = "test-rangequant"
@@ -140,7 +141,7 @@ class RangeQuant(Compressor):
         return 2 * (16 + 8 * ndim) + 4 + 4 * numel
 
 
-class OwnerTopk(Compressor):
+class OwnerTopk(MultiRoundCompressor):
     """The owner's top-k indices (broadcast) then values at them (sum)."""
 
     name = "test-ownertopk"

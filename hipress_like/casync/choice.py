@@ -44,7 +44,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import compressors as _comp
 from ..compressors.base import Compressor
-from ..compressors.error_feedback import needs_error_feedback, with_error_feedback
+from ..compressors.wrappers.error_feedback import needs_error_feedback, with_error_feedback
 from ..cost_model.collectives import TOPK_FAMILY, ratio_of, select_decision, topk_costs
 from ..cost_model.model import Link
 from ..cost_model.plan import GradientPlan, Plan, SizeRule

@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from ..compressors.ops import extract, topk_abs
-from ..compressors.sparse import num_selected
+from ..compressors.sparse.topk import num_selected
 from ..cost_model.collectives import check_collective
 from .chunks import chunk_bounds
 from .transport.base import DEFAULT_TIMEOUT, Transport

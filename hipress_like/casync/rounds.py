@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 import msgpack
 import torch
 
+from ..compressors.payload import pad8
 from .coordinator import (
     FLAG_CLOSED,
     FLAG_ERROR,
@@ -60,14 +61,10 @@ __all__ = ["Rounds"]
 _log = logging.getLogger(__name__)
 
 
-def _pad8(n: int) -> int:
-    return (n + 7) & ~7
-
-
 def _shape_tag(plan: Any) -> str:
     """A name of the round's exchange shape (each link's bytes), equal on every rank:
     a transport that matches calls by name reuses the set-up of an equal exchange."""
-    links = sorted((s, d, sum(_pad8(nb) for _, nb in msgs)) for (s, d), msgs in
+    links = sorted((s, d, sum(pad8(nb) for _, nb in msgs)) for (s, d), msgs in
                    plan.links.items())
     return hashlib.blake2b(repr(links).encode(), digest_size=8).hexdigest()
 
@@ -398,17 +395,17 @@ class Rounds:
             if len(items) == 1 and sizes[0] % 8 == 0:
                 buf = items[0][0].reshape(-1)
             else:
-                buf = torch.empty(sum(_pad8(s) for s in sizes), dtype=torch.uint8)
+                buf = torch.empty(sum(pad8(s) for s in sizes), dtype=torch.uint8)
                 off = 0
                 for (p, _), s in zip(items, sizes):
                     buf[off: off + s] = p.reshape(-1)
-                    off += _pad8(s)
+                    off += pad8(s)
             send[dst] = buf
             total += buf.numel()
             sent_tasks.extend(t for _, t in items)
         recvs = plan.recvs_of(me)
         for src, msgs in recvs.items():
-            recv_nbytes[src] = sum(_pad8(nb) for _, nb in msgs)
+            recv_nbytes[src] = sum(pad8(nb) for _, nb in msgs)
         out = channel.alltoallv(send, recv_nbytes, c.config.timeout, tag=_shape_tag(plan))
         for t in sent_tasks:
             c.graph.finish(t)
@@ -419,6 +416,6 @@ class Rounds:
                                   f"expected {recv_nbytes[src]}", ranks=[src])
             for key, nb in msgs:
                 c.deliver(key, buf[off: off + nb])
-                off += _pad8(nb)
+                off += pad8(nb)
         c.timeline.add(Event("round", "", len(plan.links), t0, time.perf_counter(),
                              total + sum(recv_nbytes), "comm", c.st.index))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -49,8 +49,6 @@ from .payload import (
 
 __all__ = [
     "HEADER_VERSION",
-    "compute_dtype",
-    "write_extra_f64",
     "decode_output",
     "all_finite",
     "workspace",
@@ -58,7 +56,9 @@ __all__ = [
     "view_as_dtype",
     "accumulator_dtype",
     "accumulate_",
+    "CATEGORIES",
     "Capabilities",
+    "Round",
     "REDUCTIONS",
     "STEP_SEED",
     "CONTRIBUTORS",
@@ -88,47 +88,60 @@ REDUCTIONS = ("sum", "max", "broadcast")
 
 
 @dataclass(frozen=True)
+class Round:
+    """One communication round, as ``Capabilities.per_round`` reports it.
+
+    Attributes:
+        reduction: how the round's payloads combine across ranks: "sum",
+            "max" (THC's range exchange) or "broadcast" (one owner rank's
+            payload goes to all, AR-Topk's indices).
+        summable: the payloads reduce elementwise, in place, through
+            ``kernels.summable_view(payload)`` with ``reduction`` (keep the
+            header, reduce the bodies), so the engine may reduce them with
+            one allreduce of the view.
+    """
+
+    reduction: str = "sum"
+    summable: bool = False
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What a compressor is and what the engine must do for it, declared, never inferred.
 
     Strategies and the engine read these at setup; nothing is detected from
-    method overrides, names or state keys.
+    method overrides, names or state keys. The flags come in four groups,
+    by what they are for.
 
-    Attributes:
+    What the compressor does to the values (HiPress Table 3, the cost model):
         category: one of "none", "quantization", "sparsification", "lowrank"
             (HiPress Table 3 groups alpha/beta/gamma by this). "none" (the
             default) means the values travel as they are, so the engine's
             default size rule and ``plan="auto"`` keep such gradients on the
             allreduce lane; a compressor that saves bytes must declare its
             category.
+        unbiased: E[decode(encode(g))] == g.
+
+    How payloads travel and combine (the strategies, ``casync``):
         aggregatable: payloads can be summed with ``merge`` without decoding
             (homomorphic: identity, PowerSGD's P/Q, THC).
         fixed_size: payload size depends only on the number of elements
             (``payload_nbytes`` is exact); False for data-dependent sizes.
-        rounds: number of communication rounds per synchronisation.
-        unbiased: E[decode(encode(g))] == g.
-        stateful: encode reads/writes per-gradient state (error feedback,
-            momentum, warm start); such state must be checkpointed.
-        round_reductions: per round (``len == rounds``), the reduction the
-            round's values need across ranks: "sum" (the default for every
-            round), "max" (e.g. THC's range exchange) or "broadcast" (one
-            owner rank's payload goes to all, e.g. AR-Topk's indices).
-        summable: per round (``len == rounds``), True when the round's
-            payloads merge by reducing ``kernels.summable_view(payload)``
-            elementwise in place with the round's reduction, sum or max
-            (keep the header, reduce the bodies), so the engine may reduce
-            them with one allreduce of the view. Default: False for every
-            round. Implies ``aggregatable``; a broadcast round cannot be.
         merge_widens: ``merge`` of n payloads may return a larger payload than
             its inputs (integers widened to hold the sum, THC-style); its size
             is ``kernels.merged_nbytes(nbytes, n)``. False: the merged payload
             has the inputs' layout and size.
+
+    The rounds (``rounds.py``; one ``Round`` record per round in ``per_round``):
+        rounds: number of communication rounds per synchronisation.
+        round_reductions: per round (``len == rounds``), ``Round.reduction``;
+            default "sum" for every round.
+        summable: per round (``len == rounds``), ``Round.summable``; default
+            False for every round. Implies ``aggregatable``; a broadcast
+            round cannot be.
         shared_randomness: encode draws randomness that must be equal on every
             rank (PowerSGD's first Q): the engine passes ``shared_seed`` to
             ``init`` (``Compressor.init`` says how).
-        keeps_memory: the compressor keeps its own error memory / residual
-            (error feedback, DGC, GradDrop, PowerSGD); wrapping it in error
-            feedback adds a second one, so automatic wrapping skips it.
         own_decode: a multi-round compressor whose rank's own last-round
             payload, merged alone, decodes (``decode_rounds``, not averaged)
             to that rank's own compressed gradient, as THC's X_i (THC Alg. 3
@@ -141,21 +154,31 @@ class Capabilities:
             the state with which ``decode_rounds`` decodes the last one (THC:
             the merged range). Single-round payloads decode without state,
             so they need no declaration.
+
+    The state (checkpoints, error feedback):
+        stateful: encode reads/writes per-gradient state (error feedback,
+            momentum, warm start); such state must be checkpointed.
+        keeps_memory: the compressor keeps its own error memory / residual
+            (error feedback, DGC, GradDrop, PowerSGD); wrapping it in error
+            feedback adds a second one, so automatic wrapping skips it.
     """
 
     category: str
+    unbiased: bool = False
+
     aggregatable: bool = False
     fixed_size: bool = True
+    merge_widens: bool = False
+
     rounds: int = 1
-    unbiased: bool = False
-    stateful: bool = False
     round_reductions: Tuple[str, ...] = ()
     summable: Tuple[bool, ...] = ()
-    merge_widens: bool = False
     shared_randomness: bool = False
-    keeps_memory: bool = False
     own_decode: bool = False
     absent_rounds: bool = False
+
+    stateful: bool = False
+    keeps_memory: bool = False
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -189,6 +212,11 @@ class Capabilities:
                              "payload always decodes alone)")
         if self.keeps_memory and not self.stateful:
             raise ValueError("a compressor that keeps memory is stateful: declare stateful=True")
+
+    @property
+    def per_round(self) -> Tuple[Round, ...]:
+        """One ``Round`` record (reduction, summable) per round, in order."""
+        return tuple(Round(r, s) for r, s in zip(self.round_reductions, self.summable))
 
     @property
     def all_summable(self) -> bool:
@@ -270,18 +298,31 @@ def check_gradient(grad: Any, *, nonfinite: str = "raise", name: str = "gradient
 
 
 class Compressor:
-    """Base class of every CompLL algorithm.
+    """Base class of every CompLL algorithm: a single-round compressor.
 
-    The surface a compressor implements is ``init``, ``encode``, ``decode``,
-    ``capabilities``, ``payload_nbytes``, ``params`` (plus ``merge`` when
-    aggregatable and ``encode_round``/``decode_rounds`` when ``rounds > 1``).
-    Subclasses set ``name``, ``algo_id`` (unique small int; the registry
-    rejects a duplicate) and ``capabilities`` (declared: nothing is inferred
-    from overrides), and validate parameters in ``__init__`` with
-    ``params.check_*`` (``ParamTypeError``/``ParamError``). Faster versions
-    of decode-add, decode-div, the error-feedback residual or a summable
-    view go in a ``kernels.Kernels`` subclass named by ``kernels_class``;
-    the same-named methods below only forward to ``self.kernels``.
+    What an algorithm writes: ``encode`` and ``decode`` (payloads are 1-D
+    uint8 tensors with the self-describing header of ``payload.py``),
+    ``params`` (its constructor parameters), ``init`` when it keeps state
+    beyond the default seed and step, and the class attributes ``name``,
+    ``algo_id`` (a unique small int; the registry rejects a duplicate) and
+    ``capabilities`` (declared: nothing is inferred from overrides). It
+    validates its parameters in ``__init__`` with ``params.check_*``
+    (``ParamTypeError``/``ParamError``). Optional: ``merge`` when it declares
+    ``aggregatable``, ``payload_nbytes`` for an exact size (the default
+    encodes a zero gradient of that size), ``detach_state`` for double
+    buffering, and faster fused paths (decode-add, decode-div, the
+    error-feedback residual, a summable view) in a ``kernels.Kernels``
+    subclass named by ``kernels_class``; callers reach them as
+    ``compressor.kernels``, whose defaults are built from ``decode``.
+
+    The engine drives every compressor through the rounds protocol
+    (``encode_round``, ``merge_round``, ``decode_rounds``); here it is the
+    one round of ``encode``/``merge``/``decode``. Algorithms with several
+    rounds (PowerSGD, AR-Topk, THC's range round, anything with a broadcast
+    round) derive from ``rounds.MultiRoundCompressor`` instead, which holds
+    the rest of that protocol. Wrappers (error feedback) derive from
+    ``wrappers.wrapper.Wrapper``, which forwards all of it to the wrapped
+    compressor.
     """
 
     name: str = "base"
@@ -341,23 +382,6 @@ class Compressor:
             f"compressor {self.name!r} is not aggregatable: decode, sum, then encode instead"
         )
 
-    def merge_round(self, r: int, payloads: List[torch.Tensor]) -> torch.Tensor:
-        """Reduce round ``r``'s payloads (one per rank, in rank order) by the
-        round's declared reduction (``capabilities.round_reductions[r]``).
-
-        The engine calls this wherever a multi-round compressor's round meets
-        at one place: a CaSync-PS aggregator (all N payloads) or a Ring hop
-        (two partial results). The default is ``merge`` (a sum). A "max"
-        round returns the elementwise maximum; a "broadcast" round returns
-        the owner's payload, which every compressor can recognise without
-        its state: non-owners encode an empty contribution (``encode_round``
-        knows the owner from shared information: the step seed, the previous
-        round's aggregate), so the reduction keeps the one non-empty payload.
-        Merging is associative and gives the same bytes in any grouping the
-        workflows use.
-        """
-        return self.merge(payloads)
-
     # -- fast paths: compressor.kernels (kernels.py) ---------------------------
     @property
     def kernels(self) -> Kernels:
@@ -367,43 +391,6 @@ class Compressor:
             k = self.__dict__["_kernels"] = self.kernels_class(self)
         return k
 
-    # The methods below forward to ``self.kernels`` for callers written before
-    # the kernels protocol (the engine, benchmarks); new code calls
-    # ``c.kernels.<name>`` and compressors override the kernels, not these.
-    def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-        """``self.kernels.decode_add_``: ``acc += decode(payload)``."""
-        return self.kernels.decode_add_(payload, acc)
-
-    def decode_add_many_(self, payloads: Sequence[torch.Tensor],
-                         acc: torch.Tensor) -> torch.Tensor:
-        """``self.kernels.decode_add_many_``: ``acc += decode(p)`` for each payload."""
-        return self.kernels.decode_add_many_(payloads, acc)
-
-    def decode_div_(self, payload: torch.Tensor, out: torch.Tensor, n: int) -> torch.Tensor:
-        """``self.kernels.decode_div_``: ``out = decode(payload) / n``."""
-        return self.kernels.decode_div_(payload, out, n)
-
-    def subtract_decoded_(self, x: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        """``self.kernels.subtract_decoded_``: ``x -= decode(payload)``."""
-        return self.kernels.subtract_decoded_(x, payload)
-
-    def encode_accumulated_(self, mem: torch.Tensor, grad: torch.Tensor, state: State,
-                            residual: Any = None) -> Optional[Tuple[torch.Tensor, State]]:
-        """``self.kernels.encode_accumulated_``: ``mem += grad; encode(mem)`` or None."""
-        return self.kernels.encode_accumulated_(mem, grad, state, residual)
-
-    def deferred_residual(self, payload: torch.Tensor, x: torch.Tensor) -> Any:
-        """``self.kernels.deferred_residual``."""
-        return self.kernels.deferred_residual(payload, x)
-
-    def apply_residual_(self, x: torch.Tensor, token: Any) -> torch.Tensor:
-        """``self.kernels.apply_residual_``."""
-        return self.kernels.apply_residual_(x, token)
-
-    def summable_view(self, payload: torch.Tensor) -> Optional[torch.Tensor]:
-        """``self.kernels.summable_view`` (declared by ``capabilities.summable``)."""
-        return self.kernels.summable_view(payload)
-
     def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
         """``state`` for a step that writes none of its tensors in place (double
         buffering): the caller may then keep ``state`` itself to undo the step
@@ -412,14 +399,19 @@ class Compressor:
         updates the state in place, so the caller copies it."""
         return None
 
-    # -- multi round -------------------------------------------------------
+    # -- the rounds protocol, for one round ---------------------------------
     def encode_round(
         self, r: int, grad: torch.Tensor, state: State, aggregate: Optional[torch.Tensor]
     ) -> Tuple[torch.Tensor, State]:
-        """Payload of round ``r``; ``aggregate`` is the merged payload of round r-1."""
+        """Payload of round ``r``; ``aggregate`` is the merged payload of round r-1.
+
+        A single-round compressor has round 0 only: ``encode``.
+        """
         if r == 0 and self.capabilities.rounds == 1:
             return self.encode(grad, state)
-        raise NotImplementedError(f"{self.name} declares {self.capabilities.rounds} round(s)")
+        raise NotImplementedError(f"{self.name} declares {self.capabilities.rounds} round(s); "
+                                  "a multi-round compressor derives from "
+                                  "rounds.MultiRoundCompressor and writes encode_round")
 
     def decode_rounds(
         self, grad: torch.Tensor, state: State, aggregate: torch.Tensor,
@@ -437,41 +429,37 @@ class Compressor:
             return res, state
         raise NotImplementedError
 
-    def absent_round(self, r: int, grad: torch.Tensor, state: State,
-                     aggregate: Optional[torch.Tensor]) -> State:
-        """Round ``r`` for a rank that contributes nothing this step (``capabilities.
-        absent_rounds``): the state ``encode_round`` would have left, without a
-        payload. ``grad`` gives only the shape and dtype; ``aggregate`` is the
-        merged payload of round r-1 (of the contributing ranks), None in round 0.
+    def merge_round(self, r: int, payloads: List[torch.Tensor]) -> torch.Tensor:
+        """Reduce round ``r``'s payloads (one per rank, in rank order) by the
+        round's declared reduction (``capabilities.round_reductions[r]``).
+
+        The engine calls this wherever a multi-round compressor's round meets
+        at one place: a CaSync-PS aggregator (all N payloads) or a Ring hop
+        (two partial results). The default is ``merge`` (a sum). A "max"
+        round returns the elementwise maximum; a "broadcast" round returns
+        the owner's payload, which every compressor can recognise without
+        its state: non-owners encode an empty contribution (``encode_round``
+        knows the owner from shared information: the step seed, the previous
+        round's aggregate), so the reduction keeps the one non-empty payload.
+        Merging is associative and gives the same bytes in any grouping the
+        workflows use.
         """
-        raise NotImplementedError(f"{self.name} cannot sit a step out (it does not declare "
-                                  "capabilities.absent_rounds)")
-
-    def broadcast_nbytes(self, r: int, numel: int, ndim: int = 1) -> Optional[int]:
-        """Bytes of the owner's payload in broadcast round ``r``, when every rank can
-        tell them before the round (a non-owner's payload is then replaced by a
-        buffer of that size, which the broadcast fills); None (default) keeps
-        broadcast rounds off the collective lane (point to point via PS/Ring)."""
-        return None
-
-    def broadcast_root(self, state: State) -> int:
-        """The owner rank of the broadcast round just encoded with ``state``: by
-        contract, ``encode_round`` of a broadcast round records it in the state
-        as ``"owner"`` (equal on every rank)."""
-        owner = state.get("owner")
-        if not isinstance(owner, int):
-            raise ValueError(f"{self.name}: encode_round of a broadcast round must record "
-                             "its owner rank in the state as 'owner'")
-        return owner
+        return self.merge(payloads)
 
     # -- sizes -------------------------------------------------------------
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """Exact payload size for a ``numel``-element float32 tensor of ``ndim`` dims.
 
         For data-dependent sizes (``capabilities.fixed_size`` False) this is an
-        upper bound.
+        upper bound. The default encodes a zero gradient of that size, which is
+        exact for a compressor whose payload size depends only on the shape;
+        override it when that is not so or when encoding is costly.
         """
-        raise NotImplementedError
+        if not self.capabilities.fixed_size:
+            raise NotImplementedError(f"{self.name}: a payload of data-dependent size needs "
+                                      "payload_nbytes (an upper bound) written by the algorithm")
+        grad = torch.zeros((numel,) + (1,) * (ndim - 1), dtype=torch.float32)
+        return int(self.encode(grad, self.init(grad))[0].numel())
 
     def compression_ratio(self, numel: int, itemsize: int = 4) -> float:
         """Payload bytes over original bytes (the ``r`` of HiPress Eq. 2)."""
@@ -579,22 +567,3 @@ def accumulate_(buf: torch.Tensor, grad: torch.Tensor, scale: float = 1.0,
             flat.mul_(scale)
         return flat.add_(g, alpha=weight)
     return buf.reshape(-1).to(acc) * scale + g.to(acc) * weight
-
-
-# -- payload helpers shared by the quantizers -----------------------------------------
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Arithmetic dtype of the quantizers: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def write_extra_f64(payload: torch.Tensor, ndim: int, offset: int,
-                    values: Tuple[torch.Tensor, ...]) -> None:
-    """Store 0-d tensors as float64 into the header's extra field, on the device.
-
-    The extra field starts at ``header_nbytes(ndim, 0)`` (base.py layout) and
-    is 8-byte aligned, so it can be viewed as float64 without a host round trip.
-    """
-    start = header_nbytes(ndim, 0) + offset
-    dst = payload[start: start + 8 * len(values)].view(torch.float64)
-    dst.copy_(torch.stack([v.to(torch.float64) for v in values]))

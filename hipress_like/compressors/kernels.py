@@ -146,7 +146,7 @@ class FusedDecodeKernels(Kernels):
 
     For compressors whose decode is one pointwise kernel (the quantizers):
     they implement ``_decode(payload, out, mode, d)`` with the modes of
-    ``_fused._emit`` ("set", "add", "div" by ``d``).
+    ``_build.fused._emit`` ("set", "add", "div" by ``d``).
     """
 
     def decode_add_(self, payload: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:

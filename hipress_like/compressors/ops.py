@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
-from . import _native
+from ._build import native as _native
 
 __all__ = [
     "topk_abs",
@@ -121,14 +121,17 @@ def abs_at_least_indices(x: torch.Tensor, t: "torch.Tensor | float",
     """Sorted int64 positions of 1-D ``x`` where ``|x| >= t`` (filter operator; NaN never).
 
     ``torch.nonzero(abs_at_least(x, t))``, in one native pass for float32 CPU
-    tensors (``_native.abs_at_least_indices``: ~6x faster for 16 M floats
+    tensors (``sparse/native.abs_at_least_indices``: ~6x faster for 16 M floats
     here), else by torch. ``expect`` (about how many pass) sizes the native
     buffer; a wrong guess costs a second pass, never a wrong answer.
     """
     if x.dtype == torch.float32 and _native.usable(x):
-        cand, total = _native.abs_at_least_indices(x, float(t), 2 * int(expect) + 1024)
+        # the C filter is top-k's (sparse/topk.c); sparse/ imports this module, hence here
+        from .sparse import native as _c
+
+        cand, total = _c.abs_at_least_indices(x, float(t), 2 * int(expect) + 1024)
         if total > cand.numel():
-            cand, total = _native.abs_at_least_indices(x, float(t), total)
+            cand, total = _c.abs_at_least_indices(x, float(t), total)
         return cand
     tt = t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=x.dtype, device=x.device)
     return filter_mask(x, abs_at_least(x, tt))[0]

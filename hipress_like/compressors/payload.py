@@ -31,7 +31,7 @@ from ..errors import HipressError
 
 __all__ = ["HEADER_VERSION", "PayloadError", "Header", "PayloadPool", "pack_payload",
            "unpack_payload", "unpack_fields", "check_body_nbytes", "header_nbytes",
-           "FLOAT_DTYPES"]
+           "FLOAT_DTYPES", "pad8", "write_extra_f64"]
 
 HEADER_VERSION = 1
 _MAGIC = b"HL"
@@ -54,10 +54,12 @@ class PayloadError(HipressError, ValueError):
 
 def header_nbytes(ndim: int, extra_nbytes: int) -> int:
     """Bytes taken by the header for a tensor of ``ndim`` dims and ``extra_nbytes`` fields."""
-    return _FIXED.size + 8 * ndim + _pad8(extra_nbytes)
+    return _FIXED.size + 8 * ndim + pad8(extra_nbytes)
 
 
-def _pad8(n: int) -> int:
+def pad8(n: int) -> int:
+    """``n`` rounded up to a multiple of 8: header fields and payload sections
+    keep what follows them 8-byte aligned (viewable as float64/int64)."""
     return (n + 7) & ~7
 
 
@@ -78,7 +80,7 @@ def pack_payload(
     fresh allocation.
     """
     ndim = len(shape)
-    extra = extra + b"\0" * (_pad8(len(extra)) - len(extra))  # keep the body 8-byte aligned
+    extra = extra + b"\0" * (pad8(len(extra)) - len(extra))  # keep the body 8-byte aligned
     hdr = _FIXED.pack(_MAGIC, HEADER_VERSION, algo_id, _DTYPES[grad_dtype], ndim, len(extra),
                       body_nbytes)
     hdr += struct.pack(f"<{ndim}q", *shape) + extra
@@ -228,3 +230,15 @@ def check_body_nbytes(h: Header, expected: int, name: str, detail: str = "") -> 
     if h.body.numel() != expected:
         raise PayloadError(f"{name} body has {h.body.numel()} bytes, expected {expected} "
                            f"for {h.numel} elements{detail}")
+
+
+def write_extra_f64(payload: torch.Tensor, ndim: int, offset: int,
+                    values: Tuple[torch.Tensor, ...]) -> None:
+    """Store 0-d tensors as float64 into the header's extra field, on the device.
+
+    The extra field starts at ``header_nbytes(ndim, 0)`` (the layout above) and
+    is 8-byte aligned, so it can be viewed as float64 without a host round trip.
+    """
+    start = header_nbytes(ndim, 0) + offset
+    dst = payload[start: start + 8 * len(values)].view(torch.float64)
+    dst.copy_(torch.stack([v.to(torch.float64) for v in values]))

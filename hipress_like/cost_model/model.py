@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Sequence, Tuple
 
+from ..compressors.base import CATEGORIES
+
 __all__ = [
     "Count",
     "SyncParams",
@@ -55,7 +57,6 @@ TimeFn = Callable[[float], float]
 # Cost-model strategies. The engine's "ps" is co-located (every node is a
 # worker and an aggregator), which HiPress evaluates with the Sec. 6.1 values.
 MODEL_STRATEGIES = ("ps", "ps-colocated", "ring")
-CATEGORIES = ("none", "quantization", "sparsification", "lowrank")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hipress_like.casync.engine import Engine, EngineConfig
-from hipress_like.compressors.artopk import STARTopk, VARTopk, fuse
+from hipress_like.compressors.sparse.artopk import STARTopk, VARTopk, fuse
 from hipress_like.cost_model.plan import Plan, SizeRule
 from hipress_like.launch.launch import run_workers
 

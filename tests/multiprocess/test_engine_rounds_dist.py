@@ -50,7 +50,7 @@ def test_multi_round_compressors_over_gloo(comp, strategy, k, raw):
 
 
 def _thc_worker(ctx, strategy, k):
-    from hipress_like.compressors.thc import THC
+    from hipress_like.compressors.thc.thc import THC
 
     outs, layout, _ = run_rounds(ctx.transport, THC(), strategy, k, 2, False)
     return outs, layout
@@ -60,7 +60,7 @@ def _thc_worker(ctx, strategy, k):
 def test_thc_over_gloo_gives_the_in_process_bits(strategy, k):
     """THC's range round (max) and integer sums cross real processes: every rank holds
     the bytes the in-process run computes (its merges are exact integers)."""
-    from hipress_like.compressors.thc import THC
+    from hipress_like.compressors.thc.thc import THC
 
     n = 3
     got = run_workers(_thc_worker, n, args=(strategy, k), timeout=180)

@@ -17,12 +17,12 @@ import torch
 import hipress_like as hp
 from hipress_like.casync.layout import part_view, row_chunks
 from hipress_like.casync.transport.inproc import run_threads
-from hipress_like.compressors import artopk
-from hipress_like.compressors.artopk import MSTopk, STARTopk, VARTopk, fuse, unfuse
 from hipress_like.compressors.ops import topk_abs
 from hipress_like.compressors.params import ParamError
 from hipress_like.compressors.payload import PayloadError
-from hipress_like.compressors.sparse import num_selected
+from hipress_like.compressors.sparse import artopk
+from hipress_like.compressors.sparse.artopk import MSTopk, STARTopk, VARTopk, fuse, unfuse
+from hipress_like.compressors.sparse.topk import num_selected
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rounds_compressors as rc  # noqa: E402

@@ -9,9 +9,12 @@ import pytest
 import torch
 
 import hipress_like.compressors as C
-from hipress_like.compressors import PayloadError, _native, bloom
+from hipress_like.compressors import PayloadError
+from hipress_like.compressors._build import native as _native
 from hipress_like.compressors.base import header_nbytes, unpack_payload
-from hipress_like.compressors.bloom import (
+from hipress_like.compressors.params import ParamError, ParamTypeError
+from hipress_like.compressors.sparse import bloom
+from hipress_like.compressors.sparse.bloom import (
     BLOCK_LOG2,
     BloomIndex,
     block_starts,
@@ -19,7 +22,6 @@ from hipress_like.compressors.bloom import (
     bloom_hashes,
     layout,
 )
-from hipress_like.compressors.params import ParamError, ParamTypeError
 
 native = pytest.mark.skipif(not _native.available(), reason="no C compiler for _native.c")
 

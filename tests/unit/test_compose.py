@@ -25,10 +25,10 @@ from hipress_like.compressors import (
     unpack_payload,
     with_error_feedback,
 )
-from hipress_like.compressors import compose as compose_module
-from hipress_like.compressors.compose import Compose, compose
-from hipress_like.compressors.sparse import TopK, num_selected, unpack_sparse
-from hipress_like.compressors.terngrad import TernGrad
+from hipress_like.compressors.quantizers.terngrad import TernGrad
+from hipress_like.compressors.sparse.topk import TopK, num_selected, unpack_sparse
+from hipress_like.compressors.wrappers import compose as compose_module
+from hipress_like.compressors.wrappers.compose import Compose, compose
 
 SPARSIFIERS = [("topk", {"ratio": 0.1}), ("randomk", {"ratio": 0.1}),
                ("dgc", {"ratio": 0.1}), ("graddrop", {"ratio": 0.1})]
@@ -380,7 +380,8 @@ def test_automatic_error_feedback_wraps_a_biased_composition_once(caplog):
     plain = compose("topk", "onebit")
     wrapped = with_error_feedback(plain)
     assert isinstance(wrapped, ErrorFeedback) and wrapped.inner is plain
-    with caplog.at_level(logging.WARNING, logger="hipress_like.compressors.error_feedback"):
+    ef_logger = "hipress_like.compressors.wrappers.error_feedback"
+    with caplog.at_level(logging.WARNING, logger=ef_logger):
         ErrorFeedback(compose("graddrop", "terngrad"))
     assert "own residual" in caplog.text
 

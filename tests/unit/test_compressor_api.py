@@ -215,7 +215,7 @@ def test_registration_rejects_a_duplicate_algorithm_id():
 
 
 def test_a_subclass_must_declare_its_own_algorithm_id():
-    from hipress_like.compressors.sparse import TopK
+    from hipress_like.compressors.sparse.topk import TopK
 
     class MyTopK(TopK):
         pass

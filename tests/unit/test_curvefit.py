@@ -8,7 +8,9 @@ import torch
 
 import hipress_like.compressors as C
 from hipress_like.compressors import PayloadError
-from hipress_like.compressors.curvefit import (
+from hipress_like.compressors.params import ParamError
+from hipress_like.compressors.sparse.codecs import ceil_log2
+from hipress_like.compressors.sparse.curvefit import (
     FITS,
     CurveFit,
     eval_sorted,
@@ -16,8 +18,6 @@ from hipress_like.compressors.curvefit import (
     fit_sorted,
     n_coefficients,
 )
-from hipress_like.compressors.params import ParamError
-from hipress_like.compressors.sparse_codecs import ceil_log2
 
 
 def _u(k):

@@ -667,7 +667,7 @@ def test_a_plan_source_gets_the_shapes_when_it_takes_them():
 def test_a_wrapped_compressor_instance_works_where_a_name_does(error_feedback):
     """An ErrorFeedback instance used to fail inside the engine; it is taken as it
     is (never wrapped twice), and gives what the name with error feedback gives."""
-    from hipress_like.compressors.error_feedback import ErrorFeedback
+    from hipress_like.compressors.wrappers.error_feedback import ErrorFeedback
 
     plan = Plan(compressor="topk", rule=SizeRule(min_compress_bytes=0))
     g = lambda rank: {"w": torch.randn(5000, generator=torch.Generator().manual_seed(rank))}

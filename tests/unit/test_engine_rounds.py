@@ -17,7 +17,7 @@ import torch
 from hipress_like.casync.layout import part_view, row_chunks
 from hipress_like.casync.transport.inproc import run_threads
 from hipress_like.compressors.base import Capabilities, mix_seed
-from hipress_like.compressors.error_feedback import ErrorFeedback
+from hipress_like.compressors.wrappers.error_feedback import ErrorFeedback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rounds_compressors as rc  # noqa: E402

@@ -39,7 +39,7 @@ def test_fast_paths_give_the_bits_of_decode(name, dtype):
     if tok is not None:
         assert torch.equal(k.apply_residual_(x.clone(), tok), x - c.decode(p))
     # the compatibility methods are the kernels
-    assert torch.equal(c.decode_add_(ps[0], acc0.clone()), acc0 + c.decode(ps[0]))
+    assert not hasattr(c, "decode_add_")  # the fast paths are reached as c.kernels only
     assert k.merged_nbytes(p.numel(), 4) == p.numel()
 
 
@@ -80,7 +80,7 @@ def test_powersgd_summable_view_is_a_kernel():
     p0, _ = c.encode_round(0, g, c.init(g, world_size=1, shared_seed=1), None)
     v = c.kernels.summable_view(p0)
     assert v is not None and v.data_ptr() >= p0.data_ptr()
-    assert torch.equal(c.summable_view(p0), v)
+    assert torch.equal(c.kernels.summable_view(p0), v)
     assert C.ErrorFeedback(c).kernels.summable_view(p0) is not None
 
 

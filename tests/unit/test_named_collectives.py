@@ -19,9 +19,9 @@ import torch
 from hipress_like.casync.choice import Choice
 from hipress_like.casync.engine import Engine, EngineConfig
 from hipress_like.casync.transport.inproc import run_threads
-from hipress_like.compressors.artopk import STARTopk, VARTopk
 from hipress_like.compressors.ops import topk_abs
-from hipress_like.compressors.sparse import num_selected
+from hipress_like.compressors.sparse.artopk import STARTopk, VARTopk
+from hipress_like.compressors.sparse.topk import num_selected
 from hipress_like.cost_model.model import Link
 from hipress_like.cost_model.plan import GradientPlan, Plan, PlanError, SizeRule
 from hipress_like.tuning.link import collective_links

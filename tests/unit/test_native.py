@@ -1,4 +1,4 @@
-"""onebit's native C loops (compressors/_native.c) against the torch kernels.
+"""onebit's native C loops (compressors/onebit/onebit.c) against the torch kernels.
 
 The contract is bit equality with the eager torch path (itself pinned
 against the compiled one in test_quantizers.py) for every entry point the
@@ -20,7 +20,8 @@ import torch
 from test_quantizers import _assert_releases_gil  # tests/unit is on sys.path (rootdir import)
 
 import hipress_like.compressors as C
-from hipress_like.compressors import _native
+from hipress_like.compressors._build import native as _native
+from hipress_like.compressors.onebit import native as onebit_native
 
 pytestmark = pytest.mark.skipif(not _native.available(),
                                 reason="no working C compiler: the torch kernels are used")
@@ -42,20 +43,20 @@ def _all_paths(g, mem, acc, count=3):
     c = C.get("onebit")
     p, _ = c.encode(g, {})
     m2 = mem.clone()
-    p2, _ = c.encode_accumulated_(m2, g, {})
+    p2, _ = c.kernels.encode_accumulated_(m2, g, {})
     res = m2.clone()
-    c.subtract_decoded_(res, p2)
+    c.kernels.subtract_decoded_(res, p2)
     add = acc.clone()
-    c.decode_add_(p, add)
+    c.kernels.decode_add_(p, add)
     div = acc.clone()
-    c.decode_div_(p2, div, 3)
+    c.kernels.decode_div_(p2, div, 3)
     many = acc.clone()
-    c.decode_add_many_([p, p2, p][:count], many)
+    c.kernels.decode_add_many_([p, p2, p][:count], many)
     # error feedback's deferred residual: taken out in the next accumulation sweep
-    tok = c.deferred_residual(p2, m2)
-    applied = c.apply_residual_(m2.clone(), tok)
+    tok = c.kernels.deferred_residual(p2, m2)
+    applied = c.kernels.apply_residual_(m2.clone(), tok)
     m3 = m2.clone()
-    p3, _ = c.encode_accumulated_(m3, g, {}, residual=tok)
+    p3, _ = c.kernels.encode_accumulated_(m3, g, {}, residual=tok)
     return {"payload": p, "payload_acc": p2, "mem": m2, "residual": res,
             "decode": c.decode(p), "decode_add": add, "decode_div": div, "add_many": many,
             "residual_applied": applied, "payload_deferred": p3, "mem_deferred": m3}
@@ -92,14 +93,14 @@ def test_deferred_residual_is_the_two_steps(n):
     accumulating encode, and apply_residual_ is subtract_decoded_."""
     c = C.get("onebit")
     g, mem = _grad(n, 11), _grad(n, 12)
-    p, _ = c.encode_accumulated_(mem, _grad(n, 13), {})
-    tok = c.deferred_residual(p, mem)
-    two = c.subtract_decoded_(mem.clone(), p)
-    assert torch.equal(c.apply_residual_(mem.clone(), tok).view(torch.int32),
+    p, _ = c.kernels.encode_accumulated_(mem, _grad(n, 13), {})
+    tok = c.kernels.deferred_residual(p, mem)
+    two = c.kernels.subtract_decoded_(mem.clone(), p)
+    assert torch.equal(c.kernels.apply_residual_(mem.clone(), tok).view(torch.int32),
                        two.view(torch.int32))
-    p_two, _ = c.encode_accumulated_(two, g, {})
+    p_two, _ = c.kernels.encode_accumulated_(two, g, {})
     one = mem.clone()
-    p_one, _ = c.encode_accumulated_(one, g, {}, residual=tok)
+    p_one, _ = c.kernels.encode_accumulated_(one, g, {}, residual=tok)
     assert torch.equal(p_one, p_two)
     assert torch.equal(one.view(torch.int32), two.view(torch.int32))
 
@@ -123,7 +124,7 @@ def test_calls_split_over_threads_give_the_same_bits(monkeypatch):
         torch.set_num_threads(1)
         one = _all_paths(g, mem, acc)
         torch.set_num_threads(3)
-        assert len(_native._ranges(n // 8, n)) == 3
+        assert len(_native.ranges(n // 8, n)) == 3
         many = _all_paths(g, mem, acc)
     finally:
         torch.set_num_threads(threads)
@@ -139,7 +140,7 @@ def test_nonfinite_input_is_rejected(bad):
     with pytest.raises(ValueError, match="NaN or Inf"):
         c.encode(g, {})
     with pytest.raises(ValueError, match="NaN or Inf"):
-        c.encode_accumulated_(torch.zeros(1001), g, {})
+        c.kernels.encode_accumulated_(torch.zeros(1001), g, {})
 
 
 def test_other_dtypes_and_layouts_keep_the_torch_path():
@@ -163,7 +164,7 @@ def _fresh(monkeypatch, tmp_path):
 def test_build_is_cached_per_source_and_machine(monkeypatch, tmp_path):
     _fresh(monkeypatch, tmp_path)
     assert _native.available()
-    built = list((tmp_path / "native").glob("onebit_*.so"))
+    built = list((tmp_path / "native").glob("kernels_*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
     _fresh(monkeypatch, tmp_path)
@@ -207,7 +208,7 @@ def test_a_long_call_releases_the_gil():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        _assert_releases_gil(lambda: _native.onebit_pack(x, body), "native")
+        _assert_releases_gil(lambda: onebit_native.onebit_pack(x, body), "native")
     finally:
         torch.set_num_threads(threads)
 
@@ -292,7 +293,7 @@ def test_natural_calls_split_over_threads_give_the_same_bits(monkeypatch):
         torch.set_num_threads(1)
         one = [_natural_paths(g), _natural_paths(g_sub)]
         torch.set_num_threads(3)
-        assert len(_native._ranges(n // 8, n)) == 3
+        assert len(_native.ranges(n // 8, n)) == 3
         many = [_natural_paths(g), _natural_paths(g_sub)]
     finally:
         torch.set_num_threads(threads)

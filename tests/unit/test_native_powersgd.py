@@ -1,6 +1,6 @@
-"""PowerSGD's native round 0 (``_native.psgd_form_m``) against the torch kernels.
+"""PowerSGD's native round 0 (``psgd_native.psgd_form_m``) against the torch kernels.
 
-The contract (``_native.c``): M is the bits of ``_fused_lowrank``'s pointwise
+The contract (``powersgd/powersgd.c``): M is the bits of ``_fused_lowrank``'s pointwise
 formula ``(g + e) - P' Q'^T``, in place or into a second buffer alike; P is
 ``M Q`` to rounding, and the same bits in place or not, on one thread or
 several. ``_fused_lowrank.powersgd_form_m`` takes it for float32 on the CPU
@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hipress_like.compressors import _fused_lowrank, _native
+from hipress_like.compressors._build import native as _native
+from hipress_like.compressors.powersgd import lowrank as _fused_lowrank
+from hipress_like.compressors.powersgd import native as psgd_native
 
 pytestmark = pytest.mark.skipif(not _native.available(),
                                 reason="no working C compiler: the torch kernels are used")
@@ -37,10 +39,10 @@ def test_m_is_the_pointwise_formula_and_in_place_equals_a_second_buffer(rows, co
         want = want - _fused_lowrank._outer_sum(pp, qp, prev)
     e0 = e.clone()
     out = torch.empty_like(e)
-    p = _native.psgd_form_m(e, g, pp, qp, qt, out)
+    p = psgd_native.psgd_form_m(e, g, pp, qp, qt, out)
     assert torch.equal(out, want) and torch.equal(e, e0)  # e is left as it was
     inplace = e.clone()
-    p2 = _native.psgd_form_m(inplace, g, pp, qp, qt, inplace)
+    p2 = psgd_native.psgd_form_m(inplace, g, pp, qp, qt, inplace)
     assert torch.equal(inplace, out) and torch.equal(p2, p)
     assert p.shape == (rows, rank)
     torch.testing.assert_close(p, want @ qt.t(), rtol=1e-4, atol=1e-4 * cols ** 0.5)
@@ -53,11 +55,11 @@ def test_rows_split_over_threads_give_the_same_bits(monkeypatch):
     try:
         torch.set_num_threads(1)
         one = torch.empty_like(e)
-        p1 = _native.psgd_form_m(e, g, pp, qp, qt, one)
+        p1 = psgd_native.psgd_form_m(e, g, pp, qp, qt, one)
         torch.set_num_threads(3)
-        assert len(_native._rows(301, 517)) == 3
+        assert len(_native.rows(301, 517)) == 3
         many = torch.empty_like(e)
-        p3 = _native.psgd_form_m(e, g, pp, qp, qt, many)
+        p3 = psgd_native.psgd_form_m(e, g, pp, qp, qt, many)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, many) and torch.equal(p1, p3)
@@ -65,8 +67,8 @@ def test_rows_split_over_threads_give_the_same_bits(monkeypatch):
 
 def test_form_m_takes_native_for_float32_and_torch_otherwise(monkeypatch):
     calls = []
-    real = _native.psgd_form_m
-    monkeypatch.setattr(_native, "psgd_form_m", lambda *a: calls.append(1) or real(*a))
+    real = psgd_native.psgd_form_m
+    monkeypatch.setattr(psgd_native, "psgd_form_m", lambda *a: calls.append(1) or real(*a))
     e, g, pp, qp, qt = _inputs(24, 40, 2, 2, seed=5)
     ref = (g + e) - _fused_lowrank._outer_sum(pp, qp, 2)
     out = torch.empty_like(e)
@@ -79,7 +81,7 @@ def test_form_m_takes_native_for_float32_and_torch_otherwise(monkeypatch):
     # float64, a rank above the limit, or HIPRESS_NO_NATIVE: the torch kernels
     d = e.double().clone()
     _fused_lowrank.powersgd_form_m(d, g.double(), pp.double(), qp.double(), qt.double())
-    big = torch.randn(_native.PSGD_MAX_RANK + 1, 40)
+    big = torch.randn(psgd_native.PSGD_MAX_RANK + 1, 40)
     _fused_lowrank.powersgd_form_m(e.clone(), g, pp, qp, big)
     monkeypatch.setenv("HIPRESS_NO_NATIVE", "1")
     e3 = e.clone()
@@ -98,7 +100,7 @@ def test_lowrank_is_the_outer_product_sum_bit_for_bit(rows, cols, rank, prev):
     p, qt = torch.randn(rows, rank, generator=gen), torch.randn(rank, cols, generator=gen)
     want = _fused_lowrank._outer_sum(p, qt, rank)
     out = torch.full((rows, cols), float("nan"))
-    _native.psgd_lowrank(p, qt, out)
+    psgd_native.psgd_lowrank(p, qt, out)
     assert torch.equal(out, want)
     out2 = torch.empty(rows, cols)
     _fused_lowrank.powersgd_lowrank(p, qt, out2)

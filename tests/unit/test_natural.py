@@ -443,7 +443,7 @@ def test_error_feedback_wraps_natural():
 def test_docstring_examples_run_as_written():
     import doctest
 
-    from hipress_like.compressors import natural
+    from hipress_like.compressors.natural import natural
     result = doctest.testmod(natural, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
 

@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from hipress_like.compressors import _native, ops
+from hipress_like.compressors import ops
+from hipress_like.compressors._build import native as _native
+from hipress_like.compressors.sparse import native as sparse_native
 
 M32 = 0xFFFFFFFF
 
@@ -144,9 +146,9 @@ def test_native_filter_equals_the_torch_filter(n):
     x[torch.randint(n, (max(1, n // 90),), generator=g)] = 2.0
     for t in (0.0, 2.0, 2.5):
         want = torch.nonzero(ops.abs_at_least(x, torch.tensor(t))).reshape(-1)
-        got, total = _native.abs_at_least_indices(x, t, n)
+        got, total = sparse_native.abs_at_least_indices(x, t, n)
         assert total == want.numel() and torch.equal(got, want)
-        few, total = _native.abs_at_least_indices(x, t, max(0, want.numel() - 1))
+        few, total = sparse_native.abs_at_least_indices(x, t, max(0, want.numel() - 1))
         if want.numel():
             assert total == want.numel() and few.numel() == 0  # too small: call again
         assert torch.equal(ops.abs_at_least_indices(x, t), want)

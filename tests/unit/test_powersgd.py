@@ -9,7 +9,7 @@ import torch
 
 from hipress_like.compressors import PayloadError, get, header_nbytes
 from hipress_like.compressors.ops import orthogonalize_, uniform
-from hipress_like.compressors.powersgd import (
+from hipress_like.compressors.powersgd.powersgd import (
     ROUND_LOCAL,
     ROUND_P,
     ROUND_Q,
@@ -354,7 +354,8 @@ def test_fused_kernels_compiled_and_eager(monkeypatch):
     """The decompression gives the same bits compiled and eager (ranks that decode the
     same sums agree even if one fell back to eager); round 0's fused M and P = M Q agree
     to rounding (their sums run in another order)."""
-    from hipress_like.compressors import _fused, _fused_lowrank
+    from hipress_like.compressors._build import fused as _fused
+    from hipress_like.compressors.powersgd import lowrank as _fused_lowrank
 
     if not _fused.compile_enabled():
         pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
@@ -393,13 +394,13 @@ def test_summable_view_is_the_merged_part_of_the_payload():
     a, _ = c.encode_round(0, g1, c.init(g1, world_size=2), None)
     b, _ = c.encode_round(0, g2, c.init(g2, world_size=2), None)
     want = c.merge([a, b])
-    va = c.summable_view(a)
+    va = c.kernels.summable_view(a)
     assert va.data_ptr() >= a.data_ptr() and va.numel() == 12 * 2
-    va.add_(c.summable_view(b))  # what an allreduce does in place
+    va.add_(c.kernels.summable_view(b))  # what an allreduce does in place
     assert torch.equal(a, want)
     local, _ = c.encode(g1, c.init(g1))
     with pytest.raises(PayloadError, match="not summable"):
-        c.summable_view(local)
+        c.kernels.summable_view(local)
 
 
 @pytest.mark.parametrize("kernels", ["eager", "compiled", "native"])
@@ -410,7 +411,8 @@ def test_double_buffered_steps_give_the_in_place_bits_and_leave_the_old_state(
     kernel; the state a step started from keeps its tensors (so the engine
     can keep it to undo the step); two buffers alternate, no allocation per
     step."""
-    from hipress_like.compressors import _fused, _native
+    from hipress_like.compressors._build import fused as _fused
+    from hipress_like.compressors._build import native as _native
 
     if kernels == "native":
         if not _native.available():

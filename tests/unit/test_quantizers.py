@@ -7,7 +7,11 @@ import pytest
 import torch
 
 import hipress_like.compressors as C
-from hipress_like.compressors import _fused, ops
+from hipress_like.compressors import ops
+from hipress_like.compressors._build import fused as _fused
+from hipress_like.compressors._build import native as _native
+from hipress_like.compressors.onebit import fused as onebit_fused
+from hipress_like.compressors.quantizers import fused as quantizers_fused
 
 
 def _grad(n, seed=0, dtype=torch.float32):
@@ -29,7 +33,7 @@ def test_onebit_reconstructs_with_the_means_of_both_signs(n):
     pos = g64[g64 >= 0].mean() if bool((g64 >= 0).any()) else torch.tensor(0.0)
     neg = g64[g64 < 0].mean() if bool((g64 < 0).any()) else torch.tensor(0.0)
     ref = torch.where(g64 >= 0, pos, neg)
-    # fixed-point sums: error <= 2**-20 of max|g| (documented in _fused.onebit_encode)
+    # fixed-point sums: error <= 2**-20 of max|g| (documented in onebit/fused.onebit_encode)
     assert torch.allclose(out.double(), ref, atol=2**-19 * float(g.abs().max()), rtol=1e-6)
 
 
@@ -133,7 +137,7 @@ def test_terngrad_randomness_follows_seed_and_step():
 
 def test_terngrad_uses_the_uniform_operator_stream():
     """code = floor(r) + (u_i < frac(r)) with u_i = ops.uniform(n, seed)[i], Fig. 5 line 7."""
-    from hipress_like.compressors.terngrad import step_seed
+    from hipress_like.compressors.quantizers.terngrad import step_seed
 
     c = C.get("terngrad", bitwidth=8)
     g = _grad(37, seed=4)
@@ -192,7 +196,7 @@ def test_large_compiled_calls_release_the_gil():
     releases the GIL."""
     if not _fused.compile_enabled():
         pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
-    kernel = _fused.Kernel(_fused._onebit_residual_fn, "onebit residual (test)")
+    kernel = _fused.Kernel(onebit_fused._onebit_residual_fn, "onebit residual (test)")
     x = _grad(1 << 25, seed=2)  # 128 MB: one call takes milliseconds
     one, two = torch.tensor(1.0), torch.tensor(-1.0)
     threads = torch.get_num_threads()
@@ -255,7 +259,7 @@ def use_kernels(kernels, monkeypatch):
     compiled = kernels == "compiled"
     if compiled and not _fused.compile_enabled():
         pytest.skip("torch.compile is disabled (HIPRESS_NO_COMPILE=1 or it failed earlier)")
-    if kernels == "native" and not _fused._native.available():
+    if kernels == "native" and not _native.available():
         pytest.skip("no C compiler: onebit's native loops are not built")
     monkeypatch.setattr(_fused, "MIN_COMPILE_NUMEL", 64 if compiled else 1 << 40)
     if kernels != "native":
@@ -274,14 +278,14 @@ def test_decode_add_many_matches_a_loop_of_decode_add(n, count, dtype, kernels, 
     c = C.get("onebit")
     payloads = [c.encode(_grad(n, seed=10 + i, dtype=dtype), {})[0] for i in range(count)]
     acc0 = _grad(n, seed=99, dtype=dtype)
-    fused = c.decode_add_many_(payloads, acc0.clone())
+    fused = c.kernels.decode_add_many_(payloads, acc0.clone())
     loop = acc0.clone()
     for p in payloads:
-        c.decode_add_(p, loop)
+        c.kernels.decode_add_(p, loop)
     assert torch.equal(fused, loop)
     # the engine's error-feedback wrapper passes it through
     ef = C.get("ef", inner="onebit")
-    assert torch.equal(ef.decode_add_many_(payloads, acc0.clone()), loop)
+    assert torch.equal(ef.kernels.decode_add_many_(payloads, acc0.clone()), loop)
 
 
 def test_decode_add_many_rejects_a_foreign_payload():
@@ -289,7 +293,7 @@ def test_decode_add_many_rejects_a_foreign_payload():
     good = c.encode(_grad(100, seed=1), {})[0]
     bad = C.get("tbq").encode(_grad(100, seed=1), {})[0]
     with pytest.raises(C.PayloadError):
-        c.decode_add_many_([good, bad], torch.zeros(100))
+        c.kernels.decode_add_many_([good, bad], torch.zeros(100))
 
 
 def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplog):
@@ -301,9 +305,10 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplo
     monkeypatch.setattr(_fused, "_warned", False)
     monkeypatch.delenv("HIPRESS_NO_COMPILE", raising=False)
     # fresh kernels, so the cached compiled functions are not used
-    monkeypatch.setattr(_fused, "_K_TBQ_PACK", _fused.Kernel(_fused._tbq_pack_fn, "tbq encode"))
-    monkeypatch.setattr(_fused, "_K_TBQ_UNPACK",
-                        _fused.Kernel(_fused._tbq_unpack_fn, "tbq decode"))
+    monkeypatch.setattr(quantizers_fused, "_K_TBQ_PACK",
+                        _fused.Kernel(quantizers_fused._tbq_pack_fn, "tbq encode"))
+    monkeypatch.setattr(quantizers_fused, "_K_TBQ_UNPACK",
+                        _fused.Kernel(quantizers_fused._tbq_unpack_fn, "tbq decode"))
     monkeypatch.setattr(torch, "compile", broken_compile)
     c = C.get("tbq", threshold=0.5)
     g = _grad(1001, seed=1)
@@ -323,7 +328,7 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch, caplo
 def test_fused_decode_add_and_div_match_decode_then_op(name, params, n, dtype):
     """decode_add_ / decode_div_ (one fused pass; compiled for large n, eager for small,
     with a partial last byte at n = 1001) give the bits of decode, then add_ / div_."""
-    from hipress_like.compressors.base import Compressor
+    from hipress_like.compressors.kernels import Kernels
 
     c = C.get(name, **params)
     gen = torch.Generator().manual_seed(n)
@@ -331,15 +336,15 @@ def test_fused_decode_add_and_div_match_decode_then_op(name, params, n, dtype):
     payload, _ = c.encode(x, c.init(x))
     acc = torch.randn(n, generator=gen).to(dtype)
     want_add = acc.clone().add_(c.decode(payload))
-    assert torch.equal(c.decode_add_(payload, acc.clone()), want_add)
-    assert torch.equal(Compressor.decode_add_(c, payload, acc.clone()), want_add)
+    assert torch.equal(c.kernels.decode_add_(payload, acc.clone()), want_add)
+    assert torch.equal(Kernels(c).decode_add_(payload, acc.clone()), want_add)
     out = torch.empty(n, dtype=dtype)
     want_div = c.decode(payload).div_(4)
-    assert torch.equal(c.decode_div_(payload, out, 4), want_div)
-    assert torch.equal(Compressor.decode_div_(c, payload, torch.empty(n, dtype=dtype), 4),
+    assert torch.equal(c.kernels.decode_div_(payload, out, 4), want_div)
+    assert torch.equal(Kernels(c).decode_div_(payload, torch.empty(n, dtype=dtype), 4),
                        want_div)
     with pytest.raises(ValueError, match="elements"):
-        c.decode_add_(payload, torch.zeros(n + 1, dtype=dtype))
+        c.kernels.decode_add_(payload, torch.zeros(n + 1, dtype=dtype))
 
 
 def test_assume_finite_skips_the_scan_but_kernels_still_catch_nan():

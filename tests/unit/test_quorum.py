@@ -9,10 +9,10 @@ import torch
 
 from hipress_like.casync.quorum import Quorum, QuorumLane
 from hipress_like.compressors.base import CONTRIBUTORS
-from hipress_like.compressors.error_feedback import ErrorFeedback
 from hipress_like.compressors.payload import PayloadError
 from hipress_like.compressors.registry import get
-from hipress_like.compressors.thc import BLOCK, THC
+from hipress_like.compressors.thc.thc import BLOCK, THC
+from hipress_like.compressors.wrappers.error_feedback import ErrorFeedback
 
 D = BLOCK + 1234
 

@@ -13,8 +13,7 @@ import torch
 import hipress_like.compressors as C
 from hipress_like.compressors import PayloadError
 from hipress_like.compressors.params import ParamError
-from hipress_like.compressors.sparse import unpack_sparse
-from hipress_like.compressors.sparse_codecs import (
+from hipress_like.compressors.sparse.codecs import (
     RunLength,
     index_codec_names,
     pack_uint,
@@ -22,6 +21,7 @@ from hipress_like.compressors.sparse_codecs import (
     unpack_uint,
     value_codec_names,
 )
+from hipress_like.compressors.sparse.topk import unpack_sparse
 
 SPARSIFIERS = [("topk", {"ratio": 0.02}), ("randomk", {"ratio": 0.02}),
                ("randomk", {"ratio": 0.02, "unbiased": False}),

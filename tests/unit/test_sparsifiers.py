@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from hipress_like.compressors import PayloadError, get, header_nbytes
-from hipress_like.compressors.dgc import DGC
-from hipress_like.compressors.graddrop import GradDrop
-from hipress_like.compressors.sparse import RandomK, TopK, num_selected, sparse_payload_nbytes
+from hipress_like.compressors.sparse.dgc import DGC
+from hipress_like.compressors.sparse.graddrop import GradDrop
+from hipress_like.compressors.sparse.topk import RandomK, TopK, num_selected, sparse_payload_nbytes
 
 CASES = [
     ("topk", {"ratio": 0.05}),

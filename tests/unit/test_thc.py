@@ -17,12 +17,13 @@ import pytest
 import torch
 
 import hipress_like.compressors as C
-from hipress_like.compressors import thc_tables, thc_tables_cli
 from hipress_like.compressors.base import STEP_SEED
-from hipress_like.compressors.error_feedback import ErrorFeedback
 from hipress_like.compressors.params import ParamError, ParamTypeError
 from hipress_like.compressors.payload import PayloadError, pack_payload, unpack_payload
-from hipress_like.compressors.thc import BLOCK, THC, randomized_hadamard, sum_width
+from hipress_like.compressors.thc import tables as thc_tables
+from hipress_like.compressors.thc import tables_cli as thc_tables_cli
+from hipress_like.compressors.thc.thc import BLOCK, THC, randomized_hadamard, sum_width
+from hipress_like.compressors.wrappers.error_feedback import ErrorFeedback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rounds_compressors as rc  # noqa: E402
@@ -337,7 +338,7 @@ def test_error_feedback_keeps_each_ranks_own_quantization_error():
 
 
 def test_thc_with_the_transform_gets_error_feedback_by_default():
-    from hipress_like.compressors.error_feedback import needs_error_feedback
+    from hipress_like.compressors.wrappers.error_feedback import needs_error_feedback
 
     assert needs_error_feedback(THC())  # biased by the clamp; Alg. 3 adds EF
     assert not needs_error_feedback(THC(transform=False))  # unbiased SQ

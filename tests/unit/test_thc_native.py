@@ -10,8 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hipress_like.compressors import _native, thc, thc_kernels
+from hipress_like.compressors._build import native as _native
 from hipress_like.compressors.ops import _as_i32
+from hipress_like.compressors.thc import kernels as thc_kernels
+from hipress_like.compressors.thc import native as thc_native
+from hipress_like.compressors.thc import thc
 
 pytestmark = pytest.mark.skipif(not _native.available(), reason="no C compiler here")
 
@@ -33,7 +36,7 @@ def test_rht_is_the_butterflies_on_flipped_scaled_rows(size, rows, first):
     scale = torch.rand(rows, generator=gen) + 0.25
     key = 0x5EED1234
     y = torch.empty_like(x)
-    _native.thc_rht(x, y, size, scale, key, first)
+    thc_native.thc_rht(x, y, size, scale, key, first)
     v = x.view(rows, size) * scale.view(-1, 1)
     i = torch.arange(rows * size, dtype=torch.int32) + first
     v = torch.where(thc_kernels._rademacher(i, _as_i32(key)).view(v.shape), -v, v)
@@ -44,7 +47,7 @@ def test_fwht_on_integers_equals_the_gemm_path():
     gen = torch.Generator().manual_seed(3)
     y = torch.randint(-240, 241, (6 * thc.BLOCK,), generator=gen).float()
     ref = thc_kernels._fwht_rows(y.clone(), thc.BLOCK, (torch.empty_like(y), torch.empty_like(y)))
-    _native.thc_fwht(y, thc.BLOCK)
+    thc_native.thc_fwht(y, thc.BLOCK)
     assert torch.equal(y, ref)
 
 

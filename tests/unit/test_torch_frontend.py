@@ -432,7 +432,7 @@ def test_hipress_replay_environment_variable(monkeypatch):
 def test_a_wrapped_compressor_instance_is_taken_as_it_is():
     """DistributedOptimizer(compression=<an ErrorFeedback instance>) used to fail
     inside the engine; the instance is used as given, never wrapped twice."""
-    from hipress_like.compressors.error_feedback import ErrorFeedback
+    from hipress_like.compressors.wrappers.error_feedback import ErrorFeedback
 
     m = _model()
     inst = ErrorFeedback(hp.compressors.get("topk", ratio=0.1))
