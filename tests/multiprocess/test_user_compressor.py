@@ -16,12 +16,12 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from hipress_like.casync.launch import run_workers
 
 from hipress_like.compressors import Capabilities, Compressor, ErrorFeedback, get, register
 from hipress_like.compressors.ops import pack_bits, unpack_bits
 from hipress_like.compressors.payload import pack_payload, unpack_fields
 from hipress_like.demo import DigitsConfig, train_digits
+from hipress_like.launch.launch import run_workers
 
 EPOCHS = 10
 _SCALE = struct.Struct("<d")
