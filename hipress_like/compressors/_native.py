@@ -70,7 +70,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["abs_at_least_indices", "available", "bloom_build", "bloom_conflict_blocks",
+__all__ = ["abs_at_least_indices", "available", "build_shared", "bloom_build",
+           "bloom_conflict_blocks",
            "bloom_query", "natural_decode", "natural_encode", "onebit_pack",
            "onebit_sums", "onebit_unpack", "onebit_unpack_add_many", "psgd_form_m",
            "psgd_lowrank",
@@ -123,12 +124,12 @@ def _cache_dir() -> Path:
     return Path(base) / "native"
 
 
-def _build(cc: str, flags: List[str], target: Path) -> None:
+def _build(cc: str, flags: List[str], target: Path, source: Optional[Path] = None) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *flags, "-o", tmp, str(_SOURCE)], check=True,
+        subprocess.run([cc, *flags, "-o", tmp, str(source or _SOURCE)], check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(tmp, target)
     except BaseException:
@@ -222,6 +223,42 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.hp_psgd_lowrank.argtypes = [p, p, i32, p, i64, i64, i64]
     lib.hp_psgd_lowrank.restype = None
     return lib
+
+
+def build_shared(source_text: str, name: str) -> Tuple[ctypes.CDLL, bool]:
+    """Build C ``source_text`` into a shared library with this module's compiler, flags
+    and hash-keyed cache, and load it (generated code: CompLL's C renderer).
+
+    Returns:
+        (the loaded library, True when it came from the cache).
+
+    Raises:
+        RuntimeError: no C compiler; subprocess.CalledProcessError: it does not compile
+            with either flag set (the error's stderr has the compiler's message).
+    """
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.splitlines()[:1]
+    last: Optional[Exception] = None
+    for flags in (_FLAGS, _FALLBACK_FLAGS):
+        key = hashlib.sha256(b"\0".join([source_text.encode(), cc.encode(),
+                                         " ".join(flags).encode(), "".join(version).encode(),
+                                         _cpu_flags().encode()])).hexdigest()[:20]
+        target = _cache_dir() / f"{name}_{key}.so"
+        hit = target.exists()
+        try:
+            if not hit:
+                src = _cache_dir() / f"{name}_{key}.c"
+                src.parent.mkdir(parents=True, exist_ok=True)
+                src.write_text(source_text)
+                _build(cc, flags, target, src)
+            return ctypes.CDLL(str(target)), hit
+        except (subprocess.CalledProcessError, OSError) as e:
+            last = e
+    assert last is not None
+    raise last
 
 
 def available() -> bool:
