@@ -66,15 +66,15 @@ def pack_planar(codes: torch.Tensor, bits: int, pad_codes: Optional[torch.Tensor
     n = codes.numel()
     m = n // per
     out = torch.zeros(packed_nbytes(n, bits), dtype=torch.int32)
-    c = codes.to(torch.int32)
+    c = codes.to(torch.int32) & ((1 << bits) - 1)
     for k in range(per):
         out[:m] |= c[k * m:(k + 1) * m] << (k * bits)
     t = n - m * per
     if t:
         last = 0
         for k in range(per):
-            code = int(c[m * per + k]) if k < t else int(pad_codes[k] if pad_codes is not None
-                                                         else 0)
+            code = int(c[m * per + k]) if k < t else (
+                int(pad_codes[k]) & ((1 << bits) - 1) if pad_codes is not None else 0)
             last |= code << (k * bits)
         out[m] = last
     return out.to(torch.uint8)
@@ -380,10 +380,8 @@ class Interpreter:
         idx = torch.arange(n, dtype=torch.int64)
         out = self._call_user(f, [src], idx)
         self.last_pad = None
-        if len(args) == 3:
-            per_pad = self._eval(args[2], scopes)
-            tail = torch.arange(n, n + 8, dtype=torch.int64)
-            self.last_pad = self._call_user(f, [per_pad.expand(8)], tail)
+        if len(args) == 3:  # the padding element, coded in concat once the width is known
+            self.last_pad = (f, self._eval(args[2], scopes))
         return out
 
     def _op_reduce(self, e: Node, args: List[Node], scopes: List[Dict[str, Any]]
@@ -422,6 +420,11 @@ class Interpreter:
             bits = ty.bits if ty.name == "uint" else None
             if bits is not None and bits < 8:
                 pad = self.pads.get(name)
+                if pad is not None:  # field k of the last byte is element m * per + k
+                    per = 8 // bits
+                    m = v.numel() // per
+                    idx = torch.arange(m * per, m * per + per, dtype=torch.int64)
+                    pad = convert(self._call_user(pad[0], [pad[1].expand(per)], idx), ty.elem())
                 body.append(pack_planar(v, bits, pad))
             elif bits == 8:
                 body.append(v.to(torch.uint8))
