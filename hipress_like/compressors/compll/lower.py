@@ -103,10 +103,10 @@ class ExprC:
         ct = ctype(to)
         if to.name == "uint" and isinstance(to.bits, int):
             if frm.name in ("float", "double"):
-                return f"(((int32_t)(int64_t)({text})) & {(1 << to.bits) - 1})"
+                return f"(((int32_t)({text})) & {(1 << to.bits) - 1})"
             return f"(((int32_t)({text})) & {(1 << to.bits) - 1})"
         if frm.name in ("float", "double") and ct in ("int32_t", "int64_t"):
-            return f"(({ct})(int64_t)({text}))"
+            return f"(({ct})({text}))"
         return f"(({ct})({text}))"
 
     def expr(self, e: Node) -> str:

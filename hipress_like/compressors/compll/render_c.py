@@ -188,14 +188,24 @@ class _Render:
         n = self._length(items[0])
         ln = self.lines
         ln.append(f"{ind}{{ const int64_t m_ = {n} / {per};")
-        ln.append(f"{ind}for (int64_t j_ = 0; j_ < m_; ++j_) {{")
-        ln.append(f"{ind}    uint32_t byte_ = 0;")
-        ln.append(f"{ind}    _Pragma(\"GCC unroll 8\") for (int k_ = 0; k_ < {per}; ++k_) {{")
-        ln.append(f"{ind}        const int64_t i_ = (int64_t)k_ * m_ + j_; uint32_t code_;")
-        ln += self._element(items, grad, check, ind + "        ", "code_")
-        ln.append(f"{ind}        byte_ |= (code_ & {mask}u) << (k_ * {bits});")
+        # blocks of bytes, one plane (field k) at a time: each inner loop is a contiguous,
+        # vectorisable sweep, and the block of bytes stays in L1 across the planes
+        ln.append(f"{ind}for (int64_t j0_ = 0; j0_ < m_; j0_ += 2048) {{")
+        ln.append(f"{ind}    const int64_t jn_ = m_ - j0_ < 2048 ? m_ - j0_ : 2048;")
+        ln.append(f"{ind}    uint8_t* restrict q_ = {q} + j0_;")
+        ln.append(f"{ind}    for (int k_ = 0; k_ < {per}; ++k_) {{")
+        ln.append(f"{ind}        const float* restrict gk_ = g + (int64_t)k_ * m_ + j0_;"
+                  if any(_source(x) == grad for x in items) else f"{ind}        ;")
+        ln.append(f"{ind}        for (int64_t jj_ = 0; jj_ < jn_; ++jj_) {{")
+        ln.append(f"{ind}            const int64_t i_ = (int64_t)k_ * m_ + j0_ + jj_; "
+                  "uint32_t code_;")
+        ln += [x.replace("g[i_]", "gk_[jj_]") for x in
+               self._element(items, grad, check, ind + "            ", "code_")]
+        ln.append(f"{ind}            const uint8_t f_ = (uint8_t)((code_ & {mask}u) << "
+                  f"(k_ * {bits}));")
+        ln.append(f"{ind}            q_[jj_] = k_ ? (uint8_t)(q_[jj_] | f_) : f_;")
+        ln.append(f"{ind}        }}")
         ln.append(f"{ind}    }}")
-        ln.append(f"{ind}    {q}[j_] = (uint8_t)byte_;")
         ln.append(f"{ind}}}")
         ln.append(f"{ind}if ({n} > m_ * {per}) {{")
         ln.append(f"{ind}    uint32_t byte_ = 0;")
