@@ -49,5 +49,16 @@ __all__ = [
     "HEADER_VERSION", "Capabilities", "Compressor", "PayloadError", "State", "check_gradient",
     "check_body_nbytes", "header_nbytes", "pack_payload", "unpack_fields", "unpack_payload",
     "ErrorFeedback", "ENTRY_POINT_GROUP", "ParamError", "ParamTypeError", "available", "get",
-    "register", "needs_error_feedback", "with_error_feedback",
+    "register", "needs_error_feedback", "with_error_feedback", "register_dsl",
 ]
+
+
+def register_dsl(path_or_source, name=None, replace=False):
+    """Compile a CompLL program (a ``.compll`` path or its text) and register it as ``name``.
+
+    See ``compll.compressor.register_dsl`` (imported on first use, so lark loads only
+    for programs).
+    """
+    from .compll import register_dsl as _register_dsl
+
+    return _register_dsl(path_or_source, name=name, replace=replace)
