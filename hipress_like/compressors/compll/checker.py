@@ -164,8 +164,14 @@ class _Checker:
             ret, _, params, body, _lam = fn.args
             if ret is not None:
                 self._check_type(ret, fn)
+                if ret.array or ret.name == "struct":
+                    raise p.error(f"function {name!r} returns {ret}: user functions work on "
+                                  "one element and return a scalar", fn)
             for t, _n in params:
                 self._check_type(t, fn)
+                if name not in ("encode", "decode") and (t.array or t.name == "struct"):
+                    raise p.error(f"parameter {_n!r} of {name!r} is {t}: user functions take "
+                                  "scalars (one element each)", fn)
             self.funcs[name] = Func(name, ret, list(params), body, fn)
         enc = self.funcs.get("encode")
         if enc is None:

@@ -369,6 +369,8 @@ class Interpreter:
             return self._call_user(f, [self._eval(a, scopes) for a in args], None)
         vals = [self._eval(a, scopes) for a in args] if name not in (
             "map", "reduce", "extract", "concat") else None
+        if name == "range":
+            return torch.arange(int(vals[0]), dtype=torch.int64)
         if vals is not None:
             return _builtin(name, vals, e.ty)
         return getattr(self, f"_op_{name}")(e, args, scopes)
