@@ -314,3 +314,21 @@ def test_c_backend_reports_compile_time_and_cache(monkeypatch):
     assert nat.cache_hit or nat.compile_s > 0
     again = cm.compile_program(cls.checked)
     assert again.cache_hit and again.compile_s == 0.0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the "
+                    "generated CUDA cannot be compile-checked on this machine")
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_generated_cuda_compiles_with_nvcc(name, tmp_path):
+    from hipress_like.compressors.compll.render_cuda import render_cuda
+    r = render_cuda(load(program_path(name)))
+    assert r["encode"] and r["decode"]
+    cu = tmp_path / f"{name}.cu"
+    cu.write_text(r["source"])
+    p = subprocess.run(["nvcc", "-ptx", "-arch=sm_80", "--fmad=false", "-std=c++17", "-o",
+                        str(tmp_path / f"{name}.ptx"), str(cu)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ptx = (tmp_path / f"{name}.ptx").read_text()
+    for k in r["encode"] + r["decode"]:
+        assert k.split(":")[0] in ptx

@@ -80,12 +80,13 @@ class ExprC:
         self.locals: List[Set[str]] = []
         self.args: Set[str] = set()
         self.temps: Dict[int, str] = {}  # id(reduce node) -> temp name
+        self.in_ctx: Set[str] = set()  # entry-point scalars kept in the context (CUDA)
 
     # names
     def name(self, n: str) -> str:
         for s in reversed(self.locals):
             if n in s:
-                return f"l_{n}"
+                return f"c->l_{n}" if n in self.in_ctx else f"l_{n}"
         if n in self.args:
             return f"a_{n}"
         if n in self.c.globals:
@@ -207,7 +208,10 @@ class ExprC:
                 name, init = d.args
                 v = self.conv(self.expr(init), init.ty, ty) if init is not None else "0"
                 self.locals[-1].add(name)
-                out.append(f"{ind}{ctype(ty)} l_{name} = {v};")
+                if name in self.in_ctx:
+                    out.append(f"{ind}c->l_{name} = {v};")
+                else:
+                    out.append(f"{ind}{ctype(ty)} l_{name} = {v};")
             return out
         if k == "assign":
             lv, op, e = s.args
@@ -234,10 +238,12 @@ class ExprC:
         """A user function as C text: ``u_name(ctx, params..., i_)``."""
         self.args = {n for _, n in f.params}
         self.locals = [set()]
+        saved, self.in_ctx = self.in_ctx, set()
         ps = ", ".join([f"const ctx_t* c"] + [f"{ctype(t)} a_{n}" for t, n in f.params]
                        + ["int64_t i_"])
         body = self.stmt(f.body, "", f.ret)
         self.args = set()
+        self.in_ctx = saved
         ret = ctype(f.ret) if f.ret is not None else "void"
         unused = "(void)c; (void)i_;"
         return "\n".join([f"{qual} {ret} u_{f.name}({ps}) {{", "    " + unused] + body[1:])
