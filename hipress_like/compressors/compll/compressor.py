@@ -17,9 +17,10 @@ when the program draws random numbers, fixed size always (every array has
 the gradient's length).
 
 Execution: float32 CPU tensors run the generated C (``render_c``), built by
-the project's native builder and cached by a hash of the source; every other
-dtype or device runs the reference interpreter (``interp``), which gives the
-same bytes.
+the project's native builder and cached by a hash of the source; float32
+CUDA tensors run the generated CUDA (``render_cuda``) where cupy is
+installed; every other case runs the reference interpreter (``interp``),
+which gives the same bytes.
 """
 from __future__ import annotations
 
@@ -210,8 +211,9 @@ class DslCompressor(Compressor):
             TypeError: non-tensor or non-float input.
             ValueError: empty input, NaN/Inf in it, or a missing seed/step state.
         """
-        native = self._native()
-        fast = native is not None and grad.dtype == torch.float32 and grad.device.type == "cpu"
+        native = self._native() if grad.dtype == torch.float32 and grad.device.type == "cpu" \
+            else None
+        fast = native is not None
         check_gradient(grad, nonfinite="ignore" if fast else "raise")  # C tests NaN/Inf itself
         seed = self._seed(state)
         g = grad.detach().contiguous().reshape(-1)
@@ -221,8 +223,13 @@ class DslCompressor(Compressor):
         payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape,
                                      bytes(lay.extra_nbytes), self._body_nbytes(n), g.device)
         start = header_nbytes(grad.dim(), 0)
+        cuda = self._cuda() if g.is_cuda and g.dtype == torch.float32 else None
         if fast:
             native.encode(g, payload[start:start + lay.extra_nbytes], body, self._params, seed)
+        elif cuda is not None:
+            cuda.encode(g, payload[start:start + lay.extra_nbytes], body, self._params, seed)
+            if cuda.error():
+                raise ValueError(f"{self.name}: CUDA encode failed with error {cuda.error()}")
         else:
             extra, arrays = Interpreter(self.checked, self._params).encode(g.cpu(), seed)
             payload[start:start + len(extra)] = torch.frombuffer(bytearray(extra),
@@ -249,10 +256,17 @@ class DslCompressor(Compressor):
                                f"{want}")
         dev = payload.device
         res = decode_output(h, out, dev)
-        native = self._native()
+        native = self._native() if h.dtype == torch.float32 and dev.type == "cpu" else None
         try:
+            cuda = self._cuda() if dev.type == "cuda" and h.dtype == torch.float32 else None
             if native is not None and h.dtype == torch.float32 and dev.type == "cpu":
                 native.decode(h.extra, h.body, res.view(-1), self._params)
+            elif cuda is not None:
+                hn = header_nbytes(len(h.shape), 0)
+                cuda.decode(payload[hn:hn + len(h.extra)], h.body, res.view(-1), self._params)
+                if cuda.error():
+                    raise ValueError(f"CUDA decode failed with error {cuda.error()} (a width "
+                                     "outside 1, 2, 4, 8 or a short payload)")
             else:
                 flat = Interpreter(self.checked, self._params).decode(h.extra, h.body.cpu(),
                                                                       h.numel)
@@ -260,6 +274,23 @@ class DslCompressor(Compressor):
         except ValueError as e:
             raise PayloadError(f"{self.name}: {e}") from e
         return res
+
+    cuda: Any = None
+
+    def _cuda(self) -> Any:
+        """The CUDA backend (cupy.RawModule), or None without cupy or a GPU."""
+        cls = type(self)
+        if cls.cuda is None:
+            with _lock:
+                if cls.cuda is None:
+                    try:
+                        from .render_cuda import CudaProgram
+                        cls.cuda = CudaProgram(self.checked)
+                    except Exception as e:  # no cupy / no GPU: the interpreter runs
+                        _log.info("CompLL: no CUDA backend for %s (%s: %s)",
+                                  self.checked.prog.filename, type(e).__name__, e)
+                        cls.cuda = False
+        return cls.cuda or None
 
     def _native(self) -> Any:
         cls = type(self)
@@ -342,7 +373,7 @@ def register_dsl(path_or_source: Union[str, Path], name: Optional[str] = None,
     caps = _capabilities(checked)
     cls = type(f"Dsl_{key}", (DslCompressor,), {
         "name": key, "algo_id": algo_id, "capabilities": caps, "checked": checked,
-        "native": None, "__module__": __name__,
+        "native": None, "cuda": None, "__module__": __name__,
         "__doc__": f"CompLL program {checked.prog.filename} as a compressor."})
 
     def factory(**params: Any) -> DslCompressor:

@@ -108,7 +108,9 @@ def _size(t: Type) -> int:
 
 
 def layout(items: List[Node]) -> Layout:
-    """The C-struct layout of concat's/extract's scalars (each aligned to its size), arrays after."""
+    """The C-struct layout of concat's/extract's scalars (each aligned to its size).
+
+    The arrays follow, in order, in the body."""
     lay = Layout()
     off = 0
     for a in items:

@@ -220,7 +220,8 @@ class ExprC:
                 return [f"{ind}{tgt} = {self.conv(self.expr(e), e.ty, lv.ty)};"]
             from .checker import promote
             common = promote(lv.ty, e.ty, False, False)
-            rhs = f"({self.conv(tgt, lv.ty, common)} {op[:-1]} {self.conv(self.expr(e), e.ty, common)})"
+            rhs = (f"({self.conv(tgt, lv.ty, common)} {op[:-1]} "
+                   f"{self.conv(self.expr(e), e.ty, common)})")
             return [f"{ind}{tgt} = {self.conv(rhs, common, lv.ty)};"]
         if k == "if":
             out = [f"{ind}if ({self.expr(s.args[0])}) {{"]
@@ -239,7 +240,7 @@ class ExprC:
         self.args = {n for _, n in f.params}
         self.locals = [set()]
         saved, self.in_ctx = self.in_ctx, set()
-        ps = ", ".join([f"const ctx_t* c"] + [f"{ctype(t)} a_{n}" for t, n in f.params]
+        ps = ", ".join(["const ctx_t* c"] + [f"{ctype(t)} a_{n}" for t, n in f.params]
                        + ["int64_t i_"])
         body = self.stmt(f.body, "", f.ret)
         self.args = set()

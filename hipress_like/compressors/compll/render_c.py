@@ -49,11 +49,28 @@ CL_INLINE uint32_t cl_fmix32(uint32_t h) {
 CL_INLINE float cl_uniform(uint32_t seed, int64_t i) {
     return (float)((cl_fmix32((uint32_t)i ^ seed) >> 8) & 0xFFFFFFu) * (1.0f / 16777216.0f);
 }
-CL_INLINE int32_t cl_exponent(double x) { int e = 0; if (x == 0.0) return 0; frexp(x, &e); return e; }
-CL_INLINE float cl_clamp_float(float x, float lo, float hi) { x = x > lo ? x : lo; return x < hi ? x : hi; }
-CL_INLINE double cl_clamp_double(double x, double lo, double hi) { x = x > lo ? x : lo; return x < hi ? x : hi; }
-CL_INLINE int32_t cl_clamp_int32_t(int32_t x, int32_t lo, int32_t hi) { x = x > lo ? x : lo; return x < hi ? x : hi; }
-CL_INLINE int64_t cl_clamp_int64_t(int64_t x, int64_t lo, int64_t hi) { x = x > lo ? x : lo; return x < hi ? x : hi; }
+CL_INLINE int32_t cl_exponent(double x) {
+    int e = 0;
+    if (x == 0.0) return 0;
+    frexp(x, &e);
+    return e;
+}
+CL_INLINE float cl_clamp_float(float x, float lo, float hi) {
+    x = x > lo ? x : lo;
+    return x < hi ? x : hi;
+}
+CL_INLINE double cl_clamp_double(double x, double lo, double hi) {
+    x = x > lo ? x : lo;
+    return x < hi ? x : hi;
+}
+CL_INLINE int32_t cl_clamp_int32_t(int32_t x, int32_t lo, int32_t hi) {
+    x = x > lo ? x : lo;
+    return x < hi ? x : hi;
+}
+CL_INLINE int64_t cl_clamp_int64_t(int64_t x, int64_t lo, int64_t hi) {
+    x = x > lo ? x : lo;
+    return x < hi ? x : hi;
+}
 CL_INLINE int64_t cl_packed_nbytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
 CL_INLINE int cl_valid_bits(int64_t b) { return b == 1 || b == 2 || b == 4 || b == 8; }
 """
