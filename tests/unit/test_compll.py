@@ -467,3 +467,21 @@ def test_generated_cuda_kernels_emulated_on_cpu_match_hand_written(name, tmp_pat
                        d.params())
             assert emu.error() == 0
             assert torch.equal(out, h.decode(ph)), (name, params, n)
+
+
+def test_cli_check_show_build(capsys, tmp_path):
+    from hipress_like.tuning.cli import main
+    path = str(program_path("tbq"))
+    assert main(["compll", "check", path]) == 0
+    assert "wire id 11" in capsys.readouterr().out
+    assert main(["compll", "show", path]) == 0
+    assert "cl_encode" in capsys.readouterr().out
+    assert main(["compll", "show", path, "--target", "cuda"]) == 0
+    assert "__global__" in capsys.readouterr().out
+    assert main(["compll", "build", path, "--mb", "0.25", "--repeats", "1"]) == 0
+    assert "x copy" in capsys.readouterr().out
+    bad = tmp_path / "bad.compll"
+    bad.write_text("void encode(float* g, uint8* c) {\n  x = 1;\n}\n")
+    assert main(["compll", "check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert ":2:3: unknown name 'x'" in err and "^" in err
