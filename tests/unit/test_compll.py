@@ -527,3 +527,25 @@ def test_engine_runs_dsl_like_the_hand_written_one(name, strategy):
             for k in dsl[0][step]:
                 assert torch.equal(dsl[r][step][k], dsl[0][step][k])
                 assert torch.equal(dsl[r][step][k], hand[r][step][k])
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from hipress_like.compressors.compll import compressor as mod
+    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("interp", [False, True], ids=["c", "interp"])
+def test_corrupt_width_in_payload_is_a_payload_error(interp):
+    key, _ = _dsl("terngrad", interp)
+    c = hp.compressors.get(key)
+    g = torch.randn(50)
+    p, _ = c.encode(g, c.init(g))
+    bad = p.clone()
+    bad[hp.compressors.header_nbytes(1, 0)] = 3  # the bitwidth field: not 1, 2, 4, 8
+    with pytest.raises(hp.compressors.PayloadError):
+        c.decode(bad)
+    with pytest.raises(hp.compressors.PayloadError):
+        hp.compressors.get("terngrad").decode(bad)
