@@ -120,7 +120,7 @@ void encode(float* gradient, uint8* compressed, \
         EncodeParams params) {
     min = reduce(gradient, smaller);
     max = reduce(gradient, greater);
-    gap = (max - min) / ((1 << params.bitwidth) - 1);
+    gap = (max - min) / ((1 << params.bitwidth) - 1)
     uint8 tail = gradient.size % (1 << params.
          bitwidth);
     uint2* Q = map(gradient, floatToUint);
@@ -142,7 +142,7 @@ void decode(uint8* compressed, float* gradient, EncodeParams params) {
 
 
 def test_fig5_compiles_as_printed():
-    """HiPress Fig. 5 with its missing closing braces and line 13's semicolon restored."""
+    """HiPress Fig. 5 as printed (line 13 has no semicolon), its closing braces restored."""
     c = load(FIG5)
     assert c.params[0][0] == "bitwidth" and set(c.globals) == {"min", "max", "gap"}
     assert "cl_encode" in render_c(c)
@@ -152,6 +152,7 @@ def test_fig5_terngrad_is_unbiased_like_the_hand_written_one():
     """Fig. 5's floor(r + u) differs from the shipped floor(r) + (u < frac) bit for bit
     but not in law: both decode to g on average (TernGrad is unbiased)."""
     src = FIG5.replace("uint8 bitwidth;", "uint8 bitwidth = 2;") + FIG5_DECODE
+    assert "- 1)\n    uint8 tail" in src
     cls = hp.compressors.register_dsl(src, name="terngrad_fig5", replace=True)
     c, h = hp.compressors.get("terngrad_fig5"), hp.compressors.get("terngrad")
     g = torch.linspace(-1, 1, 257)

@@ -185,6 +185,8 @@ class _Build(lark.Transformer):
     def assign(self, meta, c):
         return self._n("assign", meta, c[0], "=", c[1])
 
+    assign_nosemi = assign  # Fig. 5 line 13 has none: tolerated after an assignment
+
     def augassign(self, meta, c):
         return self._n("assign", meta, c[0], str(c[1]), c[2])
 
