@@ -550,3 +550,16 @@ def test_corrupt_width_in_payload_is_a_payload_error(interp):
         c.decode(bad)
     with pytest.raises(hp.compressors.PayloadError):
         hp.compressors.get("terngrad").decode(bad)
+
+
+def test_a_program_path_is_a_compressor_name_for_every_front_end():
+    """registry.get (and so plans, the engine and the cost model's profiler) takes a
+    .compll path; the profiler measures it like a built-in."""
+    from hipress_like.tuning.profiler import profile_compressor
+    path = str(program_path("tbq"))
+    c = hp.compressors.get(path, threshold=0.5)
+    assert c.name == "tbq.compll" and c.algo_id == 11 and c.params() == {"threshold": 0.5}
+    assert hp.compressors.get(path).__class__ is type(c)  # registered once
+    prof = profile_compressor(path, {"threshold": 0.5}, sizes=[4096, 65536], repeats=1,
+                              min_time=0.0)
+    assert 0.05 < prof.ratio < 0.1  # 2 bits of 32

@@ -50,7 +50,7 @@ from .checker import Checked, check
 from .interp import Interpreter, layout
 from .syntax import Node, parse
 
-__all__ = ["DslCompressor", "register_dsl", "load", "compile_program"]
+__all__ = ["DslCompressor", "register_dsl", "load", "compile_program", "get_program"]
 
 _log = logging.getLogger(__name__)
 _FREE_IDS = iter(range(200, 256))
@@ -402,3 +402,21 @@ def _reduce(self: DslCompressor) -> Any:
 
 
 DslCompressor.__reduce__ = _reduce  # type: ignore[method-assign, assignment]
+
+
+def get_program(path: str, **params: Any) -> DslCompressor:
+    """A compressor of the CompLL program at ``path`` (``registry.get`` of a ``.compll``
+    name): registered as ``<stem>.compll`` (so ``tbq.compll`` never shadows the
+    hand-written ``tbq``) unless that name already holds this source.
+
+    Raises:
+        CompllError: the program does not parse or check.
+        OSError: the file cannot be read.
+        ValueError: the stem names another compressor.
+    """
+    src = Path(path).read_text()
+    key = Path(path).stem.strip().lower() + ".compll"
+    cls = getattr(_REGISTRY.get(key), "dsl_class", None)
+    if cls is None or cls.checked.prog.source != src:
+        cls = register_dsl(Path(path), name=key, replace=cls is not None)
+    return cls(**params)
