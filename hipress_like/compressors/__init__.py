@@ -43,7 +43,8 @@ from .base import (
 )
 from .error_feedback import ErrorFeedback, needs_error_feedback, with_error_feedback
 from .params import ParamError, ParamTypeError
-from .registry import ENTRY_POINT_GROUP, available, get, register
+from .registry import ENTRY_POINT_GROUP, available, register
+from .registry import get as _get
 
 __all__ = [
     "HEADER_VERSION", "Capabilities", "Compressor", "PayloadError", "State", "check_gradient",
@@ -51,6 +52,17 @@ __all__ = [
     "ErrorFeedback", "ENTRY_POINT_GROUP", "ParamError", "ParamTypeError", "available", "get",
     "register", "needs_error_feedback", "with_error_feedback", "register_dsl",
 ]
+
+
+def get(name, **params):
+    """``registry.get``, plus the path of a CompLL program (``*.compll``, registered as
+    ``<stem>.compll`` on first use) as a name, so plans, the engine and the cost
+    model's profiler take DSL programs like built-ins."""
+    if isinstance(name, str) and name.strip().endswith(".compll"):
+        from .compll.compressor import get_program
+
+        return get_program(name.strip(), **params)
+    return _get(name, **params)
 
 
 def register_dsl(path_or_source, name=None, replace=False):

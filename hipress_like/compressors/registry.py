@@ -103,9 +103,8 @@ def get(name: Any, **params: Any) -> Compressor:
     """Instantiate a compressor by name.
 
     Args:
-        name: registry name (case-insensitive), a ``Compressor`` instance
-            (returned as is; then ``params`` must be empty), or the path of a
-            CompLL program (``*.compll``, registered under its file stem).
+        name: registry name (case-insensitive), or a ``Compressor`` instance
+            (returned as is; then ``params`` must be empty).
         **params: constructor parameters; unknown ones raise ``ValueError``.
 
     Raises:
@@ -118,9 +117,6 @@ def get(name: Any, **params: Any) -> Compressor:
         return name
     if not isinstance(name, str):
         raise TypeError(f"compressor must be a name or a Compressor, found {type(name).__name__}")
-    if name.strip().endswith(".compll"):  # a CompLL program by path (compll/, issue 45)
-        from .compll.compressor import get_program
-        return get_program(name.strip(), **params)
     _load_entry_points()
     key = name.strip().lower()
     if key not in _REGISTRY:
