@@ -36,7 +36,15 @@ from .syntax import Node, Type
 __all__ = ["render_cuda", "CudaProgram"]
 
 PRELUDE = r"""
+#ifdef __CUDACC_RTC__
+typedef unsigned char uint8_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#else
 #include <stdint.h>
+#endif
 #define CL_INLINE __device__ __forceinline__
 CL_INLINE uint32_t cl_fmix32(uint32_t h) {
     h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16; return h;
