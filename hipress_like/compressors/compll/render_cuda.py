@@ -546,9 +546,16 @@ class CudaProgram:
         self.c = c
         r = render_cuda(c)
         self.source = r["source"]
-        self.mod = cupy.RawModule(code=self.source, options=("-std=c++17", "--fmad=false"))
         self.sched = {k: [(s.split(":")[0], s.endswith(":1")) for s in r[k]]
                       for k in ("encode", "decode")}
+        first = self.sched["encode"][0][0]
+        try:  # NVRTC first; nvcc where NVRTC rejects the source and nvcc exists
+            self.mod = cupy.RawModule(code=self.source, options=("-std=c++17", "--fmad=false"))
+            self.mod.get_function(first)  # compiles now, so a failure shows here
+        except Exception:
+            self.mod = cupy.RawModule(code=self.source, options=("-std=c++17", "--fmad=false"),
+                                      backend="nvcc")
+            self.mod.get_function(first)
         self.threads = threads
         self.ctx = cupy.zeros(4096, dtype=cupy.uint8)
 
