@@ -225,9 +225,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def build_shared(source_text: str, name: str) -> Tuple[ctypes.CDLL, bool]:
+def build_shared(source_text: str, name: str,
+                 extra_flags: Sequence[str] = ()) -> Tuple[ctypes.CDLL, bool]:
     """Build C ``source_text`` into a shared library with this module's compiler, flags
-    and hash-keyed cache, and load it (generated code: CompLL's C renderer).
+    (plus ``extra_flags``, e.g. ``-fopenmp``) and hash-keyed cache, and load it
+    (generated code: CompLL's C renderer).
 
     Returns:
         (the loaded library, True when it came from the cache).
@@ -242,7 +244,7 @@ def build_shared(source_text: str, name: str) -> Tuple[ctypes.CDLL, bool]:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True,
                              timeout=30).stdout.splitlines()[:1]
     last: Optional[Exception] = None
-    for flags in (_FLAGS, _FALLBACK_FLAGS):
+    for flags in (_FLAGS + list(extra_flags), _FALLBACK_FLAGS + list(extra_flags)):
         key = hashlib.sha256(b"\0".join([source_text.encode(), cc.encode(),
                                          " ".join(flags).encode(), "".join(version).encode(),
                                          _cpu_flags().encode()])).hexdigest()[:20]

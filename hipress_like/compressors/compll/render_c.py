@@ -16,7 +16,11 @@ when the width is a parameter (``switch``), so the compiler vectorises it.
 The file compiles under ``finite-math-only`` and ``no-signed-zeros`` (so
 min/max reductions vectorise; rounding is unchanged, contraction stays off);
 the gradient's NaN/Inf are caught by an integer test of the exponent bits in
-the first sweep over it. The file is built by
+the first sweep over it. Sweeps of at least 2**20 elements split across
+``torch.get_num_threads()`` OpenMP threads (as the hand-written kernels split
+theirs) unless a reduction is a floating-point sum, whose rounding would then
+depend on the split: min, max and integer sums are exact in any order, so the
+bytes do not depend on the thread count. The file is built by
 ``_native.build_shared`` (the project's compiler, flags and hash cache).
 """
 from __future__ import annotations
@@ -73,12 +77,19 @@ CL_INLINE int64_t cl_clamp_int64_t(int64_t x, int64_t lo, int64_t hi) {
 }
 CL_INLINE int64_t cl_packed_nbytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
 CL_INLINE int cl_valid_bits(int64_t b) { return b == 1 || b == 2 || b == 4 || b == 8; }
+/* threads for sweeps of at least CL_PARALLEL elements (torch.get_num_threads(), set per call) */
+#define CL_PARALLEL 1048576
+static int cl_threads = 1;
+void cl_set_threads(int t) { cl_threads = t > 0 ? t : 1; }
 """
 
 _INIT = {("min", "float"): "FLT_MAX", ("min", "double"): "DBL_MAX",
          ("max", "float"): "(-FLT_MAX)", ("max", "double"): "(-DBL_MAX)",
          ("min", "int32_t"): "INT32_MAX", ("max", "int32_t"): "INT32_MIN",
          ("min", "int64_t"): "INT64_MAX", ("max", "int64_t"): "INT64_MIN"}
+
+
+_OMP_OP = {"sum": "+", "min": "min", "max": "max", "maxabs": "max"}
 
 
 class _Render:
@@ -192,9 +203,26 @@ class _Render:
                                f"{self.ex.conv(val, fn.ret, et)};")
         return out
 
+    def _omp(self, items: List[Loop], check: bool, trips: str) -> str:
+        """An OpenMP pragma splitting the sweep across threads, or "" when a reduction
+        is a floating-point sum (its rounding would depend on the split)."""
+        red = []
+        for x in items:
+            if x.kind != "reduce":
+                continue
+            op = reduction(x)
+            if op == "sum" and x.ty.name in ("float", "double"):
+                return ""
+            red.append(f"reduction({_OMP_OP[op]}:{x.target})")
+        if check:
+            red.append("reduction(|:nf_)")
+        return (f"_Pragma(\"omp parallel for schedule(static) num_threads(cl_threads) "
+                f"{' '.join(red)} if(n >= CL_PARALLEL && cl_threads > 1)\") ")
+
     def _flat(self, items: List[Loop], grad: str, check: bool, ind: str) -> None:
         n = self._length(items[0])
-        self.lines.append(f"{ind}for (int64_t i_ = 0; i_ < {n}; ++i_) {{")
+        omp = self._omp(items, check, n) if n == "n" else ""
+        self.lines.append(f"{ind}{omp}for (int64_t i_ = 0; i_ < {n}; ++i_) {{")
         self.lines += self._element(items, grad, check, ind + "    ")
         self.lines.append(f"{ind}}}")
 
@@ -207,7 +235,8 @@ class _Render:
         ln.append(f"{ind}{{ const int64_t m_ = {n} / {per};")
         # blocks of bytes, one plane (field k) at a time: each inner loop is a contiguous,
         # vectorisable sweep, and the block of bytes stays in L1 across the planes
-        ln.append(f"{ind}for (int64_t j0_ = 0; j0_ < m_; j0_ += 2048) {{")
+        omp = self._omp(items, check, "m_") if n == "n" else ""
+        ln.append(f"{ind}{omp}for (int64_t j0_ = 0; j0_ < m_; j0_ += 2048) {{")
         ln.append(f"{ind}    const int64_t jn_ = m_ - j0_ < 2048 ? m_ - j0_ : 2048;")
         ln.append(f"{ind}    uint8_t* restrict q_ = {q} + j0_;")
         ln.append(f"{ind}    for (int k_ = 0; k_ < {per}; ++k_) {{")
@@ -391,6 +420,8 @@ class _Render:
                 ln += [f"    case {b}: {{ const int64_t m_ = n / {per};",
                        f"        for (int k_ = 0; k_ < {per}; ++k_) {{",
                        "            float* restrict o_ = out + (int64_t)k_ * m_;",
+                       "            _Pragma(\"omp parallel for schedule(static) "
+                       "num_threads(cl_threads) if(n >= CL_PARALLEL && cl_threads > 1)\")",
                        "            for (int64_t j_ = 0; j_ < m_; ++j_) {",
                        "                const int64_t i_ = (int64_t)k_ * m_ + j_;",
                        f"                const int32_t code_ = ({q}[j_] >> (k_ * {b})) & {mask};",
@@ -406,6 +437,8 @@ class _Render:
             ln += ["    default: return 2;", "    }"]
             return
         self.arrays = dict(self.arrays)
+        ln.append("    _Pragma(\"omp parallel for schedule(static) num_threads(cl_threads) "
+                  "if(n >= CL_PARALLEL && cl_threads > 1)\")")
         ln.append("    for (int64_t i_ = 0; i_ < n; ++i_) {")
         call = f"u_{f.name}(c, {self.ex.conv(self.elem(src, None), src.ty.elem(), pt)}, i_)"
         ln.append(f"        out[i_] = {self.ex.conv(call, f.ret, Type('float'))};")
@@ -479,7 +512,9 @@ class NativeProgram:
         t0 = time.perf_counter()
         stem = "compll_" + "".join(ch if ch.isalnum() else "_" for ch in
                                    c.prog.filename.rsplit("/", 1)[-1].split(".")[0])[:40]
-        self.lib, self.cache_hit = _native.build_shared(self.source, stem)
+        self.lib, self.cache_hit = _native.build_shared(self.source, stem, ["-fopenmp"])
+        self.lib.cl_set_threads.argtypes = [ctypes.c_int]
+        self.lib.cl_set_threads.restype = None
         self.compile_s = 0.0 if self.cache_hit else time.perf_counter() - t0
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self.lib.cl_encode.argtypes = [p, i64, p, p, p, i64, ctypes.c_uint32]
@@ -499,6 +534,7 @@ class NativeProgram:
         Raises:
             ValueError: NaN/Inf in ``g`` (the standard message), or a bad width.
         """
+        self.lib.cl_set_threads(torch.get_num_threads())
         rc = self.lib.cl_encode(g.data_ptr(), g.numel(), self._params(params),
                                 extra.data_ptr(), body.data_ptr(), body.numel(),
                                 seed & 0xFFFFFFFF)
@@ -512,6 +548,7 @@ class NativeProgram:
             ValueError: a width outside 1, 2, 4, 8 or a short body in the payload.
         """
         buf = ctypes.create_string_buffer(bytes(extra), max(len(extra), 1))
+        self.lib.cl_set_threads(torch.get_num_threads())
         rc = self.lib.cl_decode(ctypes.addressof(buf), len(extra), body.data_ptr(),
                                 body.numel(), out.data_ptr(), out.numel(), self._params(params))
         _raise(rc, self.c, None)
