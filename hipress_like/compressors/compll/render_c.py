@@ -26,6 +26,7 @@ bytes do not depend on the thread count. The file is built by
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from typing import Any, Dict, List, Optional
 
@@ -417,15 +418,21 @@ class _Render:
                 call = f"u_{f.name}(c, {self.ex.conv('code_', Type('int32'), pt)}, i_)"
                 val = self.ex.conv(call, f.ret, Type("float"))
                 q = f"l_{src.args[0]}"
+                # one parallel region over blocks of bytes; planes inside (contiguous runs)
                 ln += [f"    case {b}: {{ const int64_t m_ = n / {per};",
-                       f"        for (int k_ = 0; k_ < {per}; ++k_) {{",
-                       "            float* restrict o_ = out + (int64_t)k_ * m_;",
-                       "            _Pragma(\"omp parallel for schedule(static) "
+                       "        _Pragma(\"omp parallel for schedule(static) "
                        "num_threads(cl_threads) if(n >= CL_PARALLEL && cl_threads > 1)\")",
-                       "            for (int64_t j_ = 0; j_ < m_; ++j_) {",
-                       "                const int64_t i_ = (int64_t)k_ * m_ + j_;",
-                       f"                const int32_t code_ = ({q}[j_] >> (k_ * {b})) & {mask};",
-                       f"                o_[j_] = {val};",
+                       "        for (int64_t j0_ = 0; j0_ < m_; j0_ += 4096) {",
+                       "            const int64_t jn_ = m_ - j0_ < 4096 ? m_ - j0_ : 4096;",
+                       f"            for (int k_ = 0; k_ < {per}; ++k_) {{",
+                       "                float* restrict o_ = out + (int64_t)k_ * m_ + j0_;",
+                       f"                const uint8_t* restrict q_ = {q} + j0_;",
+                       "                for (int64_t j_ = 0; j_ < jn_; ++j_) {",
+                       "                    const int64_t i_ = (int64_t)k_ * m_ + j0_ + j_;",
+                       f"                    const int32_t code_ = "
+                       f"(q_[j_] >> (k_ * {b})) & {mask};",
+                       f"                    o_[j_] = {val};",
+                       "                }",
                        "            }",
                        "        }",
                        f"        for (int64_t t_ = 0; t_ < n - m_ * {per}; ++t_) {{",
@@ -512,7 +519,15 @@ class NativeProgram:
         t0 = time.perf_counter()
         stem = "compll_" + "".join(ch if ch.isalnum() else "_" for ch in
                                    c.prog.filename.rsplit("/", 1)[-1].split(".")[0])[:40]
-        self.lib, self.cache_hit = _native.build_shared(self.source, stem, ["-fopenmp"])
+        # OpenMP waits passively (the cores are shared with torch's own pool): libgomp
+        # reads OMP_WAIT_POLICY when the library loads, so it is set only around the load
+        saved = os.environ.get("OMP_WAIT_POLICY")
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+        try:
+            self.lib, self.cache_hit = _native.build_shared(self.source, stem, ["-fopenmp"])
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_WAIT_POLICY", None)
         self.lib.cl_set_threads.argtypes = [ctypes.c_int]
         self.lib.cl_set_threads.restype = None
         self.compile_s = 0.0 if self.cache_hit else time.perf_counter() - t0
