@@ -239,6 +239,9 @@ class _Render:
         omp = self._omp(items, check, "m_") if n == "n" else ""
         ln.append(f"{ind}{omp}for (int64_t j0_ = 0; j0_ < m_; j0_ += 2048) {{")
         ln.append(f"{ind}    const int64_t jn_ = m_ - j0_ < 2048 ? m_ - j0_ : 2048;")
+        # a private copy of the context: inside an OpenMP region gcc otherwise cannot
+        # tell the stores from the context's loads and does not vectorise
+        ln.append(f"{ind}    const ctx_t cx_ = *c; const ctx_t* const c = &cx_;")
         ln.append(f"{ind}    uint8_t* restrict q_ = {q} + j0_;")
         ln.append(f"{ind}    for (int k_ = 0; k_ < {per}; ++k_) {{")
         ln.append(f"{ind}        const float* restrict gk_ = g + (int64_t)k_ * m_ + j0_;"
@@ -424,8 +427,10 @@ class _Render:
                        "num_threads(cl_threads) if(n >= CL_PARALLEL && cl_threads > 1)\")",
                        "        for (int64_t j0_ = 0; j0_ < m_; j0_ += 4096) {",
                        "            const int64_t jn_ = m_ - j0_ < 4096 ? m_ - j0_ : 4096;",
+                       "            const ctx_t cx_ = *c; const ctx_t* const c = &cx_;",
+                       "            float* const ol_ = out; const int64_t ml_ = m_;",
                        f"            for (int k_ = 0; k_ < {per}; ++k_) {{",
-                       "                float* restrict o_ = out + (int64_t)k_ * m_ + j0_;",
+                       "                float* restrict o_ = ol_ + (int64_t)k_ * ml_ + j0_;",
                        f"                const uint8_t* restrict q_ = {q} + j0_;",
                        "                for (int64_t j_ = 0; j_ < jn_; ++j_) {",
                        "                    const int64_t i_ = (int64_t)k_ * m_ + j0_ + j_;",
