@@ -62,6 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hipress_like.compressors as C  # noqa: E402
 from hipress_like.compressors import ops  # noqa: E402
+from hipress_like.compressors.compll import bench as dsl_bench  # noqa: E402
 from hipress_like.compressors.powersgd import lowrank  # noqa: E402
 from hipress_like.compressors.registry import _REGISTRY  # noqa: E402
 
@@ -293,6 +294,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             it.set_postfix_str(f"{name} {size:g}MB")
         try:
             results.append(bench_single(name, size, repeats))
+            dsl_bench.add_column(results[-1], repeats)  # the CompLL program, same run
         except Exception as e:  # report and go on: one broken compressor must not hide the rest
             print(f"\n{name} @{size:g}MB failed: {type(e).__name__}: {e}", file=sys.stderr)
     psgd = None
@@ -310,6 +312,7 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{'xcopy':>6} {'xcopy':>6}")
     for r in results:
         print(fmt_row(r))
+    dsl_bench.print_table(results)
     if psgd is not None:
         print(f"powersgd rank {psgd['rank']} on {psgd['shape'][0]}x{psgd['shape'][1]}: two rounds "
               f"{psgd['rounds_s'] * 1e3:.1f} ms; M@Q + orth(P) + M^T@P alone "

@@ -49,7 +49,8 @@ from .base import (
     unpack_payload,
 )
 from .params import ParamError, ParamTypeError
-from .registry import ENTRY_POINT_GROUP, available, get, register
+from .registry import ENTRY_POINT_GROUP, available, register
+from .registry import get as _get
 from .rounds import MultiRoundCompressor
 from .wrappers.error_feedback import ErrorFeedback, needs_error_feedback, with_error_feedback
 from .wrappers.wrapper import Wrapper
@@ -59,8 +60,9 @@ __all__ = [
     "Round", "Wrapper", "PayloadError", "State", "check_gradient",
     "check_body_nbytes", "header_nbytes", "pack_payload", "unpack_fields", "unpack_payload",
     "ErrorFeedback", "ENTRY_POINT_GROUP", "ParamError", "ParamTypeError", "available", "get",
-    "register", "needs_error_feedback", "with_error_feedback",
+    "register", "needs_error_feedback", "with_error_feedback", "register_dsl",
 ]
+
 
 def __getattr__(name: str) -> Any:
     """``hp.compressors.tbq`` and the other flat-layout names (``_compat.MOVED``),
@@ -68,3 +70,25 @@ def __getattr__(name: str) -> Any:
     if f"{__name__}.{name}" in _compat.MOVED:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def get(name, **params):
+    """``registry.get``, plus the path of a CompLL program (``*.compll``, registered as
+    ``<stem>.compll`` on first use) as a name, so plans, the engine and the cost
+    model's profiler take DSL programs like built-ins."""
+    if isinstance(name, str) and name.strip().endswith(".compll"):
+        from .compll.compressor import get_program
+
+        return get_program(name.strip(), **params)
+    return _get(name, **params)
+
+
+def register_dsl(path_or_source, name=None, replace=False):
+    """Compile a CompLL program (a ``.compll`` path or its text) and register it as ``name``.
+
+    See ``compll.compressor.register_dsl`` (imported on first use, so lark loads only
+    for programs).
+    """
+    from .compll import register_dsl as _register_dsl
+
+    return _register_dsl(path_or_source, name=name, replace=replace)

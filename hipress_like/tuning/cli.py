@@ -555,6 +555,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=1.0, help="multiply every gradient size")
     p.add_argument("--write-plan", metavar="PATH", help="write the recommended plan")
     p.set_defaults(func=cmd_advise)
+
+    p = sub.add_parser("compll", help="check|build|show a CompLL program (.compll)",
+                       add_help=False)  # the compll module parses its own options (-h too)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda a: __import__("hipress_like.compressors.compll.cli",
+                                             fromlist=["main"]).main(a.rest, f"{PROG} compll"))
     return ap
 
 

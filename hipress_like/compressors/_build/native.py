@@ -51,8 +51,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["PARALLEL_NUMEL", "available", "bind", "load", "parallel", "ranges", "rows",
-           "sources", "usable"]
+__all__ = ["PARALLEL_NUMEL", "available", "bind", "build_shared", "load", "parallel",
+           "ranges", "rows", "sources", "usable"]
 
 _log = logging.getLogger(__name__)
 
@@ -122,12 +122,15 @@ def _cache_dir() -> Path:
     return Path(base) / "native"
 
 
-def _build(cc: str, flags: List[str], target: Path) -> None:
+def _build(cc: str, flags: List[str], target: Path,
+           srcs: Optional[Sequence[Path]] = None) -> None:
+    """Compile ``srcs`` (default: every family's kernels, ``sources()``) into ``target``."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *flags, "-I", str(_HERE), "-o", tmp, *map(str, sources())],
+        files = list(srcs) if srcs is not None else sources()
+        subprocess.run([cc, *flags, "-I", str(_HERE), "-o", tmp, *map(str, files)],
                        check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(tmp, target)
@@ -135,6 +138,44 @@ def _build(cc: str, flags: List[str], target: Path) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def build_shared(source_text: str, name: str,
+                 extra_flags: Sequence[str] = ()) -> Tuple[ctypes.CDLL, bool]:
+    """Build C ``source_text`` into a shared library with this module's compiler, flags
+    (plus ``extra_flags``, e.g. ``-fopenmp``) and hash-keyed cache, and load it
+    (generated code: CompLL's C renderer).
+
+    Returns:
+        (the loaded library, True when it came from the cache).
+
+    Raises:
+        RuntimeError: no C compiler; subprocess.CalledProcessError: it does not compile
+            with either flag set (the error's stderr has the compiler's message).
+    """
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.splitlines()[:1]
+    last: Optional[Exception] = None
+    for flags in (_FLAGS + list(extra_flags), _FALLBACK_FLAGS + list(extra_flags)):
+        key = hashlib.sha256(b"\0".join([source_text.encode(), cc.encode(),
+                                         " ".join(flags).encode(), "".join(version).encode(),
+                                         _cpu_flags().encode()])).hexdigest()[:20]
+        target = _cache_dir() / f"{name}_{key}.so"
+        hit = target.exists()
+        try:
+            if not hit:
+                src = _cache_dir() / f"{name}_{key}.c"
+                src.parent.mkdir(parents=True, exist_ok=True)
+                src.write_text(source_text)
+                _build(cc, flags, target, [src])
+            return ctypes.CDLL(str(target)), hit
+        except (subprocess.CalledProcessError, OSError) as e:
+            last = e
+    assert last is not None
+    raise last
 
 
 def load() -> Optional[ctypes.CDLL]:

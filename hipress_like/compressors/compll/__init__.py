@@ -1,0 +1,45 @@
+"""CompLL's DSL (HiPress Sec. 4.3): compression algorithms in a few lines, compiled.
+
+A program (``*.compll``) states an algorithm's encode and decode over the
+common operators (map, reduce, concat, extract, random) and user functions
+on one element; ``register_dsl`` makes it a compressor with no integration
+code. Pipeline, one module each:
+
+    syntax.py    compll.lark -> nodes with line/column; located syntax errors
+    checker.py   names, arity, types, bit widths; located type errors
+    interp.py    the reference interpreter on torch tensors (the tests' oracle)
+    render_c.py  C for CPUs, built by the native builder, cached by source hash
+    render_cuda.py  CUDA C for GPUs (cupy.RawModule), compile-checked by nvcc
+    compressor.py   DslCompressor and register_dsl
+    cli.py       ``hipress-profile compll check|build|show FILE``
+
+The six HiPress algorithms ship as programs beside their hand-written
+versions (onebit/onebit.compll, quantizers/tbq.compll, ...); ``PROGRAMS``
+maps their names to paths. docs/compll.md is the guide.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .checker import check
+from .compressor import DslCompressor, load, register_dsl
+from .syntax import CompllError, parse
+
+__all__ = ["CompllError", "DslCompressor", "PROGRAMS", "check", "load", "parse",
+           "register_dsl", "program_path"]
+
+_ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = {
+    "onebit": ("onebit", "onebit.compll"),
+    "tbq": ("quantizers", "tbq.compll"),
+    "terngrad": ("quantizers", "terngrad.compll"),
+    "dgc": ("sparse", "dgc.compll"),
+    "graddrop": ("sparse", "graddrop.compll"),
+    "powersgd": ("powersgd", "powersgd.compll"),
+}
+
+
+def program_path(name: str) -> Path:
+    """The shipped program of algorithm ``name`` (a key of ``PROGRAMS``)."""
+    folder, fname = PROGRAMS[name]
+    return _ROOT / folder / fname
