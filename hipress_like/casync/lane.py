@@ -21,11 +21,9 @@ Against fusing per round what each rank reports ready, this reports and
 tracks one collective per bucket instead of one per gradient (the Python
 work per gradient is a copy), allocates nothing per step, and reads each
 gradient once before the send instead of twice (a scan, then the copy).
-On the ResNet50-like list (155 gradients, 97 MB, 4 ranks on 2 cores,
-loopback), the engine went from 1.33-1.53x to 1.08-1.14x the time of
-DDP-bucketed all_reduce (``bench/sync.py --nets loopback --lists resnet50
---only ps+identity``; per-gradient fusion spent 55-88 ms per rank in
-``submit`` before the first allreduce could start).
+Per-gradient fusion used to spend its time in ``submit`` before the first
+allreduce could start (docs/design.md has the before and after of
+``bench/sync.py --nets loopback --lists resnet50 --only ps+identity``).
 """
 from __future__ import annotations
 

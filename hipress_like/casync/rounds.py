@@ -213,8 +213,8 @@ class Rounds:
                 if not coord.links_pending() and not (coord.held() and closed_here):
                     # No queued link message to plan ahead: let the round run
                     # alone instead of polling peers with metadata rounds that
-                    # compete for the cores (4 ranks on 2 cores measured ~40%
-                    # slower fused allreduces with polling alongside). Work that
+                    # compete for the cores (with more ranks than cores, polling
+                    # alongside slows the fused allreduces). Work that
                     # arrives meanwhile is reported, and batched, right after.
                     self._wait_idle(closed_here)
         now = time.monotonic()

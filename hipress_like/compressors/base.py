@@ -510,8 +510,8 @@ def mix_seed(seed: int, step: int) -> int:
 def decode_output(h: Header, out: Optional[torch.Tensor], device: Any) -> torch.Tensor:
     """The buffer a ``decode`` writes into: ``out`` checked against header ``h``, or a new one.
 
-    A fresh 64 MB tensor costs more in page faults on this machine than most
-    decodes themselves, so callers that decode every step (the engine)
+    A fresh large tensor can cost more in page faults than the decode
+    itself, so callers that decode every step (the engine)
     pass the gradient's own storage. ``out`` may have any shape with the
     header's number of elements; the result is viewed in the header's shape.
 

@@ -66,8 +66,8 @@ def abs_at_least(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """The mask ``|x| >= t`` without materialising ``|x|`` (filter operator).
 
     ``(x >= t) | (x <= -t)`` writes two bool tensors (a quarter of ``x``'s
-    bytes each) instead of a float copy of ``|x|``; on this machine ~12 ms
-    instead of ~36 ms for 16 M floats. NaN entries are never selected.
+    bytes each) instead of a float copy of ``|x|`` (a quarter of the
+    traffic). NaN entries are never selected.
     """
     return (x >= t) | (x <= -t)
 
@@ -305,11 +305,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None)
     """Matrix product ``a @ b`` (kept as an operator so DSL code can name it).
 
     Thin right operands (``b`` with at most ``THIN_COLS`` columns, PowerSGD's
-    ``M Q`` and ``M^T P``) take the layouts BLAS is fast at on CPU. Measured
-    on this 2-core machine for a 4096 x 4096 ``M`` and rank 4: ``M^T @ P``
-    on the transposed view took ~60-95 ms, ``(P^T @ M)^T`` ~9 ms; ``M @ Q``
-    ~10 ms, ``M @ (Q^T contiguous)^T`` ~5 ms. The result is the same
-    product up to float rounding (summation order).
+    ``M Q`` and ``M^T P``) take the layouts BLAS is fast at on CPU:
+    ``(P^T @ M)^T`` instead of ``M^T @ P`` on a transposed view, and
+    ``M @ (Q^T contiguous)^T`` instead of ``M @ Q`` (docs/design.md,
+    "Measurements behind the code"). The result is the same product up to
+    float rounding (summation order).
 
     Args:
         a: (n, k) matrix (may be a transposed view).

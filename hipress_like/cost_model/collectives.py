@@ -17,10 +17,9 @@ and receiving; the steps of a binomial tree (broadcast, reduce) have each
 host only sending or only receiving. Where the two share a bottleneck (a
 ``tc tbf``-shaped link here, a shared core), one-way steps move their bytes
 faster, which the paper's model cannot see: Eq. 5c never picks ART-Tree for
-N <= 4, yet it measured fastest in 13 of 72 cases (bench/artopk_select.py,
-2026-11-24). Given ``beta_one_way`` (``casync.collectives.measure_link(...,
-pattern="one_way")``), the tree and broadcast terms of Eq. 4a/4b use it,
-and the choice is the argmin of the costs; without it, everything is the
+N <= 4, yet it can measure fastest (bench/artopk_select.py). Given
+``beta_one_way`` (``tuning.link.measure_link(..., pattern="one_way")``), the
+tree and broadcast terms of Eq. 4a/4b use it, and the choice is the argmin of the costs; without it, everything is the
 paper's.
 """
 from __future__ import annotations

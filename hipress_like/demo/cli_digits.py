@@ -20,10 +20,9 @@ The CNN has one large fully-connected layer (4096 x 2048 in the main job,
 synchronisation, not its arithmetic, bounds a step, the situation this
 library is for; the conv layers' small gradients go uncompressed, as
 HiPress's selective compression would send them. PowerSGD is the default
-because on this 2-core host its few matrix products cost less CPU than a
-quantizer's passes over 33.5 MB, four ranks sharing two cores (2026-11-25,
-1 Gbit/s: PowerSGD 2.08x, onebit 1.53x the uncompressed step time, both at
-97.2 % test accuracy).
+because, with ranks sharing cores, its few matrix products cost less CPU
+than a quantizer's passes over 33.5 MB (docs/design.md has the run that
+compared them).
 
 The training function ``train_digits(ctx, cfg)`` is also what the accuracy
 tests run; it uses only the Horovod-shaped public API.

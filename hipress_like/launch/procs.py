@@ -20,8 +20,8 @@ def own_process_group() -> Dict[str, Any]:
     A new *session* would do that too, but Linux's autogroup scheduler (on by
     default) gives each session its own share of the CPU, and ranks sharing
     cores then wait behind their own group's turn for every coordination round
-    (measured on 2 cores, 4 busy ranks: 30-40 ms per small allgather instead
-    of 5 ms).
+    (several times slower small allgathers; docs/design.md, "Threads, the GIL
+    and the CPU scheduler").
     """
     if sys.version_info >= (3, 11):
         return {"process_group": 0}

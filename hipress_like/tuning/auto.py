@@ -57,10 +57,9 @@ __all__ = ["auto_plan", "AutoPlanner", "DEFAULT_CANDIDATES"]
 # What ``compression="auto"`` chooses from per gradient (and "none"): a 1-bit and
 # a 2-bit quantizer, a 0.1% sparsifier and rank-4 PowerSGD, the families of
 # HiPress Table 1 that CaSync runs here. Not rank 1 (PyTorch's powerSGD_hook
-# default), although it was the fastest fixed row on the VGG-style model at
-# 1 Gbit/s (734 ms/step against 890 for the auto plan, 2026-11-24): after 300
-# steps it reached 95.6 % on digits against DDP's 97.2 %, beyond the 1-point
-# accuracy budget (bench/train.py --acc-steps 300).
+# default), although it can be the fastest fixed row: after 300 steps on
+# digits it lost more than the 1-point accuracy budget against DDP
+# (bench/train.py --acc-steps 300; docs/design.md has the run).
 DEFAULT_CANDIDATES: Dict[str, Dict[str, Any]] = {
     "onebit": {}, "terngrad": {"bitwidth": 2}, "dgc": {"ratio": 0.001}, "powersgd": {"rank": 4}}
 
@@ -94,9 +93,9 @@ class AutoPlanner:
             ``compression="auto"`` uses.
         engine_timing: also time whole synchronisations through the engine
             (default True; see the module docstring). False plans with
-            HiPress Eq. 1/2 alone, which on 2026-11-23's 4-rank host
-            predicted 0.3-0.7x of the measured compressed times; it saves
-            about 10-30 s of profiling.
+            HiPress Eq. 1/2 alone, which under-predicts the engine's
+            compressed times (docs/design.md); it saves the engine timing's
+            share of profiling.
         trials: with several candidates on several ranks, also time the
             per-gradient plan and each candidate's own plan through the
             engine on the model's gradient sizes (``trial_repeats`` steps
@@ -241,10 +240,9 @@ class AutoPlanner:
             shapes: {name: shape} of the gradients, for the trials (default:
                 the observed ones, else ``engine_timing.profile_shape``'s
                 near-square matrices): PowerSGD's cost depends on
-                its matrix view, and a flat 20 M-entry gradient of the
-                VGG-style model took it twice as long to synchronise as the
-                (2560, 8192) one it stands for (453 against 234 ms, 4 ranks,
-                2026-11-26), which made the trials drop it for onebit.
+                its matrix view, and a flat gradient takes it about twice as
+                long to synchronise as the matrix it stands for, which made
+                the trials drop it for onebit.
 
         Returns:
             The plan, identical on every rank.

@@ -172,9 +172,9 @@ def profile_shape(numel: int) -> Tuple[int, ...]:
 
     Real gradients that matrix-based compressors compress are weights of two
     or more dimensions; PowerSGD pads a flat vector into a near-square matrix
-    and takes a slower path for it (a flat 20 M-entry gradient synchronised
-    in twice the time of the (2560, 8192) one, 4 ranks, 2026-11-26), so a flat
-    profile overpriced it. Element-wise compressors do not see the shape.
+    and takes a slower path for it (a flat gradient synchronises in about
+    twice the time of the matrix it stands for), so a flat profile
+    overpriced it. Element-wise compressors do not see the shape.
 
     Example:
         >>> profile_shape(1024), profile_shape(6), profile_shape(1031)

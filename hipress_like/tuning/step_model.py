@@ -56,10 +56,9 @@ The step-time model of one configuration:
    its synchronisations' CPU over its cores (``cores_per_rank``); each
    profiled synchronisation held a whole engine step, so the step's own
    CPU (the smallest fixed cost among the fits used) is counted once. With
-   more ranks than cores this bound decides most compressed rows: 4 ranks
-   on 2 cores ran Ring + onebit on the VGG-style model in 957 ms per step,
-   about twice a rank's CPU time (468 ms), where the three servers alone
-   predicted 531 ms; with the bound, on a later run, 1066 ms against 1091.
+   more ranks than cores this bound decides most compressed rows (a step
+   then takes about its rank's CPU time times ranks over cores, which the
+   three servers alone under-predict; docs/design.md has the numbers).
 
 Steps 1, 3 and 4 and the lane buckets are not in HiPress, which measures
 throughput rather than predicting it.
