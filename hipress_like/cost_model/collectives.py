@@ -19,8 +19,8 @@ host only sending or only receiving. Where the two share a bottleneck (a
 faster, which the paper's model cannot see: Eq. 5c never picks ART-Tree for
 N <= 4, yet it can measure fastest (bench/artopk_select.py). Given
 ``beta_one_way`` (``tuning.link.measure_link(..., pattern="one_way")``), the
-tree and broadcast terms of Eq. 4a/4b use it, and the choice is the argmin of the costs; without it, everything is the
-paper's.
+tree and broadcast terms of Eq. 4a/4b use it, and the choice is the argmin
+of the costs; without it, everything is the paper's.
 """
 from __future__ import annotations
 
