@@ -177,7 +177,8 @@ def render_compressors(rec: Dict[str, Any]) -> Rendered:
              "result": f"{one['encode_x_copy']:.2f}x / "
                        f"{(one.get('decode_out_x_copy') or one['decode_x_copy']):.2f}x "
                        "a memory copy's speed",
-             "against": "`dst.copy_(src)`, same run", "ratio": f"{32 * one['ratio']:.2f} bits a value",
+             "against": "`dst.copy_(src)`, same run",
+             "ratio": f"{32 * one['ratio']:.2f} bits a value",
              "date": _day(rec), "command": rec["command"]}]
     return text, head, plot
 
