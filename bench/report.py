@@ -126,7 +126,15 @@ def validate(rec: Dict[str, Any], where: str) -> None:
 # ---------------------------------------------------------------- tables
 
 def md_table(header: List[str], rows: List[List[Any]]) -> str:
-    """A GitHub/mkdocs markdown table (cells' ``|`` escaped)."""
+    """A GitHub/mkdocs markdown table.
+
+    Args:
+        header: the column titles.
+        rows: one list of cells per row (``|`` in a cell is escaped).
+
+    Returns:
+        The table's markdown, without a trailing newline.
+    """
     esc = lambda v: str(v).replace("|", "\\|")
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
@@ -141,7 +149,15 @@ Rendered = Tuple[str, List[Dict[str, str]], Optional[Callable[[str], None]]]
 
 
 def render_compressors(rec: Dict[str, Any]) -> Rendered:
-    """Encode/decode speed as multiples of a memory copy timed in the same run."""
+    """Encode/decode speed as multiples of a memory copy timed in the same run.
+
+    Args:
+        rec: a validated record of this kind.
+
+    Returns:
+        ``(markdown, headline rows, plot)``: the section's tables, its rows for the
+        README's headline table, and a function drawing its figure to a path (or None).
+    """
     rows = rec["data"]["results"]
     size = max(r["size_mb"] for r in rows)
     big = [r for r in rows if r["size_mb"] == size]
@@ -184,7 +200,15 @@ def render_compressors(rec: Dict[str, Any]) -> Rendered:
 
 
 def render_demo(rec: Dict[str, Any]) -> Rendered:
-    """The main job (``./run.sh``): CaSync against no compression, same run."""
+    """The main job (``./run.sh``): CaSync against no compression, same run.
+
+    Args:
+        rec: a validated record of this kind.
+
+    Returns:
+        ``(markdown, headline rows, plot)``: the section's tables, its rows for the
+        README's headline table, and a function drawing its figure to a path (or None).
+    """
     rows = rec["data"]["rows"]
     cols = ["configuration", "test acc %", "train time s", "ms/step", "compressed", "speed-up"]
     table = md_table(cols, [[r.get(c, "-") for c in cols] for r in rows])
@@ -214,7 +238,15 @@ def render_demo(rec: Dict[str, Any]) -> Rendered:
 
 
 def render_stragglers(rec: Dict[str, Any]) -> Rendered:
-    """Job time with and without a straggler, with and without a quorum, same run."""
+    """Job time with and without a straggler, with and without a quorum, same run.
+
+    Args:
+        rec: a validated record of this kind.
+
+    Returns:
+        ``(markdown, headline rows, plot)``: the section's tables, its rows for the
+        README's headline table, and a function drawing its figure to a path (or None).
+    """
     med = rec["data"]["median_job_s"]
     frac = rec["data"].get("args", {}).get("fraction", "?")
     rows = [[f"`Quorum(fraction={frac})`", f"{med['partial']:.2f} s",
@@ -238,7 +270,15 @@ def render_stragglers(rec: Dict[str, Any]) -> Rendered:
 
 
 def render_train(rec: Dict[str, Any]) -> Rendered:
-    """Step times per configuration, as ratios to the record's named baseline row."""
+    """Step times per configuration, as ratios to the record's named baseline row.
+
+    Args:
+        rec: a validated record of this kind.
+
+    Returns:
+        ``(markdown, headline rows, plot)``: the section's tables, its rows for the
+        README's headline table, and a function drawing its figure to a path (or None).
+    """
     rows = sorted(rec["data"]["rows"], key=lambda r: r["ms_per_step"])
     base_name = rec["data"].get("baseline")
     base = next((r for r in rows if r["config"] == base_name), rows[-1])
@@ -269,7 +309,15 @@ def render_train(rec: Dict[str, Any]) -> Rendered:
 
 
 def render_transcribed(rec: Dict[str, Any]) -> Rendered:
-    """Rows copied from an older document, each with its own command and date."""
+    """Rows copied from an older document, each with its own command and date.
+
+    Args:
+        rec: a validated record of this kind.
+
+    Returns:
+        ``(markdown, headline rows, plot)``: the section's tables, its rows for the
+        README's headline table, and a function drawing its figure to a path (or None).
+    """
     rows = rec["data"]["rows"]
     text = md_table(["what", "this project", "against", "ratio", "date", "command"],
                     [[r["what"], r["this_project"], r["against"], r["ratio"], r["date"],
