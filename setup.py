@@ -1,7 +1,8 @@
 """Packaging for hipress-like (distribution name ``hipress-like``).
 
 Extras mirror the optional front ends: ``tensorflow``, ``mxnet``, ``mpi``,
-``horovod`` and ``dev`` (tests, lint, benchmarks).
+``horovod``, ``dev`` (tests, lint, benchmarks) and ``docs`` (the mkdocs site:
+``mkdocs build --strict``, ``mkdocs serve``).
 """
 from setuptools import find_packages, setup
 
@@ -37,6 +38,9 @@ setup(
             "pymoo",
             "rich",
         ],
+        # the site (mkdocs.yml): material theme, API pages from docstrings
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26",
+                 "matplotlib"],
     },
     entry_points={
         "console_scripts": [

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create/refresh the project virtualenv (.venv) on first use; fast when up to date.
 # Sourced by run.sh and test.sh. Installs: torch (CPU wheel; pinned inside the
-# machine's cap), the package in editable mode with [dev,mpi], and Open MPI
+# machine's cap), the package in editable mode with [dev,docs,mpi], and Open MPI
 # from apt when running as root and it is missing.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,8 +29,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   # makes pip take the registry's CUDA build of it (~5.8 GB with its nvidia-*
   # packages). setup.py keeps the looser range for users' own installs.
   "$VENV/bin/python" -m pip install -q "torch==${HIPRESS_TORCH:-2.13.0}" 2>&1 | grep -v -i warning || true
-  extras=dev
-  command -v mpicc >/dev/null 2>&1 && extras=dev,mpi
+  extras=dev,docs
+  command -v mpicc >/dev/null 2>&1 && extras=dev,docs,mpi
   "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]" 2>&1 | grep -v -i warning || true
   "$VENV/bin/python" -c "import torch, hipress_like" || { echo "[bootstrap] install failed" >&2; exit 1; }
   echo "$want" > "$STAMP"
