@@ -45,7 +45,6 @@ def broken_links(pages, docs=DOCS):
     for page in pages:
         for target in _internal_links(page):
             path = (page.parent / target).resolve()
-            rel = path.relative_to(docs).as_posix() if path.is_relative_to(docs) else None
             if not path.exists():
                 broken.append(f"{page.name} -> {target}")
     return broken
