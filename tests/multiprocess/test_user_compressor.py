@@ -8,8 +8,9 @@ supply the rest. It trains digits on 4 ranks over PS and over Ring, every
 rank ending with bitwise-identical parameters; error feedback wraps it (it is
 biased) with no code of the user's: the engine does so by itself, and
 ``get("ef", inner=...)`` by name.
-The worker subprocesses import this module to find ``_train``, which registers
-``ScaledSign`` there too.
+A user registers at import; this test registers only while its own tests run
+(the ``users_compressor`` fixture, and ``_train`` in each worker), so the
+suite's tests that enumerate every registered compressor never meet it.
 """
 import struct
 from dataclasses import asdict
@@ -20,6 +21,7 @@ import torch
 from hipress_like.compressors import Capabilities, Compressor, ErrorFeedback, get, register
 from hipress_like.compressors.ops import pack_bits, unpack_bits
 from hipress_like.compressors.payload import pack_payload, unpack_fields
+from hipress_like.compressors.registry import _REGISTRY
 from hipress_like.demo import DigitsConfig, train_digits
 from hipress_like.launch.launch import run_workers
 
@@ -27,7 +29,6 @@ EPOCHS = 10
 _SCALE = struct.Struct("<d")
 
 
-@register("user_scaled_sign")
 class ScaledSign(Compressor):
     """sign(g) * mean|g|: one bit per element plus one float64 (a user's compressor)."""
 
@@ -59,7 +60,20 @@ class ScaledSign(Compressor):
         return {}
 
 
+def _register():
+    register("user_scaled_sign")(ScaledSign)  # the same factory again is a no-op
+
+
+@pytest.fixture(autouse=True)
+def users_compressor():
+    """``ScaledSign`` registered for this module's tests only."""
+    _register()
+    yield
+    _REGISTRY.pop("user_scaled_sign", None)
+
+
 def _train(ctx, cfg):
+    _register()
     return train_digits(ctx, cfg)
 
 
