@@ -138,7 +138,7 @@ def map_compression_params(params: Mapping[str, Any]) -> Mapped:
         Compression.ef(inner='topk', ratio=0.01)
         >>> map_compression_params({"compressor": "onebit", "k": 0.01,
         ...                         "partition": "linear", "normalize": "max"}).spec
-        Compression.onebit()
+        Compression.onebit
     """
     if not isinstance(params, Mapping):
         raise TypeError(f"compression_params must be a dict, found {type(params).__name__}")

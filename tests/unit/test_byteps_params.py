@@ -119,3 +119,12 @@ def test_knobs_read_partition_and_min_compress_bytes():
 def test_bad_knobs_are_errors(env, match):
     with pytest.raises(ValueError, match=match):
         read_knobs(env)
+
+
+def test_params_docstring_examples():
+    import doctest
+
+    from hipress_like.byteps import params as module
+
+    res = doctest.testmod(module)
+    assert res.attempted >= 2 and res.failed == 0
