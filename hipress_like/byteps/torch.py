@@ -219,6 +219,8 @@ def _plan(mapped: Optional[Mapped], spec: CompressionSpec, strategy: str,
     if spec.name == "identity":
         return None  # nothing to compress: every gradient takes the allreduce lane
     rule = _knobs.rule()
+    if spec.name == "fp16":  # BytePS casts every gradient (a wire type, not a compressor)
+        rule = replace(rule, min_compress_bytes=0)
     gradients: Dict[str, GradientPlan] = {}
     if mapped is not None and mapped.count is not None:
         params = [p for g in optimizer.param_groups for p in g["params"]]
