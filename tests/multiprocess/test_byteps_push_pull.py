@@ -184,3 +184,40 @@ def test_declare_order_mismatch_is_a_clear_error_on_every_rank():
     for msg in res:
         assert "names differ across ranks" in msg
         assert "rank 0: #0 'a'" in msg and "rank 1: #1 'a'" in msg
+
+
+def stall_worker(ctx):
+    import torch.distributed as dist
+
+    import hipress_like.byteps.torch as bps
+
+    bps.init()
+    r = bps.rank()
+    store = dist.distributed_c10d._get_default_store()
+    x = _x(r)
+    bps.push_pull(x, name="g", compression_params={"compressor": "onebit"})
+    bps.push_pull(torch.ones(3), name="small")
+    if r == 1:  # alive but never pushes again: rank 0 must not wait forever
+        store.wait(["rank0-done"])
+        return []
+    seen = []
+    for h in (bps.push_pull_async(x, name="g", compression_params={"compressor": "onebit"}),
+              bps.push_pull_async(torch.ones(3), name="small")):
+        t0 = time.monotonic()
+        try:
+            bps.synchronize(h)
+            seen.append(("no error", 0.0))
+        except Exception as e:  # noqa: BLE001 - the error is what this test reports
+            seen.append((f"{type(e).__name__}: {e}", time.monotonic() - t0))
+    store.set("rank0-done", "1")
+    return seen
+
+
+@pytest.mark.slow  # two waits of HIPRESS_TIMEOUT, then the launcher's teardown
+def test_a_stalled_rank_is_an_error_on_the_others_after_the_timeout():
+    res = run_workers(stall_worker, 2, timeout=240, env={"HIPRESS_TIMEOUT": "10"})
+    assert len(res[0]) == 2, res
+    for msg, _ in res[0]:  # the compressed handle, then the plain one
+        assert msg != "no error"
+        assert "rank(s) [1]" in msg or "rank 1" in msg or "peer" in msg.lower(), msg
+        assert "timeout" in msg or "timed out" in msg, msg
