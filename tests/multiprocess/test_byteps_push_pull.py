@@ -172,18 +172,31 @@ def order_worker(ctx):
     names = ["a", "b"] if bps.rank() == 0 else ["b", "a"]
     for nm in names:
         bps.declare(nm)
+    errors = []
     try:
         bps.push_pull(torch.ones(4), name="a")
     except ValueError as e:
-        return str(e)
-    return "no error"
+        errors.append(str(e))
+    onebit = {"compressor": "onebit"}
+    x = _x(bps.rank())
+    for call in (lambda: bps.push_pull(x, compression_params=onebit),  # no name
+                 lambda: bps.push_pull(x, name="z", compression_params=onebit),  # fine
+                 lambda: bps.push_pull(_x(0, N + 1), name="z", compression_params=onebit)):
+        try:
+            call()
+        except ValueError as e:
+            errors.append(str(e))
+    return errors
 
 
-def test_declare_order_mismatch_is_a_clear_error_on_every_rank():
+def test_declare_order_mismatch_and_bad_names_are_clear_errors():
     res = run_workers(order_worker, 2, timeout=120)
-    for msg in res:
-        assert "names differ across ranks" in msg
-        assert "rank 0: #0 'a'" in msg and "rank 1: #1 'a'" in msg
+    for errors in res:
+        assert len(errors) == 3, errors
+        assert "names differ across ranks" in errors[0]
+        assert "rank 0: #0 'a'" in errors[0] and "rank 1: #1 'a'" in errors[0]
+        assert "needs name=" in errors[1]
+        assert "a name keeps its shape, dtype and compression" in errors[2]
 
 
 def stall_worker(ctx):
