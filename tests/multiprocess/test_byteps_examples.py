@@ -1,9 +1,10 @@
-"""BytePS's own PyTorch example, run with only its import line switched.
+"""BytePS's own PyTorch examples, run with only their import line switched.
 
-``example/pytorch/train_mnist_byteps.py`` comes from a BytePS checkout (never
-copied into this project): set ``HIPRESS_BYTEPS_CHECKOUT`` to the checkout's
-directory, or ``HIPRESS_BYTEPS_MNIST`` to the file itself; without either the
-test is skipped and says so. The script runs unchanged except for
+``example/pytorch/train_mnist_byteps.py`` and ``benchmark_byteps.py`` come
+from a BytePS checkout (never copied into this project): set
+``HIPRESS_BYTEPS_CHECKOUT`` to the checkout's directory, or (MNIST only)
+``HIPRESS_BYTEPS_MNIST`` to the file itself; without either a test is skipped
+and says so. Each script runs unchanged except for
 ``import byteps.torch as bps`` -> ``import hipress_like.byteps.torch as bps``.
 
 Its data is replaced by scikit-learn's digits (offline): ``datasets.MNIST``
@@ -11,7 +12,9 @@ yields the 8x8 digits resized to MNIST's 28x28 uint8 images (1500 to train,
 297 to test). Without torchvision installed, the three pieces of it the
 script uses (``datasets.MNIST``, ``transforms.Compose/ToTensor/Normalize``)
 are supplied with torchvision's semantics for that input; with torchvision,
-only ``datasets.MNIST`` is replaced.
+only ``datasets.MNIST`` is replaced. The benchmark makes its own synthetic
+data; it takes ``getattr(torchvision.models, args.model)``: resnet18 with
+torchvision, else a small CNN registered as ``digits_cnn`` (``_install_models``).
 """
 import contextlib
 import hashlib
@@ -29,12 +32,16 @@ from hipress_like.launch.launch import run_workers
 SWITCH = ("import byteps.torch as bps", "import hipress_like.byteps.torch as bps")
 
 
-def _mnist_script():
-    f = os.environ.get("HIPRESS_BYTEPS_MNIST")
+def _script(name, var=None):
+    f = os.environ.get(var) if var else None
     if not f and os.environ.get("HIPRESS_BYTEPS_CHECKOUT"):
-        f = os.path.join(os.environ["HIPRESS_BYTEPS_CHECKOUT"], "example", "pytorch",
-                         "train_mnist_byteps.py")
-    return Path(f) if f else None
+        f = os.path.join(os.environ["HIPRESS_BYTEPS_CHECKOUT"], "example", "pytorch", name)
+    if not f or not Path(f).is_file():
+        pytest.skip(f"BytePS's example/pytorch/{name} is not here: set "
+                    "HIPRESS_BYTEPS_CHECKOUT to a BytePS checkout (git clone "
+                    "https://github.com/bytedance/byteps)"
+                    + (f" or {var} to the file" if var else ""))
+    return Path(f)
 
 
 def _digits_as_mnist():
@@ -110,11 +117,37 @@ def _install_torchvision(mnist):
                         "torchvision.transforms": tv.transforms})
 
 
+def _install_models():
+    """torchvision's ``models`` when installed; else a module with one small CNN,
+    ``digits_cnn(num_classes)``, for the benchmark's ``getattr(models, args.model)``."""
+    try:
+        import torchvision.models  # noqa: F401
+
+        return "resnet18"
+    except ImportError:
+        pass
+    import torch
+
+    def digits_cnn(num_classes=1000):
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 7, stride=4), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(8),
+            torch.nn.Flatten(), torch.nn.Linear(512, 64), torch.nn.ReLU(),
+            torch.nn.Linear(64, num_classes))
+
+    tv = sys.modules["torchvision"]
+    tv.models = types.ModuleType("torchvision.models")
+    tv.models.digits_cnn = digits_cnn
+    sys.modules["torchvision.models"] = tv.models
+    return "digits_cnn"
+
+
 def example_worker(ctx, path, argv):
     src = Path(path).read_text()
     assert src.count(SWITCH[0]) == 1, "the example's BytePS import line was not found"
     src = src.replace(SWITCH[0], SWITCH[1])
     _install_torchvision(_digits_as_mnist())
+    if "--model" in argv:  # the benchmark: a model its getattr(models, ...) finds
+        argv = [_install_models() if a == "MODEL" else a for a in argv]
     sys.argv = [str(path), *argv]
     g = {"__name__": "__main__", "__file__": str(path)}
     out = io.StringIO()
@@ -125,17 +158,14 @@ def example_worker(ctx, path, argv):
         h.update(k.encode())
         h.update(v.detach().contiguous().numpy().tobytes())
     acc = [float(a) for a in re.findall(r"Accuracy: ([0-9.]+)%", out.getvalue())]
+    acc += [float(a) for a in re.findall(r"Iter #\d+: ([0-9.]+) img/sec", out.getvalue())]
     g["bps"].shutdown()
     return {"digest": h.hexdigest(), "acc": acc, "log": out.getvalue()[-2000:]}
 
 
 @pytest.mark.parametrize("extra", [[], ["--fp16-pushpull"]])
 def test_byteps_mnist_example_trains_digits_with_the_import_switched(extra):
-    path = _mnist_script()
-    if path is None or not path.is_file():
-        pytest.skip("BytePS's example/pytorch/train_mnist_byteps.py is not here: set "
-                    "HIPRESS_BYTEPS_CHECKOUT to a BytePS checkout (git clone "
-                    "https://github.com/bytedance/byteps) or HIPRESS_BYTEPS_MNIST to the file")
+    path = _script("train_mnist_byteps.py", "HIPRESS_BYTEPS_MNIST")
     argv = ["--epochs", "8", "--lr", "0.05", "--log-interval", "1000", *extra]
     res = run_workers(example_worker, 2, args=(str(path), argv), timeout=400)
     assert res[0]["digest"] == res[1]["digest"]  # ranks bitwise identical
@@ -143,3 +173,18 @@ def test_byteps_mnist_example_trains_digits_with_the_import_switched(extra):
     assert len(acc) == 8, res[0]["log"]
     assert acc[-1] >= 80.0, res[0]["log"]
     print("test accuracy per epoch", acc)
+
+
+@pytest.mark.parametrize("extra", [[], ["--fp16-pushpull"]])
+def test_byteps_benchmark_example_runs_with_the_import_switched(extra):
+    """``benchmark_byteps.py`` on its own synthetic data; a tiny batch and few
+    iterations (CPU), its model from torchvision when installed (resnet18), else
+    the small ``digits_cnn`` (module docstring)."""
+    path = _script("benchmark_byteps.py")
+    argv = ["--no-cuda", "--model", "MODEL", "--batch-size", "2",
+            "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
+            *extra]
+    res = run_workers(example_worker, 2, args=(str(path), argv), timeout=400)
+    assert res[0]["digest"] == res[1]["digest"]  # ranks bitwise identical after its steps
+    speeds = res[0]["acc"]  # rank 0 logs img/sec per iteration
+    assert len(speeds) == 2 and all(v > 0 for v in speeds), res[0]["log"]
