@@ -7,7 +7,7 @@ from a BytePS checkout (never copied into this project): set
 and says so. Each script runs unchanged except for
 ``import byteps.torch as bps`` -> ``import hipress_like.byteps.torch as bps``.
 
-Its data is replaced by scikit-learn's digits (offline): ``datasets.MNIST``
+The MNIST script's data is replaced by scikit-learn's digits (offline): ``datasets.MNIST``
 yields the 8x8 digits resized to MNIST's 28x28 uint8 images (1500 to train,
 297 to test). Without torchvision installed, the three pieces of it the
 script uses (``datasets.MNIST``, ``transforms.Compose/ToTensor/Normalize``)
