@@ -70,12 +70,22 @@ class PushPullHandle:
         self._synchronized = False
 
     def poll(self) -> bool:
-        """True once the result is in place (``synchronize`` will not wait)."""
+        """True once ``synchronize`` will not wait: the result is in place, or the
+        operation failed (``synchronize`` then raises the error). On an unfinished
+        compressed call this looks at the engine for up to 50 ms."""
         if self._synchronized:
             return True
-        if self._engine is not None:
-            return self._inner.done()
-        return _coll.poll(self._inner)
+        if self._engine is None:
+            return _coll.poll(self._inner)
+        if self._inner.done():
+            return True
+        try:
+            self._inner.wait(0.0)  # raises the engine's error, if it failed
+        except TimeoutError:
+            return False
+        except Exception:  # noqa: BLE001 - failed: synchronize() raises it
+            return True
+        return True
 
     def synchronize(self) -> torch.Tensor:
         """Wait for the result and return it.

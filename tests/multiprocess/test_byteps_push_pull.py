@@ -148,6 +148,8 @@ def error_worker(ctx):
     hc = bps.push_pull_async(x, name="g", compression_params={"compressor": "onebit"})
     hp_ = bps.push_pull_async(torch.ones(3), name="small")
     t0 = time.monotonic()
+    while not (bps.poll(hc) and bps.poll(hp_)) and time.monotonic() - t0 < 120:
+        time.sleep(0.01)  # a failed call polls True: synchronize then raises
     for h in (hc, hp_):
         try:
             bps.synchronize(h)
