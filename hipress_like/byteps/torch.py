@@ -282,11 +282,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     seed = 0
     if compression_params:
         mapped = map_compression_params(compression_params)
-        spec, seed = mapped.spec, mapped.seed or 0
+        seed = mapped.seed or 0
+    if mapped is not None and mapped.spec.name != "identity":
+        spec = mapped.spec
         if compression not in (None, Compression.none):
             log.info("compression=%r is ignored: compression_params chooses %r",
                      compression, spec)
-    else:
+    else:  # no compressor in compression_params (BytePS: none): compression= holds
         spec = compression if isinstance(compression, CompressionSpec) else \
             _coll._spec(compression)
     plan = _plan(mapped, spec, strategy, named, optimizer)
@@ -302,7 +304,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
 def _mapped(compression: Any, compression_params: Optional[Mapping[str, Any]]
             ) -> Optional[Mapped]:
     if compression_params:
-        return map_compression_params(compression_params)
+        mapped = map_compression_params(compression_params)
+        if mapped.spec.name != "identity":
+            return mapped
     spec = _coll._spec(compression)
     return None if spec.name == "identity" else Mapped(spec)
 
