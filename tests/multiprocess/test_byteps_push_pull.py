@@ -3,8 +3,10 @@
 A compressed ``push_pull`` must go through CaSync-PS as the optimizer does
 (bytes on the wire: the compressed size, both ways), its async handles must
 behave (poll before and after completion, one synchronize per handle, many
-in flight), an error on one rank must reach the other, and names declared in
-different orders must be an error rather than a silent mix-up.
+in flight), an error or a stall on one rank must reach the other, and names
+declared in different orders must be an error rather than a silent mix-up.
+``DistributedOptimizer`` takes the dict BytePS's examples pass (every key,
+whatever the compressor) and compresses on the same path.
 """
 import time
 
