@@ -19,7 +19,9 @@ and the PyTorch face's ``DistributedOptimizer``, so nothing is written twice:
   partitions of ``BYTEPS_PARTITION_BYTES``, as BytePS does.
 - ``push_pull``, ``push_pull_inplace``, ``push_pull_async`` and
   ``push_pull_async_inplace`` with ``poll``/``synchronize(handle)``;
-  ``declare``; ``broadcast_parameters``, ``broadcast_optimizer_state``,
+  ``declare``: with a compressor, over the same compressed PS path as the
+  optimizer, compressed both ways as BytePS's server does
+  (``hipress_like.byteps.ops``); ``broadcast_parameters``, ``broadcast_optimizer_state``,
   ``broadcast_object``; ``Compression`` (``none``, ``fp16`` and this project's
   compressors).
 
@@ -39,13 +41,16 @@ momentum      ``nesterov`` is refused: BytePS applies it on the worker before
               compression; use ``torch.optim.SGD(momentum=..., nesterov=True)``
 scaling       onebit: accepted; this project's onebit always scales (two
               reconstruction values, Seide et al. 2014)
-partition     dithering: ``linear`` (default) or ``natural`` (also 0 / 1)
-normalize     dithering: ``max`` (default) or ``l2`` (also 0 / 1)
+partition     dithering: ``linear`` (default) or ``natural``
+normalize     dithering: ``max`` (default) or ``l2``
 seed          the compressors' random seed (same on every rank)
+fp16          without a compressor: fp16 on the wire
 ============  =================================================================
 
-An unknown key or value, or a key that does not apply to the compressor, is
-an error naming what is accepted.
+They are read as BytePS reads them (``hipress_like.byteps.params``): a key
+that does not apply to the compressor is accepted and logged once at debug
+level, values are validated whatever the compressor, and an unknown
+compressor is an error naming the known ones.
 
 ``BYTEPS_*`` variables, read by ``init``:
 
@@ -97,6 +102,8 @@ from ..adapters.torch.gradients import resolve_names
 from ..adapters.torch.objects import broadcast_optimizer_state as _broadcast_optimizer_state
 from ..adapters.torch.optimizer import DistributedOptimizer as _DistributedOptimizer
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
+from . import ops as _ops
+from .params import Mapped, map_compression_params
 
 __all__ = [
     "init", "shutdown", "rank", "size", "local_rank", "local_size",
@@ -108,10 +115,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-KEYS = ("compressor", "ef", "momentum", "scaling", "k", "partition", "normalize", "seed")
-COMPRESSORS = ("onebit", "topk", "randomk", "dithering")
-_APPLIES = {"onebit": {"scaling"}, "topk": {"k"}, "randomk": {"k"},
-            "dithering": {"k", "partition", "normalize"}}
 _IGNORED = ("BYTEPS_LOCAL_RANK", "BYTEPS_LOCAL_SIZE", "BYTEPS_SERVER_ENABLE_SCHEDULE",
             "BYTEPS_SCHEDULING_CREDIT", "BYTEPS_PCIE_SWITCH_SIZE", "BYTEPS_NCCL_GROUP_SIZE",
             "BYTEPS_REDUCE_ROOTS", "BYTEPS_ENABLE_MIXED_MODE", "BYTEPS_MIXED_MODE_BOUND",
@@ -134,7 +137,6 @@ class Knobs:
 
 
 _knobs = Knobs()
-_declared: List[str] = []
 
 
 def read_knobs(env: Optional[Mapping[str, str]] = None) -> Knobs:
@@ -185,7 +187,7 @@ def init(lazy: bool = True) -> None:
 
 def shutdown() -> None:
     """Close every engine and leave the group (BytePS's ``shutdown``)."""
-    _declared.clear()
+    _ops.reset()
     _runtime.shutdown()
 
 
@@ -209,121 +211,7 @@ def local_size() -> int:
     return _runtime.local_size()
 
 
-# -- compression_params ----------------------------------------------------------------
-@dataclass(frozen=True)
-class Mapped:
-    """``compression_params`` in this project's terms.
-
-    Attributes:
-        spec: the compressor (wrapped in error feedback for ``ef="vanilla"``).
-        count: BytePS's ``k`` as a count of elements per gradient (topk,
-            randomk), or None; the ratio is then set per gradient.
-        seed: the compressors' seed, or None.
-    """
-
-    spec: CompressionSpec
-    count: Optional[int] = None
-    seed: Optional[int] = None
-
-
-def _choice(key: str, value: Any, accepted: Dict[Any, str], bools: bool = False) -> str:
-    v = value.lower() if isinstance(value, str) else value
-    if v not in accepted or (isinstance(v, bool) and not bools):  # True == 1 as a key
-        names = ", ".join(repr(a) for a in accepted)
-        raise ValueError(f"compression_params[{key!r}] = {value!r} is not accepted; "
-                         f"accepted: {names}")
-    return accepted[v]
-
-
-def map_compression_params(params: Mapping[str, Any]) -> Mapped:
-    """Map BytePS's ``compression_params`` onto this project's compressors.
-
-    Raises:
-        ValueError: an unknown key or value, a missing ``compressor`` or ``k``,
-            a key that does not apply to the compressor, or ``momentum``.
-
-    Example:
-        >>> map_compression_params({"compressor": "topk", "k": 0.01, "ef": "vanilla"}).spec
-        Compression.ef(inner='topk', ratio=0.01)
-    """
-    if not isinstance(params, Mapping):
-        raise TypeError(f"compression_params must be a dict, found {type(params).__name__}")
-    unknown = sorted(str(k) for k in params if k not in KEYS)
-    if unknown:
-        raise ValueError(f"unknown compression_params key(s) {unknown}; accepted: "
-                         f"{', '.join(KEYS)}")
-    p = {k: v for k, v in params.items() if v is not None and v != ""}
-    if "compressor" not in p:
-        raise ValueError("compression_params needs 'compressor' (one of "
-                         f"{', '.join(COMPRESSORS)})")
-    name = _choice("compressor", p["compressor"], {c: c for c in COMPRESSORS})
-    stray = sorted(k for k in ("scaling", "k", "partition", "normalize")
-                   if k in p and k not in _APPLIES[name])
-    if stray:
-        raise ValueError(f"compression_params {stray} do not apply to compressor {name!r}; "
-                         f"it takes {sorted(_APPLIES[name]) or 'none of k, scaling, ...'}")
-    if "momentum" in p:
-        _choice("momentum", p["momentum"], {"nesterov": "nesterov"})
-        raise ValueError("compression_params['momentum'] = 'nesterov' (BytePS's worker-side "
-                         "momentum before compression) is not implemented by hipress-like; "
-                         "put the momentum in the optimizer instead: torch.optim.SGD(..., "
-                         "momentum=0.9, nesterov=True)")
-    kw: Dict[str, Any] = {}
-    count = None
-    if name in ("topk", "randomk", "dithering") and "k" not in p:
-        raise ValueError(f"compression_params needs 'k' with compressor {name!r} (a ratio in "
-                         "(0, 1) or a count for topk/randomk, the number of levels for "
-                         "dithering)")
-    if name == "onebit" and "scaling" in p:
-        _choice("scaling", p["scaling"], {True: "", False: "", "true": "", "false": "",
-                                           "1": "", "0": ""}, bools=True)
-    elif name in ("topk", "randomk"):
-        k = _number("k", p["k"])
-        if 0 < k < 1:
-            kw["ratio"] = k
-        elif k >= 1 and k == int(k):
-            count = int(k)
-        else:
-            raise ValueError(f"compression_params['k'] = {p['k']!r}: expected a ratio in "
-                             "(0, 1) or a whole count >= 1")
-    elif name == "dithering":
-        k = _number("k", p["k"])
-        if k < 1 or k != int(k):
-            raise ValueError(f"compression_params['k'] = {p['k']!r}: dithering takes a whole "
-                             "number of levels >= 1")
-        kw["s"] = int(k)
-        if "partition" in p:
-            name = _choice("partition", p["partition"], {
-                "linear": "dithering", 0: "dithering", "0": "dithering",
-                "natural": "natural_dithering", 1: "natural_dithering",
-                "1": "natural_dithering"})
-        if "normalize" in p:
-            kw["normalize"] = _choice("normalize", p["normalize"], {
-                "max": "max", 0: "max", "0": "max", "l2": "l2", 1: "l2", "1": "l2"})
-    spec = CompressionSpec(name, kw)
-    if "ef" in p:
-        _choice("ef", p["ef"], {"vanilla": "vanilla"})
-        spec = CompressionSpec("ef", {"inner": name, **kw})
-    seed = None
-    if "seed" in p:
-        s = _number("seed", p["seed"])
-        if s < 0 or s != int(s):
-            raise ValueError(f"compression_params['seed'] = {p['seed']!r}: expected a whole "
-                             "number >= 0")
-        seed = int(s)
-    return Mapped(spec, count, seed)
-
-
-def _number(key: str, value: Any) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = math.nan
-    if isinstance(value, bool) or not math.isfinite(x):
-        raise ValueError(f"compression_params[{key!r}] must be a number, found {value!r}")
-    return x
-
-
+# -- compression_params: params.py -------------------------------------------------------
 def _plan(mapped: Optional[Mapped], spec: CompressionSpec, strategy: str,
           named: List[Any], optimizer: torch.optim.Optimizer) -> Optional[Plan]:
     """The engine's plan: BytePS's size rule (``Knobs``), plus a ratio per gradient
@@ -331,6 +219,8 @@ def _plan(mapped: Optional[Mapped], spec: CompressionSpec, strategy: str,
     if spec.name == "identity":
         return None  # nothing to compress: every gradient takes the allreduce lane
     rule = _knobs.rule()
+    if spec.name == "fp16":  # BytePS casts every gradient (a wire type, not a compressor)
+        rule = replace(rule, min_compress_bytes=0)
     gradients: Dict[str, GradientPlan] = {}
     if mapped is not None and mapped.count is not None:
         params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -392,11 +282,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     seed = 0
     if compression_params:
         mapped = map_compression_params(compression_params)
-        spec, seed = mapped.spec, mapped.seed or 0
+        seed = mapped.seed or 0
+    if mapped is not None and mapped.spec.name != "identity":
+        spec = mapped.spec
         if compression not in (None, Compression.none):
             log.info("compression=%r is ignored: compression_params chooses %r",
                      compression, spec)
-    else:
+    else:  # no compressor in compression_params (BytePS: none): compression= holds
         spec = compression if isinstance(compression, CompressionSpec) else \
             _coll._spec(compression)
     plan = _plan(mapped, spec, strategy, named, optimizer)
@@ -408,41 +300,74 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     return opt
 
 
-# -- push_pull ------------------------------------------------------------------------------
+# -- push_pull: ops.py ------------------------------------------------------------------------
+def _mapped(compression: Any, compression_params: Optional[Mapping[str, Any]]
+            ) -> Optional[Mapped]:
+    if compression_params:
+        mapped = map_compression_params(compression_params)
+        if mapped.spec.name != "identity":
+            return mapped
+    spec = _coll._spec(compression)
+    return None if spec.name == "identity" else Mapped(spec)
+
+
 def declare(name: str) -> None:
-    """Declare a tensor name before its first ``push_pull`` (BytePS needs every
-    worker to declare the same names in the same order; here it only checks the
-    name, since collectives match by call order)."""
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"declare() takes a non-empty name, found {name!r}")
-    if name not in _declared:
-        _declared.append(name)
+    """Declare a tensor name before its first ``push_pull``. Every worker must
+    declare (or first push_pull) the same names in the same order, as in
+    BytePS; the first use of each name checks it across ranks (``ops.py``)."""
+    _ops.declare(name)
 
 
 def push_pull_async(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
-                    version: int = 0, priority: int = 0) -> Any:
+                    version: int = 0, priority: int = 0, compression: Any = Compression.none,
+                    *, compression_params: Optional[Mapping[str, Any]] = None) -> Any:
     """Start averaging (or summing) ``tensor`` over workers into a new tensor;
-    ``synchronize(handle)`` returns it. ``version`` and ``priority`` are accepted."""
-    return _coll.allreduce_async(tensor, average=bool(average), name=name)
+    ``synchronize(handle)`` returns it.
+
+    Args:
+        tensor: the input (left unchanged).
+        average: average (True) or sum.
+        name: BytePS's key; required with a compressor.
+        version, priority: accepted (BytePS's scheduling hints).
+        compression: ``Compression.none``/``.fp16`` (the wire type) or one of
+            this project's compressors (``Compression.onebit``, ...).
+        compression_params: BytePS's dict (``params.py``); takes precedence.
+            A compressor sends the tensor over the compressed PS path, both
+            ways (``ops.py``), from ``BYTEPS_MIN_COMPRESS_BYTES`` up.
+    """
+    return _ops.start(tensor, tensor.detach().clone(), average, name,
+                      _mapped(compression, compression_params), _knobs.rule())
 
 
 def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True,
                             name: Optional[str] = None, version: int = 0,
-                            priority: int = 0) -> Any:
+                            priority: int = 0, compression: Any = Compression.none, *,
+                            compression_params: Optional[Mapping[str, Any]] = None) -> Any:
     """Start averaging (or summing) ``tensor`` in place; ``synchronize(handle)``
-    returns it."""
-    return _coll.allreduce_async_(tensor, average=bool(average), name=name)
+    returns it. Arguments as ``push_pull_async``."""
+    with torch.no_grad():
+        return _ops.start(tensor, tensor, average, name,
+                          _mapped(compression, compression_params), _knobs.rule())
 
 
 def push_pull(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
-              version: int = 0, priority: int = 0,
-              compression: Any = Compression.none) -> torch.Tensor:
-    """The average (or sum) of ``tensor`` over workers, as a new tensor."""
-    return _coll.allreduce(tensor, average=bool(average), name=name, compression=compression)
+              version: int = 0, priority: int = 0, compression: Any = Compression.none, *,
+              compression_params: Optional[Mapping[str, Any]] = None) -> torch.Tensor:
+    """The average (or sum) of ``tensor`` over workers, as a new tensor.
+
+    Example (BytePS's metric averaging, and a compressed push_pull)::
+
+        avg = bps.push_pull(torch.tensor(loss), name="avg_loss")
+        g = bps.push_pull(grad, name="g0", compression_params={"compressor": "onebit"})
+    """
+    return synchronize(push_pull_async(tensor, average, name, version, priority, compression,
+                                       compression_params=compression_params))
 
 
 def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
-                      version: int = 0, priority: int = 0) -> torch.Tensor:
+                      version: int = 0, priority: int = 0, compression: Any = Compression.none,
+                      *, compression_params: Optional[Mapping[str, Any]] = None
+                      ) -> torch.Tensor:
     """Average (or sum) ``tensor`` over workers in place; returns it.
 
     Example (BytePS's metric averaging)::
@@ -450,17 +375,23 @@ def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: Optional
         bps.declare("val_loss")
         bps.push_pull_inplace(loss_sum, average=False, name="val_loss")
     """
-    return _coll.allreduce_(tensor, average=bool(average), name=name)
+    return synchronize(push_pull_async_inplace(tensor, average, name, version, priority,
+                                               compression,
+                                               compression_params=compression_params))
 
 
 def poll(handle: Any) -> bool:
-    """True when an ``*_async`` operation has finished."""
-    return _coll.poll(handle)
+    """True when a ``push_pull_async*`` operation has finished."""
+    return _ops.poll(handle)
 
 
 def synchronize(handle: Any) -> torch.Tensor:
-    """Wait for an ``*_async`` operation; return its output tensor."""
-    return _coll.synchronize(handle)
+    """Wait for a ``push_pull_async*`` operation; return its output tensor.
+
+    Raises:
+        ValueError: ``handle`` was synchronized before.
+    """
+    return _ops.synchronize(handle)
 
 
 # -- broadcasts -------------------------------------------------------------------------------
