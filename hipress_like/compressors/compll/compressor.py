@@ -371,7 +371,12 @@ def register_dsl(path_or_source: Union[str, Path], name: Optional[str] = None,
         with _lock:
             algo_id = next(_FREE_IDS)
     caps = _capabilities(checked)
-    cls = type(f"Dsl_{key}", (DslCompressor,), {
+    from .checker import is_sparse
+    base: type = DslCompressor
+    if is_sparse(checked):  # state arrays or data-dependent payloads
+        from .sparse_compressor import SparseDslCompressor
+        base = SparseDslCompressor
+    cls = type(f"Dsl_{key}", (base,), {
         "name": key, "algo_id": algo_id, "capabilities": caps, "checked": checked,
         "native": None, "cuda": None, "__module__": __name__,
         "__doc__": f"CompLL program {checked.prog.filename} as a compressor."})
