@@ -103,12 +103,13 @@ class SparseDslCompressor(DslCompressor):
         g = grad.detach().contiguous().reshape(-1)
         flat = {k: v.view(-1) for k, v in arrays.items()}
         if native is not None:
-            extra, body = native.encode_arrays(g, flat, self._params, seed, step)
+            extra, body = native.encode_arrays(g, flat, self._params, seed, step,
+                                               seed=self._seed(state))
         else:
             dev = g.device
             cpu = {k: v.cpu() for k, v in flat.items()}
             it = Interpreter(self.checked, self._params, cpu, raw_seed=seed, step=step)
-            extra, parts = it.encode(g.cpu(), 0)
+            extra, parts = it.encode(g.cpu(), self._seed(state))
             body = assemble_body(parts)
             for k in cpu:
                 if it.globals[k].data_ptr() != flat[k].data_ptr():
