@@ -258,7 +258,8 @@ _TOKENS = ["float", "uint2", "uint<bits>", "int32", "double", "void", "encode", 
            ")", "{", "}", ";", ",", "=", "+", "-", "*", "/", "<<", "?", ":", "map", "reduce",
            "concat", "extract", "gradient", "compressed", "x", "1", "2.5", "random<float>",
            "if", "else", "return", "param", "P", "@wire", "lambda_func", "[&]", "->", "<", ">",
-           "float*", "uint8*", "smaller", "greater", "add", "abs", "floor", ".size", "\n"]
+           "float*", "uint8*", "smaller", "greater", "add", "abs", "floor", ".size", "\n",
+           "filter", "topk", "threshold", "gather", "scatter", "int32*", "idx", "[k]", "fma"]
 
 
 def _check_never_crashes(src, tmp_path, stats):
@@ -285,8 +286,8 @@ def test_fuzz_tokens_and_mutations_never_crash(tmp_path):
     for _ in range(150):
         src = " ".join(rng.choice(_TOKENS) for _ in range(rng.randint(1, 40)))
         _check_never_crashes(src, tmp_path, stats)
-    programs = [program_path(n).read_text() for n in SHIPPED]
-    for _ in range(300):
+    programs = [program_path(n).read_text() for n in list(SHIPPED) + ["dgc", "graddrop"]]
+    for _ in range(450):
         src = rng.choice(programs)
         toks = re.findall(r"\w+|[^\w\s]|\s+", src)
         for _m in range(rng.randint(1, 3)):

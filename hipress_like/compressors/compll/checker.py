@@ -474,6 +474,14 @@ class _Checker:
             for tt, a in zip(ts[1:], args[1:]):
                 t = promote(t, tt, False, _weak(a))
             return t if name != "sign" else (t if not is_int(t) else I32)
+        if name in ARRAY_OPS:
+            where = self.cur.name if self.cur is not None else ""
+            allowed = ("scatter",) if where == "decode" else ARRAY_OPS if where == "encode" \
+                else ()
+            if name not in allowed or (where == "decode" and n != 2):
+                raise p.error(f"{name} cannot be used in {where or 'this place'}: the "
+                              "sparsification operators stand in encode's statements (decode "
+                              "has scatter(idx, vals))", e)
         if name in OPERATORS:
             lo, hi = OPERATORS[name]
             if not lo <= n <= hi:
@@ -546,6 +554,9 @@ class _Checker:
             self._assignable(pt, t.elem(), a, f"{f.name}'s {pn!r}")
             if a.kind != "var":
                 raise self.p.error("map(a, b, f) takes named arrays", a)
+        if args[0].args[0] not in self.globals.vars or (self.cur and self.cur.name != "encode"):
+            raise self.p.error("map(a, b, f) updates a state array in encode: a = map(a, b, f) "
+                               "with a a global float*", args[0])
         if f.uses_random and self.cur is not None:
             self.cur.uses_random = True
         return f.ret.of_array()

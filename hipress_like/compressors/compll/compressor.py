@@ -78,7 +78,11 @@ def _source(path_or_source: Union[str, Path], filename: Optional[str]) -> Tuple[
 
 def compile_program(checked: Checked) -> Any:
     """The generated-C backend of ``checked`` (built and cached), or None without a compiler."""
+    from .checker import is_sparse
     from .render_c import NativeProgram
+    if is_sparse(checked):
+        from .render_seq import compile_seq
+        return compile_seq(checked)
     try:
         return NativeProgram(checked)
     except Exception as e:  # a missing toolchain must not break training: interpret

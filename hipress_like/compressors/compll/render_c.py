@@ -494,6 +494,10 @@ def render_c(c: Checked) -> str:
     Raises:
         CompllError: a construct the C target does not compile (located).
     """
+    from .checker import is_sparse
+    if is_sparse(c):  # state arrays, data-dependent payloads: statement by statement
+        from .render_seq import render_seq
+        return render_seq(c)
     r = _Render(c, "c")
     parts = [PRELUDE, "#include <stdlib.h>", ctx_struct(c)]
     for name, f in c.funcs.items():

@@ -114,7 +114,9 @@ static float cl_threshold(const float* x, int64_t n, double density, double sr, 
     uint32_t* mag = (uint32_t*)cl_grow(&cl_thr_buf, &cl_thr_cap, m * 4);
     if (!mag) return 0.0f;
     if (s >= n) {
-        for (int64_t i = 0; i < n; ++i) { uint32_t b; memcpy(&b, x + i, 4); mag[i] = b & 0x7FFFFFFFu; }
+        for (int64_t i = 0; i < n; ++i) {
+            uint32_t b; memcpy(&b, x + i, 4); mag[i] = b & 0x7FFFFFFFu;
+        }
     } else {
         const uint64_t off = (uint64_t)step * (uint64_t)s;
         for (int64_t j = 0; j < s; ++j) {
@@ -162,7 +164,13 @@ class _SeqExpr(ExprC):
         if e.kind == "field" and e.args[1] == "size" and e.args[0].kind == "var" and \
                 e.args[0].args[0] in self.lens:
             return f"((int64_t){self.lens[e.args[0].args[0]]})"
-        return super().expr(e)
+        if e.ty is not None and getattr(e.ty, "array", False) and e.kind != "field":
+            raise self.c.prog.error("an array stands in its own statement here (int32* idx = "
+                                    "filter(...); scatter(...);), not inside an expression", e)
+        try:
+            return super().expr(e)
+        except KeyError as k:
+            raise self.c.prog.error(f"{k} cannot be read here", e) from None
 
     def call(self, e: Node) -> str:
         name, args = e.args
@@ -191,11 +199,14 @@ class _Seq:
             return "g"
         if name in self.state:
             return f"s_{name}"
+        if name not in self.lens:
+            raise self.c.prog.error(f"{name!r} has no value here: make it with filter, topk "
+                                    "or gather (encode) or read it with extract (decode)", n)
         return f"l_{name}"
 
     def length(self, n: Node) -> str:
-        name = n.args[0]
-        return self.lens.get(name, "n")
+        self.arr(n)
+        return self.lens.get(n.args[0], "n")
 
     def buffer(self, name: str, ctype_: str, count: str) -> None:
         """A thread-local buffer ``l_name`` for ``count`` elements."""
@@ -320,6 +331,8 @@ class _Seq:
     def decode(self) -> None:
         f = self.c.decode
         out_name = f.params[1][1]
+        self.lens.clear()  # encode's arrays are not decode's
+        self.grad = ""
         ln = self.lines
         ln.append("int cl_decode(const uint8_t* extra, int64_t extra_len, const uint8_t* body, "
                   "int64_t body_len, float* out, int64_t n, const double* params) {")
