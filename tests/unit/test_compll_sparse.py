@@ -17,7 +17,8 @@ from hipress_like.compressors.compll.arrays import fma
 from hipress_like.compressors.compll.render_c import render_c
 
 SPARSE = {
-    "dgc": [{}, {"ratio": 0.01}, {"ratio": 0.05, "momentum": 0.5, "sample_ratio": 0.1}],
+    "dgc": [{}, {"ratio": 0.01, "warmup_steps": 3},
+            {"ratio": 0.05, "momentum": 0.5, "sample_ratio": 0.1}],
     "graddrop": [{}, {"ratio": 0.001}, {"ratio": 0.05, "max_ratio": 0.06,
                                         "sample_ratio": 0.01}],
 }

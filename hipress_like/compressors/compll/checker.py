@@ -241,12 +241,32 @@ class _Checker:
     def _func(self, f: Func) -> None:
         self.cur = f
         scope = _Scope(self.globals)
+        if f.name == "encode" and self._sparse_syntax():
+            scope.vars["step"] = I64  # the state's encode counter (arrays.py)
         for t, n in f.params:
             scope.vars[n] = t
         self._block(f.body, scope)
         if f.ret is not None and not self._returns(f.body):
             raise self.p.error(f"function {f.name!r} returns {f.ret} but may end without a "
                                "return", f.node)
+
+    def _sparse_syntax(self) -> bool:
+        """A program with state arrays or sparse operators (``is_sparse`` before checking)."""
+        if any(t.array for t in self.globals.vars.values()):
+            return True
+        found: List[Node] = []
+
+        def walk(n: Any) -> None:
+            if isinstance(n, Node):
+                if n.kind == "call" and n.args[0] in ARRAY_OPS:
+                    found.append(n)
+                for a in n.args:
+                    walk(a)
+            elif isinstance(n, (list, tuple)):
+                for a in n:
+                    walk(a)
+        walk([f.body for f in self.funcs.values()])
+        return bool(found)
 
     def _returns(self, s: Node) -> bool:
         if s.kind == "return":
@@ -273,6 +293,10 @@ class _Checker:
                 name, init = d.args
                 if name in scope.vars:
                     raise self.p.error(f"{name!r} is already declared in this block", d)
+                if name == "step" and scope.get("step") == I64 and self.cur is not None and \
+                        self.cur.name == "encode" and self._sparse_syntax():
+                    raise self.p.error("'step' is the state's encode counter here; choose "
+                                       "another name", d)
                 if init is not None:
                     self._assignable(ty, self._expr(init, scope), init, name)
                 scope.vars[name] = ty

@@ -160,6 +160,8 @@ class Interpreter:
         f = self.c.encode
         env: Dict[str, Any] = {}
         env[f.params[0][1]] = grad.reshape(-1).to(torch.float32)
+        if arrays.is_sparse(self.c):
+            env["step"] = torch.tensor(self.step, dtype=torch.int64)
         env[f.params[1][1]] = None
         self.out: Optional[Tuple[bytes, list]] = None
         self._run_entry(f, env)
@@ -528,8 +530,12 @@ def _builtin(name: str, vals: List[torch.Tensor], t: Type) -> torch.Tensor:
     """The elementwise builtins, in type ``t`` (C's math library semantics)."""
     if name == "fma":
         return arrays.fma(*[convert(x, t) for x in vals])
-    if name == "pow":
-        return torch.pow(convert(vals[0], t), convert(vals[1], t))
+    if name == "pow":  # C's pow (Python's math.pow) for scalars, as the generated C
+        a, b = convert(vals[0], t), convert(vals[1], t)
+        if a.dim() == 0 and b.dim() == 0:
+            import math
+            return torch.tensor(math.pow(float(a), float(b)), dtype=a.dtype)
+        return torch.pow(a, b)
     if name == "exponent":  # frexp's exponent (0 for 0), as C's frexp
         return torch.frexp(vals[0].to(torch.float64)).exponent.to(torch.int32)
     if name == "ldexp":

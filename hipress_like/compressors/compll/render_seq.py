@@ -279,7 +279,8 @@ class _Seq:
         for j, name in enumerate(self.state):
             ln.append(f"    float* restrict s_{name} = state[{j}];")
         ln.append("    if (cl_any_nonfinite(g, n)) return 1;")
-        self.ex.locals = [set()]
+        ln.append("    const int64_t l_step = step_;")
+        self.ex.locals = [{"step"}]
         self.ex.args = set()
         for s in f.body.args[0]:
             self.stmt(s, out_name)
