@@ -320,7 +320,7 @@ def test_c_backend_reports_compile_time_and_cache(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the "
                     "generated CUDA cannot be compile-checked on this machine")
-@pytest.mark.parametrize("name", sorted(SHIPPED))
+@pytest.mark.parametrize("name", sorted(SHIPPED) + ["dgc", "graddrop"])
 def test_generated_cuda_compiles_with_nvcc(name, tmp_path):
     from hipress_like.compressors.compll.render_cuda import render_cuda
     r = render_cuda(load(program_path(name)))

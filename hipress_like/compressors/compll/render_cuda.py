@@ -518,6 +518,10 @@ def render_cuda(c: Checked) -> Dict[str, Any]:
     Raises:
         CompllError: a construct the CUDA target does not compile (located).
     """
+    from .checker import is_sparse
+    if is_sparse(c):  # state arrays, sparse operators: statement by statement
+        from .render_cuda_seq import render_cuda_seq
+        return render_cuda_seq(c)
     r = _Cuda(c)
     funcs = [r.ex.function(f, "CL_INLINE") for name, f in c.funcs.items()
              if name not in ("encode", "decode")]
