@@ -12,7 +12,8 @@ setup(
     "CompLL compressors and a cost model (after HiPress, SOSP'21).",
     packages=find_packages(include=["hipress_like", "hipress_like.*"]),
     # onebit's C loops are built from source on first use (compressors/_native.py)
-    package_data={"hipress_like.compressors": ["_native.c", "thc_tables/*.json"]},
+    package_data={"hipress_like.compressors": ["_native.c", "thc_tables/*.json", "*/*.compll",
+                                               "compll/compll.lark"]},
     python_requires=">=3.10",
     install_requires=[
         # 2.13.0 is the CPU wheel on local disk; the cap keeps pip off CUDA builds.

@@ -490,7 +490,7 @@ def test_cli_check_show_build(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["ps", "ring"])
-@pytest.mark.parametrize("name", sorted(SHIPPED))
+@pytest.mark.parametrize("name", sorted(SHIPPED) + ["dgc", "graddrop"])
 def test_engine_runs_dsl_like_the_hand_written_one(name, strategy):
     """Under the engine (4 ranks as threads, error feedback for the biased ones) a DSL
     compressor leaves every rank bitwise identical and equal to the hand-written
