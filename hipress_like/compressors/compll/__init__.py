@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import sparse_compressor  # noqa: F401  (registers the state-array program class)
 from .checker import check
 from .compressor import DslCompressor, load, register_dsl
 from .syntax import CompllError, parse

@@ -44,10 +44,27 @@ import torch
 from ..ops import sample_positions
 from .checker import is_sparse
 
-__all__ = ["fma", "is_sparse", "num_selected", "sample_size", "interp_filter", "interp_topk",
-           "interp_threshold", "interp_gather", "interp_scatter", "interp_extract_array"]
+__all__ = ["assemble_body", "fma", "is_sparse", "num_selected", "sample_size", "interp_filter",
+           "interp_topk", "interp_threshold", "interp_gather", "interp_scatter",
+           "interp_extract_array"]
 
 _MIN_SAMPLES, _MIN_HITS = 1024, 32
+_DT = {"float": torch.float32, "int32": torch.int32, "int64": torch.int64,
+       "double": torch.float64}
+
+
+def assemble_body(arrays: List[torch.Tensor]) -> torch.Tensor:
+    """The body bytes: each array (uint8 view) after the first at a multiple of 8 bytes."""
+    parts: List[torch.Tensor] = []
+    pos = 0
+    for j, a in enumerate(arrays):
+        a = a.reshape(-1)
+        if j and pos % 8:
+            parts.append(torch.zeros((pos + 7) // 8 * 8 - pos, dtype=torch.uint8))
+            pos = (pos + 7) // 8 * 8
+        parts.append(a)
+        pos += a.numel()
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
 
 
 def num_selected(ratio: float, n: int) -> int:
@@ -157,14 +174,14 @@ def interp_scatter(it: Any, e: Any, args: List[Any], scopes: List[Dict[str, Any]
 def interp_extract_array(it: Any, a: Any, t: Any, pos: int, scopes: List[Dict[str, Any]]
                          ) -> int:
     """Read ``name[count]`` from the body at ``pos`` (8-byte aligned after the first)."""
-    from .interp import dtype_of
+    dt = _DT[t.name]
     pos = (pos + 7) // 8 * 8
     cnt = int(_ev(it, a.args[1], scopes))
-    nb = cnt * torch.empty((), dtype=dtype_of(t.elem())).element_size()
+    nb = cnt * torch.empty((), dtype=dt).element_size()
     if cnt < 0 or cnt > it.n or pos + nb > it.body.numel():
         raise ValueError(f"payload body has {it.body.numel()} bytes, the program reads "
                          f"{pos + max(nb, 0)} ({cnt} elements of {a.args[0].args[0]})")
-    val = it.body[pos:pos + nb].clone().view(dtype_of(t.elem()))
+    val = it.body[pos:pos + nb].clone().view(dt)
     scope, _ = it._lookup(scopes, a.args[0].args[0])
     scope[a.args[0].args[0]] = val
     return pos + nb

@@ -55,6 +55,9 @@ __all__ = ["DslCompressor", "register_dsl", "load", "compile_program", "get_prog
 _log = logging.getLogger(__name__)
 _FREE_IDS = iter(range(200, 256))
 _lock = threading.Lock()
+# compressor classes of other program kinds, registered by their modules (the package
+# __init__ imports them): "sparse" -> sparse_compressor.SparseDslCompressor
+_BASES: Dict[str, type] = {}
 
 
 def load(path_or_source: Union[str, Path], filename: Optional[str] = None) -> Checked:
@@ -377,9 +380,8 @@ def register_dsl(path_or_source: Union[str, Path], name: Optional[str] = None,
     caps = _capabilities(checked)
     from .checker import is_sparse
     base: type = DslCompressor
-    if is_sparse(checked):  # state arrays or data-dependent payloads
-        from .sparse_compressor import SparseDslCompressor
-        base = SparseDslCompressor
+    if is_sparse(checked):  # state arrays or data-dependent payloads (sparse_compressor)
+        base = _BASES["sparse"]
     cls = type(f"Dsl_{key}", (base,), {
         "name": key, "algo_id": algo_id, "capabilities": caps, "checked": checked,
         "native": None, "cuda": None, "__module__": __name__,

@@ -37,7 +37,8 @@ from typing import Any, Dict, List, Set
 from .checker import Checked
 from .interp import _size, layout
 from .lower import ExprC, ctype
-from .render_cuda import PRELUDE, _ctx_locals
+from .prelude import CUDA_PRELUDE as PRELUDE
+from .prelude import ctx_locals as _ctx_locals
 from .syntax import Node, Type
 
 __all__ = ["render_cuda_seq", "SEQ_CUDA_PRELUDE"]

@@ -37,10 +37,12 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .arrays import assemble_body
 from .checker import Checked
 from .interp import _size, layout
 from .lower import ExprC, ctype
-from .render_c import PRELUDE, ctx_struct
+from .prelude import C_PRELUDE as PRELUDE
+from .prelude import ctx_struct
 from .syntax import Node, Type
 
 __all__ = ["render_seq", "SeqNativeProgram", "compile_seq", "SEQ_PRELUDE"]
@@ -457,7 +459,6 @@ class SeqNativeProgram:
         Raises:
             ValueError: NaN/Inf in ``g`` (the standard message), or out of memory.
         """
-        from .sparse_compressor import assemble_body
         names = [n for n, t in self.c.globals.items() if t.array]
         sp = (ctypes.c_void_p * max(len(names), 1))(*[state[k].data_ptr() for k in names])
         lay = layout(_concat_args(self.c))
@@ -490,8 +491,8 @@ class SeqNativeProgram:
 
 
 def _concat_args(c: Checked) -> List[Node]:
-    from .compressor import _find_call
-    node = _find_call(c.encode.body, "concat")
+    node = next((s.args[2] for s in c.encode.body.args[0] if s.kind == "assign" and
+                 s.args[2].kind == "call" and s.args[2].args[0] == "concat"), None)
     if node is None:
         raise c.prog.error("encode never calls concat(...)", c.encode.node)
     return node.args[1]

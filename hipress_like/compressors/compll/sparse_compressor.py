@@ -29,28 +29,15 @@ import torch
 
 from ..base import check_gradient, decode_output, header_nbytes, pack_payload, unpack_payload
 from ..payload import PayloadError
-from .compressor import DslCompressor, State, _lock
+from .arrays import assemble_body
+from .compressor import _BASES, DslCompressor, State, _lock
 from .interp import Interpreter, layout
 
-__all__ = ["SparseDslCompressor", "assemble_body"]
+__all__ = ["SparseDslCompressor"]
 
 
 def _pad8(n: int) -> int:
     return (n + 7) // 8 * 8
-
-
-def assemble_body(arrays: List[torch.Tensor]) -> torch.Tensor:
-    """The body bytes: each array (uint8 view) after the first at a multiple of 8 bytes."""
-    parts: List[torch.Tensor] = []
-    pos = 0
-    for j, a in enumerate(arrays):
-        a = a.reshape(-1)
-        if j and pos % 8:
-            parts.append(torch.zeros(_pad8(pos) - pos, dtype=torch.uint8))
-            pos = _pad8(pos)
-        parts.append(a)
-        pos += a.numel()
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
 
 
 class SparseDslCompressor(DslCompressor):
@@ -157,3 +144,6 @@ class SparseDslCompressor(DslCompressor):
 
     def _cuda(self) -> Any:
         return None
+
+
+_BASES["sparse"] = SparseDslCompressor  # register_dsl builds state-array programs on it
