@@ -7,6 +7,9 @@ interpreter, and either side must decode the other's payloads. The
 operators (filter, topk, threshold, gather, scatter, fma) are checked against
 their definitions in ``compll/arrays.py``.
 """
+import shutil
+import subprocess
+
 import pytest
 import torch
 
@@ -209,3 +212,166 @@ def test_undefined_array_in_generated_c_is_a_located_error():
         "extract(compressed, k, isz, idx[k], vals[k]);", "")
     with pytest.raises(CompllError, match="has no value here"):
         render_c(load(src))
+
+
+_EMU_SHIM = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <barrier>
+#include <thread>
+#include <vector>
+struct cl_dim_ { unsigned int x; };
+static thread_local cl_dim_ threadIdx;
+static cl_dim_ blockIdx, gridDim, blockDim;
+static std::barrier<>* cl_bar_;
+static unsigned int cl_ballot_[1024];
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define CL_INLINE static inline
+static inline void __syncthreads() { cl_bar_->arrive_and_wait(); }
+static inline unsigned int __ballot_sync(unsigned int, int pred) {
+    cl_ballot_[threadIdx.x] = pred != 0;
+    __syncthreads();
+    unsigned int w = threadIdx.x & ~31u, r = 0;
+    for (unsigned int l = 0; l < 32 && w + l < blockDim.x; ++l) r |= cl_ballot_[w + l] << l;
+    __syncthreads();
+    return r;
+}
+static inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
+    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);
+}
+CL_INLINE uint32_t cl_fmix32(uint32_t h) {
+    h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16; return h;
+}
+CL_INLINE void cl_memcpy(void* d, const void* s, int k) { memcpy(d, s, k); }
+template <class F, class... A> static void cl_launch(F f, unsigned int grid, unsigned int block,
+                                                     A... a) {
+    gridDim.x = grid; blockDim.x = block;
+    for (unsigned int b = 0; b < grid; ++b) {
+        blockIdx.x = b;
+        std::barrier<> bar(block);
+        cl_bar_ = &bar;
+        std::vector<std::thread> ts;
+        for (unsigned int t = 0; t < block; ++t)
+            ts.emplace_back([=] { threadIdx.x = t; f(a...); });
+        for (auto& t : ts) t.join();
+    }
+}
+"""
+
+
+class _EmulatedSeqCuda:
+    """The state-array programs' CUDA kernels compiled for the CPU, each GPU thread a CPU
+    thread (``__syncthreads`` a barrier, ``__ballot_sync`` through shared flags, atomics
+    real), launched in schedule order with 2 blocks of 256 threads (the grid-stride loops
+    and the chunked compaction then cover several chunks per block): no GPU needed."""
+
+    def __init__(self, checked, tmp_path):
+        import ctypes
+
+        from hipress_like.compressors.compll.prelude import CUDA_PRELUDE
+        from hipress_like.compressors.compll.render_cuda import render_cuda
+        r = render_cuda(checked)
+        enc_args = "c, g, n, params, st, seed, raw_seed, step, scratch"
+        dec_args = "c, extra, extra_len, body, body_len, out, n, params, scratch"
+
+        def driver(which, sig, args):
+            calls = [f"    cl_launch({k.split(':')[0]}, {1 if k.endswith(':1') else 2}, "
+                     f"{32 if k.endswith(':1') else 256}, {args});" for k in r[which]]
+            return f'extern "C" void emu_{which}({sig}) {{\n' + "\n".join(calls) + "\n}\n"
+        src = r["source"].replace(CUDA_PRELUDE, _EMU_SHIM)
+        src += driver("encode", "ctx_t* c, const float* g, long long n, const double* params, "
+                      "float** st, unsigned int seed, unsigned int raw_seed, long long step, "
+                      "uint8_t* scratch", enc_args)
+        src += driver("decode", "ctx_t* c, const uint8_t* extra, long long extra_len, const "
+                      "uint8_t* body, long long body_len, float* out, long long n, const "
+                      "double* params, uint8_t* scratch", dec_args)
+        src += ('extern "C" void emu_result(ctx_t* c, uint8_t* extra, long long* lens) {\n'
+                "    memcpy(extra, c->extra_out, sizeof c->extra_out);\n"
+                "    memcpy(lens, c->out_len, sizeof c->out_len);\n}\n")
+        (tmp_path / "emu.cpp").write_text(src)
+        so = tmp_path / "emu.so"
+        p = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
+                            "-ffp-contract=off", "-o", str(so), str(tmp_path / "emu.cpp")],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-3000:]
+        self.lib = ctypes.CDLL(str(so))
+        self.r, self.c = r, checked
+        self.ctx = ctypes.create_string_buffer(1 << 16)
+
+    def _params(self, params):
+        import ctypes
+        vals = [float(params[pn]) for pn, _, _, _ in self.c.params] or [0.0]
+        return (ctypes.c_double * len(vals))(*vals)
+
+    def encode(self, g, state, params, raw_seed, step):
+        """Returns (extra bytes, body arrays as uint8 tensors); ``state`` updated in place."""
+        import ctypes
+        n = g.numel()
+        scratch = torch.zeros(self.r["scratch_regions"] * (n + 1) * 8, dtype=torch.uint8)
+        names = [k for k, t in self.c.globals.items() if t.array]
+        sp = (ctypes.c_void_p * len(names))(*[state[k].data_ptr() for k in names])
+        self.lib.emu_encode(self.ctx, ctypes.c_void_p(g.data_ptr()), ctypes.c_longlong(n),
+                            self._params(params), sp, ctypes.c_uint(0),
+                            ctypes.c_uint(raw_seed & 0xFFFFFFFF), ctypes.c_longlong(step),
+                            ctypes.c_void_p(scratch.data_ptr()))
+        assert self.error() == 0, self.error()
+        extra = ctypes.create_string_buffer(64)
+        lens = (ctypes.c_longlong * 8)()
+        self.lib.emu_result(self.ctx, extra, lens)
+        arrays = []
+        for j, name in enumerate(["idx", "vals"]):
+            off = self.r["encode_regions"][name] * (n + 1) * 8
+            arrays.append(scratch[off:off + lens[j]].clone())
+        return extra.raw, arrays
+
+    def decode(self, extra, body, out, params):
+        import ctypes
+        n = out.numel()
+        scratch = torch.zeros(self.r["scratch_regions"] * (n + 1) * 8, dtype=torch.uint8)
+        self.lib.emu_decode(self.ctx, ctypes.c_void_p(extra.data_ptr()),
+                            ctypes.c_longlong(extra.numel()), ctypes.c_void_p(body.data_ptr()),
+                            ctypes.c_longlong(body.numel()), ctypes.c_void_p(out.data_ptr()),
+                            ctypes.c_longlong(n), self._params(params),
+                            ctypes.c_void_p(scratch.data_ptr()))
+
+    def error(self):
+        return int.from_bytes(self.ctx.raw[:4], "little", signed=True)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler to emulate the CUDA "
+                    "kernels on the CPU")
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_generated_cuda_emulated_on_cpu_matches_hand_written(name, tmp_path):
+    """DGC and GradDrop's CUDA kernels (stream compaction, radix selections, state maps),
+    run by ``_EmulatedSeqCuda`` (no GPU here), give the hand-written payload bytes and
+    states, and decode the hand-written payloads alike."""
+    from hipress_like.compressors.compll.arrays import assemble_body
+    key, cls = _dsl(name)
+    emu = _EmulatedSeqCuda(cls.checked, tmp_path)
+    params = SPARSE[name][2]  # 40000 elements: the threshold samples, fewer than k pass
+    h, d = hp.compressors.get(name, **params), hp.compressors.get(key, **params)
+    gen = torch.Generator().manual_seed(5)
+    for n in (1, 7, 1000, 40000):
+        g0 = torch.zeros(n)
+        sh, se = h.init(g0, seed=123457), d.init(g0, seed=123457)
+        for step in range(2):
+            g = torch.randn(n, generator=gen)
+            ph, sh = h.encode(g, sh)
+            extra, arrays = emu.encode(g, {k: se[k].view(-1) for k in STATE[name]},
+                                       d.params(), 123457, step)
+            hn = hp.compressors.header_nbytes(1, 16)
+            assert bytes(ph[hn - 16:hn].tolist()) == extra[:16], (name, n, step)
+            assert torch.equal(ph[hn:], assemble_body(arrays)), (name, n, step)
+            for k in STATE[name]:
+                assert torch.equal(sh[k], se[k]), (name, k, n, step)
+            out = torch.empty(n)
+            emu.decode(ph[hn - 16:hn].clone(), ph[hn:].clone(), out, d.params())
+            assert emu.error() == 0
+            assert torch.equal(out, h.decode(ph)), (name, n, step)

@@ -26,9 +26,11 @@ grid runs them and the host never waits for a count:
 
 Local arrays and the selection's keys live in one scratch buffer, region j
 at ``j * (n + 1) * 8`` bytes (``scratch_regions`` says how many). The
-generated source is compile-checked by ``nvcc -ptx`` in the tests; this
-project has no runner for it yet (no GPU to run one on here): CUDA tensors
-of these programs go through the interpreter (``sparse_compressor``).
+generated source is compile-checked by ``nvcc -ptx`` in the tests, and run
+there by a CPU emulation (each GPU thread a CPU thread, barriers for
+``__syncthreads``) that must give the hand-written bytes; this project has
+no cupy runner for it yet, and it has never run on a GPU: CUDA tensors of
+these programs go through the interpreter (``sparse_compressor``).
 """
 from __future__ import annotations
 
@@ -476,8 +478,11 @@ def render_cuda_seq(c: Checked) -> Dict[str, Any]:
     """CUDA source of a sparse program and its kernel schedule (module docstring).
 
     Returns:
-        ``{"source": str, "encode": [...], "decode": [...], "scratch_regions": int}``:
-        kernels in launch order, each ``"name:1"`` (one thread) or ``"name:n"`` (any grid).
+        ``{"source": str, "encode": [...], "decode": [...], "scratch_regions": int,
+        "encode_regions": {array: region}}``: kernels in launch order, each ``"name:1"``
+        (one thread) or ``"name:n"`` (any grid of 256-thread blocks); after encode the
+        concat's arrays lie in their scratch regions, their byte counts and the header
+        fields in the context (``out_len``, ``extra_out``).
 
     Raises:
         CompllError: a construct this target does not compile (located).
@@ -505,7 +510,8 @@ def render_cuda_seq(c: Checked) -> Dict[str, Any]:
     ctx.append("} ctx_t;")
     src = "\n".join([PRELUDE, SEQ_CUDA_PRELUDE, "\n".join(ctx)] + funcs + enc_src + r.src)
     return {"source": src + "\n", "encode": r.kernels["encode"], "decode": r.kernels["decode"],
-            "scratch_regions": max(len(regions_enc), len(r.regions), 1)}
+            "scratch_regions": max(len(regions_enc), len(r.regions), 1),
+            "encode_regions": regions_enc}
 
 
 def _with_body_pointers(lines: List[str], ptrs: List[str]) -> List[str]:
