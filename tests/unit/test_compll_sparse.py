@@ -94,6 +94,16 @@ def test_nonfinite_gradient_raises_and_leaves_the_state(interp):
 
 
 @pytest.mark.parametrize("interp", [False, True], ids=["c", "interp"])
+@pytest.mark.parametrize("ratio", [0.0, 1.5, -0.1])
+def test_threshold_ratio_outside_its_range_is_an_error(interp, ratio):
+    key, _ = _dsl("graddrop", interp)
+    d = hp.compressors.get(key, ratio=ratio)
+    g = torch.randn(3000)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        d.encode(g, d.init(g))
+
+
+@pytest.mark.parametrize("interp", [False, True], ids=["c", "interp"])
 def test_corrupt_sparse_payloads_are_payload_errors(interp):
     key, _ = _dsl("graddrop", interp)
     d = hp.compressors.get(key, ratio=0.1)

@@ -258,6 +258,8 @@ class _CudaSeq:
         self.types[keys] = "unsigned long long"
         d, r = self.ex.expr(dens), self.ex.expr(sr)
         self.kernel([f"    const double d_ = (double)({d}), r_ = (double)({r});",
+                     "    if (!(d_ > 0.0 && d_ <= 1.0 && r_ > 0.0 && r_ <= 1.0)) { c->err = 6; "
+                     "return; }",
                      "    long long s_ = (long long)ceil(r_ * (double)n);",
                      "    const long long h_ = (long long)ceil(32.0 / d_);",
                      "    s_ = s_ > h_ ? s_ : h_; s_ = s_ > 1024 ? s_ : 1024;",

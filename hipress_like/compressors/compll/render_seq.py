@@ -26,6 +26,9 @@ has sized the payload and copied them):
     int cl_decode(...)   as render_c's, returning 4 for indices outside [0, n)
                          or not strictly increasing
 
+cl_sencode returns 1 (NaN/Inf), 5 (out of memory) or 6 (a threshold ratio
+outside (0, 1]: the param block cannot state ranges, so they are checked here).
+
 Built by ``_native.build_shared`` like the other generated C.
 """
 from __future__ import annotations
@@ -106,8 +109,13 @@ static uint32_t cl_select32(uint32_t* a, int64_t m, int64_t k) {
 }
 static __thread void* cl_thr_buf = 0; static __thread int64_t cl_thr_cap = 0;
 /* arrays.py's threshold: the k-th largest magnitude of a sample keyed by (seed, step) */
+static __thread int cl_bad_ratio = 0;
 static float cl_threshold(const float* x, int64_t n, double density, double sr, uint32_t seed,
                           int64_t step) {
+    if (!(density > 0.0 && density <= 1.0 && sr > 0.0 && sr <= 1.0)) {
+        cl_bad_ratio = 1;
+        return 0.0f;
+    }
     int64_t s = (int64_t)ceil(sr * (double)n);
     int64_t h = (int64_t)ceil(32.0 / density);
     s = s > h ? s : h;
@@ -281,6 +289,7 @@ class _Seq:
         for j, name in enumerate(self.state):
             ln.append(f"    float* restrict s_{name} = state[{j}];")
         ln.append("    if (cl_any_nonfinite(g, n)) return 1;")
+        ln.append("    cl_bad_ratio = 0;")
         ln.append("    const int64_t l_step = step_;")
         self.ex.locals = [{"step"}]
         self.ex.args = set()
@@ -299,6 +308,7 @@ class _Seq:
         if s.kind == "assign" and s.args[0].args[0] == out_name:
             e = s.args[2]
             lay = layout(e.args[1])
+            ln.append("    if (cl_bad_ratio) return 6;")
             for a, t, off in lay.fields:
                 v = self.ex.conv(self.ex.expr(a), a.ty, t)
                 if t.name == "uint":
@@ -506,7 +516,8 @@ def _raise(rc: int, c: Checked, g: Optional[torch.Tensor]) -> None:
         check_gradient(g, nonfinite="always")
     msg = {1: "NaN or Inf in the gradient", 3: "the payload is shorter than the program reads "
            "or its arrays disagree in length", 4: "indices outside [0, n) or not strictly "
-           "increasing", 5: "out of memory"}.get(rc, f"error {rc}")
+           "increasing", 5: "out of memory", 6: "threshold's density or sample_ratio outside "
+           "(0, 1]"}.get(rc, f"error {rc}")
     raise ValueError(f"{c.prog.filename}: {msg}")
 
 
