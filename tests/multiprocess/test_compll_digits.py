@@ -41,7 +41,8 @@ def _accuracy(algorithm, strategy):
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm,strategy", [("onebit", "ps"), ("tbq", "ring"),
                                                 ("terngrad", "ps"), ("terngrad", "ring"),
-                                                ("dgc", "ps"), ("graddrop", "ps")])
+                                                ("dgc", "ps"), ("graddrop", "ps"),
+                                                ("dgc", "ring"), ("graddrop", "ring")])
 def test_digits_accuracy_dsl(algorithm, strategy):
     base = _accuracy(None, strategy)
     acc = _accuracy(algorithm, strategy)
