@@ -12,9 +12,9 @@ setup(
     description="Compression-aware data-parallel training: CaSync scheduling, "
     "CompLL compressors and a cost model (after HiPress, SOSP'21).",
     packages=find_packages(include=["hipress_like", "hipress_like.*"]),
-    # onebit's C loops are built from source on first use (compressors/_native.py)
+    # the families' C kernels are built from source on first use (compressors/_build/native.py)
     package_data={"hipress_like.compressors": ["_build/*.h", "*/*.c", "*/*.compll",
-                                               "thc/tables/*.json"]},
+                                               "compll/compll.lark", "thc/tables/*.json"]},
     python_requires=">=3.10",
     install_requires=[
         # 2.13.0 is the CPU wheel on local disk; the cap keeps pip off CUDA builds.

@@ -8,19 +8,26 @@ code. Pipeline, one module each:
     syntax.py    compll.lark -> nodes with line/column; located syntax errors
     checker.py   names, arity, types, bit widths; located type errors
     interp.py    the reference interpreter on torch tensors (the tests' oracle)
+    arrays.py    the sparsification operators (filter, topk, threshold, gather,
+                 scatter), state arrays and data-dependent payloads: their meaning
     render_c.py  C for CPUs, built by the native builder, cached by source hash
+    render_seq.py   C for programs with state arrays / sparse operators
     render_cuda.py  CUDA C for GPUs (cupy.RawModule), compile-checked by nvcc
+    render_cuda_seq.py  CUDA for state-array programs (compile-checked; no runner yet)
     compressor.py   DslCompressor and register_dsl
+    sparse_compressor.py  the compressor of state-array programs (DGC, GradDrop)
     cli.py       ``hipress-profile compll check|build|show FILE``
 
-The six HiPress algorithms ship as programs beside their hand-written
-versions (onebit/onebit.compll, quantizers/tbq.compll, ...); ``PROGRAMS``
-maps their names to paths. docs/compll.md is the guide.
+Five of the six HiPress algorithms ship as programs beside their hand-written
+versions (onebit/onebit.compll, quantizers/tbq.compll, sparse/dgc.compll, ...);
+``PROGRAMS`` maps their names to paths (PowerSGD is not expressible yet, see
+docs/compll.md). docs/compll.md is the guide.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from . import sparse_compressor  # noqa: F401  (registers the state-array program class)
 from .checker import check
 from .compressor import DslCompressor, load, register_dsl
 from .syntax import CompllError, parse
@@ -35,8 +42,7 @@ PROGRAMS = {
     "terngrad": ("quantizers", "terngrad.compll"),
     "dgc": ("sparse", "dgc.compll"),
     "graddrop": ("sparse", "graddrop.compll"),
-    "powersgd": ("powersgd", "powersgd.compll"),
-}
+}  # PowerSGD has no program: matmul/decomp and its two rounds are not in the language
 
 
 def program_path(name: str) -> Path:

@@ -43,7 +43,9 @@ def add_column(row: Dict[str, Any], repeats: int) -> None:
     key = f"{name}_dsl"
     t0 = time.perf_counter()
     cls = hp.compressors.register_dsl(program_path(name), name=key, replace=True)
-    h, d = hp.compressors.get(name, **row["params"]), hp.compressors.get(key, **row["params"])
+    # a hand-written option left at None (DGC's clip_norm) is one the program does not have
+    params = {k: v for k, v in row["params"].items() if v is not None}
+    h, d = hp.compressors.get(name, **params), hp.compressors.get(key, **params)
     nat = d._native()
     load_s = time.perf_counter() - t0
     n = row["numel"]

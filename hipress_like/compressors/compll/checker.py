@@ -27,17 +27,22 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .syntax import Node, Program, Type
 
-__all__ = ["check", "Checked", "ELEMENTWISE", "OPERATORS", "REDUCTIONS", "VALID_BITS"]
+__all__ = ["check", "Checked", "ELEMENTWISE", "OPERATORS", "REDUCTIONS", "VALID_BITS",
+           "ARRAY_OPS", "is_sparse"]
 
 VALID_BITS = (1, 2, 4, 8)
 # elementwise builtins: name -> (min args, max args)
 ELEMENTWISE = {"floor": (1, 1), "ceil": (1, 1), "abs": (1, 1), "fabs": (1, 1), "sign": (1, 1),
                "min": (2, 2), "max": (2, 2), "clamp": (3, 3), "rint": (1, 1), "sqrt": (1, 1),
-               "exp": (1, 1), "log": (1, 1), "ldexp": (2, 2), "exponent": (1, 1)}
+               "exp": (1, 1), "log": (1, 1), "ldexp": (2, 2), "exponent": (1, 1),
+               "fma": (3, 3), "pow": (2, 2)}
 # common operators of HiPress Table 4 understood here; the others are named in errors
 OPERATORS = {"map": (2, 3), "reduce": (2, 3), "concat": (1, 64), "extract": (2, 64),
-             "range": (1, 1)}
-_TABLE4_LATER = ("sort", "filter", "decomp", "matmul")
+             "range": (1, 1), "filter": (2, 2), "topk": (3, 3), "threshold": (3, 3),
+             "gather": (2, 2), "scatter": (2, 3)}
+# the sparsification operators (arrays.py): their arrays have data-dependent lengths
+ARRAY_OPS = ("filter", "topk", "threshold", "gather", "scatter")
+_TABLE4_LATER = ("sort", "decomp", "matmul")
 REDUCTIONS = {"smaller": "min", "min": "min", "greater": "max", "max": "max", "add": "sum",
               "sum": "sum", "maxAbs": "maxabs"}
 _RANK = {"bool": 0, "uint": 1, "int32": 2, "int64": 3, "float": 4, "double": 5}
@@ -155,6 +160,9 @@ class _Checker:
         for d in p.globals:
             ty = d.args[0]
             self._check_type(ty, d)
+            if ty.array and ty.name != "float":
+                raise p.error(f"a global array is per-gradient state (float*, kept between "
+                              f"encodes); found {ty}", d)
             for decl in d.args[1]:
                 if decl.args[1] is not None:
                     raise p.error("globals are computed in encode/decode; declare "
@@ -233,12 +241,32 @@ class _Checker:
     def _func(self, f: Func) -> None:
         self.cur = f
         scope = _Scope(self.globals)
+        if f.name == "encode" and self._sparse_syntax():
+            scope.vars["step"] = I64  # the state's encode counter (arrays.py)
         for t, n in f.params:
             scope.vars[n] = t
         self._block(f.body, scope)
         if f.ret is not None and not self._returns(f.body):
             raise self.p.error(f"function {f.name!r} returns {f.ret} but may end without a "
                                "return", f.node)
+
+    def _sparse_syntax(self) -> bool:
+        """A program with state arrays or sparse operators (``is_sparse`` before checking)."""
+        if any(t.array for t in self.globals.vars.values()):
+            return True
+        found: List[Node] = []
+
+        def walk(n: Any) -> None:
+            if isinstance(n, Node):
+                if n.kind == "call" and n.args[0] in ARRAY_OPS:
+                    found.append(n)
+                for a in n.args:
+                    walk(a)
+            elif isinstance(n, (list, tuple)):
+                for a in n:
+                    walk(a)
+        walk([f.body for f in self.funcs.values()])
+        return bool(found)
 
     def _returns(self, s: Node) -> bool:
         if s.kind == "return":
@@ -265,6 +293,10 @@ class _Checker:
                 name, init = d.args
                 if name in scope.vars:
                     raise self.p.error(f"{name!r} is already declared in this block", d)
+                if name == "step" and scope.get("step") == I64 and self.cur is not None and \
+                        self.cur.name == "encode" and self._sparse_syntax():
+                    raise self.p.error("'step' is the state's encode counter here; choose "
+                                       "another name", d)
                 if init is not None:
                     self._assignable(ty, self._expr(init, scope), init, name)
                 scope.vars[name] = ty
@@ -304,7 +336,7 @@ class _Checker:
         elif k == "expr_stmt":
             e = s.args[0]
             self._expr(e, scope)
-            if not (e.kind == "call" and e.args[0] == "extract"):
+            if not (e.kind == "call" and e.args[0] in ("extract", "scatter")):
                 raise self.p.error("an expression statement has no effect; assign its value",
                                    e)
         elif k == "func":
@@ -466,6 +498,14 @@ class _Checker:
             for tt, a in zip(ts[1:], args[1:]):
                 t = promote(t, tt, False, _weak(a))
             return t if name != "sign" else (t if not is_int(t) else I32)
+        if name in ARRAY_OPS:
+            where = self.cur.name if self.cur is not None else ""
+            allowed = ("scatter",) if where == "decode" else ARRAY_OPS if where == "encode" \
+                else ()
+            if name not in allowed or (where == "decode" and n != 2):
+                raise p.error(f"{name} cannot be used in {where or 'this place'}: the "
+                              "sparsification operators stand in encode's statements (decode "
+                              "has scatter(idx, vals))", e)
         if name in OPERATORS:
             lo, hi = OPERATORS[name]
             if not lo <= n <= hi:
@@ -483,8 +523,10 @@ class _Checker:
                 raise p.error(f"{name} is void: it has no value", e)
             return f.ret
         if name in _TABLE4_LATER:
+            hint = " (topk(x, candidates, k) and threshold(x, density, sample_ratio) are its " \
+                "selection forms)" if name == "sort" else ""
             raise p.error(f"operator {name!r} (HiPress Table 4) is not available in this CompLL "
-                          "yet; available: " + ", ".join(sorted(OPERATORS)), e)
+                          f"yet{hint}; available: " + ", ".join(sorted(OPERATORS)), e)
         known = sorted(set(ELEMENTWISE) | set(OPERATORS) | set(self.funcs) - {"encode",
                                                                                "decode"})
         raise p.error(f"unknown function or operator {name!r}; known: {', '.join(known)}", e)
@@ -502,6 +544,8 @@ class _Checker:
         return Type("int64", array=True)
 
     def _op_map(self, e: Node, args: List[Node], scope: _Scope) -> Type:
+        if len(args) == 3 and args[2].kind == "var" and args[2].args[0] in self.funcs:
+            return self._map2(args, scope)
         src = self._array_arg(args[0], scope, "map")
         fn = args[1]
         if fn.kind != "var" or fn.args[0] not in self.funcs:
@@ -522,6 +566,87 @@ class _Checker:
         if f.uses_random and self.cur is not None:
             self.cur.uses_random = True
         return f.ret.of_array()
+
+    def _map2(self, args: List[Node], scope: _Scope) -> Type:
+        """``map(a, b, f)``: f of two elements, a and b of one length (state updates)."""
+        f = self.funcs[args[2].args[0]]
+        ts = [self._array_arg(a, scope, "map") for a in args[:2]]
+        if len(f.params) != 2 or f.ret is None:
+            raise self.p.error(f"map(a, b, f) calls {f.name} with an element of each array: "
+                               f"{f.name} must take two scalars and return one", args[2])
+        for (pt, pn), t, a in zip(f.params, ts, args):
+            self._assignable(pt, t.elem(), a, f"{f.name}'s {pn!r}")
+            if a.kind != "var":
+                raise self.p.error("map(a, b, f) takes named arrays", a)
+        if args[0].args[0] not in self.globals.vars or (self.cur and self.cur.name != "encode"):
+            raise self.p.error("map(a, b, f) updates a state array in encode: a = map(a, b, f) "
+                               "with a a global float*", args[0])
+        if f.uses_random and self.cur is not None:
+            self.cur.uses_random = True
+        return f.ret.of_array()
+
+    def _float_array(self, a: Node, scope: _Scope, what: str) -> Type:
+        t = self._array_arg(a, scope, what)
+        if t.name != "float" or a.kind != "var":
+            raise self.p.error(f"{what} works on a named float array (the gradient, a state "
+                               f"array or an array made by map), found {t}", a)
+        return t
+
+    def _index_array(self, a: Node, scope: _Scope, what: str) -> None:
+        t = self._array_arg(a, scope, what)
+        if t.name != "int32":
+            raise self.p.error(f"{what} takes an int32* index array (made by filter or topk), "
+                               f"found {t}", a)
+
+    def _op_filter(self, e: Node, args: List[Node], scope: _Scope) -> Type:
+        self._float_array(args[0], scope, "filter")
+        fn = args[1]
+        f = self.funcs.get(fn.args[0]) if fn.kind == "var" else None
+        if f is None or len(f.params) != 1 or f.ret is None or f.ret.name != "bool":
+            raise self.p.error("filter's second argument must name a predicate: bool f(float "
+                               "elem)", fn)
+        return Type("int32", array=True)
+
+    def _op_topk(self, e: Node, args: List[Node], scope: _Scope) -> Type:
+        self._float_array(args[0], scope, "topk")
+        if args[1].kind == "call" and args[1].args[0] == "filter":
+            if self._expr(args[1], scope).name != "int32":  # pragma: no cover
+                raise self.p.error("topk's candidates are indices", args[1])
+        else:
+            self._index_array(args[1], scope, "topk")
+        if not is_int(self._expr(args[2], scope)):
+            raise self.p.error("topk's k must be an integer", args[2])
+        return Type("int32", array=True)
+
+    def _op_threshold(self, e: Node, args: List[Node], scope: _Scope) -> Type:
+        self._float_array(args[0], scope, "threshold")
+        for a in args[1:]:
+            if not is_num(self._expr(a, scope)):
+                raise self.p.error("threshold(x, density, sample_ratio) takes scalar ratios", a)
+        if self.cur is not None:
+            self.cur.uses_random = True
+        return F32
+
+    def _op_gather(self, e: Node, args: List[Node], scope: _Scope) -> Type:
+        self._float_array(args[0], scope, "gather")
+        self._index_array(args[1], scope, "gather")
+        return Type("float", array=True)
+
+    def _op_scatter(self, e: Node, args: List[Node], scope: _Scope) -> Type:
+        if len(args) == 2:  # decode: zeros with the values at the indices
+            self._index_array(args[0], scope, "scatter")
+            t = self._array_arg(args[1], scope, "scatter")
+            if t.name != "float":
+                raise self.p.error(f"scatter's values must be float*, found {t}", args[1])
+            return Type("float", array=True)
+        t = self._float_array(args[0], scope, "scatter")
+        if args[0].args[0] not in self.globals.vars:
+            raise self.p.error("scatter(x, idx, value) writes into a state array (a global "
+                               "float*)", args[0])
+        self._index_array(args[1], scope, "scatter")
+        if not is_num(self._expr(args[2], scope)):
+            raise self.p.error("scatter's value must be a scalar", args[2])
+        return I32
 
     def _op_reduce(self, e: Node, args: List[Node], scope: _Scope) -> Type:
         src = self._array_arg(args[0], scope, "reduce")
@@ -555,6 +680,14 @@ class _Checker:
             raise self.p.error("extract reads a uint8* payload", args[0])
         seen_array = False
         for a in args[1:]:
+            if a.kind == "index" and a.args[0].kind == "var" and \
+                    (scope.get(a.args[0].args[0]) or Type("")).array:
+                # name[count]: an array of count elements (a data-dependent length)
+                if not is_int(self._expr(a.args[1], scope)):
+                    raise self.p.error("an extracted array's length must be an integer", a)
+                a.ty = self._expr(a.args[0], scope)
+                seen_array = True
+                continue
             if a.kind != "var" or scope.get(a.args[0]) is None:
                 raise self.p.error("extract's arguments after the payload must be declared "
                                    "variables", a)
@@ -575,6 +708,26 @@ def _same_bits(a: Any, b: Any) -> bool:
     if isinstance(a, Node) and isinstance(b, Node):
         return a.args[0][-1] == b.args[0][-1]
     return a == b
+
+
+def is_sparse(c: Checked) -> bool:
+    """True for a program with state arrays or a sparsification operator (``arrays.py``):
+    its payload arrays have data-dependent lengths, and it runs statement by statement."""
+    if any(t.array for t in c.globals.values()):
+        return True
+    found: List[Node] = []
+
+    def walk(n: Any) -> None:
+        if isinstance(n, Node):
+            if n.kind == "call" and n.args[0] in ARRAY_OPS:
+                found.append(n)
+            for a in n.args:
+                walk(a)
+        elif isinstance(n, (list, tuple)):
+            for a in n:
+                walk(a)
+    walk([f.body for f in c.funcs.values()])
+    return bool(found)
 
 
 def check(prog: Program) -> Checked:

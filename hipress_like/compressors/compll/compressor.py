@@ -55,6 +55,9 @@ __all__ = ["DslCompressor", "register_dsl", "load", "compile_program", "get_prog
 _log = logging.getLogger(__name__)
 _FREE_IDS = iter(range(200, 256))
 _lock = threading.Lock()
+# compressor classes of other program kinds, registered by their modules (the package
+# __init__ imports them): "sparse" -> sparse_compressor.SparseDslCompressor
+_BASES: Dict[str, type] = {}
 
 
 def load(path_or_source: Union[str, Path], filename: Optional[str] = None) -> Checked:
@@ -78,7 +81,11 @@ def _source(path_or_source: Union[str, Path], filename: Optional[str]) -> Tuple[
 
 def compile_program(checked: Checked) -> Any:
     """The generated-C backend of ``checked`` (built and cached), or None without a compiler."""
+    from .checker import is_sparse
     from .render_c import NativeProgram
+    if is_sparse(checked):
+        from .render_seq import compile_seq
+        return compile_seq(checked)
     try:
         return NativeProgram(checked)
     except Exception as e:  # a missing toolchain must not break training: interpret
@@ -371,7 +378,11 @@ def register_dsl(path_or_source: Union[str, Path], name: Optional[str] = None,
         with _lock:
             algo_id = next(_FREE_IDS)
     caps = _capabilities(checked)
-    cls = type(f"Dsl_{key}", (DslCompressor,), {
+    from .checker import is_sparse
+    base: type = DslCompressor
+    if is_sparse(checked):  # state arrays or data-dependent payloads (sparse_compressor)
+        base = _BASES["sparse"]
+    cls = type(f"Dsl_{key}", (base,), {
         "name": key, "algo_id": algo_id, "capabilities": caps, "checked": checked,
         "native": None, "cuda": None, "__module__": __name__,
         "__doc__": f"CompLL program {checked.prog.filename} as a compressor."})

@@ -23,7 +23,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..ops import _as_i32, _uniform_from_counter, packed_nbytes
-from .checker import REDUCTIONS, Checked, Func
+from . import arrays
+from .checker import ARRAY_OPS, REDUCTIONS, Checked, Func
 from .syntax import Node, Type
 
 __all__ = ["Interpreter", "dtype_of", "pack_planar", "unpack_planar", "Layout", "layout"]
@@ -137,9 +138,13 @@ class Interpreter:
         params: the parameter values by name.
     """
 
-    def __init__(self, checked: Checked, params: Dict[str, Any]) -> None:
+    def __init__(self, checked: Checked, params: Dict[str, Any],
+                 state: Optional[Dict[str, torch.Tensor]] = None, raw_seed: int = 0,
+                 step: int = 0) -> None:
         self.c = checked
         self.params = dict(params)
+        self.state = {} if state is None else state  # state arrays by name (flat float32)
+        self.raw_seed, self.step = int(raw_seed), int(step)
 
     # ------------------------------------------------------------ entry points
     def encode(self, grad: torch.Tensor, seed: int = 0) -> Tuple[bytes, List[Tuple[torch.Tensor,
@@ -155,6 +160,8 @@ class Interpreter:
         f = self.c.encode
         env: Dict[str, Any] = {}
         env[f.params[0][1]] = grad.reshape(-1).to(torch.float32)
+        if arrays.is_sparse(self.c):
+            env["step"] = torch.tensor(self.step, dtype=torch.int64)
         env[f.params[1][1]] = None
         self.out: Optional[Tuple[bytes, list]] = None
         self._run_entry(f, env)
@@ -183,7 +190,8 @@ class Interpreter:
         self.entry = f
         self.globals: Dict[str, Any] = {}
         for name, ty in self.c.globals.items():
-            self.globals[name] = torch.zeros((), dtype=dtype_of(ty))
+            self.globals[name] = self.state.get(name) if ty.array else \
+                torch.zeros((), dtype=dtype_of(ty))
         self.index = None
         self.pads: Dict[str, Any] = {}
         self.types: Dict[str, Type] = {}
@@ -369,6 +377,8 @@ class Interpreter:
         if name in self.c.funcs:
             f = self.c.funcs[name]
             return self._call_user(f, [self._eval(a, scopes) for a in args], None)
+        if name in ARRAY_OPS:
+            return getattr(arrays, f"interp_{name}")(self, e, args, scopes)
         vals = [self._eval(a, scopes) for a in args] if name not in (
             "map", "reduce", "extract", "concat") else None
         if name == "range":
@@ -378,6 +388,11 @@ class Interpreter:
         return getattr(self, f"_op_{name}")(e, args, scopes)
 
     def _op_map(self, e: Node, args: List[Node], scopes: List[Dict[str, Any]]) -> torch.Tensor:
+        if len(args) == 3 and args[2].kind == "var" and args[2].args[0] in self.c.funcs:
+            a, b = self._eval(args[0], scopes), self._eval(args[1], scopes)
+            idx = torch.arange(a.numel(), dtype=torch.int64)
+            self.last_pad = None
+            return self._call_user(self.c.funcs[args[2].args[0]], [a, b], idx)
         src = self._eval(args[0], scopes)
         f = self.c.funcs[args[1].args[0]]
         n = src.numel()
@@ -420,6 +435,9 @@ class Interpreter:
         for a, t in lay.arrays:
             v = self._eval(a, scopes)
             name = a.args[0] if a.kind == "var" else None
+            if t.name in ("float", "int32") and arrays.is_sparse(self.c):
+                body.append(v.to(dtype_of(t)).contiguous().view(torch.uint8))
+                continue
             ty = self.types.get(name, t) if name else t
             bits = ty.bits if ty.name == "uint" else None
             if bits is not None and bits < 8:
@@ -453,6 +471,9 @@ class Interpreter:
             scope[a.args[0]] = convert(v, t)
         pos = 0
         for a, t in lay.arrays:
+            if a.kind == "index":  # name[count]: data-dependent length, 8-byte aligned
+                pos = arrays.interp_extract_array(self, a, t, pos, scopes)
+                continue
             bits = self._width(t.bits, scopes) if t.name == "uint" else None
             if bits is not None:
                 nb = packed_nbytes(self.n, bits)
@@ -507,6 +528,14 @@ def _binary(op: str, a: torch.Tensor, b: torch.Tensor, t: Type) -> torch.Tensor:
 
 def _builtin(name: str, vals: List[torch.Tensor], t: Type) -> torch.Tensor:
     """The elementwise builtins, in type ``t`` (C's math library semantics)."""
+    if name == "fma":
+        return arrays.fma(*[convert(x, t) for x in vals])
+    if name == "pow":  # C's pow (Python's math.pow) for scalars, as the generated C
+        a, b = convert(vals[0], t), convert(vals[1], t)
+        if a.dim() == 0 and b.dim() == 0:
+            import math
+            return torch.tensor(math.pow(float(a), float(b)), dtype=a.dtype)
+        return torch.pow(a, b)
     if name == "exponent":  # frexp's exponent (0 for 0), as C's frexp
         return torch.frexp(vals[0].to(torch.float64)).exponent.to(torch.int32)
     if name == "ldexp":

@@ -174,6 +174,10 @@ class ExprC:
         v = [self.conv(self.expr(a), a.ty, t) for a in args]
         if name == "exponent":
             return f"cl_exponent((double)({self.expr(args[0])}))"
+        if name == "fma":  # one rounding, as torch's add(alpha=) on CPUs
+            return f"fma{f}({v[0]}, {v[1]}, {v[2]})"
+        if name == "pow":
+            return f"pow{f}({v[0]}, {v[1]})"
         if name == "ldexp":
             return f"ldexp{f}({v[0]}, (int)({self.expr(args[1])}))"
         if name in ("floor", "ceil", "rint", "sqrt", "exp", "log"):

@@ -35,54 +35,12 @@ import torch
 from .checker import Checked
 from .interp import _size, layout
 from .lower import ExprC, Loop, Lowered, ctype, lower, reduction
+from .prelude import C_PRELUDE, ctx_struct
 from .syntax import Node, Type
 
 __all__ = ["render_c", "NativeProgram", "PRELUDE"]
 
-PRELUDE = r"""
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
-#define CL_INLINE static inline __attribute__((always_inline))
-#include <float.h>
-#pragma GCC optimize ("no-signed-zeros", "finite-math-only", "no-math-errno", "no-trapping-math")
-#define CL_LOOP
-CL_INLINE uint32_t cl_fmix32(uint32_t h) {
-    h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16; return h;
-}
-/* ops.uniform: element i of the counter-based hash stream keyed by seed (24 bits) */
-CL_INLINE float cl_uniform(uint32_t seed, int64_t i) {
-    return (float)((cl_fmix32((uint32_t)i ^ seed) >> 8) & 0xFFFFFFu) * (1.0f / 16777216.0f);
-}
-CL_INLINE int32_t cl_exponent(double x) {
-    int e = 0;
-    if (x == 0.0) return 0;
-    frexp(x, &e);
-    return e;
-}
-CL_INLINE float cl_clamp_float(float x, float lo, float hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE double cl_clamp_double(double x, double lo, double hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int32_t cl_clamp_int32_t(int32_t x, int32_t lo, int32_t hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int64_t cl_clamp_int64_t(int64_t x, int64_t lo, int64_t hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int64_t cl_packed_nbytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
-CL_INLINE int cl_valid_bits(int64_t b) { return b == 1 || b == 2 || b == 4 || b == 8; }
-/* threads for sweeps of at least CL_PARALLEL elements (torch.get_num_threads(), set per call) */
-#define CL_PARALLEL 1048576
-static int cl_threads = 1;
-void cl_set_threads(int t) { cl_threads = t > 0 ? t : 1; }
-"""
+PRELUDE = C_PRELUDE
 
 _INIT = {("min", "float"): "FLT_MAX", ("min", "double"): "DBL_MAX",
          ("max", "float"): "(-FLT_MAX)", ("max", "double"): "(-DBL_MAX)",
@@ -480,20 +438,16 @@ def _err(e: Node) -> Exception:
     return ValueError(f"line {e.line}: the output is assigned concat(...)")
 
 
-def ctx_struct(c: Checked) -> str:
-    """The context struct: params, globals and the seed."""
-    fields = [f"    {ctype(pt)} p_{pn};" for pn, pt, _, _ in c.params]
-    fields += [f"    {ctype(t)} g_{n};" for n, t in c.globals.items() if not t.array]
-    fields.append("    uint32_t seed;")
-    return "typedef struct {\n" + "\n".join(fields) + "\n} ctx_t;\n"
-
-
 def render_c(c: Checked) -> str:
     """The C source of checked program ``c`` (see the module docstring).
 
     Raises:
         CompllError: a construct the C target does not compile (located).
     """
+    from .checker import is_sparse
+    if is_sparse(c):  # state arrays, data-dependent payloads: statement by statement
+        from .render_seq import render_seq
+        return render_seq(c)
     r = _Render(c, "c")
     parts = [PRELUDE, "#include <stdlib.h>", ctx_struct(c)]
     for name, f in c.funcs.items():

@@ -30,146 +30,17 @@ from typing import Any, Dict, List, Set
 from .checker import Checked
 from .interp import _size, layout
 from .lower import ExprC, Loop, Lowered, ctype, lower, reduction
+from .prelude import CUDA_PRELUDE
+from .prelude import ctx_locals as _ctx_locals
 from .render_c import _concat, _source
 from .syntax import Node, Type
 
 __all__ = ["render_cuda", "CudaProgram"]
 
-PRELUDE = r"""
-#ifdef __CUDACC_RTC__
-typedef unsigned char uint8_t;
-typedef int int32_t;
-typedef unsigned int uint32_t;
-typedef long long int64_t;
-typedef unsigned long long uint64_t;
-#else
-#include <stdint.h>
-#endif
-#define CL_INLINE __device__ __forceinline__
-CL_INLINE uint32_t cl_fmix32(uint32_t h) {
-    h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16; return h;
-}
-CL_INLINE float cl_uniform(uint32_t seed, int64_t i) {
-    return (float)((cl_fmix32((uint32_t)i ^ seed) >> 8) & 0xFFFFFFu) * (1.0f / 16777216.0f);
-}
-CL_INLINE int32_t cl_exponent(double x) {
-    int e = 0;
-    if (x == 0.0) return 0;
-    frexp(x, &e);
-    return e;
-}
-CL_INLINE float cl_clamp_float(float x, float lo, float hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE double cl_clamp_double(double x, double lo, double hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int32_t cl_clamp_int32_t(int32_t x, int32_t lo, int32_t hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int64_t cl_clamp_int64_t(int64_t x, int64_t lo, int64_t hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int64_t cl_packed_nbytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
-CL_INLINE int cl_valid_bits(int64_t b) { return b == 1 || b == 2 || b == 4 || b == 8; }
-CL_INLINE void cl_memcpy(void* d, const void* s, int k) {
-    for (int t = 0; t < k; ++t) ((uint8_t*)d)[t] = ((const uint8_t*)s)[t];
-}
-/* reductions: one atomic per warp after a shuffle tree */
-CL_INLINE float cl_warp_min(float v) {
-    for (int o = 16; o; o >>= 1) {
-        float w = __shfl_down_sync(0xffffffffu, v, o);
-        v = w < v ? w : v;
-    }
-    return v;
-}
-CL_INLINE float cl_warp_max(float v) {
-    for (int o = 16; o; o >>= 1) {
-        float w = __shfl_down_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
-CL_INLINE double cl_warp_mind(double v) {
-    for (int o = 16; o; o >>= 1) {
-        double w = __shfl_down_sync(0xffffffffu, v, o);
-        v = w < v ? w : v;
-    }
-    return v;
-}
-CL_INLINE double cl_warp_maxd(double v) {
-    for (int o = 16; o; o >>= 1) {
-        double w = __shfl_down_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
-CL_INLINE long long cl_warp_sumi(long long v) {
-    for (int o = 16; o; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
-CL_INLINE double cl_warp_sumd(double v) {
-    for (int o = 16; o; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    return v;
-}
-CL_INLINE void cl_atomic_min(float* a, float v) {
-    unsigned int* p = (unsigned int*)a; unsigned int old = *p, assumed;
-    while (v < __uint_as_float(old)) {
-        assumed = old;
-        old = atomicCAS(p, assumed, __float_as_uint(v));
-        if (old == assumed) break;
-    }
-}
-CL_INLINE void cl_atomic_max(float* a, float v) {
-    unsigned int* p = (unsigned int*)a; unsigned int old = *p, assumed;
-    while (v > __uint_as_float(old)) {
-        assumed = old;
-        old = atomicCAS(p, assumed, __float_as_uint(v));
-        if (old == assumed) break;
-    }
-}
-CL_INLINE void cl_atomic_mind(double* a, double v) {
-    unsigned long long* p = (unsigned long long*)a; unsigned long long old = *p, assumed;
-    while (v < __longlong_as_double(old)) {
-        assumed = old;
-        old = atomicCAS(p, assumed, __double_as_longlong(v));
-        if (old == assumed) break;
-    }
-}
-CL_INLINE void cl_atomic_maxd(double* a, double v) {
-    unsigned long long* p = (unsigned long long*)a; unsigned long long old = *p, assumed;
-    while (v > __longlong_as_double(old)) {
-        assumed = old;
-        old = atomicCAS(p, assumed, __double_as_longlong(v));
-        if (old == assumed) break;
-    }
-}
-"""
+PRELUDE = CUDA_PRELUDE
 
 _BIG = {"float": "3.402823466e+38f", "double": "1.7976931348623157e+308",
         "int32_t": "2147483647", "int64_t": "9223372036854775807LL"}
-
-
-def _ctx_locals(f: Any) -> Dict[str, Type]:
-    out: Dict[str, Type] = {}
-
-    def walk(s: Any) -> None:
-        if isinstance(s, Node):
-            if s.kind == "decl" and not s.args[0].array:
-                for d in s.args[1]:
-                    out[d.args[0]] = s.args[0]
-            if s.kind in ("block",):
-                for x in s.args[0]:
-                    walk(x)
-            if s.kind == "if":
-                walk(s.args[1])
-                walk(s.args[2])
-    walk(f.body)
-    return out
 
 
 class _Cuda:
@@ -518,6 +389,10 @@ def render_cuda(c: Checked) -> Dict[str, Any]:
     Raises:
         CompllError: a construct the CUDA target does not compile (located).
     """
+    from .checker import is_sparse
+    if is_sparse(c):  # state arrays, sparse operators: statement by statement
+        from .render_cuda_seq import render_cuda_seq
+        return render_cuda_seq(c)
     r = _Cuda(c)
     funcs = [r.ex.function(f, "CL_INLINE") for name, f in c.funcs.items()
              if name not in ("encode", "decode")]

@@ -1,0 +1,149 @@
+"""The compressor of a CompLL program with state arrays or a data-dependent payload.
+
+DGC and GradDrop (``sparse/dgc.compll``, ``sparse/graddrop.compll``) keep
+per-gradient arrays between encodes and send as many (index, value) pairs as
+their selection finds (``arrays.py`` has the operators). Their compressor
+differs from ``DslCompressor`` in three places:
+
+- ``init`` creates the state: each global array (zeros, float32, shaped like
+  the gradient, flat), plus ``seed`` and ``step`` (``threshold`` samples by
+  them, as the hand-written sparsifiers do); ``encode`` updates the arrays in
+  place and returns the state with ``step + 1``.
+- the payload is assembled after the program ran: the concat's scalars in
+  the header, its arrays in the body, each after the first starting at a
+  multiple of 8 bytes, so the plain sparse payload of ``sparse.py`` comes out
+  byte for byte when the program writes ``concat(k, 4, idx, vals)``.
+- ``payload_nbytes`` is an upper bound (every array as long as the gradient)
+  unless the program's capabilities say otherwise.
+
+float32 CPU gradients run the generated C (``render_seq``); everything else
+runs the interpreter. The CUDA form is generated and compile-checked
+(``render_cuda_seq``) but not yet wired to run here: CUDA tensors go through
+the interpreter on their device's copy on the CPU.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..base import check_gradient, decode_output, header_nbytes, pack_payload, unpack_payload
+from ..payload import PayloadError
+from .arrays import assemble_body
+from .compressor import _BASES, DslCompressor, State, _lock
+from .interp import Interpreter, layout
+
+__all__ = ["SparseDslCompressor"]
+
+
+def _pad8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+class SparseDslCompressor(DslCompressor):
+    """A ``DslCompressor`` whose program keeps state arrays or sends data-dependent sizes."""
+
+    def _state_names(self) -> List[str]:
+        return [n for n, t in self.checked.globals.items() if t.array]
+
+    def init(self, grad: torch.Tensor, seed: int = 0, *, world_size: int = 1,
+             shared_seed: int = 0) -> State:
+        """Zero state arrays shaped like ``grad`` (float32), ``step`` 0 and ``seed``."""
+        st: Dict[str, Any] = {name: torch.zeros(grad.shape, dtype=torch.float32,
+                                                device=grad.device)
+                              for name in self._state_names()}
+        st.update(step=0, seed=int(seed))
+        return st
+
+    def _check_state(self, grad: torch.Tensor, state: State) -> Dict[str, torch.Tensor]:
+        out = {}
+        for name in self._state_names():
+            t = state.get(name) if isinstance(state, dict) else None
+            if not isinstance(t, torch.Tensor) or t.shape != grad.shape:
+                raise ValueError(
+                    f"{self.name}: state[{name!r}] must be a tensor of shape "
+                    f"{tuple(grad.shape)}, found {getattr(t, 'shape', type(t).__name__)}; "
+                    f"create the state with init(grad) for this gradient (or partition)")
+            if t.dtype != torch.float32 or not t.is_contiguous():
+                t = t.to(torch.float32).contiguous()
+            out[name] = t
+        return out
+
+    def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
+        """An upper bound: every body array as long as the gradient (4-byte elements)."""
+        lay = layout(self._concat().args[1])
+        return header_nbytes(ndim, lay.extra_nbytes) + sum(
+            _pad8(numel * 4) for _ in lay.arrays)
+
+    def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
+        """Run encode; the state arrays are updated in place, ``step`` advances.
+
+        Raises:
+            TypeError: non-tensor or non-float input.
+            ValueError: empty input, NaN/Inf in it, or a state of another shape.
+        """
+        native = self._native() if grad.dtype == torch.float32 and grad.device.type == "cpu" \
+            else None
+        check_gradient(grad, nonfinite="ignore" if native is not None else "raise")
+        arrays = self._check_state(grad, state)
+        step, seed = int(state.get("step", 0)), int(state.get("seed", 0))
+        g = grad.detach().contiguous().reshape(-1)
+        flat = {k: v.view(-1) for k, v in arrays.items()}
+        if native is not None:
+            extra, body = native.encode_arrays(g, flat, self._params, seed, step,
+                                               seed=self._seed(state))
+        else:
+            dev = g.device
+            cpu = {k: v.cpu() for k, v in flat.items()}
+            it = Interpreter(self.checked, self._params, cpu, raw_seed=seed, step=step)
+            extra, parts = it.encode(g.cpu(), self._seed(state))
+            body = assemble_body(parts)
+            for k in cpu:
+                if it.globals[k].data_ptr() != flat[k].data_ptr():
+                    flat[k].copy_(it.globals[k].to(dev))
+        payload, pbody = pack_payload(self.algo_id, grad.dtype, grad.shape, extra,
+                                      body.numel(), g.device)
+        pbody.copy_(body.to(g.device))
+        new_state = dict(state, step=step + 1, seed=seed)
+        new_state.update({k: v.view(grad.shape) for k, v in arrays.items()})
+        return payload, new_state
+
+    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Run decode into the original shape and dtype.
+
+        Raises:
+            PayloadError: malformed, foreign or inconsistent payload (bad indices included).
+        """
+        h = unpack_payload(payload, self.algo_id)
+        want = layout(self._concat().args[1]).extra_nbytes
+        if len(h.extra) < want:
+            raise PayloadError(f"{self.name} payload extra has {len(h.extra)} bytes, expected "
+                               f"{want}")
+        res = decode_output(h, out, payload.device)
+        native = self._native() if h.dtype == torch.float32 and payload.device.type == "cpu" \
+            else None
+        try:
+            if native is not None:
+                native.decode(h.extra, h.body, res.view(-1), self._params)
+            else:
+                flat = Interpreter(self.checked, self._params).decode(h.extra, h.body.cpu(),
+                                                                      h.numel)
+                res.view(-1).copy_(flat.to(h.dtype))
+        except ValueError as e:
+            raise PayloadError(f"{self.name}: {e}") from e
+        return res
+
+    def _native(self) -> Any:
+        cls = type(self)
+        if cls.native is None:
+            with _lock:
+                if cls.native is None:
+                    from .render_seq import compile_seq
+                    cls.native = compile_seq(self.checked) or False
+        return cls.native or None
+
+    def _cuda(self) -> Any:
+        return None
+
+
+_BASES["sparse"] = SparseDslCompressor  # register_dsl builds state-array programs on it
