@@ -23,7 +23,7 @@ for bit across eager/compiled runs and thread counts.
 from __future__ import annotations
 
 import struct
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,11 +31,8 @@ from ..base import (
     Capabilities,
     Compressor,
     State,
-    check_body_nbytes,
     check_gradient,
-    decode_output,
     header_nbytes,
-    pack_payload,
     unpack_fields,
 )
 from ..kernels import FusedDecodeKernels
@@ -47,6 +44,11 @@ from . import fused as _fused
 __all__ = ["OneBit"]
 
 _EXTRA = struct.Struct("<dd")  # value for bit 1 (x >= 0), value for bit 0 (x < 0)
+
+
+def _body_nbytes(h: Any, v1: float, v0: float) -> int:
+    """Bytes of a payload's sign bits: one bit per element."""
+    return packed_nbytes(h.numel, 1)
 
 
 @register("onebit")
@@ -87,8 +89,7 @@ class OneBit(Compressor):
         the signs of ``encoded`` (``grad`` itself, or the memory it is added into)."""
         check_gradient(grad, nonfinite="ignore")  # NaN/Inf: caught by the kernel's max|x|
         g = grad.detach().contiguous().reshape(-1)
-        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape, bytes(_EXTRA.size),
-                                     packed_nbytes(g.numel(), 1), g.device)
+        payload, body = self.frame_payload(grad, bytes(_EXTRA.size), packed_nbytes(g.numel(), 1))
         pos, neg, amax = kernel(g, body)
         if not bool(torch.isfinite(amax)):
             check_gradient(encoded, nonfinite="always")  # raises the standard NaN/Inf error
@@ -112,11 +113,9 @@ class OneBit(Compressor):
 
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
-        h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
-        check_body_nbytes(h, packed_nbytes(h.numel, 1), "onebit")
+        h, (v1, v0), body, out = self.unframe_payload(payload, _EXTRA, _body_nbytes, out)
         dev = payload.device
-        out = decode_output(h, out, dev)
-        _fused.onebit_decode(h.body, out.view(-1), torch.tensor(v1, dtype=h.dtype, device=dev),
+        _fused.onebit_decode(body, out.view(-1), torch.tensor(v1, dtype=h.dtype, device=dev),
                              torch.tensor(v0, dtype=h.dtype, device=dev), mode, d)
         return out
 
@@ -174,8 +173,7 @@ class _OneBitKernels(FusedDecodeKernels):
             return super().decode_add_many_(payloads, acc)
         bodies, values = [], []
         for payload in payloads:
-            h, (v1, v0) = unpack_fields(payload, self.comp.algo_id, _EXTRA, "onebit")
-            check_body_nbytes(h, packed_nbytes(h.numel, 1), "onebit")
+            h, (v1, v0) = self.comp.check_payload(payload, _EXTRA, _body_nbytes)
             if h.numel != acc.numel() or h.dtype != acc.dtype or payload.device != acc.device:
                 return super().decode_add_many_(payloads, acc)
             bodies.append(h.body)

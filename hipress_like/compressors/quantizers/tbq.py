@@ -23,17 +23,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .._build.fused import compute_dtype
-from ..base import (
-    Capabilities,
-    Compressor,
-    State,
-    check_body_nbytes,
-    check_gradient,
-    decode_output,
-    header_nbytes,
-    pack_payload,
-    unpack_fields,
-)
+from ..base import Capabilities, Compressor, State, check_gradient, header_nbytes
 from ..kernels import FusedDecodeKernels
 from ..ops import packed_nbytes
 from ..params import check_real
@@ -94,8 +84,7 @@ class TBQ(Compressor):
         check_gradient(grad, nonfinite="ignore")  # NaN/Inf: caught by the kernel's max|g|
         g = grad.detach().contiguous().reshape(-1)
         n = g.numel()
-        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape,
-                                     _EXTRA.pack(self.threshold), packed_nbytes(n, 2), g.device)
+        payload, body = self.frame_payload(grad, _EXTRA.pack(self.threshold), packed_nbytes(n, 2))
         tau = torch.tensor(self.threshold, dtype=compute_dtype(g.dtype), device=g.device)
         amax = _fused.tbq_encode(g, body, tau)
         if not bool(torch.isfinite(amax)):
@@ -116,12 +105,10 @@ class TBQ(Compressor):
 
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
-        h, (tau,) = unpack_fields(payload, self.algo_id, _EXTRA, "tbq")
-        check_body_nbytes(h, packed_nbytes(h.numel, 2), "tbq")
-        dev = payload.device
-        out = decode_output(h, out, dev)
-        _fused.tbq_decode(h.body, out.view(-1), torch.tensor(tau, dtype=h.dtype, device=dev),
-                          mode, d)
+        h, (tau,), body, out = self.unframe_payload(
+            payload, _EXTRA, lambda h, tau: packed_nbytes(h.numel, 2), out)
+        tau_t = torch.tensor(tau, dtype=h.dtype, device=payload.device)
+        _fused.tbq_decode(body, out.view(-1), tau_t, mode, d)
         return out
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:

@@ -32,18 +32,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .._build.fused import compute_dtype
-from ..base import (
-    Capabilities,
-    Compressor,
-    PayloadError,
-    State,
-    check_body_nbytes,
-    check_gradient,
-    decode_output,
-    header_nbytes,
-    pack_payload,
-    unpack_fields,
-)
+from ..base import Capabilities, Compressor, PayloadError, State, check_gradient, header_nbytes
 from ..kernels import FusedDecodeKernels
 from ..ops import VALID_BITS, _fmix32, mix_seed, packed_nbytes
 from ..params import check_int
@@ -59,6 +48,14 @@ def _gap(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
     """Fig. 5 line 13, ``(max - min) / (2**b - 1)``; 1 when max == min (all codes are 0)."""
     gap = (hi - lo) / float((1 << bits) - 1)
     return torch.where(gap > 0, gap, torch.ones_like(gap))
+
+
+def _body_nbytes(h: Any, b: int, lo: float, hi: float) -> int:
+    """Bytes of a payload's codes: b bits per element (b checked: one of ``VALID_BITS``)."""
+    if b not in VALID_BITS:
+        raise PayloadError(f"terngrad payload declares bitwidth {b}, expected one of "
+                           f"{VALID_BITS}")
+    return packed_nbytes(h.numel, b)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -122,8 +119,7 @@ class TernGrad(Compressor):
         lo_f, hi_f = float(lo), float(hi)
         if not (abs(lo_f) < float("inf") and abs(hi_f) < float("inf")):
             check_gradient(grad, nonfinite="always")  # raises the standard NaN/Inf error
-        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape,
-                                     _EXTRA.pack(b, lo_f, hi_f), packed_nbytes(n, b), g.device)
+        payload, body = self.frame_payload(grad, _EXTRA.pack(b, lo_f, hi_f), packed_nbytes(n, b))
         seed = mix_seed(step_seed(int(state["seed"]), int(state["step"])))
         _fused.terngrad_encode(g, body, lo, _gap(lo, hi, b), seed, b)
         new_state = dict(state)
@@ -144,17 +140,13 @@ class TernGrad(Compressor):
 
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
-        h, (b, lo_f, hi_f) = unpack_fields(payload, self.algo_id, _EXTRA, "terngrad")
-        if b not in VALID_BITS:
-            raise PayloadError(f"terngrad payload declares bitwidth {b}, expected one of "
-                               f"{VALID_BITS}")
-        check_body_nbytes(h, packed_nbytes(h.numel, b), "terngrad", f" of {b} bits")
+        h, (b, lo_f, hi_f), body, out = self.unframe_payload(
+            payload, _EXTRA, _body_nbytes, out, lambda b, lo, hi: f" of {b} bits")
         dev = payload.device
         cdt = compute_dtype(h.dtype)
         lo = torch.tensor(lo_f, dtype=cdt, device=dev)
         hi = torch.tensor(hi_f, dtype=cdt, device=dev)
-        out = decode_output(h, out, dev)
-        _fused.affine_decode(h.body, out.view(-1), lo, _gap(lo, hi, b), b, mode, d)
+        _fused.affine_decode(body, out.view(-1), lo, _gap(lo, hi, b), b, mode, d)
         return out
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
