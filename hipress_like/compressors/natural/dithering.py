@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ..base import Capabilities, Compressor, PayloadError, State, check_gradient, header_nbytes
-from ..kernels import FusedDecodeKernels
+from ..kernels import FusedDecode
 from ..ops import packed_nbytes, uniform
 from ..params import ParamError, ParamTypeError, check_int
 from ..quantizers.terngrad import step_seed
@@ -122,7 +122,7 @@ def _check_partition(name: str, partition: Any, own: str) -> None:
                          f"get({other!r}, s=..., p=...)")
 
 
-class _Dithering(Compressor):
+class _Dithering(FusedDecode, Compressor):
     """Random dithering D^{p,s} (shared by the natural and the standard partition).
 
     Algorithm (QSGD's random dithering; the paper's D_sta^{p,s} and D_nat^{p,s}):
@@ -158,7 +158,6 @@ class _Dithering(Compressor):
     max_s = 255
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=True, stateful=True)
-    kernels_class = FusedDecodeKernels
 
     def __init__(self, s: Any = None, p: Any = None, *, k: Any = None, normalize: Any = None,
                  partition: Any = None) -> None:
@@ -209,17 +208,10 @@ class _Dithering(Compressor):
         _pack_planes(codes, b, body[q:])
         return payload, _advance(state)
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``sign * ||x||_p * level(code)`` in the original shape and dtype.
-
-        Raises:
-            PayloadError: malformed, foreign or wrongly sized payload, or a
-                norm, s, p or code out of range.
-        """
-        return self._decode(payload, out, "set", 1.0)
-
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
+        """``sign * ||x||_p * level(code)`` in the original shape and dtype, by ``mode``
+        (``FusedDecode``)."""
         h, (norm, s, pcode), body, out = self.unframe_payload(
             payload, _DITH_EXTRA, self._body_nbytes, out,
             lambda norm, s, pcode: f" (sign and {s.bit_length()} code planes)")

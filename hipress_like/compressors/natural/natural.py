@@ -82,7 +82,7 @@ from ..base import (
     header_nbytes,
     workspace,
 )
-from ..kernels import FusedDecodeKernels
+from ..kernels import FusedDecode
 from ..ops import _as_i32, _fmix32_i32, mix_seed, packed_nbytes
 from ..quantizers.terngrad import step_seed
 from ..registry import register
@@ -244,7 +244,7 @@ def _nat_values(signs: torch.Tensor, codes: torch.Tensor, base: int,
 
 
 @register("natural")
-class Natural(Compressor):
+class Natural(FusedDecode, Compressor):
     """Natural compression C_nat (Horvath et al.): each entry to a neighbouring power
     of two, unbiased, 9 bits per entry; the module docstring gives the rules.
 
@@ -271,7 +271,6 @@ class Natural(Compressor):
     algo_id = 40
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=True, stateful=True)
-    kernels_class = FusedDecodeKernels  # one-pass decode-add and decode-div
 
     def __init__(self) -> None:
         # 9/32 of the input per payload: reusing idle ones saves their page faults
@@ -310,21 +309,10 @@ class Natural(Compressor):
         payload[off: off + 8].view(torch.int64).fill_(int(base))
         return payload, _advance(state)
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``sign * 2^(base - code)`` in the original shape and dtype.
-
-        Args:
-            payload: a payload from ``encode``.
-            out: optional preallocated result (see ``OneBit.decode``).
-
-        Raises:
-            PayloadError: malformed, foreign or wrongly sized payload, or a base
-                exponent outside the dtype's range.
-        """
-        return self._decode(payload, out, "set", 1.0)
-
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
+        """``sign * 2^(base - code)`` in the original shape and dtype, by ``mode``
+        (``FusedDecode``)."""
         h, (base,), body, out = self.unframe_payload(payload, _NAT_EXTRA, self._body_nbytes, out,
                                                      " (a sign plane and a byte each)")
         n = h.numel

@@ -35,7 +35,7 @@ from ..base import (
     header_nbytes,
     unpack_fields,
 )
-from ..kernels import FusedDecodeKernels
+from ..kernels import FusedDecode, FusedDecodeKernels
 from ..ops import packed_nbytes
 from ..payload import write_extra_f64
 from ..registry import register
@@ -52,7 +52,7 @@ def _body_nbytes(h: Any, v1: float, v0: float) -> int:
 
 
 @register("onebit")
-class OneBit(Compressor):
+class OneBit(FusedDecode, Compressor):
     """1-bit SGD quantizer (biased; wrap it in error feedback).
 
     Algorithm (Seide et al. 2014, Sec. 2, tensor-wise):
@@ -96,23 +96,10 @@ class OneBit(Compressor):
         write_extra_f64(payload, grad.dim(), 0, (pos, neg))
         return payload
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Expand bits to the two reconstruction values, in the original shape and dtype.
-
-        Args:
-            payload: a payload from ``encode``.
-            out: optional preallocated result (shape and dtype of the
-                original); reusing it avoids the page faults of a fresh
-                allocation, which cost more than the decode itself for large
-                tensors.
-
-        Raises:
-            PayloadError: malformed, foreign or wrongly sized payload.
-        """
-        return self._decode(payload, out, "set", 1.0)
-
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
+        """Expand bits to the two reconstruction values, in the original shape and
+        dtype, by ``mode`` (``FusedDecode``)."""
         h, (v1, v0), body, out = self.unframe_payload(payload, _EXTRA, _body_nbytes, out)
         dev = payload.device
         _fused.onebit_decode(body, out.view(-1), torch.tensor(v1, dtype=h.dtype, device=dev),

@@ -24,7 +24,7 @@ import torch
 
 from .._build.fused import compute_dtype
 from ..base import Capabilities, Compressor, State, check_gradient, header_nbytes
-from ..kernels import FusedDecodeKernels
+from ..kernels import FusedDecode
 from ..ops import packed_nbytes
 from ..params import check_real
 from ..registry import register
@@ -36,7 +36,7 @@ _EXTRA = struct.Struct("<d")  # tau
 
 
 @register("tbq")
-class TBQ(Compressor):
+class TBQ(FusedDecode, Compressor):
     """Threshold binary quantization (biased; wrap it in error feedback).
 
     Algorithm (Strom 2015, Sec. 3):
@@ -63,7 +63,6 @@ class TBQ(Compressor):
     algo_id = 11
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=False, stateful=False)
-    kernels_class = FusedDecodeKernels  # one-pass decode-add and decode-div
 
     def __init__(self, threshold: float = 0.01) -> None:
         # the magnitude sent for large elements
@@ -91,20 +90,10 @@ class TBQ(Compressor):
             check_gradient(grad, nonfinite="always")  # raises the standard NaN/Inf error
         return payload, state
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Codes -> {0, +tau, -tau} in the original shape and dtype (tau from the payload).
-
-        Args:
-            payload: a payload from ``encode``.
-            out: optional preallocated result (see ``OneBit.decode``).
-
-        Raises:
-            PayloadError: malformed, foreign or wrongly sized payload.
-        """
-        return self._decode(payload, out, "set", 1.0)
-
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
+        """Codes -> {0, +tau, -tau} in the original shape and dtype, by ``mode``
+        (``FusedDecode``; tau from the payload)."""
         h, (tau,), body, out = self.unframe_payload(
             payload, _EXTRA, lambda h, tau: packed_nbytes(h.numel, 2), out)
         tau_t = torch.tensor(tau, dtype=h.dtype, device=payload.device)

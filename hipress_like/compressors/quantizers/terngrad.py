@@ -33,7 +33,7 @@ import torch
 
 from .._build.fused import compute_dtype
 from ..base import Capabilities, Compressor, PayloadError, State, check_gradient, header_nbytes
-from ..kernels import FusedDecodeKernels
+from ..kernels import FusedDecode
 from ..ops import VALID_BITS, _fmix32, mix_seed, packed_nbytes
 from ..params import check_int
 from ..registry import register
@@ -64,7 +64,7 @@ def step_seed(seed: int, step: int) -> int:
 
 
 @register("terngrad")
-class TernGrad(Compressor):
+class TernGrad(FusedDecode, Compressor):
     """TernGrad (Wen et al. 2017) in HiPress's Fig. 5 formulation; unbiased.
 
     Algorithm (HiPress Fig. 5):
@@ -89,7 +89,6 @@ class TernGrad(Compressor):
     algo_id = 12
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=True, stateful=True)
-    kernels_class = FusedDecodeKernels  # one-pass decode-add and decode-div
 
     def __init__(self, bitwidth: int = 2) -> None:
         self.bitwidth = check_int("terngrad", "bitwidth", bitwidth, choices=VALID_BITS,
@@ -126,20 +125,10 @@ class TernGrad(Compressor):
         new_state["step"] = int(state["step"]) + 1
         return payload, new_state
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``min + code * gap`` in the original shape and dtype (bitwidth from the payload).
-
-        Args:
-            payload: a payload from ``encode``.
-            out: optional preallocated result (see ``OneBit.decode``).
-
-        Raises:
-            PayloadError: malformed, foreign or wrongly sized payload.
-        """
-        return self._decode(payload, out, "set", 1.0)
-
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
+        """``min + code * gap`` in the original shape and dtype, by ``mode``
+        (``FusedDecode``; bitwidth from the payload)."""
         h, (b, lo_f, hi_f), body, out = self.unframe_payload(
             payload, _EXTRA, _body_nbytes, out, lambda b, lo, hi: f" of {b} bits")
         dev = payload.device
