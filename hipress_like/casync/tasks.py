@@ -32,7 +32,14 @@ __all__ = ["Task", "TaskGraph", "Kind", "TaskState", "CycleError", "DeadlockErro
            "COMPUTE_KINDS", "COMM_KINDS"]
 
 
-class Kind(str, Enum):
+class _Name(str, Enum):
+    """An enum of names that compare and print as their value (``task.kind == "send"``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Kind(_Name):
     """What a task does; ``str`` so that ``task.kind == "send"`` reads naturally."""
 
     ENCODE = "encode"
@@ -43,11 +50,8 @@ class Kind(str, Enum):
     RECV = "recv"
     ALLREDUCE = "allreduce"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class TaskState(str, Enum):
+class TaskState(_Name):
     """The state set a task is in (``new`` until it is added to a graph)."""
 
     NEW = "new"
@@ -55,9 +59,6 @@ class TaskState(str, Enum):
     READY = "ready"
     RUNNING = "running"
     DONE = "done"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 COMPUTE_KINDS = frozenset({Kind.ENCODE, Kind.DECODE, Kind.MERGE, Kind.WRITE})
