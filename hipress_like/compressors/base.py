@@ -470,6 +470,22 @@ class Compressor:
             k = self.__dict__["_kernels"] = self.kernels_class(self)
         return k
 
+    def state_tensor(self, state: State, key: str, grad: torch.Tensor) -> torch.Tensor:
+        """``state[key]``, a memory the compressor keeps shaped like ``grad`` (a
+        residual, an error, DGC's velocity), checked before it is used.
+
+        Raises:
+            ValueError: missing, not a tensor, or of another shape (a state made
+                for another gradient or partition).
+        """
+        t = state.get(key)
+        if not isinstance(t, torch.Tensor) or t.shape != grad.shape:
+            raise ValueError(
+                f"{self.name}: state[{key!r}] must be a tensor of shape {tuple(grad.shape)}, "
+                f"found {getattr(t, 'shape', type(t).__name__)}; create the state with "
+                f"{type(self).__name__}.init(grad) for this gradient (or partition)")
+        return t
+
     def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
         """``state`` for a step that writes none of its tensors in place (double
         buffering): the caller may then keep ``state`` itself to undo the step

@@ -233,12 +233,7 @@ class PowerSGD(MultiRoundCompressor):
             raise ValueError("powersgd: state['error'] is in use as M of a step whose "
                              "decode_rounds never ran (an interrupted step); restore the "
                              "state from a checkpoint")
-        if not isinstance(err, torch.Tensor) or err.shape != grad.shape:
-            raise ValueError(
-                f"powersgd: state['error'] must be a tensor of shape {tuple(grad.shape)}, "
-                f"found {getattr(err, 'shape', type(err).__name__)}; create the state with "
-                "PowerSGD.init(grad) for this gradient (or partition)")
-        return err
+        return self.state_tensor(state, "error", grad)
 
     def _pending(self, state: State, rows: int, cols: int):
         """The factors ``(P^, Q^T)`` still to be subtracted from ``state["error"]``, or Nones."""

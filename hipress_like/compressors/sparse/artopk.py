@@ -205,11 +205,7 @@ class ARTopk(MultiRoundCompressor):
     def _form(self, grad: torch.Tensor, state: State) -> State:
         """``G = grad + residual`` in the residual buffer (Alg. 1 line 5)."""
         check_gradient(grad)
-        res = state.get("residual")
-        if not isinstance(res, torch.Tensor) or res.shape != grad.shape:
-            raise ValueError(f"{self.name}: state['residual'] must be a tensor of shape "
-                             f"{tuple(grad.shape)}, found {getattr(res, 'shape', res)!r}; "
-                             f"create the state with {type(self).__name__}.init(grad)")
+        res = self.state_tensor(state, "residual", grad)
         g = accumulate_(res, grad).view(grad.shape)
         return {**state, "residual": g, "formed": True}
 
