@@ -19,7 +19,8 @@ from ..cost_model.plan import STRATEGIES
 from .compression import resolve_compression
 from .runtime import _require, default_timeout, engine_transport
 
-__all__ = ["build_engine", "close_engine", "wire_dtype", "resolve_plan", "STRATEGIES"]
+__all__ = ["build_engine", "close_engine", "EngineHolder", "wire_dtype", "resolve_plan",
+           "STRATEGIES"]
 
 log = logging.getLogger(__name__)
 
@@ -174,3 +175,24 @@ def close_engine(engine: Any) -> None:
     (every face's ``close``; ``shutdown()`` calls those)."""
     engine.close()
     engine.transport.close()
+
+
+class EngineHolder:
+    """A face that owns one CaSync engine, kept in ``_hp_engine`` (None until built).
+
+    ``engine`` reads it (for introspection: plan, timeline); ``_hp_close_engine``
+    closes it and its transport once (``close_engine``), leaving None.
+    """
+
+    _hp_engine: Any = None
+
+    @property
+    def engine(self) -> Any:
+        """The CaSync engine (None until it is built)."""
+        return self._hp_engine
+
+    def _hp_close_engine(self) -> None:
+        """Close the engine and its transport, if any; later calls do nothing."""
+        eng, self._hp_engine = self._hp_engine, None
+        if eng is not None:
+            close_engine(eng)

@@ -32,7 +32,14 @@ __all__ = ["Task", "TaskGraph", "Kind", "TaskState", "CycleError", "DeadlockErro
            "COMPUTE_KINDS", "COMM_KINDS"]
 
 
-class Kind(str, Enum):
+class _Name(str, Enum):
+    """An enum of names that compare and print as their value (``task.kind == "send"``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Kind(_Name):
     """What a task does; ``str`` so that ``task.kind == "send"`` reads naturally."""
 
     ENCODE = "encode"
@@ -43,11 +50,8 @@ class Kind(str, Enum):
     RECV = "recv"
     ALLREDUCE = "allreduce"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class TaskState(str, Enum):
+class TaskState(_Name):
     """The state set a task is in (``new`` until it is added to a graph)."""
 
     NEW = "new"
@@ -55,9 +59,6 @@ class TaskState(str, Enum):
     READY = "ready"
     RUNNING = "running"
     DONE = "done"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 COMPUTE_KINDS = frozenset({Kind.ENCODE, Kind.DECODE, Kind.MERGE, Kind.WRITE})
@@ -189,11 +190,7 @@ class TaskGraph:
             for d in deps:
                 if d.state is TaskState.NEW:
                     raise ValueError(f"{d.label} must be added before its dependent {task.label}")
-                task.deps.append(d)
-                d.readers += 1
-                if d.state is not TaskState.DONE:
-                    d.dependents.append(task)
-                    task.pending += 1
+                self._link(task, d)
             if task.pending:
                 task.state = TaskState.WAITING
                 self.waiting[task.id] = task
@@ -205,6 +202,18 @@ class TaskGraph:
             self._on_ready(task)
         return task
 
+    @staticmethod
+    def _link(task: Task, dep: Task) -> bool:
+        """Record the edge ``dep`` -> ``task`` (the graph's lock held): ``dep`` gains a
+        reader, and unless it is done, ``task`` one more pending dependency; True then."""
+        task.deps.append(dep)
+        dep.readers += 1
+        if dep.state is TaskState.DONE:
+            return False
+        dep.dependents.append(task)
+        task.pending += 1
+        return True
+
     def add_dependency(self, task: Task, dep: Task) -> None:
         """Make waiting ``task`` also wait for ``dep``; raise ``CycleError`` on a cycle."""
         with self._lock:
@@ -213,15 +222,10 @@ class TaskGraph:
                 raise CycleError([task] + path)
             if task.state not in (TaskState.WAITING, TaskState.READY):
                 raise ValueError(f"cannot add a dependency to {task.label} in state {task.state}")
-            task.deps.append(dep)
-            dep.readers += 1
-            if dep.state is not TaskState.DONE:
-                dep.dependents.append(task)
-                task.pending += 1
-                if task.state is TaskState.READY:
-                    del self.ready[task.id]
-                    task.state = TaskState.WAITING
-                    self.waiting[task.id] = task
+            if self._link(task, dep) and task.state is TaskState.READY:
+                del self.ready[task.id]
+                task.state = TaskState.WAITING
+                self.waiting[task.id] = task
 
     @staticmethod
     def _path(src: Task, dst: Task) -> Optional[List[Task]]:

@@ -27,9 +27,10 @@ calls a transport.
 from __future__ import annotations
 
 import contextlib
+import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
@@ -382,6 +383,84 @@ class Compressor:
             f"compressor {self.name!r} is not aggregatable: decode, sum, then encode instead"
         )
 
+    # -- the payload framing (payload.py): the header around every body ----------
+    def frame_payload(self, grad: torch.Tensor, extra: bytes, body_nbytes: int,
+                      pool: Optional[PayloadPool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """A new payload for ``grad`` with this algorithm's header written: (payload, body view).
+
+        The header (``payload.py``) carries ``algo_id``, ``grad``'s dtype and
+        shape, ``extra`` (the algorithm's fixed fields, zero-padded to 8
+        bytes) and ``body_nbytes``; the encoder writes its compressed data
+        into the returned body, a 1-D uint8 view of the payload (no copy).
+        ``grad`` is the checked input (``check_gradient``), any shape.
+
+        Args:
+            grad: the gradient being encoded (dtype, shape, device).
+            extra: the algorithm's fixed fields, packed (``struct``).
+            body_nbytes: bytes of compressed data that follow the header.
+            pool: take the bytes from this ``PayloadPool`` instead of a
+                fresh allocation.
+
+        Returns:
+            (payload, body): the whole 1-D uint8 payload and its body view.
+        """
+        return pack_payload(self.algo_id, grad.dtype, tuple(grad.shape), extra, body_nbytes,
+                            grad.device, pool)
+
+    def unframe_payload(
+        self, payload: torch.Tensor, fields: struct.Struct, body_nbytes: Callable[..., int],
+        out: Optional[torch.Tensor] = None, detail: Union[str, Callable[..., str]] = "",
+    ) -> Tuple[Header, Tuple[Any, ...], torch.Tensor, torch.Tensor]:
+        """Check a payload of this algorithm; (header, extra fields, body, output buffer).
+
+        The inverse of ``frame_payload``: parses the header (``unpack_fields``:
+        magic, version, this ``algo_id``, ``fields`` at the start of the
+        extra), checks the body has ``body_nbytes(header, *fields)`` bytes, and
+        gives the buffer the decode writes into (``decode_output``: ``out``
+        checked, or a new tensor of the header's shape and dtype). Views
+        only: nothing is copied.
+
+        Args:
+            payload: a payload from this algorithm's ``encode``.
+            fields: the ``struct`` layout of the algorithm's fixed fields
+                (``struct.Struct("<")`` when it has none).
+            body_nbytes: ``(header, *field values) -> int``, the body size
+                the header (``numel``, ``dtype``) and the fields imply; it may
+                raise ``PayloadError`` for field values out of range (checked
+                before the size).
+            out: optional preallocated result (``decode_output``).
+            detail: appended to the size error (what the size was made of);
+                a callable gets the field values.
+
+        Returns:
+            (header, field values, body view, output tensor in the header's shape).
+
+        Raises:
+            PayloadError: malformed, foreign or wrongly sized payload.
+            ValueError: ``out`` does not fit the header (``decode_output``).
+        """
+        h, values = self.check_payload(payload, fields, body_nbytes, detail)
+        return h, values, h.body, decode_output(h, out, payload.device)
+
+    def check_payload(
+        self, payload: torch.Tensor, fields: struct.Struct, body_nbytes: Callable[..., int],
+        detail: Union[str, Callable[..., str]] = "",
+    ) -> Tuple[Header, Tuple[Any, ...]]:
+        """``unframe_payload`` without the output buffer: (header, extra fields).
+
+        For paths that decode into a buffer of their own (a fused sum of many
+        payloads); the arguments are ``unframe_payload``'s.
+
+        Raises:
+            PayloadError: malformed, foreign or wrongly sized payload.
+        """
+        h, values = unpack_fields(payload, self.algo_id, fields, self.name)
+        expected = body_nbytes(h, *values)
+        if h.body.numel() != expected:
+            check_body_nbytes(h, expected, self.name,
+                              detail(*values) if callable(detail) else detail)
+        return h, values
+
     # -- fast paths: compressor.kernels (kernels.py) ---------------------------
     @property
     def kernels(self) -> Kernels:
@@ -390,6 +469,22 @@ class Compressor:
         if k is None:
             k = self.__dict__["_kernels"] = self.kernels_class(self)
         return k
+
+    def state_tensor(self, state: State, key: str, grad: torch.Tensor) -> torch.Tensor:
+        """``state[key]``, a memory the compressor keeps shaped like ``grad`` (a
+        residual, an error, DGC's velocity), checked before it is used.
+
+        Raises:
+            ValueError: missing, not a tensor, or of another shape (a state made
+                for another gradient or partition).
+        """
+        t = state.get(key)
+        if not isinstance(t, torch.Tensor) or t.shape != grad.shape:
+            raise ValueError(
+                f"{self.name}: state[{key!r}] must be a tensor of shape {tuple(grad.shape)}, "
+                f"found {getattr(t, 'shape', type(t).__name__)}; create the state with "
+                f"{type(self).__name__}.init(grad) for this gradient (or partition)")
+        return t
 
     def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
         """``state`` for a step that writes none of its tensors in place (double

@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["Kernels", "FusedDecodeKernels", "InnerKernels", "workspace"]
+__all__ = ["Kernels", "FusedDecodeKernels", "FusedDecode", "InnerKernels", "workspace"]
 
 # base.py imports this module (and re-exports ``workspace``), so nothing here
 # imports base (the import graph stays acyclic); its types are aliased below.
@@ -162,6 +162,41 @@ class FusedDecodeKernels(Kernels):
             return super().decode_div_(payload, out, n)
         self.comp._decode(payload, out, "div", float(n))  # type: ignore[attr-defined]
         return out
+
+
+class FusedDecode:
+    """Mixin of a compressor whose decode is one pointwise kernel (the quantizers).
+
+    It writes ``_decode(payload, out, mode, d)`` once, with the modes of
+    ``_build.fused._emit`` ("set", "add", "div" by ``d``); ``decode`` is its
+    "set" mode and ``FusedDecodeKernels`` its decode-add and decode-div.
+    Listed before ``Compressor`` in the bases (``class TBQ(FusedDecode,
+    Compressor)``).
+    """
+
+    kernels_class: type = FusedDecodeKernels
+
+    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Decompress a payload into a tensor of the original shape and dtype.
+
+        Args:
+            payload: a payload from ``encode``.
+            out: optional preallocated result (shape and dtype of the
+                original, ``base.decode_output``); reusing it avoids the page
+                faults of a fresh allocation, which cost more than the decode
+                itself for large tensors.
+
+        Raises:
+            PayloadError: malformed, foreign or wrongly sized payload, or
+                fields out of range.
+        """
+        return self._decode(payload, out, "set", 1.0)
+
+    def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
+                d: float) -> torch.Tensor:
+        """Decode ``payload`` into ``out`` (a new tensor when None) by ``mode``:
+        "set" writes the values, "add" adds them, "div" writes them divided by ``d``."""
+        raise NotImplementedError
 
 
 class InnerKernels(Kernels):

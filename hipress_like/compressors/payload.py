@@ -31,7 +31,7 @@ from ..errors import HipressError
 
 __all__ = ["HEADER_VERSION", "PayloadError", "Header", "PayloadPool", "pack_payload",
            "unpack_payload", "unpack_fields", "check_body_nbytes", "header_nbytes",
-           "FLOAT_DTYPES", "pad8", "write_extra_f64"]
+           "FLOAT_DTYPES", "pad8", "write_extra_f64", "NO_FIELDS"]
 
 HEADER_VERSION = 1
 _MAGIC = b"HL"
@@ -44,6 +44,8 @@ _DTYPES: Dict[torch.dtype, int] = {
     torch.float64: 4,
 }
 _DTYPE_OF = {v: k for k, v in _DTYPES.items()}
+
+NO_FIELDS = struct.Struct("<")  # the extra of an algorithm without fixed fields
 
 FLOAT_DTYPES = tuple(_DTYPES)
 

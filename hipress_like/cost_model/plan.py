@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..errors import HipressError
-from ._files import load_json
+from ._files import check_envelope, load_json
 
 __all__ = ["GradientPlan", "SizeRule", "Plan", "PLAN_FORMAT", "PLAN_VERSION", "PlanError",
            "canonical_params", "COLLECTIVES", "check_collective_name"]
@@ -322,21 +322,10 @@ class Plan:
         Raises:
             PlanError: wrong format tag or version, unknown keys, bad values.
         """
-        if not isinstance(d, Mapping):
-            raise PlanError(f"a plan must be a JSON object, found {type(d).__name__}")
-        if d.get("format") != PLAN_FORMAT:
-            raise PlanError(f"not a plan file: format is {d.get('format')!r}, "
-                            f"expected {PLAN_FORMAT!r}")
-        version = d.get("version")
-        if version not in READABLE_VERSIONS:
-            raise PlanError(f"plan version {version!r} is not supported (this library reads "
-                            f"versions {READABLE_VERSIONS}); regenerate it with "
-                            "hipress-profile plan")
-        known = {"format", "version", "compressor", "params", "strategy", "world_size", "rule",
-                 "gradients", "meta"}
-        unknown = set(d) - known
-        if unknown:
-            raise PlanError(f"unknown plan keys: {sorted(unknown)}; known: {sorted(known)}")
+        version = check_envelope(
+            d, "plan", PLAN_FORMAT, READABLE_VERSIONS,
+            {"format", "version", "compressor", "params", "strategy", "world_size", "rule",
+             "gradients", "meta"}, PlanError, "regenerate it with hipress-profile plan")
         entry_keys = {"compress", "partitions"} | (
             {"compressor", "params", "compressor_back", "params_back", "collective"}
             if version >= 2 else set())

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import HipressError
-from ._files import load_json
+from ._files import check_envelope, load_json
 from .collectives import ring_allreduce
 from .model import CATEGORIES, Curve, Link
 from .plan import STRATEGIES as ENGINE_STRATEGIES
@@ -339,19 +339,10 @@ class Profile:
         Raises:
             ProfileError: wrong format tag or version, unknown keys, bad values.
         """
-        if not isinstance(d, Mapping):
-            raise ProfileError(f"a profile must be a JSON object, found {type(d).__name__}")
-        if d.get("format") != PROFILE_FORMAT:
-            raise ProfileError(f"not a profile file: format is {d.get('format')!r}, expected "
-                               f"{PROFILE_FORMAT!r}")
-        if d.get("version") != PROFILE_VERSION:
-            raise ProfileError(f"profile version {d.get('version')!r} is not supported "
-                               f"(expected {PROFILE_VERSION}); re-run hipress-profile profile")
-        known = {"format", "version", "link", "link_one", "sync_overhead", "compressors", "meta",
-                 "allreduce", "lane", "lane_cpu"}
-        if set(d) - known:
-            raise ProfileError(f"unknown profile keys: {sorted(set(d) - known)}; known: "
-                               f"{sorted(known)}")
+        check_envelope(d, "profile", PROFILE_FORMAT, (PROFILE_VERSION,),
+                       {"format", "version", "link", "link_one", "sync_overhead", "compressors",
+                        "meta", "allreduce", "lane", "lane_cpu"},
+                       ProfileError, "re-run hipress-profile profile")
         comps = d.get("compressors", {})
         if not isinstance(comps, Mapping):
             raise ProfileError("profile 'compressors' must be an object keyed by name")

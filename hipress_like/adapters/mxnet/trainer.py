@@ -53,13 +53,7 @@ from ...cost_model.plan import check_collective_name
 from .. import checkpoint
 from ..collectives import _no_process_set
 from ..compression import resolve_compression
-from ..engine_builder import (
-    STRATEGIES,
-    build_engine,
-    close_engine,
-    resolve_plan,
-    wire_dtype,
-)
+from ..engine_builder import STRATEGIES, EngineHolder, build_engine, resolve_plan, wire_dtype
 from ..objects import allgather_object
 from ..ordering import OrderingError
 from ..runtime import _require, _track, barrier
@@ -78,7 +72,7 @@ def _torch_dtype(dtype: Any) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
 
 
-class DistributedTrainer(mx.gluon.Trainer):
+class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
     """A Gluon ``Trainer`` whose ``step()`` applies gradients averaged by CaSync.
 
     A collective call: every rank constructs it at the same point, with the
@@ -356,11 +350,4 @@ class DistributedTrainer(mx.gluon.Trainer):
     # -- teardown -----------------------------------------------------------------------
     def close(self) -> None:
         """Close the engine and its transport (also done by ``hvd.shutdown()``)."""
-        eng, self._hp_engine = self._hp_engine, None
-        if eng is not None:
-            close_engine(eng)
-
-    @property
-    def engine(self) -> Any:
-        """The CaSync engine (None until every parameter is initialised)."""
-        return self._hp_engine
+        self._hp_close_engine()

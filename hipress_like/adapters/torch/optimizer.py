@@ -44,7 +44,7 @@ import torch
 
 from .. import checkpoint
 from ..collectives import Average, Sum
-from ..engine_builder import build_engine, close_engine, specs_of
+from ..engine_builder import EngineHolder, build_engine, specs_of
 from ..ordering import OrderingError
 from ..runtime import _require, _track
 from .gradients import resolve_names, sparse_average
@@ -65,7 +65,7 @@ class _Step:
         self.last_ok = True
 
 
-class _DistributedOptimizerMixin:
+class _DistributedOptimizerMixin(EngineHolder):
     """Methods placed in front of the user's optimizer class in the MRO."""
 
     # -- set-up -----------------------------------------------------------------------
@@ -344,14 +344,7 @@ class _DistributedOptimizerMixin:
         for h in self._hp_hooks.values():
             h.remove()
         self._hp_hooks.clear()
-        eng, self._hp_engine = self._hp_engine, None
-        if eng is not None:
-            close_engine(eng)
-
-    @property
-    def engine(self) -> Any:
-        """The CaSync engine (for introspection: plan, timeline)."""
-        return self._hp_engine
+        self._hp_close_engine()
 
 
 _classes: Dict[Any, type] = {}

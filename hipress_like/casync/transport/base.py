@@ -101,6 +101,15 @@ class Transport(ABC):
         own = send[self.rank]
         return None if own is None or own.numel() == 0 else own
 
+    @staticmethod
+    def _copy_back(tensor: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        """Finish an in-place collective run on ``buf``, ``tensor`` itself or its
+        staging copy (contiguous, on the host or the transport's device): copy the
+        result into ``tensor`` when they differ; return ``tensor``."""
+        if buf is not tensor:
+            tensor.copy_(buf)
+        return tensor
+
     def _check_root(self, root: int) -> None:
         """``broadcast``'s root must be a rank of this transport."""
         if not 0 <= root < self.size:

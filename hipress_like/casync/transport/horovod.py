@@ -247,9 +247,7 @@ class HorovodTransport(Transport):
         buf = self._contiguous(tensor)
         self._run(f"broadcast{root}.{_shape_name(buf)}", lambda name: self._hvd.broadcast_async_(
             buf, root, name=name), timeout)
-        if buf is not tensor:
-            tensor.copy_(buf)
-        return tensor
+        return self._copy_back(tensor, buf)
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:
@@ -260,9 +258,7 @@ class HorovodTransport(Transport):
         buf = self._contiguous(tensor)
         self._run(f"allreduce_{op}.{_shape_name(buf)}", lambda name: self._hvd.allreduce_async_(
             buf, name=name, op=self._ops[op]), timeout)
-        if buf is not tensor:
-            tensor.copy_(buf)
-        return tensor
+        return self._copy_back(tensor, buf)
 
     def barrier(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         one = torch.zeros(1)

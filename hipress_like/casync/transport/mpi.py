@@ -208,9 +208,7 @@ class MPITransport(Transport):
         view = _bytes_view(buf)
         self._run(f"broadcast(root={root})", [lambda: self._data.Ibcast(view, root=root)],
                   timeout)
-        if buf is not tensor:
-            tensor.copy_(buf)
-        return tensor
+        return self._copy_back(tensor, buf)
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:

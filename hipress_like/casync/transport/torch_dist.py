@@ -319,9 +319,7 @@ class TorchDistTransport(Transport):
         with self._lock:
             self._run(f"broadcast(root={root})", lambda seq: dist.broadcast(
                 buf, src=self._global[root], group=self.group, async_op=True), timeout)
-        if buf is not tensor:
-            tensor.copy_(buf)
-        return tensor
+        return self._copy_back(tensor, buf)
 
     def allreduce(self, tensor: torch.Tensor, op: str = "sum", timeout: float = DEFAULT_TIMEOUT
                   ) -> torch.Tensor:
@@ -330,9 +328,7 @@ class TorchDistTransport(Transport):
         with self._lock:
             self._run(f"allreduce({op})", lambda seq: dist.all_reduce(
                 buf, op=_REDUCE_OPS[op], group=self.group, async_op=True), timeout)
-        if buf is not tensor:
-            tensor.copy_(buf)
-        return tensor
+        return self._copy_back(tensor, buf)
 
     def barrier(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         # A one-element allreduce rather than dist.barrier: the same code path

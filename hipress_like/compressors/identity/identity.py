@@ -17,14 +17,12 @@ from ..base import (
     Compressor,
     PayloadError,
     State,
-    check_body_nbytes,
     check_gradient,
-    decode_output,
     header_nbytes,
-    pack_payload,
     unpack_payload,
     view_as_dtype,
 )
+from ..payload import NO_FIELDS
 from ..registry import register
 
 __all__ = ["Identity", "FP16"]
@@ -42,19 +40,15 @@ class Identity(Compressor):
         """Copy the values into a payload (one memory copy)."""
         check_gradient(grad, name="identity input")
         g = grad.detach().contiguous()
-        payload, body = pack_payload(self.algo_id, g.dtype, g.shape, b"",
-                                     g.numel() * g.element_size(), g.device)
+        payload, body = self.frame_payload(g, b"", g.numel() * g.element_size())
         body.view(g.dtype).copy_(g.reshape(-1))
         return payload, state
 
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The body as the original dtype and shape, copied out of the payload (into ``out``)."""
-        h = unpack_payload(payload, self.algo_id)
-        check_body_nbytes(h, h.numel * torch.empty((), dtype=h.dtype).element_size(), "identity")
-        vals = view_as_dtype(h.body, h.dtype).reshape(h.shape)
-        if out is None:
-            return vals.clone()
-        return decode_output(h, out, payload.device).copy_(vals)
+        h, _, body, res = self.unframe_payload(payload, NO_FIELDS,
+                                               lambda h: h.numel * h.dtype.itemsize, out)
+        return res.copy_(view_as_dtype(body, h.dtype).reshape(h.shape))
 
     def merge(self, payloads: List[torch.Tensor]) -> torch.Tensor:
         """Sum payloads as floats in the given order."""
@@ -90,19 +84,14 @@ class FP16(Compressor):
         """Round to nearest half; clamp to +-65504 so no Inf appears."""
         check_gradient(grad, name="fp16 input")
         g = grad.detach().contiguous().reshape(-1)
-        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape, b"", 2 * g.numel(),
-                                     g.device)
+        payload, body = self.frame_payload(grad, b"", 2 * g.numel())
         body.view(torch.float16).copy_(g.clamp(-self._FMAX, self._FMAX))
         return payload, state
 
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Widen back to the original dtype (into ``out`` when given)."""
-        h = unpack_payload(payload, self.algo_id)
-        check_body_nbytes(h, 2 * h.numel, "fp16")
-        half = view_as_dtype(h.body, torch.float16).reshape(h.shape)
-        if out is None:
-            return half.to(h.dtype)
-        return decode_output(h, out, payload.device).copy_(half)
+        h, _, body, res = self.unframe_payload(payload, NO_FIELDS, lambda h: 2 * h.numel, out)
+        return res.copy_(view_as_dtype(body, torch.float16).reshape(h.shape))
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """Header plus 2 bytes per element."""

@@ -27,19 +27,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..base import (
-    Capabilities,
-    Compressor,
-    PayloadError,
-    State,
-    check_body_nbytes,
-    check_gradient,
-    decode_output,
-    header_nbytes,
-    pack_payload,
-    unpack_fields,
-)
-from ..kernels import FusedDecodeKernels
+from ..base import Capabilities, Compressor, PayloadError, State, check_gradient, header_nbytes
+from ..kernels import FusedDecode
 from ..ops import packed_nbytes, uniform
 from ..params import ParamError, ParamTypeError, check_int
 from ..quantizers.terngrad import step_seed
@@ -133,7 +122,7 @@ def _check_partition(name: str, partition: Any, own: str) -> None:
                          f"get({other!r}, s=..., p=...)")
 
 
-class _Dithering(Compressor):
+class _Dithering(FusedDecode, Compressor):
     """Random dithering D^{p,s} (shared by the natural and the standard partition).
 
     Algorithm (QSGD's random dithering; the paper's D_sta^{p,s} and D_nat^{p,s}):
@@ -169,7 +158,6 @@ class _Dithering(Compressor):
     max_s = 255
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=True, stateful=True)
-    kernels_class = FusedDecodeKernels
 
     def __init__(self, s: Any = None, p: Any = None, *, k: Any = None, normalize: Any = None,
                  partition: Any = None) -> None:
@@ -205,9 +193,8 @@ class _Dithering(Compressor):
         cdt = _compute_dtype(g.dtype, norm)
         b = self.s.bit_length()  # ceil(log2(s + 1))
         q = packed_nbytes(n, 1)
-        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape,
-                                     _DITH_EXTRA.pack(norm, self.s, _P_CODE[self.p]),
-                                     (1 + b) * q, g.device)
+        payload, body = self.frame_payload(grad, _DITH_EXTRA.pack(norm, self.s, _P_CODE[self.p]),
+                                           (1 + b) * q)
         nt = torch.tensor(norm, dtype=cdt, device=g.device)
         seed = step_seed(int(state["seed"]), int(state["step"]))
         codes = torch.empty(n, dtype=torch.uint8, device=g.device)
@@ -221,27 +208,15 @@ class _Dithering(Compressor):
         _pack_planes(codes, b, body[q:])
         return payload, _advance(state)
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``sign * ||x||_p * level(code)`` in the original shape and dtype.
-
-        Raises:
-            PayloadError: malformed, foreign or wrongly sized payload, or a
-                norm, s, p or code out of range.
-        """
-        return self._decode(payload, out, "set", 1.0)
-
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
-        h, (norm, s, pcode) = unpack_fields(payload, self.algo_id, _DITH_EXTRA, self.name)
-        if not 1 <= s <= self.max_s or pcode not in _P_OF_CODE:
-            raise PayloadError(f"{self.name} payload declares s={s}, p code {pcode}; expected "
-                               f"s in [1, {self.max_s}] and p code in {sorted(_P_OF_CODE)}")
-        if not (math.isfinite(norm) and norm >= 0.0):
-            raise PayloadError(f"{self.name} payload declares norm {norm!r}, expected a "
-                               "finite number >= 0")
+        """``sign * ||x||_p * level(code)`` in the original shape and dtype, by ``mode``
+        (``FusedDecode``)."""
+        h, (norm, s, pcode), body, out = self.unframe_payload(
+            payload, _DITH_EXTRA, self._body_nbytes, out,
+            lambda norm, s, pcode: f" (sign and {s.bit_length()} code planes)")
         n, b = h.numel, s.bit_length()
         q = packed_nbytes(n, 1)
-        check_body_nbytes(h, (1 + b) * q, self.name, f" (sign and {b} code planes)")
         dev = payload.device
         cdt = _compute_dtype(h.dtype, norm)
         nc = float(torch.tensor(norm, dtype=cdt))  # the norm encode divided by
@@ -249,16 +224,26 @@ class _Dithering(Compressor):
         # near its maximum, with p = 1 or 2): it saturates there, biased, never Inf
         top = float(torch.finfo(h.dtype).max)
         lut = torch.tensor([min(nc * v, top) for v in self._levels(s)], dtype=cdt, device=dev)
-        codes = _unpack_planes(h.body[q:], n, b)
+        codes = _unpack_planes(body[q:], n, b)
         if int(codes.max()) > s:
             raise PayloadError(f"{self.name} payload holds a level code above s={s}")
-        sg = _unpack_planes(h.body[:q], n, 1)
-        out = decode_output(h, out, dev)
+        sg = _unpack_planes(body[:q], n, 1)
         flat = out.view(-1)
         for i0, i1 in _chunks(n):
             v = lut[codes[i0:i1].to(torch.int64)]
             _emit(flat[i0:i1], torch.where(sg[i0:i1] != 0, -v, v), mode, d)
         return out
+
+    def _body_nbytes(self, h: Any, norm: float, s: int, pcode: int) -> int:
+        """A payload's body size: a sign plane and ceil(log2(s+1)) code planes,
+        once its fields (norm, s, p) are checked to be in range."""
+        if not 1 <= s <= self.max_s or pcode not in _P_OF_CODE:
+            raise PayloadError(f"{self.name} payload declares s={s}, p code {pcode}; expected "
+                               f"s in [1, {self.max_s}] and p code in {sorted(_P_OF_CODE)}")
+        if not (math.isfinite(norm) and norm >= 0.0):
+            raise PayloadError(f"{self.name} payload declares norm {norm!r}, expected a "
+                               "finite number >= 0")
+        return (1 + s.bit_length()) * packed_nbytes(h.numel, 1)
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """Header (16 bytes of norm, s, p) plus (1 + ceil(log2(s+1))) ceil(numel/8) bytes."""

@@ -78,15 +78,11 @@ from ..base import (
     PayloadPool,
     State,
     all_finite,
-    check_body_nbytes,
     check_gradient,
-    decode_output,
     header_nbytes,
-    pack_payload,
-    unpack_fields,
     workspace,
 )
-from ..kernels import FusedDecodeKernels
+from ..kernels import FusedDecode
 from ..ops import _as_i32, _fmix32_i32, mix_seed, packed_nbytes
 from ..quantizers.terngrad import step_seed
 from ..registry import register
@@ -248,7 +244,7 @@ def _nat_values(signs: torch.Tensor, codes: torch.Tensor, base: int,
 
 
 @register("natural")
-class Natural(Compressor):
+class Natural(FusedDecode, Compressor):
     """Natural compression C_nat (Horvath et al.): each entry to a neighbouring power
     of two, unbiased, 9 bits per entry; the module docstring gives the rules.
 
@@ -275,7 +271,6 @@ class Natural(Compressor):
     algo_id = 40
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=True, stateful=True)
-    kernels_class = FusedDecodeKernels  # one-pass decode-add and decode-div
 
     def __init__(self) -> None:
         # 9/32 of the input per payload: reusing idle ones saves their page faults
@@ -301,8 +296,7 @@ class Natural(Compressor):
         cap = _CAP[g.dtype]
         key = mix_seed(step_seed(int(state["seed"]), int(state["step"])))
         q = packed_nbytes(n, 1)
-        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape,
-                                     bytes(_NAT_EXTRA.size), q + n, g.device, self._pool)
+        payload, body = self.frame_payload(grad, bytes(_NAT_EXTRA.size), q + n, self._pool)
         if x.dtype == torch.float32 and _native.usable(x):
             base = _c.natural_encode(x, body[:q], body[q:], key, cap)
             if base is None:
@@ -315,36 +309,20 @@ class Natural(Compressor):
         payload[off: off + 8].view(torch.int64).fill_(int(base))
         return payload, _advance(state)
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``sign * 2^(base - code)`` in the original shape and dtype.
-
-        Args:
-            payload: a payload from ``encode``.
-            out: optional preallocated result (see ``OneBit.decode``).
-
-        Raises:
-            PayloadError: malformed, foreign or wrongly sized payload, or a base
-                exponent outside the dtype's range.
-        """
-        return self._decode(payload, out, "set", 1.0)
-
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
-        h, (base,) = unpack_fields(payload, self.algo_id, _NAT_EXTRA, self.name)
+        """``sign * 2^(base - code)`` in the original shape and dtype, by ``mode``
+        (``FusedDecode``)."""
+        h, (base,), body, out = self.unframe_payload(payload, _NAT_EXTRA, self._body_nbytes, out,
+                                                     " (a sign plane and a byte each)")
         n = h.numel
         q = packed_nbytes(n, 1)
-        check_body_nbytes(h, q + n, self.name, " (a sign plane and a byte each)")
-        fmt = _F64 if h.dtype == torch.float64 else _F32
-        if not fmt.e_min <= base <= _CAP[h.dtype]:
-            raise PayloadError(f"{self.name} payload declares base exponent {base}, expected "
-                               f"one in [{fmt.e_min}, {_CAP[h.dtype]}] for {h.dtype}")
         dev = payload.device
-        out = decode_output(h, out, dev)
         flat = out.view(-1)
-        signs, codes = h.body[:q], h.body[q:]
-        if h.dtype == torch.float32 and _native.usable(flat, h.body):
+        signs, codes = body[:q], body[q:]
+        if h.dtype == torch.float32 and _native.usable(flat, body):
             _c.natural_decode(signs, codes, flat, base, mode, d)
-        elif h.dtype != torch.float64 and _native.usable(h.body):
+        elif h.dtype != torch.float64 and _native.usable(body):
             v = workspace(n, torch.float32, dev, "natural")  # half types: through float32
             _c.natural_decode(signs, codes, v, base, "set")
             _emit(flat, v, mode, d)
@@ -353,6 +331,15 @@ class Natural(Compressor):
             for i0, i1 in _chunks(n):
                 _emit(flat[i0:i1], _nat_values(sg[i0:i1], codes[i0:i1], base, h.dtype), mode, d)
         return out
+
+    def _body_nbytes(self, h: Any, base: int) -> int:
+        """A payload's body size, a sign plane and a byte per element, once its base
+        exponent is checked to lie in the dtype's range."""
+        fmt = _F64 if h.dtype == torch.float64 else _F32
+        if not fmt.e_min <= base <= _CAP[h.dtype]:
+            raise PayloadError(f"{self.name} payload declares base exponent {base}, expected "
+                               f"one in [{fmt.e_min}, {_CAP[h.dtype]}] for {h.dtype}")
+        return packed_nbytes(h.numel, 1) + h.numel
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """Header (8 bytes of base) plus ceil(numel / 8) + numel bytes: 9 bits a value."""

@@ -23,7 +23,7 @@ for bit across eager/compiled runs and thread counts.
 from __future__ import annotations
 
 import struct
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,14 +31,11 @@ from ..base import (
     Capabilities,
     Compressor,
     State,
-    check_body_nbytes,
     check_gradient,
-    decode_output,
     header_nbytes,
-    pack_payload,
     unpack_fields,
 )
-from ..kernels import FusedDecodeKernels
+from ..kernels import FusedDecode, FusedDecodeKernels
 from ..ops import packed_nbytes
 from ..payload import write_extra_f64
 from ..registry import register
@@ -49,8 +46,13 @@ __all__ = ["OneBit"]
 _EXTRA = struct.Struct("<dd")  # value for bit 1 (x >= 0), value for bit 0 (x < 0)
 
 
+def _body_nbytes(h: Any, v1: float, v0: float) -> int:
+    """Bytes of a payload's sign bits: one bit per element."""
+    return packed_nbytes(h.numel, 1)
+
+
 @register("onebit")
-class OneBit(Compressor):
+class OneBit(FusedDecode, Compressor):
     """1-bit SGD quantizer (biased; wrap it in error feedback).
 
     Algorithm (Seide et al. 2014, Sec. 2, tensor-wise):
@@ -87,36 +89,20 @@ class OneBit(Compressor):
         the signs of ``encoded`` (``grad`` itself, or the memory it is added into)."""
         check_gradient(grad, nonfinite="ignore")  # NaN/Inf: caught by the kernel's max|x|
         g = grad.detach().contiguous().reshape(-1)
-        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape, bytes(_EXTRA.size),
-                                     packed_nbytes(g.numel(), 1), g.device)
+        payload, body = self.frame_payload(grad, bytes(_EXTRA.size), packed_nbytes(g.numel(), 1))
         pos, neg, amax = kernel(g, body)
         if not bool(torch.isfinite(amax)):
             check_gradient(encoded, nonfinite="always")  # raises the standard NaN/Inf error
         write_extra_f64(payload, grad.dim(), 0, (pos, neg))
         return payload
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Expand bits to the two reconstruction values, in the original shape and dtype.
-
-        Args:
-            payload: a payload from ``encode``.
-            out: optional preallocated result (shape and dtype of the
-                original); reusing it avoids the page faults of a fresh
-                allocation, which cost more than the decode itself for large
-                tensors.
-
-        Raises:
-            PayloadError: malformed, foreign or wrongly sized payload.
-        """
-        return self._decode(payload, out, "set", 1.0)
-
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
-        h, (v1, v0) = unpack_fields(payload, self.algo_id, _EXTRA, "onebit")
-        check_body_nbytes(h, packed_nbytes(h.numel, 1), "onebit")
+        """Expand bits to the two reconstruction values, in the original shape and
+        dtype, by ``mode`` (``FusedDecode``)."""
+        h, (v1, v0), body, out = self.unframe_payload(payload, _EXTRA, _body_nbytes, out)
         dev = payload.device
-        out = decode_output(h, out, dev)
-        _fused.onebit_decode(h.body, out.view(-1), torch.tensor(v1, dtype=h.dtype, device=dev),
+        _fused.onebit_decode(body, out.view(-1), torch.tensor(v1, dtype=h.dtype, device=dev),
                              torch.tensor(v0, dtype=h.dtype, device=dev), mode, d)
         return out
 
@@ -174,8 +160,7 @@ class _OneBitKernels(FusedDecodeKernels):
             return super().decode_add_many_(payloads, acc)
         bodies, values = [], []
         for payload in payloads:
-            h, (v1, v0) = unpack_fields(payload, self.comp.algo_id, _EXTRA, "onebit")
-            check_body_nbytes(h, packed_nbytes(h.numel, 1), "onebit")
+            h, (v1, v0) = self.comp.check_payload(payload, _EXTRA, _body_nbytes)
             if h.numel != acc.numel() or h.dtype != acc.dtype or payload.device != acc.device:
                 return super().decode_add_many_(payloads, acc)
             bodies.append(h.body)

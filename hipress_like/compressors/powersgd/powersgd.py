@@ -111,12 +111,9 @@ from ..base import (
     PayloadError,
     State,
     accumulator_dtype,
-    check_body_nbytes,
     check_gradient,
     decode_output,
     header_nbytes,
-    pack_payload,
-    unpack_fields,
     view_as_dtype,
     workspace,
 )
@@ -236,12 +233,7 @@ class PowerSGD(MultiRoundCompressor):
             raise ValueError("powersgd: state['error'] is in use as M of a step whose "
                              "decode_rounds never ran (an interrupted step); restore the "
                              "state from a checkpoint")
-        if not isinstance(err, torch.Tensor) or err.shape != grad.shape:
-            raise ValueError(
-                f"powersgd: state['error'] must be a tensor of shape {tuple(grad.shape)}, "
-                f"found {getattr(err, 'shape', type(err).__name__)}; create the state with "
-                "PowerSGD.init(grad) for this gradient (or partition)")
-        return err
+        return self.state_tensor(state, "error", grad)
 
     def _pending(self, state: State, rows: int, cols: int):
         """The factors ``(P^, Q^T)`` still to be subtracted from ``state["error"]``, or Nones."""
@@ -373,8 +365,7 @@ class PowerSGD(MultiRoundCompressor):
               mats: Sequence[torch.Tensor]) -> torch.Tensor:
         dt = mats[0].dtype
         nbytes = sum(m.numel() for m in mats) * mats[0].element_size()
-        payload, body = pack_payload(self.algo_id, grad.dtype, tuple(grad.shape),
-                                     _EXTRA.pack(rnd, rows, cols, r), nbytes, grad.device)
+        payload, body = self.frame_payload(grad, _EXTRA.pack(rnd, rows, cols, r), nbytes)
         view, off = body.view(dt), 0
         for m in mats:
             view[off: off + m.numel()].copy_(m.reshape(-1))
@@ -383,23 +374,25 @@ class PowerSGD(MultiRoundCompressor):
 
     def _parse(self, payload: torch.Tensor, expect_round: Optional[int] = None,
                like: Optional[torch.Tensor] = None) -> _Parsed:
-        h, (rnd, rows, cols, r) = unpack_fields(payload, self.algo_id, _EXTRA, "powersgd")
-        if rnd not in (ROUND_P, ROUND_Q, ROUND_LOCAL):
-            raise PayloadError(f"powersgd payload has unknown round {rnd}")
-        if expect_round is not None and rnd != expect_round:
-            raise PayloadError(f"powersgd payload is of round {rnd}, expected {expect_round}")
-        if like is not None and (tuple(h.shape), h.dtype) != (tuple(like.shape), like.dtype):
-            raise PayloadError(f"powersgd payload is for shape {h.shape} {h.dtype}, expected "
-                               f"{tuple(like.shape)} {like.dtype}")
-        if (rows, cols, r) != self._dims(h.shape):
-            raise PayloadError(f"powersgd payload declares a {rows}x{cols} rank-{r} "
-                               f"factorisation; shape {h.shape} with rank {self.rank} needs "
-                               f"{self._dims(h.shape)} (ranks must use the same rank)")
-        n = {ROUND_P: rows * r, ROUND_Q: cols * r, ROUND_LOCAL: (rows + cols) * r}[rnd]
-        dt = accumulator_dtype(h.dtype)
-        isz = torch.empty((), dtype=dt).element_size()
-        check_body_nbytes(h, n * isz, "powersgd", f" of round {rnd}")
-        return _Parsed(h, rnd, rows, cols, r, view_as_dtype(h.body, dt))
+        def body_nbytes(h: Header, rnd: int, rows: int, cols: int, r: int) -> int:
+            if rnd not in (ROUND_P, ROUND_Q, ROUND_LOCAL):
+                raise PayloadError(f"powersgd payload has unknown round {rnd}")
+            if expect_round is not None and rnd != expect_round:
+                raise PayloadError(f"powersgd payload is of round {rnd}, expected "
+                                   f"{expect_round}")
+            if like is not None and (tuple(h.shape), h.dtype) != (tuple(like.shape), like.dtype):
+                raise PayloadError(f"powersgd payload is for shape {h.shape} {h.dtype}, "
+                                   f"expected {tuple(like.shape)} {like.dtype}")
+            if (rows, cols, r) != self._dims(h.shape):
+                raise PayloadError(f"powersgd payload declares a {rows}x{cols} rank-{r} "
+                                   f"factorisation; shape {h.shape} with rank {self.rank} "
+                                   f"needs {self._dims(h.shape)} (ranks must use the same rank)")
+            n = {ROUND_P: rows * r, ROUND_Q: cols * r, ROUND_LOCAL: (rows + cols) * r}[rnd]
+            return n * accumulator_dtype(h.dtype).itemsize
+
+        h, (rnd, rows, cols, r) = self.check_payload(payload, _EXTRA, body_nbytes,
+                                                     lambda rnd, *_: f" of round {rnd}")
+        return _Parsed(h, rnd, rows, cols, r, view_as_dtype(h.body, accumulator_dtype(h.dtype)))
 
     def round_nbytes(self, shape: Sequence[int], rnd: int, itemsize: int = 4) -> int:
         """Exact payload size of round ``rnd`` (ROUND_P, ROUND_Q or ROUND_LOCAL) for ``shape``."""

@@ -23,18 +23,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .._build.fused import compute_dtype
-from ..base import (
-    Capabilities,
-    Compressor,
-    State,
-    check_body_nbytes,
-    check_gradient,
-    decode_output,
-    header_nbytes,
-    pack_payload,
-    unpack_fields,
-)
-from ..kernels import FusedDecodeKernels
+from ..base import Capabilities, Compressor, State, check_gradient, header_nbytes
+from ..kernels import FusedDecode
 from ..ops import packed_nbytes
 from ..params import check_real
 from ..registry import register
@@ -46,7 +36,7 @@ _EXTRA = struct.Struct("<d")  # tau
 
 
 @register("tbq")
-class TBQ(Compressor):
+class TBQ(FusedDecode, Compressor):
     """Threshold binary quantization (biased; wrap it in error feedback).
 
     Algorithm (Strom 2015, Sec. 3):
@@ -73,7 +63,6 @@ class TBQ(Compressor):
     algo_id = 11
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=False, stateful=False)
-    kernels_class = FusedDecodeKernels  # one-pass decode-add and decode-div
 
     def __init__(self, threshold: float = 0.01) -> None:
         # the magnitude sent for large elements
@@ -94,34 +83,21 @@ class TBQ(Compressor):
         check_gradient(grad, nonfinite="ignore")  # NaN/Inf: caught by the kernel's max|g|
         g = grad.detach().contiguous().reshape(-1)
         n = g.numel()
-        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape,
-                                     _EXTRA.pack(self.threshold), packed_nbytes(n, 2), g.device)
+        payload, body = self.frame_payload(grad, _EXTRA.pack(self.threshold), packed_nbytes(n, 2))
         tau = torch.tensor(self.threshold, dtype=compute_dtype(g.dtype), device=g.device)
         amax = _fused.tbq_encode(g, body, tau)
         if not bool(torch.isfinite(amax)):
             check_gradient(grad, nonfinite="always")  # raises the standard NaN/Inf error
         return payload, state
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Codes -> {0, +tau, -tau} in the original shape and dtype (tau from the payload).
-
-        Args:
-            payload: a payload from ``encode``.
-            out: optional preallocated result (see ``OneBit.decode``).
-
-        Raises:
-            PayloadError: malformed, foreign or wrongly sized payload.
-        """
-        return self._decode(payload, out, "set", 1.0)
-
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
-        h, (tau,) = unpack_fields(payload, self.algo_id, _EXTRA, "tbq")
-        check_body_nbytes(h, packed_nbytes(h.numel, 2), "tbq")
-        dev = payload.device
-        out = decode_output(h, out, dev)
-        _fused.tbq_decode(h.body, out.view(-1), torch.tensor(tau, dtype=h.dtype, device=dev),
-                          mode, d)
+        """Codes -> {0, +tau, -tau} in the original shape and dtype, by ``mode``
+        (``FusedDecode``; tau from the payload)."""
+        h, (tau,), body, out = self.unframe_payload(
+            payload, _EXTRA, lambda h, tau: packed_nbytes(h.numel, 2), out)
+        tau_t = torch.tensor(tau, dtype=h.dtype, device=payload.device)
+        _fused.tbq_decode(body, out.view(-1), tau_t, mode, d)
         return out
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:

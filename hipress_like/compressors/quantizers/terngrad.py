@@ -32,19 +32,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from .._build.fused import compute_dtype
-from ..base import (
-    Capabilities,
-    Compressor,
-    PayloadError,
-    State,
-    check_body_nbytes,
-    check_gradient,
-    decode_output,
-    header_nbytes,
-    pack_payload,
-    unpack_fields,
-)
-from ..kernels import FusedDecodeKernels
+from ..base import Capabilities, Compressor, PayloadError, State, check_gradient, header_nbytes
+from ..kernels import FusedDecode
 from ..ops import VALID_BITS, _fmix32, mix_seed, packed_nbytes
 from ..params import check_int
 from ..registry import register
@@ -61,13 +50,21 @@ def _gap(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(gap > 0, gap, torch.ones_like(gap))
 
 
+def _body_nbytes(h: Any, b: int, lo: float, hi: float) -> int:
+    """Bytes of a payload's codes: b bits per element (b checked: one of ``VALID_BITS``)."""
+    if b not in VALID_BITS:
+        raise PayloadError(f"terngrad payload declares bitwidth {b}, expected one of "
+                           f"{VALID_BITS}")
+    return packed_nbytes(h.numel, b)
+
+
 def step_seed(seed: int, step: int) -> int:
     """The RNG stream key of (seed, step): two fmix32 rounds (MurmurHash3 finaliser)."""
     return _fmix32(_fmix32(seed & 0xFFFFFFFF) ^ (step & 0xFFFFFFFF) ^ 0x85EBCA6B)
 
 
 @register("terngrad")
-class TernGrad(Compressor):
+class TernGrad(FusedDecode, Compressor):
     """TernGrad (Wen et al. 2017) in HiPress's Fig. 5 formulation; unbiased.
 
     Algorithm (HiPress Fig. 5):
@@ -92,7 +89,6 @@ class TernGrad(Compressor):
     algo_id = 12
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
                                 unbiased=True, stateful=True)
-    kernels_class = FusedDecodeKernels  # one-pass decode-add and decode-div
 
     def __init__(self, bitwidth: int = 2) -> None:
         self.bitwidth = check_int("terngrad", "bitwidth", bitwidth, choices=VALID_BITS,
@@ -122,39 +118,24 @@ class TernGrad(Compressor):
         lo_f, hi_f = float(lo), float(hi)
         if not (abs(lo_f) < float("inf") and abs(hi_f) < float("inf")):
             check_gradient(grad, nonfinite="always")  # raises the standard NaN/Inf error
-        payload, body = pack_payload(self.algo_id, grad.dtype, grad.shape,
-                                     _EXTRA.pack(b, lo_f, hi_f), packed_nbytes(n, b), g.device)
+        payload, body = self.frame_payload(grad, _EXTRA.pack(b, lo_f, hi_f), packed_nbytes(n, b))
         seed = mix_seed(step_seed(int(state["seed"]), int(state["step"])))
         _fused.terngrad_encode(g, body, lo, _gap(lo, hi, b), seed, b)
         new_state = dict(state)
         new_state["step"] = int(state["step"]) + 1
         return payload, new_state
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``min + code * gap`` in the original shape and dtype (bitwidth from the payload).
-
-        Args:
-            payload: a payload from ``encode``.
-            out: optional preallocated result (see ``OneBit.decode``).
-
-        Raises:
-            PayloadError: malformed, foreign or wrongly sized payload.
-        """
-        return self._decode(payload, out, "set", 1.0)
-
     def _decode(self, payload: torch.Tensor, out: Optional[torch.Tensor], mode: str,
                 d: float) -> torch.Tensor:
-        h, (b, lo_f, hi_f) = unpack_fields(payload, self.algo_id, _EXTRA, "terngrad")
-        if b not in VALID_BITS:
-            raise PayloadError(f"terngrad payload declares bitwidth {b}, expected one of "
-                               f"{VALID_BITS}")
-        check_body_nbytes(h, packed_nbytes(h.numel, b), "terngrad", f" of {b} bits")
+        """``min + code * gap`` in the original shape and dtype, by ``mode``
+        (``FusedDecode``; bitwidth from the payload)."""
+        h, (b, lo_f, hi_f), body, out = self.unframe_payload(
+            payload, _EXTRA, _body_nbytes, out, lambda b, lo, hi: f" of {b} bits")
         dev = payload.device
         cdt = compute_dtype(h.dtype)
         lo = torch.tensor(lo_f, dtype=cdt, device=dev)
         hi = torch.tensor(hi_f, dtype=cdt, device=dev)
-        out = decode_output(h, out, dev)
-        _fused.affine_decode(h.body, out.view(-1), lo, _gap(lo, hi, b), b, mode, d)
+        _fused.affine_decode(body, out.view(-1), lo, _gap(lo, hi, b), b, mode, d)
         return out
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:

@@ -71,11 +71,9 @@ from ..base import (
     State,
     accumulate_,
     accumulator_dtype,
-    check_body_nbytes,
     check_gradient,
     decode_output,
     header_nbytes,
-    pack_payload,
     unpack_fields,
 )
 from ..kernels import Kernels
@@ -91,6 +89,12 @@ __all__ = ["ARTopk", "STARTopk", "VARTopk", "MSTopk", "ms_threshold", "fuse", "u
 _EXTRA = struct.Struct("<QQ")  # kind, count
 _INDICES, _VALUES, _VARIANCES = 1, 2, 3
 _KIND_NAMES = {_INDICES: "indices", _VALUES: "values", _VARIANCES: "variances"}
+
+
+def _data_dtype(kind: int, dtype: torch.dtype) -> torch.dtype:
+    """The element type of a values (the accumulator of ``dtype``) or variances
+    (float64) payload's body."""
+    return torch.float64 if kind == _VARIANCES else accumulator_dtype(dtype)
 
 
 class _ARKernels(Kernels):
@@ -146,31 +150,34 @@ class ARTopk(MultiRoundCompressor):
     def _pack(self, grad: torch.Tensor, kind: int, data: torch.Tensor) -> torch.Tensor:
         raw = data.reshape(-1).contiguous().view(torch.uint8)
         nbytes = pad8(raw.numel()) if kind == _INDICES else raw.numel()
-        payload, body = pack_payload(self.algo_id, grad.dtype, tuple(grad.shape),
-                                     _EXTRA.pack(kind, data.numel()), nbytes, grad.device)
+        payload, body = self.frame_payload(grad, _EXTRA.pack(kind, data.numel()), nbytes)
         body[: raw.numel()].copy_(raw)
         body[raw.numel():].zero_()
         return payload
 
     def _unpack(self, payload: torch.Tensor, want: int) -> Tuple[Any, torch.Tensor]:
         """(header, data) of a payload of kind ``want``; validates sizes and indices."""
-        h, (kind, count) = unpack_fields(payload, self.algo_id, _EXTRA, self.name)
-        if kind != want:
-            raise PayloadError(f"{self.name}: expected a {_KIND_NAMES[want]} payload, found "
-                               f"kind {kind} ({_KIND_NAMES.get(kind, 'unknown')})")
+        def body_nbytes(h: Any, kind: int, count: int) -> int:
+            if kind != want:
+                raise PayloadError(f"{self.name}: expected a {_KIND_NAMES[want]} payload, "
+                                   f"found kind {kind} ({_KIND_NAMES.get(kind, 'unknown')})")
+            if kind == _INDICES:
+                return pad8(count * index_dtype(h.numel).itemsize)
+            return count * _data_dtype(kind, h.dtype).itemsize
+
+        h, (kind, count) = self.check_payload(
+            payload, _EXTRA, body_nbytes,
+            lambda kind, count: f" with k={count}" if kind == _INDICES
+            else f" with {count} {_KIND_NAMES[kind]}")
         if kind == _INDICES:
             idt = index_dtype(h.numel)
-            isz = torch.empty((), dtype=idt).element_size()
-            check_body_nbytes(h, pad8(count * isz), self.name, f" with k={count}")
-            idx = h.body[: count * isz].view(idt).to(torch.int64)
+            idx = h.body[: count * idt.itemsize].view(idt).to(torch.int64)
             if count and (int(idx[0]) < 0 or int(idx[-1]) >= h.numel
                           or (count > 1 and not bool((idx[1:] > idx[:-1]).all()))):
                 raise PayloadError(f"{self.name}: indices must be strictly increasing in "
                                    f"[0, {h.numel})")
             return h, idx
-        dt = torch.float64 if kind == _VARIANCES else accumulator_dtype(h.dtype)
-        check_body_nbytes(h, count * torch.empty((), dtype=dt).element_size(), self.name,
-                          f" with {count} {_KIND_NAMES[kind]}")
+        dt = _data_dtype(kind, h.dtype)
         return h, h.body.view(dt) if count else torch.empty(0, dtype=dt)
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
@@ -198,11 +205,7 @@ class ARTopk(MultiRoundCompressor):
     def _form(self, grad: torch.Tensor, state: State) -> State:
         """``G = grad + residual`` in the residual buffer (Alg. 1 line 5)."""
         check_gradient(grad)
-        res = state.get("residual")
-        if not isinstance(res, torch.Tensor) or res.shape != grad.shape:
-            raise ValueError(f"{self.name}: state['residual'] must be a tensor of shape "
-                             f"{tuple(grad.shape)}, found {getattr(res, 'shape', res)!r}; "
-                             f"create the state with {type(self).__name__}.init(grad)")
+        res = self.state_tensor(state, "residual", grad)
         g = accumulate_(res, grad).view(grad.shape)
         return {**state, "residual": g, "formed": True}
 

@@ -175,15 +175,16 @@ class ValueCode:
     wire: torch.Tensor
 
 
-class IndexCodec:
-    """How the sorted positions of a sparse payload are written.
+class _Codec:
+    """What index and value codecs declare alike.
 
-    Subclasses set ``name``, ``codec_id`` (a byte, unique), ``fields``
-    (a ``struct.Struct`` of the fixed header fields), ``param_names`` (the
-    constructor parameters, as accepted by the sparsifiers), and the
-    declarations ``lossless`` (``decode`` returns exactly the encoded set),
-    ``fixed_size`` (the section size depends only on ``n`` and ``k``) and
-    ``randomised`` (``encode`` uses its ``seed``).
+    Subclasses set ``name``, ``codec_id`` (a byte, unique among codecs of
+    their kind), ``fields`` (a ``struct.Struct`` of the fixed header fields),
+    ``param_names`` (the constructor parameters, as accepted by the
+    sparsifiers), and the declarations ``lossless`` (``decode`` returns
+    exactly what was encoded) and ``fixed_size`` (the section size depends
+    only on the counts). A codec without parameters keeps this constructor;
+    ``owner`` names the sparsifier in error messages.
     """
 
     name: ClassVar[str] = "?"
@@ -192,11 +193,24 @@ class IndexCodec:
     param_names: ClassVar[Tuple[str, ...]] = ()
     lossless: ClassVar[bool] = True
     fixed_size: ClassVar[bool] = True
-    randomised: ClassVar[bool] = False
+
+    def __init__(self, owner: str = "sparse") -> None:
+        pass
 
     def params(self) -> Dict[str, Any]:
         """Constructor parameters."""
         return {}
+
+
+class IndexCodec(_Codec):
+    """How the sorted positions of a sparse payload are written.
+
+    The declarations of ``_Codec`` (``fixed_size``: the section size
+    depends only on ``n`` and ``k``), and ``randomised`` (``encode`` uses
+    its ``seed``).
+    """
+
+    randomised: ClassVar[bool] = False
 
     def encode(self, idx: torch.Tensor, n: int, seed: int) -> IndexCode:
         """Encode the sorted int64 positions ``idx`` out of ``n`` (``seed``: per payload)."""
@@ -226,19 +240,8 @@ class IndexCodec:
         raise NotImplementedError
 
 
-class ValueCodec:
-    """How the values of a sparse payload are written (same declarations as ``IndexCodec``)."""
-
-    name: ClassVar[str] = "?"
-    codec_id: ClassVar[int] = -1
-    fields: ClassVar[struct.Struct] = struct.Struct("<")
-    param_names: ClassVar[Tuple[str, ...]] = ()
-    lossless: ClassVar[bool] = True
-    fixed_size: ClassVar[bool] = True
-
-    def params(self) -> Dict[str, Any]:
-        """Constructor parameters."""
-        return {}
+class ValueCodec(_Codec):
+    """How the values of a sparse payload are written (the declarations of ``_Codec``)."""
 
     def encode(self, vals: torch.Tensor) -> ValueCode:
         """Encode 1-D values (the gradient's dtype, in the order of the indices sent)."""
@@ -367,9 +370,6 @@ class PlainIndex(IndexCodec):
     name = "plain"
     codec_id = 0
 
-    def __init__(self, owner: str = "sparse") -> None:
-        pass
-
     def encode(self, idx: torch.Tensor, n: int, seed: int) -> IndexCode:
         """The positions' bytes in the index dtype of ``n``."""
         return IndexCode(b"", idx.to(index_dtype(n)).view(torch.uint8), idx)
@@ -411,9 +411,6 @@ class PlainValues(ValueCodec):
 
     name = "plain"
     codec_id = 0
-
-    def __init__(self, owner: str = "sparse") -> None:
-        pass
 
     def encode(self, vals: torch.Tensor) -> ValueCode:
         """The values' bytes."""

@@ -125,12 +125,7 @@ class DGC(Sparsifier):
 
     def _check_state(self, grad: torch.Tensor, state: State) -> None:
         for key in ("u", "v"):
-            t = state.get(key)
-            if not isinstance(t, torch.Tensor) or t.shape != grad.shape:
-                raise ValueError(
-                    f"dgc: state[{key!r}] must be a tensor of shape {tuple(grad.shape)}, found "
-                    f"{getattr(t, 'shape', type(t).__name__)}; create the state with "
-                    "DGC.init(grad) for this gradient (or partition)")
+            self.state_tensor(state, key, grad)
 
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
         """One DGC step; ``u`` and ``v`` are updated in place (the new state holds them).

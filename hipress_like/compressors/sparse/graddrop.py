@@ -107,12 +107,7 @@ class GradDrop(Sparsifier):
             TypeError, ValueError: bad gradient or a residual of another shape.
         """
         check_gradient(grad)
-        res = state.get("residual")
-        if not isinstance(res, torch.Tensor) or res.shape != grad.shape:
-            raise ValueError(
-                f"graddrop: state['residual'] must be a tensor of shape {tuple(grad.shape)}, "
-                f"found {getattr(res, 'shape', type(res).__name__)}; create the state with "
-                "GradDrop.init(grad) for this gradient (or partition)")
+        res = self.state_tensor(state, "residual", grad)
         step, seed = int(state.get("step", 0)), int(state.get("seed", 0))
         acc = accumulator_dtype(grad.dtype)
         x = accumulate_(res, grad)  # g + residual, in the residual's buffer

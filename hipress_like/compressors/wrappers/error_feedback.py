@@ -159,13 +159,7 @@ class ErrorFeedback(Wrapper):
         return state
 
     def _memory(self, grad: torch.Tensor, state: State) -> torch.Tensor:
-        err = state.get("error")
-        if not isinstance(err, torch.Tensor) or err.shape != grad.shape:
-            raise ValueError(
-                f"ef: state['error'] must be a tensor of shape {tuple(grad.shape)}, found "
-                f"{getattr(err, 'shape', type(err).__name__)}; create the state with "
-                "ErrorFeedback.init(grad) for this gradient (or partition)")
-        return err
+        return self.state_tensor(state, "error", grad)
 
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:
         """Compensate, compress with the inner compressor, memorise the loss.
