@@ -34,6 +34,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
+from .agreement import RECORD_BYTES, disagreement, pack_call, unpack_call
 from .compression import Compression, CompressionSpec
 from .runtime import _require, default_timeout
 
@@ -147,6 +148,22 @@ class _Wire:
         return self.dist.broadcast(t, src=root, async_op=True)
 
 
+def _agree(wire: _Wire, what: str, **fields: Any) -> None:
+    """Raise on every rank unless all ranks describe this call alike (``agreement``).
+
+    One allgather of a ``RECORD_BYTES`` record per call, before any data moves;
+    nothing in a world of one.
+    """
+    if wire.size == 1:
+        return
+    mine = torch.frombuffer(bytearray(pack_call(fields)), dtype=torch.uint8)
+    outs = [torch.empty(RECORD_BYTES, dtype=torch.uint8) for _ in range(wire.size)]
+    _Handle([wire.all_gather(outs, mine)], lambda: mine, what).wait()
+    err = disagreement(what, [unpack_call(bytes(o.tolist())) for o in outs])
+    if err is not None:
+        raise err
+
+
 def synchronize(handle: _Handle) -> torch.Tensor:
     """Wait for an ``*_async`` operation and return its output tensor."""
     return handle.wait()
@@ -223,6 +240,8 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
     if spec.name not in ("identity", "fp16"):
         raise ValueError(f"allreduce_async_ supports Compression.none and Compression.fp16, "
                          f"found {spec!r}; use the blocking allreduce() for other compressors")
+    _agree(wire_to, what, collective="allreduce", name=name, dtype=str(tensor.dtype),
+           shape=list(tensor.shape), op=op, compression=spec.name)
     wire, ctx = spec.compress(tensor)
     if wire is tensor:
         wire = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -303,9 +322,12 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     if c.capabilities.rounds > 1:
         raise ValueError(f"{spec!r} needs {c.capabilities.rounds} communication rounds; "
                          "use it through DistributedOptimizer (the engine runs the rounds)")
+    what = f"allreduce {name!r}" if name else "allreduce"
+    _agree(_Wire(), what, collective="allreduce", name=name, dtype=str(tensor.dtype),
+           shape=list(tensor.shape), op=op, compression=spec.name)
     x = tensor.detach() * prescale_factor if prescale_factor != 1.0 else tensor.detach()
     payload, _ = c.encode(x.contiguous(), c.init(x))
-    parts = _allgather_uint8(payload, f"allreduce {name!r}" if name else "allreduce")
+    parts = _allgather_uint8(payload, what)
     total = None
     for p in parts:  # rank order: identical sums everywhere
         d = c.decode(p)
@@ -357,6 +379,9 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
         t = t.reshape(1)
     t = t.contiguous()
     dtype, rest = t.dtype, tuple(t.shape[1:])
+    # the first dims may differ (Horovod's allgather concatenates them), the rest may not
+    _agree(wire, what, collective="allgather", name=name, dtype=str(dtype),
+           trailing_shape=list(rest))
     if dtype in _NOT_ON_WIRE:  # move the rows' bytes: exact for any dtype
         t = t.reshape(-1).view(torch.uint8).reshape(t.shape[0], math.prod(rest) * t.itemsize)
     n = wire.size
@@ -400,6 +425,9 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
     n = wire_to.size
     if not 0 <= root_rank < n:
         raise ValueError(f"root_rank must be in [0, {n}), found {root_rank}")
+    what = f"broadcast {name!r}" if name else "broadcast"
+    _agree(wire_to, what, collective="broadcast", name=name, dtype=str(tensor.dtype),
+           shape=list(tensor.shape), root_rank=int(root_rank))
     wire = tensor.data if tensor.is_contiguous() else tensor.detach().contiguous()
     # a dtype gloo lacks travels as its bytes (a view: received bytes land in wire)
     send = wire.reshape(-1).view(torch.uint8) if wire.dtype in _NOT_ON_WIRE else wire
@@ -411,7 +439,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
                 tensor.copy_(wire)
         return tensor
 
-    return _Handle([work], finish, f"broadcast {name!r}" if name else "broadcast")
+    return _Handle([work], finish, what)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
