@@ -11,6 +11,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "hipress_like.adapters.agreement",
     "hipress_like.casync.chunks",
     "hipress_like.casync.config",
     "hipress_like.casync.lane",
