@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from datetime import timedelta
 from typing import Any, Callable, List, Optional
 
@@ -75,7 +76,7 @@ class _Handle:
             try:
                 for w in self._works:
                     w.wait(timeout=t)
-            except RuntimeError as e:
+            except RuntimeError as e:  # gloo's error, or _HorovodWork's timeout
                 from ..casync.transport import TransportError
 
                 raise TransportError(
@@ -87,7 +88,15 @@ class _Handle:
 
 
 class _HorovodWork:
-    """A Horovod handle shaped like a torch.distributed work (``is_completed``, ``wait``)."""
+    """A Horovod handle shaped like a torch.distributed work (``is_completed``, ``wait``).
+
+    ``wait`` never blocks in Horovod's ``synchronize`` before ``poll`` says the
+    operation is done: it polls until the timeout, then raises naming the
+    collective. (Ranks that drifted into different collectives otherwise wait
+    in ``synchronize`` for ever: Horovod's stall check only logs.)
+    """
+
+    _FIRST_SLEEP, _MAX_SLEEP = 1e-4, 0.05  # seconds between polls: quick first, then 20/s
 
     def __init__(self, hvd: Any, handle: Any):
         self._hvd, self._h, self.result = hvd, handle, None
@@ -96,8 +105,34 @@ class _HorovodWork:
         return self.result is not None or bool(self._hvd.poll(self._h))
 
     def wait(self, timeout: Any = None) -> None:
-        if self.result is None:
-            self.result = self._hvd.synchronize(self._h)
+        """Finish the operation, or raise ``TransportError`` after ``timeout``.
+
+        Args:
+            timeout: a ``timedelta`` or seconds; None: the runtime's timeout.
+
+        Raises:
+            TransportError: not finished within the timeout (``_Handle`` adds
+                which collective).
+        """
+        if self.result is not None:
+            return
+        if timeout is None:
+            timeout = default_timeout()
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        deadline = time.monotonic() + seconds
+        pause = self._FIRST_SLEEP
+        while not self._hvd.poll(self._h):
+            if time.monotonic() >= deadline:
+                from ..casync.transport import TransportError
+
+                raise TransportError(
+                    f"Horovod did not finish it within {seconds:g}s; "
+                    "expected every rank to enter the same collectives in the same order: "
+                    "a peer rank is in another collective, has stalled or has died (raise "
+                    "the timeout with HIPRESS_TIMEOUT or init(timeout=...) if it is just slow)")
+            time.sleep(pause)
+            pause = min(2 * pause, self._MAX_SLEEP)
+        self.result = self._hvd.synchronize(self._h)
 
 
 class _Wire:
@@ -134,7 +169,7 @@ class _Wire:
                     return work.is_completed()
 
                 def wait(self, timeout: Any = None) -> None:
-                    work.wait()
+                    work.wait(timeout)
                     for o, part in zip(outs, work.result.chunk(len(outs))):  # noqa: B905
                         o.copy_(part)
 
