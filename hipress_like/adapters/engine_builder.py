@@ -16,8 +16,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from ..cost_model.plan import STRATEGIES
-from .compression import resolve_compression
-from .runtime import _require, default_timeout, engine_transport
+from .compression import is_auto, resolve_compression
+from .runtime import _require, check_timeout, default_timeout, engine_transport
 
 __all__ = ["build_engine", "close_engine", "wire_dtype", "resolve_plan", "STRATEGIES"]
 
@@ -99,7 +99,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                          f"gradients, as in DDP), 'skip' or 'raise', found {nonfinite!r}")
     plan = resolve_plan(plan)
     candidates = None
-    if isinstance(compression, str) and compression == "auto":
+    if is_auto(compression):
         # a compressor per gradient, chosen by the cost model among the defaults
         if plan != "auto":
             raise ValueError("compression='auto' chooses a compressor per gradient by "
@@ -118,7 +118,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
     if back is not None and compression is None and not isinstance(plan, Plan):
         raise ValueError("compression_back sets the compressor of the aggregates; it needs a "
                          "worker compressor (compression=...)")
-    timeout = float(timeout if timeout is not None else default_timeout())
+    timeout = check_timeout(timeout) if timeout is not None else default_timeout()
     if _engine_factory is not None:
         factory, config_cls = _engine_factory, None
     else:

@@ -46,7 +46,7 @@ from .. import checkpoint
 from ..collectives import Average, Sum
 from ..engine_builder import build_engine, close_engine, specs_of
 from ..ordering import OrderingError
-from ..runtime import _require, _track
+from ..runtime import _require, _track, check_timeout
 from .gradients import resolve_names, sparse_average
 
 __all__ = ["DistributedOptimizer", "OrderingError"]
@@ -452,16 +452,19 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             contributed, late gradients are dropped and counted, and every
             rank applies the same aggregate (``adapters/torch/quorum`` gives
             the loop contract: count steps with ``opt.steps``). Takes THC or
-            any single-round compressor; ``strategy``, ``plan``,
-            ``nonfinite`` (a NaN/Inf gradient sits its step out) and the
-            fusion options do not apply. None (default): off.
+            any single-round compressor; ``strategy``, ``plan`` and
+            ``nonfinite`` (a NaN/Inf gradient sits its step out) do not
+            apply and must keep their defaults (anything else raises at
+            construction); the fusion options are ignored. None (default): off.
 
     Returns:
         The distributed optimizer (an instance of a subclass of
         ``type(optimizer)``).
 
     Raises:
-        ValueError: duplicate or partial ``named_parameters``, bad options.
+        ValueError: duplicate or partial ``named_parameters``, bad options
+            (a ``timeout`` that is not seconds, an option ``stragglers``
+            would ignore).
         TypeError: a parameter with a dtype that cannot be reduced.
 
     Example:
@@ -480,7 +483,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     if gradient_predivide_factor != 1.0:
         log.info("gradient_predivide_factor=%s has no effect: averaging is done in float32",
                  gradient_predivide_factor)
+    timeout = check_timeout(timeout)  # names the parameter, before any collective
     if stragglers is not None:
+        _quorum_ignores(strategy, plan, nonfinite)
         return _quorum_optimizer(optimizer, named_parameters, compression, stragglers,
                                  timeout, seed, compression_back, collective,
                                  backward_passes_per_step, op)
@@ -489,6 +494,29 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step, op,
                   sparse_as_dense, nonfinite, timeout, seed, compression_back, collective)
     return opt
+
+
+def _quorum_ignores(strategy: str, plan: Any, nonfinite: str) -> None:
+    """Refuse the options partial aggregation would silently ignore (at construction).
+
+    The quorum lane allgathers one flat buffer per step with its own compressor
+    (no PS/Ring strategy, no plan), and a rank whose gradient holds NaN/Inf sits
+    its step out; only the defaults, which say nothing, are accepted.
+    """
+    if strategy != "ps":
+        raise ValueError(f"stragglers: strategy={strategy!r} does not apply under partial "
+                         "aggregation (its lane allgathers each step's payloads); drop "
+                         "strategy=, or drop stragglers= to train with that strategy")
+    if plan not in ("auto", None):
+        raise ValueError(f"stragglers: a plan ({type(plan).__name__}) does not apply under "
+                         "partial aggregation (one compressor for one flat buffer per step); "
+                         "drop plan= and pass compression=, or drop stragglers= to use the plan")
+    if nonfinite != "propagate":
+        raise ValueError(f"stragglers: nonfinite={nonfinite!r} does not apply under partial "
+                         "aggregation: a rank whose gradient holds NaN/Inf sits its step out "
+                         "and the others close it without that rank (counted in "
+                         "opt.stragglers()); drop nonfinite=, or drop stragglers= to have "
+                         f"nonfinite={nonfinite!r}")
 
 
 def _quorum_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, compression: Any,
