@@ -102,7 +102,13 @@ def unpack_call(record: bytes) -> Dict[str, Any]:
             "run the same hipress_like version and to call the same collective") from e
 
 
-def disagreement(what: str, per_rank: List[Dict[str, Any]]) -> Optional[CollectiveMismatchError]:
+_FIX = ("Expected every rank to call the same collective with the same arguments, in the same "
+        "order; make the differing argument the same on every rank (e.g. cast the tensor to "
+        "one dtype)")
+
+
+def disagreement(what: str, per_rank: List[Dict[str, Any]],
+                 fix: str = _FIX) -> Optional[CollectiveMismatchError]:
     """The error to raise when ranks described their call differently, else None.
 
     Every rank computes this from the same list, so every rank raises the same text.
@@ -110,6 +116,7 @@ def disagreement(what: str, per_rank: List[Dict[str, Any]]) -> Optional[Collecti
     Args:
         what: this rank's collective as it appears in errors (``allgather 'x'``).
         per_rank: each rank's fields, in rank order.
+        fix: what was expected and how to fix it (the message's last sentence).
 
     Returns:
         None when all ranks agree, else a ``CollectiveMismatchError`` naming,
@@ -147,6 +154,4 @@ def disagreement(what: str, per_rank: List[Dict[str, Any]]) -> Optional[Collecti
         return None
     return CollectiveMismatchError(
         f"{what}: ranks called it with different arguments: " + ", ".join(parts)
-        + ". Expected every rank to call the same collective with the same arguments, in "
-        "the same order; make the differing argument the same on every rank (e.g. cast "
-        "the tensor to one dtype)", fields, sorted(blamed))
+        + ". " + fix, fields, sorted(blamed))

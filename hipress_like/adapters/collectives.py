@@ -31,7 +31,7 @@ import logging
 import math
 import time
 from datetime import timedelta
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -183,6 +183,14 @@ class _Wire:
         return self.dist.broadcast(t, src=root, async_op=True)
 
 
+def _gather_records(wire: _Wire, what: str, fields: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Allgather every rank's ``pack_call`` record of ``fields``; list index = rank."""
+    mine = torch.frombuffer(bytearray(pack_call(fields)), dtype=torch.uint8)
+    outs = [torch.empty(RECORD_BYTES, dtype=torch.uint8) for _ in range(wire.size)]
+    _Handle([wire.all_gather(outs, mine)], lambda: mine, what).wait()
+    return [unpack_call(bytes(o.tolist())) for o in outs]
+
+
 def _agree(wire: _Wire, what: str, **fields: Any) -> None:
     """Raise on every rank unless all ranks describe this call alike (``agreement``).
 
@@ -191,10 +199,7 @@ def _agree(wire: _Wire, what: str, **fields: Any) -> None:
     """
     if wire.size == 1:
         return
-    mine = torch.frombuffer(bytearray(pack_call(fields)), dtype=torch.uint8)
-    outs = [torch.empty(RECORD_BYTES, dtype=torch.uint8) for _ in range(wire.size)]
-    _Handle([wire.all_gather(outs, mine)], lambda: mine, what).wait()
-    err = disagreement(what, [unpack_call(bytes(o.tolist())) for o in outs])
+    err = disagreement(what, _gather_records(wire, what, fields))
     if err is not None:
         raise err
 

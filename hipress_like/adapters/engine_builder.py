@@ -63,7 +63,7 @@ def resolve_plan(plan: Any) -> Any:
 def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                  compression: Any, strategy: str, plan: Any, nonfinite: str,
                  timeout: Optional[float], seed: int, compression_back: Any = None,
-                 collective: Optional[str] = None) -> Any:
+                 collective: Optional[str] = None, joining: Any = None) -> Any:
     """Open a transport, build an engine and register ``specs`` (collective).
 
     Args:
@@ -85,6 +85,9 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
             back encoded by the worker's compressor.
         collective: how compressed gradients travel (``EngineConfig.collective``;
             None: the strategy's PS or Ring).
+        joining: the construction's ``Joining`` (``joining.py``): its
+            ``ready()`` is called once every local check passed, just before
+            the transport opens. None: no meeting.
 
     Returns:
         The registered engine.
@@ -141,6 +144,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                       replay=replay == "1", collective=collective,
                       link_source=collective_links)
     cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
+    if joining is not None:
+        joining.ready()
     transport = engine_transport(timeout)  # HIPRESS_TRANSPORT, else the launcher's
     try:
         engine = factory(transport, cfg)

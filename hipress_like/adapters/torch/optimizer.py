@@ -45,6 +45,7 @@ import torch
 from .. import checkpoint
 from ..collectives import Average, Sum
 from ..engine_builder import build_engine, close_engine, specs_of
+from ..joining import Joining
 from ..ordering import OrderingError
 from ..runtime import _require, _track, check_timeout
 from .gradients import resolve_names, sparse_average
@@ -72,7 +73,8 @@ class _DistributedOptimizerMixin:
     def _hp_setup(self, named_parameters: Any, compression: Any, strategy: str, plan: Any,
                   backward_passes_per_step: int, op: str, sparse_as_dense: bool,
                   nonfinite: str, timeout: Optional[float], seed: int,
-                  compression_back: Any = None, collective: Optional[str] = None) -> None:
+                  compression_back: Any = None, collective: Optional[str] = None,
+                  joining: Any = None) -> None:
         rt = _require()
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be an int >= 1, found "
@@ -108,7 +110,7 @@ class _DistributedOptimizerMixin:
         self._hp_engine = build_engine(specs, compression=compression, strategy=strategy,
                                        plan=plan, nonfinite=nonfinite, timeout=timeout,
                                        seed=seed, compression_back=compression_back,
-                                       collective=collective)
+                                       collective=collective, joining=joining)
         self._hp_ensure_hooks()
         _track(self)
 
@@ -472,28 +474,36 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         >>> opt = hpt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
         ...                                compression=hpt.Compression.onebit)
     """
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"expected a torch.optim.Optimizer, found {type(optimizer).__name__}")
-    if isinstance(optimizer, _DistributedOptimizerMixin) or hasattr(optimizer, "_hpq_lane"):
-        raise ValueError("this optimizer is already a DistributedOptimizer")
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise ValueError("process sets are not supported; every rank trains together")
-    if num_groups or groups:
-        log.info("num_groups/groups ignored: CaSync batches small gradients itself")
-    if gradient_predivide_factor != 1.0:
-        log.info("gradient_predivide_factor=%s has no effect: averaging is done in float32",
-                 gradient_predivide_factor)
-    timeout = check_timeout(timeout)  # names the parameter, before any collective
-    if stragglers is not None:
-        _quorum_ignores(strategy, plan, nonfinite)
-        return _quorum_optimizer(optimizer, named_parameters, compression, stragglers,
-                                 timeout, seed, compression_back, collective,
-                                 backward_passes_per_step, op)
-    opt = _wrapped(optimizer, _DistributedOptimizerMixin, "synchronised by hipress-like CaSync")
-    opt._hp_engine = None
-    opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step, op,
-                  sparse_as_dense, nonfinite, timeout, seed, compression_back, collective)
-    return opt
+    mode = None if stragglers is None else repr(stragglers)
+    # one meeting of the ranks before the transport opens: a rank failing in here
+    # is named to its peers at once (joining.py), as are modes chosen on some ranks
+    with Joining("DistributedOptimizer", stragglers=mode) as joining:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"expected a torch.optim.Optimizer, found "
+                            f"{type(optimizer).__name__}")
+        if isinstance(optimizer, _DistributedOptimizerMixin) or hasattr(optimizer,
+                                                                         "_hpq_lane"):
+            raise ValueError("this optimizer is already a DistributedOptimizer")
+        if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+            raise ValueError("process sets are not supported; every rank trains together")
+        if num_groups or groups:
+            log.info("num_groups/groups ignored: CaSync batches small gradients itself")
+        if gradient_predivide_factor != 1.0:
+            log.info("gradient_predivide_factor=%s has no effect: averaging is done in "
+                     "float32", gradient_predivide_factor)
+        timeout = check_timeout(timeout)  # names the parameter, before any collective
+        if stragglers is not None:
+            _quorum_ignores(strategy, plan, nonfinite)
+            return _quorum_optimizer(optimizer, named_parameters, compression, stragglers,
+                                     timeout, seed, compression_back, collective,
+                                     backward_passes_per_step, op, joining)
+        opt = _wrapped(optimizer, _DistributedOptimizerMixin,
+                       "synchronised by hipress-like CaSync")
+        opt._hp_engine = None
+        opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step,
+                      op, sparse_as_dense, nonfinite, timeout, seed, compression_back,
+                      collective, joining)
+        return opt
 
 
 def _quorum_ignores(strategy: str, plan: Any, nonfinite: str) -> None:
@@ -522,7 +532,8 @@ def _quorum_ignores(strategy: str, plan: Any, nonfinite: str) -> None:
 def _quorum_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, compression: Any,
                       stragglers: Any, timeout: Optional[float], seed: int,
                       compression_back: Any, collective: Optional[str],
-                      backward_passes_per_step: int, op: str) -> torch.optim.Optimizer:
+                      backward_passes_per_step: int, op: str,
+                      joining: Any = None) -> torch.optim.Optimizer:
     """``DistributedOptimizer(stragglers=...)``: the partial-aggregation wrapper."""
     from ...casync.quorum import Quorum
     from .quorum import QuorumOptimizerMixin
@@ -542,5 +553,5 @@ def _quorum_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, c
                          f"{backward_passes_per_step!r}")
     opt = _wrapped(optimizer, QuorumOptimizerMixin, "with partial aggregation (hipress-like)")
     opt._hpq_lane = None
-    opt._hpq_setup(named_parameters, compression, stragglers, timeout, seed)
+    opt._hpq_setup(named_parameters, compression, stragglers, timeout, seed, joining)
     return opt

@@ -59,7 +59,7 @@ class QuorumOptimizerMixin:
     """Methods placed in front of the user's optimizer class when ``stragglers`` is set."""
 
     def _hpq_setup(self, named_parameters: Any, compression: Any, quorum: Any,
-                   timeout: Optional[float], seed: int) -> None:
+                   timeout: Optional[float], seed: int, joining: Any = None) -> None:
         from ...casync.choice import build_compressor
         from ...casync.quorum import QuorumLane, check_compressor
         from ...casync.transport.torch_dist import own_store_client
@@ -80,6 +80,8 @@ class QuorumOptimizerMixin:
         comp = build_compressor(spec if spec is not None else "identity", cparams, "auto")
         check_compressor(comp)  # before the transport: a collective every rank would wait in
         timeout = default_timeout() if timeout is None else float(timeout)
+        if joining is not None:  # every rank checked out (joining.py): open the transport
+            joining.ready()
         self._hpq_rank, self._hpq_size = rt.rank, rt.size
         self._hpq_quorum = quorum
         self._hpq_steps = 0
