@@ -263,7 +263,7 @@ class _DistributedOptimizerMixin:
             self.synchronize()
             self._hp_step.synchronized = False
             if isinstance(loss, torch.Tensor) and self._hp_size > 1:
-                from .collectives import allreduce
+                from ..collectives import allreduce
 
                 avg = allreduce(loss.detach().reshape(1).float(), name="closure loss")
                 loss = avg.reshape(loss.shape).to(loss.dtype)
@@ -307,7 +307,7 @@ class _DistributedOptimizerMixin:
         local = self._hp_engine.state_dict() if self._hp_engine is not None else {}
         engines = None
         if all_ranks:
-            from .objects import allgather_object
+            from ..objects import allgather_object
 
             engines = allgather_object(local, name="optimizer.state_dict")
         hip = checkpoint.pack(local, self._hp_rank, self._hp_size, engines)

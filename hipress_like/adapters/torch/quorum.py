@@ -173,7 +173,7 @@ class QuorumOptimizerMixin:
 
     def _hpq_resync(self) -> None:
         """Every rank takes rank 0's parameters (a collective on the default group)."""
-        from .collectives import broadcast_
+        from ..collectives import broadcast_
 
         for i, p in enumerate(self._hpq_params):
             with torch.no_grad():
