@@ -251,11 +251,28 @@ class _DistributedOptimizerMixin:
             elif closure is None or st.handles or st.sparse:
                 ok = self.synchronize()
         st.synchronized = False
+        loss = None
         if not ok:
             log.warning("step skipped on every rank: a gradient was NaN/Inf "
                         "(nonfinite='skip')")
-            return None
-        return super().step(closure)
+        else:
+            loss = super().step(closure)
+        self._hp_steps_taken += 1
+        if self._hp_check_every and self._hp_steps_taken % self._hp_check_every == 0:
+            self.check_consistency()
+        return loss
+
+    def check_consistency(self) -> None:
+        """Compare every rank's parameters and optimizer state (a collective call).
+
+        Raises:
+            ConsistencyError: on every rank, naming the first parameter or
+                state entry that differs and the ranks that disagree.
+        """
+        from ..consistency import check_replicas
+
+        check_replicas([(self._hp_names[id(p)], p) for p in self._hp_params], self,
+                       step=self._hp_steps_taken)
 
     def _hp_wrap_closure(self, closure: Any) -> Any:
         def synced_closure() -> Any:
@@ -384,7 +401,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          nonfinite: str = "propagate", timeout: Optional[float] = None,
                          seed: int = 0, compression_back: Any = None,
                          collective: Optional[str] = None,
-                         stragglers: Any = None) -> torch.optim.Optimizer:
+                         stragglers: Any = None,
+                         check_consistency_every: int = 0) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged by CaSync.
 
     A collective call: every rank constructs it at the same point, with the
@@ -458,6 +476,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             ``nonfinite`` (a NaN/Inf gradient sits its step out) do not
             apply and must keep their defaults (anything else raises at
             construction); the fusion options are ignored. None (default): off.
+        check_consistency_every: the consistency guard (``adapters/consistency``):
+            every K steps, after the step, the ranks compare a hash of their
+            parameters and optimizer state (one 256-byte allgather when they
+            agree) and every rank raises ``ConsistencyError`` naming the first
+            parameter or state entry that differs and the ranks that disagree.
+            ``opt.check_consistency()`` runs one check by hand. 0 (default): off.
 
     Returns:
         The distributed optimizer (an instance of a subclass of
@@ -492,14 +516,21 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             log.info("gradient_predivide_factor=%s has no effect: averaging is done in "
                      "float32", gradient_predivide_factor)
         timeout = check_timeout(timeout)  # names the parameter, before any collective
+        if isinstance(check_consistency_every, bool) or not isinstance(
+                check_consistency_every, int) or check_consistency_every < 0:
+            raise ValueError(f"check_consistency_every must be an int >= 0 (0: off), found "
+                             f"{check_consistency_every!r}")
         if stragglers is not None:
             _quorum_ignores(strategy, plan, nonfinite)
-            return _quorum_optimizer(optimizer, named_parameters, compression, stragglers,
-                                     timeout, seed, compression_back, collective,
-                                     backward_passes_per_step, op, joining)
+            opt = _quorum_optimizer(optimizer, named_parameters, compression, stragglers,
+                                    timeout, seed, compression_back, collective,
+                                    backward_passes_per_step, op, joining)
+            opt._hp_check_every = check_consistency_every
+            return opt
         opt = _wrapped(optimizer, _DistributedOptimizerMixin,
                        "synchronised by hipress-like CaSync")
         opt._hp_engine = None
+        opt._hp_check_every, opt._hp_steps_taken = check_consistency_every, 0
         opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step,
                       op, sparse_as_dense, nonfinite, timeout, seed, compression_back,
                       collective, joining)

@@ -67,6 +67,7 @@ class QuorumOptimizerMixin:
         rt = _require()
         params = [p for g in self.param_groups for p in g["params"]]
         names = resolve_names(params, named_parameters, self.param_groups)
+        self._hpq_names = names
         self._hpq_params: List[torch.Tensor] = [
             p for p in {id(p): p for p in params}.values() if p.requires_grad]
         # one flat buffer in the engine's wire dtypes (fp16/bf16 reduced in float32)
@@ -169,7 +170,23 @@ class QuorumOptimizerMixin:
         every = self._hpq_quorum.resync_every
         if every and self._hpq_steps % every == 0 and self._hpq_size > 1:
             self._hpq_resync()
+        # every rank applies every step, the late one included: it checks at the same steps
+        check = getattr(self, "_hp_check_every", 0)
+        if check and self._hpq_steps % check == 0:
+            self.check_consistency()
         return members
+
+    def check_consistency(self) -> None:
+        """Compare every rank's parameters and optimizer state (a collective call).
+
+        Raises:
+            ConsistencyError: on every rank, naming the first parameter or
+                state entry that differs and the ranks that disagree.
+        """
+        from ..consistency import check_replicas
+
+        check_replicas([(self._hpq_names[id(p)], p) for p in self._hpq_params], self,
+                       step=self._hpq_steps)
 
     def _hpq_resync(self) -> None:
         """Every rank takes rank 0's parameters (a collective on the default group)."""
