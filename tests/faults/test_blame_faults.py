@@ -6,6 +6,10 @@ nothing of the test launcher's own teardown helps: when rank 3 dies, rank 0
 (the rendezvous store's host) notices, raises and exits like the others. It
 used to take the store with it while a survivor was still diagnosing, and
 that survivor then blamed rank 0 ("the rendezvous store is unreachable ...").
+
+These pass on an idle 2-core host without the store host's linger as well
+(the front end's shutdown keeps rank 0 up while it waits for its peers'
+closed keys); they guard the behaviour, the race itself needs a loaded host.
 """
 import json
 import os
@@ -19,7 +23,7 @@ import pytest
 pytestmark = pytest.mark.faults
 
 _SCRIPT = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, time
     import torch
     import hipress_like.torch as hpt
 
@@ -33,6 +37,8 @@ _SCRIPT = textwrap.dedent("""
         for step in range(50):
             if step == 3 and hpt.rank() == 3:
                 os._exit(9)  # killed between steps: no teardown, no goodbye
+            if step == 3 and hpt.rank() == 1:
+                time.sleep(LATE)  # a survivor still computing when the others noticed
             opt.zero_grad()
             model(torch.randn(8, 64)).pow(2).sum().backward()
             opt.step()
@@ -49,7 +55,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run_env_ranks(script, n, timeout=120):
+def _run_env_ranks(script, n, timeout=180):
     port = _free_port()
     procs = []
     for r in range(n):
@@ -77,12 +83,17 @@ def _result(out):
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.mark.parametrize("trial", range(3))
-def test_survivors_blame_the_dead_rank_not_the_store_host(trial):
-    rcs, outs = _run_env_ranks(_SCRIPT, 4)
+@pytest.mark.parametrize("late", [0.0, 3.5])
+def test_survivors_blame_the_dead_rank_not_the_store_host(late):
+    # late: rank 1 reaches the failed step this many seconds after ranks 0 and 2,
+    # which have noticed rank 3's death by then; rank 0 must not take the store away
+    rcs, outs = _run_env_ranks(f"LATE = {late}\n" + _SCRIPT, 4)
     assert rcs[3] == 9
     for r in (0, 1, 2):
         got = _result(outs[r])
         assert rcs[r] != 0, (r, outs[r][-2000:])
-        assert got["ranks"] == [3], (r, got)
         assert "store is unreachable" not in got["msg"], (r, got)
+        if not late:
+            assert got["ranks"] == [3], (r, got)
+        else:  # the late rank may be named as stalled too (it was); never rank 0
+            assert 3 in got["ranks"] and 0 not in got["ranks"], (r, got)
