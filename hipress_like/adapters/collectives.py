@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from datetime import timedelta
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from .agreement import RECORD_BYTES, disagreement, pack_call, unpack_call
 from .compression import Compression, CompressionSpec
 from .runtime import _require, default_timeout
 
@@ -74,7 +76,7 @@ class _Handle:
             try:
                 for w in self._works:
                     w.wait(timeout=t)
-            except RuntimeError as e:
+            except RuntimeError as e:  # gloo's error, or _HorovodWork's timeout
                 from ..casync.transport import TransportError
 
                 raise TransportError(
@@ -86,7 +88,15 @@ class _Handle:
 
 
 class _HorovodWork:
-    """A Horovod handle shaped like a torch.distributed work (``is_completed``, ``wait``)."""
+    """A Horovod handle shaped like a torch.distributed work (``is_completed``, ``wait``).
+
+    ``wait`` never blocks in Horovod's ``synchronize`` before ``poll`` says the
+    operation is done: it polls until the timeout, then raises naming the
+    collective. (Ranks that drifted into different collectives otherwise wait
+    in ``synchronize`` for ever: Horovod's stall check only logs.)
+    """
+
+    _FIRST_SLEEP, _MAX_SLEEP = 1e-4, 0.05  # seconds between polls: quick first, then 20/s
 
     def __init__(self, hvd: Any, handle: Any):
         self._hvd, self._h, self.result = hvd, handle, None
@@ -95,8 +105,34 @@ class _HorovodWork:
         return self.result is not None or bool(self._hvd.poll(self._h))
 
     def wait(self, timeout: Any = None) -> None:
-        if self.result is None:
-            self.result = self._hvd.synchronize(self._h)
+        """Finish the operation, or raise ``TransportError`` after ``timeout``.
+
+        Args:
+            timeout: a ``timedelta`` or seconds; None: the runtime's timeout.
+
+        Raises:
+            TransportError: not finished within the timeout (``_Handle`` adds
+                which collective).
+        """
+        if self.result is not None:
+            return
+        if timeout is None:
+            timeout = default_timeout()
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        deadline = time.monotonic() + seconds
+        pause = self._FIRST_SLEEP
+        while not self._hvd.poll(self._h):
+            if time.monotonic() >= deadline:
+                from ..casync.transport import TransportError
+
+                raise TransportError(
+                    f"Horovod did not finish it within {seconds:g}s; "
+                    "expected every rank to enter the same collectives in the same order: "
+                    "a peer rank is in another collective, has stalled or has died (raise "
+                    "the timeout with HIPRESS_TIMEOUT or init(timeout=...) if it is just slow)")
+            time.sleep(pause)
+            pause = min(2 * pause, self._MAX_SLEEP)
+        self.result = self._hvd.synchronize(self._h)
 
 
 class _Wire:
@@ -133,7 +169,7 @@ class _Wire:
                     return work.is_completed()
 
                 def wait(self, timeout: Any = None) -> None:
-                    work.wait()
+                    work.wait(timeout)
                     for o, part in zip(outs, work.result.chunk(len(outs))):  # noqa: B905
                         o.copy_(part)
 
@@ -145,6 +181,27 @@ class _Wire:
         if self.hvd:
             return _HorovodWork(self.hvd, self.hvd.broadcast_async_(t, root_rank=root))
         return self.dist.broadcast(t, src=root, async_op=True)
+
+
+def _gather_records(wire: _Wire, what: str, fields: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Allgather every rank's ``pack_call`` record of ``fields``; list index = rank."""
+    mine = torch.frombuffer(bytearray(pack_call(fields)), dtype=torch.uint8)
+    outs = [torch.empty(RECORD_BYTES, dtype=torch.uint8) for _ in range(wire.size)]
+    _Handle([wire.all_gather(outs, mine)], lambda: mine, what).wait()
+    return [unpack_call(bytes(o.tolist())) for o in outs]
+
+
+def _agree(wire: _Wire, what: str, **fields: Any) -> None:
+    """Raise on every rank unless all ranks describe this call alike (``agreement``).
+
+    One allgather of a ``RECORD_BYTES`` record per call, before any data moves;
+    nothing in a world of one.
+    """
+    if wire.size == 1:
+        return
+    err = disagreement(what, _gather_records(wire, what, fields))
+    if err is not None:
+        raise err
 
 
 def synchronize(handle: _Handle) -> torch.Tensor:
@@ -223,6 +280,8 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
     if spec.name not in ("identity", "fp16"):
         raise ValueError(f"allreduce_async_ supports Compression.none and Compression.fp16, "
                          f"found {spec!r}; use the blocking allreduce() for other compressors")
+    _agree(wire_to, what, collective="allreduce", name=name, dtype=str(tensor.dtype),
+           shape=list(tensor.shape), op=op, compression=spec.name)
     wire, ctx = spec.compress(tensor)
     if wire is tensor:
         wire = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -303,9 +362,12 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     if c.capabilities.rounds > 1:
         raise ValueError(f"{spec!r} needs {c.capabilities.rounds} communication rounds; "
                          "use it through DistributedOptimizer (the engine runs the rounds)")
+    what = f"allreduce {name!r}" if name else "allreduce"
+    _agree(_Wire(), what, collective="allreduce", name=name, dtype=str(tensor.dtype),
+           shape=list(tensor.shape), op=op, compression=spec.name)
     x = tensor.detach() * prescale_factor if prescale_factor != 1.0 else tensor.detach()
     payload, _ = c.encode(x.contiguous(), c.init(x))
-    parts = _allgather_uint8(payload, f"allreduce {name!r}" if name else "allreduce")
+    parts = _allgather_uint8(payload, what)
     total = None
     for p in parts:  # rank order: identical sums everywhere
         d = c.decode(p)
@@ -357,6 +419,9 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
         t = t.reshape(1)
     t = t.contiguous()
     dtype, rest = t.dtype, tuple(t.shape[1:])
+    # the first dims may differ (Horovod's allgather concatenates them), the rest may not
+    _agree(wire, what, collective="allgather", name=name, dtype=str(dtype),
+           trailing_shape=list(rest))
     if dtype in _NOT_ON_WIRE:  # move the rows' bytes: exact for any dtype
         t = t.reshape(-1).view(torch.uint8).reshape(t.shape[0], math.prod(rest) * t.itemsize)
     n = wire.size
@@ -400,6 +465,9 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
     n = wire_to.size
     if not 0 <= root_rank < n:
         raise ValueError(f"root_rank must be in [0, {n}), found {root_rank}")
+    what = f"broadcast {name!r}" if name else "broadcast"
+    _agree(wire_to, what, collective="broadcast", name=name, dtype=str(tensor.dtype),
+           shape=list(tensor.shape), root_rank=int(root_rank))
     wire = tensor.data if tensor.is_contiguous() else tensor.detach().contiguous()
     # a dtype gloo lacks travels as its bytes (a view: received bytes land in wire)
     send = wire.reshape(-1).view(torch.uint8) if wire.dtype in _NOT_ON_WIRE else wire
@@ -411,7 +479,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
                 tensor.copy_(wire)
         return tensor
 
-    return _Handle([work], finish, f"broadcast {name!r}" if name else "broadcast")
+    return _Handle([work], finish, what)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,

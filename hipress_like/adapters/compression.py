@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-__all__ = ["Compression", "CompressionSpec", "resolve_compression"]
+__all__ = ["Compression", "CompressionSpec", "resolve_compression", "is_auto"]
 
 _ALIASES = {"none": "identity", "noop": "identity"}
 
@@ -111,6 +111,28 @@ class _CompressionNamespace:
 
 
 Compression = _CompressionNamespace()
+
+
+def is_auto(compression: Any) -> bool:
+    """True for ``"auto"`` and ``Compression.get("auto")``: the cost model picks per gradient.
+
+    Raises:
+        ValueError: ``Compression.get("auto", ...)`` with parameters (each
+            candidate compressor takes its own).
+
+    Example:
+        >>> is_auto("auto"), is_auto(Compression.get("AUTO")), is_auto(Compression.none)
+        (True, True, False)
+    """
+    if isinstance(compression, str):
+        return compression.lower() == "auto"
+    if isinstance(compression, CompressionSpec) and compression.name == "auto":
+        if compression.params:
+            raise ValueError(f"Compression.get('auto') takes no parameters, found "
+                             f"{dict(compression.params)}; the cost model picks each "
+                             "gradient's compressor with its default parameters")
+        return True
+    return False
 
 
 def resolve_compression(compression: Any) -> Tuple[Any, Dict[str, Any]]:

@@ -16,8 +16,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from ..cost_model.plan import STRATEGIES
-from .compression import resolve_compression
-from .runtime import _require, default_timeout, engine_transport
+from .compression import is_auto, resolve_compression
+from .runtime import _require, check_timeout, default_timeout, engine_transport
 
 __all__ = ["build_engine", "close_engine", "EngineHolder", "wire_dtype", "resolve_plan",
            "STRATEGIES"]
@@ -64,7 +64,7 @@ def resolve_plan(plan: Any) -> Any:
 def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                  compression: Any, strategy: str, plan: Any, nonfinite: str,
                  timeout: Optional[float], seed: int, compression_back: Any = None,
-                 collective: Optional[str] = None) -> Any:
+                 collective: Optional[str] = None, joining: Any = None) -> Any:
     """Open a transport, build an engine and register ``specs`` (collective).
 
     Args:
@@ -86,6 +86,9 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
             back encoded by the worker's compressor.
         collective: how compressed gradients travel (``EngineConfig.collective``;
             None: the strategy's PS or Ring).
+        joining: the construction's ``Joining`` (``joining.py``): its
+            ``ready()`` is called once every local check passed, just before
+            the transport opens. None: no meeting.
 
     Returns:
         The registered engine.
@@ -100,7 +103,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                          f"gradients, as in DDP), 'skip' or 'raise', found {nonfinite!r}")
     plan = resolve_plan(plan)
     candidates = None
-    if isinstance(compression, str) and compression == "auto":
+    if is_auto(compression):
         # a compressor per gradient, chosen by the cost model among the defaults
         if plan != "auto":
             raise ValueError("compression='auto' chooses a compressor per gradient by "
@@ -119,7 +122,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
     if back is not None and compression is None and not isinstance(plan, Plan):
         raise ValueError("compression_back sets the compressor of the aggregates; it needs a "
                          "worker compressor (compression=...)")
-    timeout = float(timeout if timeout is not None else default_timeout())
+    timeout = check_timeout(timeout) if timeout is not None else default_timeout()
     if _engine_factory is not None:
         factory, config_cls = _engine_factory, None
     else:
@@ -142,6 +145,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                       replay=replay == "1", collective=collective,
                       link_source=collective_links)
     cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
+    if joining is not None:
+        joining.ready()
     transport = engine_transport(timeout)  # HIPRESS_TRANSPORT, else the launcher's
     try:
         engine = factory(transport, cfg)

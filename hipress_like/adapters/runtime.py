@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import socket
 import weakref
@@ -42,7 +43,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "barrier", "mpi_built", "mpi_enabled", "gloo_built",
     "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "mpi_threads_supported",
-    "default_timeout", "engine_transport",
+    "default_timeout", "engine_transport", "check_timeout",
 ]
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,34 @@ def default_timeout() -> float:
     """Seconds every blocking wait may take (``HIPRESS_TIMEOUT``, default 300)."""
     if _rt is not None:
         return _rt.timeout
-    return float(os.environ.get("HIPRESS_TIMEOUT", _DEFAULT_TIMEOUT))
+    return check_timeout(os.environ.get("HIPRESS_TIMEOUT", _DEFAULT_TIMEOUT), "HIPRESS_TIMEOUT")
+
+
+def check_timeout(timeout: Any, what: str = "timeout") -> Optional[float]:
+    """``timeout`` as seconds (a float > 0), or None when it is None.
+
+    Args:
+        timeout: what the user passed (a number, or a numeric string as the
+            environment gives).
+        what: the parameter's name, for the error.
+
+    Raises:
+        ValueError: not a finite number of seconds > 0; the message names ``what``.
+
+    Example:
+        >>> check_timeout("30"), check_timeout(None)
+        (30.0, None)
+    """
+    if timeout is None:
+        return None
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} must be a number of seconds > 0, found {timeout!r}; pass "
+                         f"e.g. {what}=60") from e
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"{what} must be a finite number of seconds > 0, found {timeout!r}")
+    return seconds
 
 
 def _backend() -> str:
@@ -250,8 +278,8 @@ def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = 
         raise ValueError("process sets are not supported; every rank trains together")
     import torch.distributed as dist
 
-    t = float(timeout if timeout is not None else os.environ.get("HIPRESS_TIMEOUT",
-                                                                 _DEFAULT_TIMEOUT))
+    t = check_timeout(timeout, "init(timeout=...)") if timeout is not None else check_timeout(
+        os.environ.get("HIPRESS_TIMEOUT", _DEFAULT_TIMEOUT), "HIPRESS_TIMEOUT")
     if dist.is_initialized():
         n, r = dist.get_world_size(), dist.get_rank()
         _rt = _Runtime(r, n, _env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default=0),

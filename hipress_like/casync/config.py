@@ -2,11 +2,8 @@
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Sequence
-
-import msgpack
 
 from ..cost_model.plan import STRATEGIES, Plan, check_collective_name
 from .errors import ConfigMismatchError
@@ -190,20 +187,65 @@ class EngineConfig:
 
 def fingerprint(config: EngineConfig, compressor: Any, plan: Optional[Plan]) -> Dict[str, Any]:
     """What every rank's engine must agree on, as msgpack-able values: the shared
-    settings, the compressor with its parameters, and the plan (a digest of a
-    fixed plan, or how it will be made)."""
+    settings, the compressor with its parameters, and the plan (each of a fixed
+    plan's fields, so a difference is named by its field, or how it will be made)."""
     fp: Dict[str, Any] = {f: repr(getattr(config, f)) for f in SHARED_FIELDS}
     fp["compressor"] = repr(compressor)
     fp["compressor_back"] = repr((config.compressor_back, sorted(config.params_back.items())))
     if plan is not None:
-        fp["plan"] = zlib.crc32(msgpack.packb(plan.to_dict(), default=repr))
+        fp["plan"] = _flatten(plan.to_dict())
     else:
         fp["plan"] = "from a plan source" if config.plan is not None else "size rule"
     return fp
 
 
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
+    """A nested dict as paths to reprs of its leaves.
+
+    Example: ``{"gradients": {"fc.w": {"partitions": 4}}}`` becomes
+    ``{"gradients['fc.w'].partitions": "4"}``.
+    """
+    out: Dict[str, str] = {}
+    for k, v in d.items():
+        path = f"{prefix}.{k}" if prefix and k.isidentifier() else (
+            f"{prefix}[{k!r}]" if prefix else str(k))
+        if isinstance(v, Mapping) and v:
+            out.update(_flatten(v, path))
+        else:
+            out[path] = repr(v)
+    return out
+
+
+def _groups(values: Sequence[Any]) -> Dict[Any, list]:
+    """value -> the ranks holding it (unhashable values by their repr)."""
+    out: Dict[Any, list] = {}
+    for r, v in enumerate(values):
+        out.setdefault(v if not isinstance(v, (dict, list)) else repr(v), []).append(r)
+    return out
+
+
+def _describe(key: str, values: Sequence[Any], most: int = 6) -> list:
+    """The differences of one setting: one line per differing field of a plan."""
+    if all(isinstance(v, Mapping) for v in values):  # fixed plans: name the fields
+        fields = sorted({f for v in values for f in v})
+        lines = []
+        for f in fields:
+            groups = _groups([v.get(f, "(absent)") for v in values])
+            if len(groups) > 1:
+                lines.append(f"{key}.{f}: " + "; ".join(
+                    f"{g} on rank(s) {rs}" for g, rs in groups.items()))
+        if len(lines) > most:
+            lines = lines[:most] + [f"{key}: {len(lines) - most} more fields differ"]
+        return lines
+    shown = ["a fixed Plan" if isinstance(v, Mapping) else v for v in values]
+    return [f"{key}: " + "; ".join(f"{g} on rank(s) {rs}" for g, rs in _groups(shown).items())]
+
+
 def check_same_config(prints: Sequence[Mapping[str, Any]]) -> None:
     """Raise ``ConfigMismatchError`` naming each setting that differs, and the ranks.
+
+    A fixed plan's difference is named by its field (``plan.gradients['w'].
+    partitions``, ``plan.compressor``, ...), not by a digest.
 
     Example:
         >>> try:
@@ -214,11 +256,9 @@ def check_same_config(prints: Sequence[Mapping[str, Any]]) -> None:
     """
     diffs = []
     for key in prints[0]:
-        values: Dict[Any, list] = {}
-        for r, fp in enumerate(prints):
-            values.setdefault(fp.get(key), []).append(r)
-        if len(values) > 1:
-            diffs.append(f"{key}: " + "; ".join(f"{v} on rank(s) {rs}" for v, rs in values.items()))
+        values = [fp.get(key) for fp in prints]
+        if len(_groups(values)) > 1:
+            diffs.extend(_describe(key, values))
     if diffs:
         raise ConfigMismatchError(
             "engine settings differ between ranks (found at register, before any data "

@@ -11,6 +11,8 @@ import importlib
 import pytest
 
 MODULES = [
+    "hipress_like.adapters.agreement",
+    "hipress_like.adapters.consistency",
     "hipress_like.casync.chunks",
     "hipress_like.casync.config",
     "hipress_like.casync.lane",

@@ -45,8 +45,9 @@ import torch
 from .. import checkpoint
 from ..collectives import Average, Sum
 from ..engine_builder import EngineHolder, build_engine, specs_of
+from ..joining import Joining
 from ..ordering import OrderingError
-from ..runtime import _require, _track
+from ..runtime import _require, _track, check_timeout
 from .gradients import resolve_names, sparse_average
 
 __all__ = ["DistributedOptimizer", "OrderingError"]
@@ -72,7 +73,8 @@ class _DistributedOptimizerMixin(EngineHolder):
     def _hp_setup(self, named_parameters: Any, compression: Any, strategy: str, plan: Any,
                   backward_passes_per_step: int, op: str, sparse_as_dense: bool,
                   nonfinite: str, timeout: Optional[float], seed: int,
-                  compression_back: Any = None, collective: Optional[str] = None) -> None:
+                  compression_back: Any = None, collective: Optional[str] = None,
+                  joining: Any = None) -> None:
         rt = _require()
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be an int >= 1, found "
@@ -108,7 +110,7 @@ class _DistributedOptimizerMixin(EngineHolder):
         self._hp_engine = build_engine(specs, compression=compression, strategy=strategy,
                                        plan=plan, nonfinite=nonfinite, timeout=timeout,
                                        seed=seed, compression_back=compression_back,
-                                       collective=collective)
+                                       collective=collective, joining=joining)
         self._hp_ensure_hooks()
         _track(self)
 
@@ -249,11 +251,28 @@ class _DistributedOptimizerMixin(EngineHolder):
             elif closure is None or st.handles or st.sparse:
                 ok = self.synchronize()
         st.synchronized = False
+        loss = None
         if not ok:
             log.warning("step skipped on every rank: a gradient was NaN/Inf "
                         "(nonfinite='skip')")
-            return None
-        return super().step(closure)
+        else:
+            loss = super().step(closure)
+        self._hp_steps_taken += 1
+        if self._hp_check_every and self._hp_steps_taken % self._hp_check_every == 0:
+            self.check_consistency()
+        return loss
+
+    def check_consistency(self) -> None:
+        """Compare every rank's parameters and optimizer state (a collective call).
+
+        Raises:
+            ConsistencyError: on every rank, naming the first parameter or
+                state entry that differs and the ranks that disagree.
+        """
+        from ..consistency import check_replicas
+
+        check_replicas([(self._hp_names[id(p)], p) for p in self._hp_params], self,
+                       step=self._hp_steps_taken)
 
     def _hp_wrap_closure(self, closure: Any) -> Any:
         def synced_closure() -> Any:
@@ -261,7 +280,7 @@ class _DistributedOptimizerMixin(EngineHolder):
             self.synchronize()
             self._hp_step.synchronized = False
             if isinstance(loss, torch.Tensor) and self._hp_size > 1:
-                from .collectives import allreduce
+                from ..collectives import allreduce
 
                 avg = allreduce(loss.detach().reshape(1).float(), name="closure loss")
                 loss = avg.reshape(loss.shape).to(loss.dtype)
@@ -305,7 +324,7 @@ class _DistributedOptimizerMixin(EngineHolder):
         local = self._hp_engine.state_dict() if self._hp_engine is not None else {}
         engines = None
         if all_ranks:
-            from .objects import allgather_object
+            from ..objects import allgather_object
 
             engines = allgather_object(local, name="optimizer.state_dict")
         hip = checkpoint.pack(local, self._hp_rank, self._hp_size, engines)
@@ -375,7 +394,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          nonfinite: str = "propagate", timeout: Optional[float] = None,
                          seed: int = 0, compression_back: Any = None,
                          collective: Optional[str] = None,
-                         stragglers: Any = None) -> torch.optim.Optimizer:
+                         stragglers: Any = None,
+                         check_consistency_every: int = 0) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged by CaSync.
 
     A collective call: every rank constructs it at the same point, with the
@@ -445,16 +465,25 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             contributed, late gradients are dropped and counted, and every
             rank applies the same aggregate (``adapters/torch/quorum`` gives
             the loop contract: count steps with ``opt.steps``). Takes THC or
-            any single-round compressor; ``strategy``, ``plan``,
-            ``nonfinite`` (a NaN/Inf gradient sits its step out) and the
-            fusion options do not apply. None (default): off.
+            any single-round compressor; ``strategy``, ``plan`` and
+            ``nonfinite`` (a NaN/Inf gradient sits its step out) do not
+            apply and must keep their defaults (anything else raises at
+            construction); the fusion options are ignored. None (default): off.
+        check_consistency_every: the consistency guard (``adapters/consistency``):
+            every K steps, after the step, the ranks compare a hash of their
+            parameters and optimizer state (one 256-byte allgather when they
+            agree) and every rank raises ``ConsistencyError`` naming the first
+            parameter or state entry that differs and the ranks that disagree.
+            ``opt.check_consistency()`` runs one check by hand. 0 (default): off.
 
     Returns:
         The distributed optimizer (an instance of a subclass of
         ``type(optimizer)``).
 
     Raises:
-        ValueError: duplicate or partial ``named_parameters``, bad options.
+        ValueError: duplicate or partial ``named_parameters``, bad options
+            (a ``timeout`` that is not seconds, an option ``stragglers``
+            would ignore).
         TypeError: a parameter with a dtype that cannot be reduced.
 
     Example:
@@ -462,32 +491,73 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         >>> opt = hpt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
         ...                                compression=hpt.Compression.onebit)
     """
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"expected a torch.optim.Optimizer, found {type(optimizer).__name__}")
-    if isinstance(optimizer, _DistributedOptimizerMixin) or hasattr(optimizer, "_hpq_lane"):
-        raise ValueError("this optimizer is already a DistributedOptimizer")
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise ValueError("process sets are not supported; every rank trains together")
-    if num_groups or groups:
-        log.info("num_groups/groups ignored: CaSync batches small gradients itself")
-    if gradient_predivide_factor != 1.0:
-        log.info("gradient_predivide_factor=%s has no effect: averaging is done in float32",
-                 gradient_predivide_factor)
-    if stragglers is not None:
-        return _quorum_optimizer(optimizer, named_parameters, compression, stragglers,
-                                 timeout, seed, compression_back, collective,
-                                 backward_passes_per_step, op)
-    opt = _wrapped(optimizer, _DistributedOptimizerMixin, "synchronised by hipress-like CaSync")
-    opt._hp_engine = None
-    opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step, op,
-                  sparse_as_dense, nonfinite, timeout, seed, compression_back, collective)
-    return opt
+    mode = None if stragglers is None else repr(stragglers)
+    # one meeting of the ranks before the transport opens: a rank failing in here
+    # is named to its peers at once (joining.py), as are modes chosen on some ranks
+    with Joining("DistributedOptimizer", stragglers=mode) as joining:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"expected a torch.optim.Optimizer, found "
+                            f"{type(optimizer).__name__}")
+        if isinstance(optimizer, _DistributedOptimizerMixin) or hasattr(optimizer,
+                                                                         "_hpq_lane"):
+            raise ValueError("this optimizer is already a DistributedOptimizer")
+        if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+            raise ValueError("process sets are not supported; every rank trains together")
+        if num_groups or groups:
+            log.info("num_groups/groups ignored: CaSync batches small gradients itself")
+        if gradient_predivide_factor != 1.0:
+            log.info("gradient_predivide_factor=%s has no effect: averaging is done in "
+                     "float32", gradient_predivide_factor)
+        timeout = check_timeout(timeout)  # names the parameter, before any collective
+        if isinstance(check_consistency_every, bool) or not isinstance(
+                check_consistency_every, int) or check_consistency_every < 0:
+            raise ValueError(f"check_consistency_every must be an int >= 0 (0: off), found "
+                             f"{check_consistency_every!r}")
+        if stragglers is not None:
+            _quorum_ignores(strategy, plan, nonfinite)
+            opt = _quorum_optimizer(optimizer, named_parameters, compression, stragglers,
+                                    timeout, seed, compression_back, collective,
+                                    backward_passes_per_step, op, joining)
+            opt._hp_check_every = check_consistency_every
+            return opt
+        opt = _wrapped(optimizer, _DistributedOptimizerMixin,
+                       "synchronised by hipress-like CaSync")
+        opt._hp_engine = None
+        opt._hp_check_every, opt._hp_steps_taken = check_consistency_every, 0
+        opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step,
+                      op, sparse_as_dense, nonfinite, timeout, seed, compression_back,
+                      collective, joining)
+        return opt
+
+
+def _quorum_ignores(strategy: str, plan: Any, nonfinite: str) -> None:
+    """Refuse the options partial aggregation would silently ignore (at construction).
+
+    The quorum lane allgathers one flat buffer per step with its own compressor
+    (no PS/Ring strategy, no plan), and a rank whose gradient holds NaN/Inf sits
+    its step out; only the defaults, which say nothing, are accepted.
+    """
+    if strategy != "ps":
+        raise ValueError(f"stragglers: strategy={strategy!r} does not apply under partial "
+                         "aggregation (its lane allgathers each step's payloads); drop "
+                         "strategy=, or drop stragglers= to train with that strategy")
+    if plan not in ("auto", None):
+        raise ValueError(f"stragglers: a plan ({type(plan).__name__}) does not apply under "
+                         "partial aggregation (one compressor for one flat buffer per step); "
+                         "drop plan= and pass compression=, or drop stragglers= to use the plan")
+    if nonfinite != "propagate":
+        raise ValueError(f"stragglers: nonfinite={nonfinite!r} does not apply under partial "
+                         "aggregation: a rank whose gradient holds NaN/Inf sits its step out "
+                         "and the others close it without that rank (counted in "
+                         "opt.stragglers()); drop nonfinite=, or drop stragglers= to have "
+                         f"nonfinite={nonfinite!r}")
 
 
 def _quorum_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, compression: Any,
                       stragglers: Any, timeout: Optional[float], seed: int,
                       compression_back: Any, collective: Optional[str],
-                      backward_passes_per_step: int, op: str) -> torch.optim.Optimizer:
+                      backward_passes_per_step: int, op: str,
+                      joining: Any = None) -> torch.optim.Optimizer:
     """``DistributedOptimizer(stragglers=...)``: the partial-aggregation wrapper."""
     from ...casync.quorum import Quorum
     from .quorum import QuorumOptimizerMixin
@@ -507,5 +577,5 @@ def _quorum_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, c
                          f"{backward_passes_per_step!r}")
     opt = _wrapped(optimizer, QuorumOptimizerMixin, "with partial aggregation (hipress-like)")
     opt._hpq_lane = None
-    opt._hpq_setup(named_parameters, compression, stragglers, timeout, seed)
+    opt._hpq_setup(named_parameters, compression, stragglers, timeout, seed, joining)
     return opt

@@ -59,7 +59,7 @@ class QuorumOptimizerMixin:
     """Methods placed in front of the user's optimizer class when ``stragglers`` is set."""
 
     def _hpq_setup(self, named_parameters: Any, compression: Any, quorum: Any,
-                   timeout: Optional[float], seed: int) -> None:
+                   timeout: Optional[float], seed: int, joining: Any = None) -> None:
         from ...casync.choice import build_compressor
         from ...casync.quorum import QuorumLane, check_compressor
         from ...casync.transport.torch_dist import own_store_client
@@ -67,6 +67,7 @@ class QuorumOptimizerMixin:
         rt = _require()
         params = [p for g in self.param_groups for p in g["params"]]
         names = resolve_names(params, named_parameters, self.param_groups)
+        self._hpq_names = names
         self._hpq_params: List[torch.Tensor] = [
             p for p in {id(p): p for p in params}.values() if p.requires_grad]
         # one flat buffer in the engine's wire dtypes (fp16/bf16 reduced in float32)
@@ -80,6 +81,8 @@ class QuorumOptimizerMixin:
         comp = build_compressor(spec if spec is not None else "identity", cparams, "auto")
         check_compressor(comp)  # before the transport: a collective every rank would wait in
         timeout = default_timeout() if timeout is None else float(timeout)
+        if joining is not None:  # every rank checked out (joining.py): open the transport
+            joining.ready()
         self._hpq_rank, self._hpq_size = rt.rank, rt.size
         self._hpq_quorum = quorum
         self._hpq_steps = 0
@@ -167,11 +170,27 @@ class QuorumOptimizerMixin:
         every = self._hpq_quorum.resync_every
         if every and self._hpq_steps % every == 0 and self._hpq_size > 1:
             self._hpq_resync()
+        # every rank applies every step, the late one included: it checks at the same steps
+        check = getattr(self, "_hp_check_every", 0)
+        if check and self._hpq_steps % check == 0:
+            self.check_consistency()
         return members
+
+    def check_consistency(self) -> None:
+        """Compare every rank's parameters and optimizer state (a collective call).
+
+        Raises:
+            ConsistencyError: on every rank, naming the first parameter or
+                state entry that differs and the ranks that disagree.
+        """
+        from ..consistency import check_replicas
+
+        check_replicas([(self._hpq_names[id(p)], p) for p in self._hpq_params], self,
+                       step=self._hpq_steps)
 
     def _hpq_resync(self) -> None:
         """Every rank takes rank 0's parameters (a collective on the default group)."""
-        from .collectives import broadcast_
+        from ..collectives import broadcast_
 
         for i, p in enumerate(self._hpq_params):
             with torch.no_grad():

@@ -56,6 +56,15 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.R
 # Transports are created collectively in the same order on every rank, so
 # this per-process counter gives the same store key prefix on every rank.
 _instances = itertools.count()
+# Every open transport of this process, for the store host's linger at exit.
+_live: "weakref.WeakSet[TorchDistTransport]" = weakref.WeakSet()
+# Set once a collective of this process failed (``_post_failed``).
+_failed_here = threading.Event()
+# After a failure, the store host (global rank 0) keeps the store up at exit
+# this long at most, until each peer posted its own failure, closed, or
+# stopped heartbeating: peers still diagnosing read heartbeats from that store,
+# and with it gone they could only blame rank 0 (``_linger_as_store_host``).
+_STORE_LINGER = 5.0
 
 
 class TorchDistTransport(Transport):
@@ -122,6 +131,7 @@ class TorchDistTransport(Transport):
                                            name=f"hipress-heartbeat-r{self.rank}")
         self._hb_thread.start()
         atexit.register(_close_at_exit, weakref.ref(self))
+        _live.add(self)
         # One collective over the new group up front: NCCL creates its
         # communicator lazily and requires the first operation (before any
         # point-to-point) to involve every rank; on gloo it checks the group.
@@ -158,6 +168,7 @@ class TorchDistTransport(Transport):
         diagnosis: when it then exits, peers still diagnosing must not blame it for
         the failure it only reacted to (4 ranks, rank 3 killed: a survivor used to
         blame rank 0, which had failed and exited first)."""
+        _failed_here.set()
         try:
             self._store.add(f"{_FAILED_PREFIX}/{self._global[self.rank]}", 1)
         except Exception as e:  # the store host may be the dead one
@@ -438,6 +449,53 @@ def own_store_client() -> dist.Store:
         except Exception as e:  # fall back to sharing the default client
             log.debug("could not open a second store client: %s", e)
     return default
+
+
+def _undiagnosed(t: TorchDistTransport, seen: Dict[tuple, tuple], now: float) -> List[int]:
+    """Peers of ``t`` that neither posted a failure nor closed and still heartbeat."""
+    failed = set(t._read_failed())
+    closed = {r for r, v in t._read_counters("closed").items() if v}
+    beats = t._read_counters("hb")
+    out = []
+    for r in range(t.size):
+        if r == t.rank or r in failed or r in closed:
+            continue
+        last = seen.get((id(t), r))
+        if last is None or last[0] != beats[r]:
+            seen[(id(t), r)] = (beats[r], now)
+        elif now - last[1] > 3 * t._interval + 0.05:
+            continue  # no beat for three intervals: dead, nothing to wait for
+        out.append(r)
+    return out
+
+
+def _linger_as_store_host() -> None:
+    """At exit of the store's host (global rank 0) after a failed collective: keep
+    the store up until every peer has posted its own failure, closed, or stopped
+    heartbeating, for ``_STORE_LINGER`` seconds at most.
+
+    Without it, rank 0 reacting quickly to rank 3's death exits and takes the
+    store with it, and a survivor still diagnosing finds the store unreachable
+    and blames rank 0 instead of rank 3. Registered at import, so it runs after
+    the transports' own ``_close_at_exit`` (atexit runs in reverse order).
+    """
+    if not _failed_here.is_set() or not dist.is_initialized() or dist.get_rank() != 0:
+        return
+    transports = list(_live)
+    seen: Dict[tuple, tuple] = {}
+    deadline = time.monotonic() + _STORE_LINGER
+    try:
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            if not any(_undiagnosed(t, seen, now) for t in transports):
+                return
+            time.sleep(0.02)
+        log.debug("store host: peers still undiagnosed after %.1fs; exiting", _STORE_LINGER)
+    except Exception as e:  # the store itself failed: nothing to keep up
+        log.debug("store host linger: %s", e)
+
+
+atexit.register(_linger_as_store_host)
 
 
 def _close_at_exit(ref: "weakref.ref[TorchDistTransport]") -> None:
