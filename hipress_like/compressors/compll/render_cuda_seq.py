@@ -41,6 +41,7 @@ from .interp import _size, layout
 from .lower import ExprC, ctype
 from .prelude import CUDA_PRELUDE as PRELUDE
 from .prelude import ctx_locals as _ctx_locals
+from .render_base import counted_arrays, read_extra_fields
 from .syntax import Node, Type
 
 __all__ = ["render_cuda_seq", "SEQ_CUDA_PRELUDE"]
@@ -434,25 +435,15 @@ class _CudaSeq:
 
     def extract(self, e: Node) -> None:
         lay = layout(e.args[1][1:])
-        body = [f"    if (extra_len < {lay.extra_nbytes}) {{ c->err = 3; return; }}"]
-        for a, t, off in lay.fields:
-            tgt = self.ex.name(a.args[0])
-            if t.name == "uint":
-                body.append(f"    {tgt} = extra[{off}];")
-            else:
-                body.append(f"    {{ {ctype(t)} v_; cl_memcpy(&v_, extra + {off}, {_size(t)}); "
-                            f"{tgt} = v_; }}")
-        body.append("    long long off_ = 0;")
+        body = read_extra_fields(lay, self.ex, "{{ c->err = {}; return; }}", "cl_memcpy",
+                                 "long long")
         ptrs = []
-        for j, (a, t) in enumerate(lay.arrays):
-            if a.kind != "index":
-                raise self.c.prog.error("extract reads these arrays as name[count]", a)
-            name = a.args[0].args[0]
+        for j, name, t, count in counted_arrays(self.c, lay):
             sz = _size(t.elem())
             self.field(f"long long dlen_{name}, off_{name};")
             if j:
                 body.append("    off_ = (off_ + 7) / 8 * 8;")
-            body += [f"    c->dlen_{name} = (long long)({self.ex.expr(a.args[1])});",
+            body += [f"    c->dlen_{name} = (long long)({self.ex.expr(count)});",
                      f"    if (c->dlen_{name} < 0 || c->dlen_{name} > n || off_ + c->dlen_{name} * "
                      f"{sz} > body_len) {{ c->err = 3; return; }}",
                      f"    c->off_{name} = off_; off_ += c->dlen_{name} * {sz};"]

@@ -46,6 +46,7 @@ from .interp import _size, layout
 from .lower import ExprC, ctype
 from .prelude import C_PRELUDE as PRELUDE
 from .prelude import ctx_struct
+from .render_base import counted_arrays, read_extra_fields, write_extra_fields
 from .syntax import Node, Type
 
 __all__ = ["render_seq", "SeqNativeProgram", "compile_seq", "SEQ_PRELUDE"]
@@ -309,13 +310,7 @@ class _Seq:
             e = s.args[2]
             lay = layout(e.args[1])
             ln.append("    if (cl_bad_ratio) return 6;")
-            for a, t, off in lay.fields:
-                v = self.ex.conv(self.ex.expr(a), a.ty, t)
-                if t.name == "uint":
-                    ln.append(f"    extra[{off}] = (uint8_t)({v});")
-                else:
-                    ln.append(f"    {{ {ctype(t)} v_ = {v}; memcpy(extra + {off}, &v_, "
-                              f"{_size(t)}); }}")
+            ln += write_extra_fields(lay, self.ex, "memcpy")
             for j, (a, t) in enumerate(lay.arrays):
                 if a.kind != "var" or t.name not in ("float", "int32"):
                     raise self.c.prog.error("concat's arrays here are named float* or int32* "
@@ -386,24 +381,13 @@ class _Seq:
     def extract(self, e: Node, arrays: Dict[str, Type]) -> None:
         ln = self.lines
         lay = layout(e.args[1][1:])
-        ln.append(f"    if (extra_len < {lay.extra_nbytes}) return 3;")
-        for a, t, off in lay.fields:
-            tgt = self.ex.name(a.args[0])
-            if t.name == "uint":
-                ln.append(f"    {tgt} = extra[{off}];")
-            else:
-                ln.append(f"    {{ {ctype(t)} v_; memcpy(&v_, extra + {off}, {_size(t)}); "
-                          f"{tgt} = v_; }}")
-        ln.append("    int64_t off_ = 0;")
-        for j, (a, t) in enumerate(lay.arrays):
-            if a.kind != "index":
-                raise self.c.prog.error("extract reads these arrays as name[count]", a)
-            name = a.args[0].args[0]
+        ln += read_extra_fields(lay, self.ex, "return {};", "memcpy", "int64_t")
+        for j, name, t, count in counted_arrays(self.c, lay):
             ct = ctype(t.elem())
             cnt = f"cnt_{name}"
             if j:
                 ln.append("    off_ = (off_ + 7) / 8 * 8;")
-            ln += [f"    const int64_t {cnt} = (int64_t)({self.ex.expr(a.args[1])});",
+            ln += [f"    const int64_t {cnt} = (int64_t)({self.ex.expr(count)});",
                    f"    if ({cnt} < 0 || {cnt} > n || off_ + {cnt} * {_size(t.elem())} > "
                    "body_len) return 3;",
                    f"    const {ct}* l_{name} = (const {ct}*)(body + off_); off_ += {cnt} * "
