@@ -15,26 +15,33 @@ every target lives here once, and each target supplies only what differs:
   (the inverse of concat's layout, ``interp.layout``), with the target's
   error exit and ``memcpy``;
 - ``write_extra_fields``: concat's header fields written into ``extra``;
+- ``SeqExpr`` and ``SeqArrays``: the state-array targets' expressions (an
+  array's ``.size`` is its length variable; an array never nests inside an
+  expression), their named arrays (gradient, state, or a made one) and
+  their statements' dispatch: a target renders each kind of statement
+  (``array_op``, ``concat``, ``state_loop``, ``scatter_loop``, ``scalar``);
 - ``counted_arrays``: extract's ``name[count]`` arrays of the state-array
   targets, in layout order.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .interp import _size
-from .lower import Loop, ctype, reduction
+from .lower import ExprC, Loop, ctype, reduction
 from .syntax import Node, Type
 
-__all__ = ["LoopRenderer", "counted_arrays", "read_extra_fields", "write_extra_fields"]
+__all__ = ["LoopRenderer", "SeqArrays", "SeqExpr", "counted_arrays", "read_extra_fields",
+           "write_extra_fields"]
 
 
 class LoopRenderer:
     """Base of the C and CUDA loop renderers: what both write the same way.
 
     A subclass sets ``c`` (the checked program), ``ex`` (its ``ExprC``) and
-    defines ``elem`` (an array element read inside the loop).
+    ``arrays`` (the entry point's arrays), and defines ``_array_elem`` (how
+    the loop reads element ``i_`` of a made array).
     """
 
     INT64 = "int64_t"
@@ -46,6 +53,21 @@ class LoopRenderer:
     def _store(self, x: Loop) -> str:
         """The byte pointer a map ``x`` stores its elements through."""
         return f"l_{x.target}"
+
+    def elem(self, n: Node, grad: Optional[str]) -> str:
+        """C text of element ``i_`` of array expression ``n`` (``grad`` reads as ``x_``)."""
+        if n.kind == "var":
+            if n.args[0] == grad:
+                return "x_"
+            return self._array_elem(n, self.arrays.get(n.args[0]))
+        if n.kind == "call" and n.args[0] == "range":
+            return "i_"
+        if n.kind == "call" and n.args[0] == "map":
+            src, fn = n.args[1][0], n.args[1][1]
+            f = self.c.funcs[fn.args[0]]
+            pt = f.params[0][0]
+            return f"u_{f.name}(c, {self.ex.conv(self.elem(src, grad), src.ty.elem(), pt)}, i_)"
+        raise self.c.prog.error("expected an array (a name, map(...) or range(n))", n)
 
     def bits_expr(self, t: Type) -> str:
         """A packed array type's bit width: a literal or the scalar holding it."""
@@ -103,6 +125,124 @@ class LoopRenderer:
                     out.append(f"{ind}(({store}*){self._store(x)})[i_] = ({store})"
                                f"{self.ex.conv(val, fn.ret, et)};")
         return out
+
+
+class SeqExpr(ExprC):
+    """``ExprC`` of the state-array targets: ``idx.size`` reads the array's length variable.
+
+    Args:
+        c: the checked program.
+        target: ``"c"`` or ``"cuda"``.
+        lens: array name -> the C expression of its length (shared with the renderer).
+        int64: the target's 64-bit integer spelling.
+    """
+
+    def __init__(self, c: Any, target: str, lens: Dict[str, str], int64: str) -> None:
+        super().__init__(c, target)
+        self.lens = lens
+        self.int64 = int64
+
+    def expr(self, e: Node) -> str:
+        if e.kind == "field" and e.args[1] == "size" and e.args[0].kind == "var" and \
+                e.args[0].args[0] in self.lens:
+            return f"(({self.int64}){self.lens[e.args[0].args[0]]})"
+        if e.ty is not None and getattr(e.ty, "array", False) and e.kind != "field":
+            raise self.c.prog.error("an array stands in its own statement here (int32* idx = "
+                                    "filter(...); scatter(...);), not inside an expression", e)
+        try:
+            return super().expr(e)
+        except KeyError as k:
+            raise self.c.prog.error(f"{k} cannot be read here", e) from None
+
+
+class SeqArrays:
+    """The state-array renderers' named arrays.
+
+    A subclass sets ``c`` (the checked program), ``grad`` (the gradient's
+    name in the entry point being rendered), ``state`` (the state arrays'
+    names) and ``lens`` (array name -> length expression of the arrays made
+    so far).
+    """
+
+    def arr(self, n: Node) -> str:
+        """C pointer of a named array: ``g``, ``s_<state>`` or ``l_<made>``.
+
+        Raises:
+            CompllError: ``n`` is not a name, or names an array not made yet.
+        """
+        if n.kind != "var":
+            raise self.c.prog.error("expected a named array here", n)
+        name = n.args[0]
+        if name == self.grad:
+            return "g"
+        if name in self.state:
+            return f"s_{name}"
+        if name not in self.lens:
+            raise self.c.prog.error(f"{name!r} has no value here: make it with filter, topk "
+                                    "or gather (encode) or read it with extract (decode)", n)
+        return f"l_{name}"
+
+    def length(self, n: Node) -> str:
+        """The C expression of a named array's length (``n`` for the gradient and state)."""
+        self.arr(n)
+        return self.lens.get(n.args[0], "n")
+
+    def special(self, s: Node) -> bool:
+        """Render a statement only this target knows (True when done); none by default."""
+        return False
+
+    def stmt(self, s: Node, out_name: str) -> None:
+        """Render one statement of an entry point whose output is ``out_name``.
+
+        Raises:
+            CompllError: an array declared without a value or reassigned, or a
+                state array updated other than by map(a, b, f) or scatter.
+        """
+        if s.kind == "decl" and s.args[0].array:
+            for d in s.args[1]:
+                if d.args[1] is None:
+                    raise self.c.prog.error("declare an array with its value here", d)
+                self.array_op(d.args[0], d.args[1])
+            return
+        if s.kind == "assign" and s.args[0].args[0] == out_name:
+            self.concat(s.args[2])
+            return
+        if s.kind == "assign" and s.args[0].args[0] in self.state:
+            e = s.args[2]
+            if not (e.kind == "call" and e.args[0] == "map" and len(e.args[1]) == 3):
+                raise self.c.prog.error("a state array is updated by map(a, b, f) or "
+                                        "scatter", e)
+            a, b, fn = e.args[1]
+            f = self.c.funcs[fn.args[0]]
+            (pa, _), (pb, _) = f.params
+            va = self.ex.conv(f"{self.arr(a)}[i_]", a.ty.elem(), pa)
+            vb = self.ex.conv(f"{self.arr(b)}[i_]", b.ty.elem(), pb)
+            call = self.ex.conv(f"u_{f.name}(c, {va}, {vb}, i_)", f.ret, Type("float"))
+            self.state_loop(s.args[0].args[0], call)
+            return
+        if s.kind == "expr_stmt" and s.args[0].kind == "call" and s.args[0].args[0] == "scatter":
+            x, idx, val = s.args[0].args[1]
+            v = self.ex.conv(self.ex.expr(val), val.ty, Type("float"))
+            self.scatter_loop(self.length(idx), f"{self.arr(x)}[{self.arr(idx)}[i_]] = {v};")
+            return
+        if self.special(s):
+            return
+        if s.kind == "assign" and s.args[0].ty.array:
+            raise self.c.prog.error("arrays are declared with their value (int32* idx = "
+                                    "filter(...)), not reassigned", s)
+        self.scalar(s)
+
+    def concat_arrays(self, lay: Any) -> Iterator[Tuple[int, Node]]:
+        """Concat's arrays in layout order: (position, name node).
+
+        Raises:
+            CompllError: an array argument is not a named float* or int32* array.
+        """
+        for j, (a, t) in enumerate(lay.arrays):
+            if a.kind != "var" or t.name not in ("float", "int32"):
+                raise self.c.prog.error("concat's arrays here are named float* or int32* "
+                                        "arrays", a)
+            yield j, a
 
 
 def read_extra_fields(lay: Any, ex: Any, fail: str, memcpy: str, int64: str) -> List[str]:

@@ -60,28 +60,14 @@ class _Render(LoopRenderer):
         self.checked_finite = False
 
     # ------------------------------------------------------------ elements
-    def elem(self, n: Node, grad: Optional[str]) -> str:
-        """C text of element ``i_`` of array expression ``n``."""
-        if n.kind == "var":
-            name = n.args[0]
-            if name == grad:
-                return "x_"
-            ty = self.arrays.get(name)
-            if ty is None:
-                raise self.c.prog.error(f"{name!r} is not an array made in this function", n)
-            if ty.name == "uint" and ty.bits != 8:
-                raise self.c.prog.error("reading a packed sub-byte array elementwise is only "
-                                        "compiled in decode's output map", n)
-            return f"l_{name}[i_]"
-        if n.kind == "call" and n.args[0] == "range":
-            return "i_"
-        if n.kind == "call" and n.args[0] == "map":
-            src, fn = n.args[1][0], n.args[1][1]
-            f = self.c.funcs[fn.args[0]]
-            pt = f.params[0][0]
-            return (f"u_{f.name}(c, {self.ex.conv(self.elem(src, grad), src.ty.elem(), pt)}, "
-                    "i_)")
-        raise self.c.prog.error("expected an array (a name, map(...) or range(n))", n)
+    def _array_elem(self, n: Node, ty: Optional[Type]) -> str:
+        name = n.args[0]
+        if ty is None:
+            raise self.c.prog.error(f"{name!r} is not an array made in this function", n)
+        if ty.name == "uint" and ty.bits != 8:
+            raise self.c.prog.error("reading a packed sub-byte array elementwise is only "
+                                    "compiled in decode's output map", n)
+        return f"l_{name}[i_]"
 
     # ------------------------------------------------------------ encode
     def group(self, items: List[Loop], grad: str, ind: str) -> None:

@@ -25,7 +25,7 @@ the CPU's bytes. The CUDA encode does not test for NaN/Inf (the caller does).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Optional, Set
 
 from .checker import Checked
 from .interp import layout
@@ -51,24 +51,12 @@ class _Cuda(LoopRenderer):
         self.kernels: Dict[str, List[str]] = {"encode": [], "decode": []}
         self.src: List[str] = []
 
-    def elem(self, n: Node, grad: str) -> str:
-        if n.kind == "var":
-            if n.args[0] == grad:
-                return "x_"
-            ty = self.arrays.get(n.args[0])
-            if ty is None or (ty.name == "uint" and ty.bits != 8):
-                raise self.c.prog.error("only the gradient, map(...) and range(n) are swept by "
-                                        "the CUDA target", n)
-            return f"((const {ctype(ty.elem()) if ty.name != 'uint' else 'uint8_t'}*)(body + "
+    def _array_elem(self, n: Node, ty: Optional[Type]) -> str:
+        if ty is None or (ty.name == "uint" and ty.bits != 8):
+            raise self.c.prog.error("only the gradient, map(...) and range(n) are swept by "
+                                    "the CUDA target", n)
+        return f"((const {ctype(ty.elem()) if ty.name != 'uint' else 'uint8_t'}*)(body + " \
             f"c->off_{n.args[0]}))[i_]"
-        if n.kind == "call" and n.args[0] == "range":
-            return "i_"
-        if n.kind == "call" and n.args[0] == "map":
-            src, fn = n.args[1][0], n.args[1][1]
-            f = self.c.funcs[fn.args[0]]
-            pt = f.params[0][0]
-            return f"u_{f.name}(c, {self.ex.conv(self.elem(src, grad), src.ty.elem(), pt)}, i_)"
-        raise self.c.prog.error("expected an array", n)
 
     def _sig(self, which: str) -> str:
         if which == "encode":
@@ -89,11 +77,7 @@ class _Cuda(LoopRenderer):
         init = []
         for x in items:
             if x.kind == "reduce":
-                ct = ctype(x.ty)
-                op = reduction(x)
-                v = "0" if op in ("sum", "maxabs") else (_BIG[ct] if op == "min" else
-                                                       "-" + _BIG[ct])
-                init.append(f"    c->{x.target} = {v};")
+                init.append(f"    c->{x.target} = {_identity(x)};")
         if init:
             self._kernel(which, init, True)
         packed = [x for x in items if x.kind == "map" and x.packed_bits is not None]
@@ -102,11 +86,7 @@ class _Cuda(LoopRenderer):
         accs = []
         for x in items:
             if x.kind == "reduce":
-                ct = ctype(x.ty)
-                op = reduction(x)
-                v = "0" if op in ("sum", "maxabs") else (_BIG[ct] if op == "min" else
-                                                       "-" + _BIG[ct])
-                lines.append(f"    {ct} a_{x.target} = {v};")
+                lines.append(f"    {ctype(x.ty)} a_{x.target} = {_identity(x)};")
                 accs.append(x)
         uses_grad = any(_source(x) == grad for x in items)
         if packed:
@@ -304,6 +284,14 @@ class _Cuda(LoopRenderer):
                       f"        out[i_] = {self.ex.conv(val, f.ret, Type('float'))};",
                       "    }"]
         self._kernel("decode", lines, False)
+
+
+def _identity(x: Loop) -> str:
+    """The identity of reduction ``x`` (0 for sums, the type's extreme for min/max)."""
+    ct, op = ctype(x.ty), reduction(x)
+    if op in ("sum", "maxabs"):
+        return "0"
+    return _BIG[ct] if op == "min" else "-" + _BIG[ct]
 
 
 def _ctx(c: Checked, r: _Cuda, lows: List[Lowered]) -> str:

@@ -43,10 +43,10 @@ import torch
 from .arrays import assemble_body
 from .checker import Checked
 from .interp import _size, layout
-from .lower import ExprC, ctype
+from .lower import ctype
 from .prelude import C_PRELUDE as PRELUDE
 from .prelude import ctx_struct
-from .render_base import counted_arrays, read_extra_fields, write_extra_fields
+from .render_base import SeqArrays, SeqExpr, counted_arrays, read_extra_fields, write_extra_fields
 from .syntax import Node, Type
 
 __all__ = ["render_seq", "SeqNativeProgram", "compile_seq", "SEQ_PRELUDE"]
@@ -163,25 +163,12 @@ static int64_t cl_topk(const float* x, const int32_t* cand, int64_t m, int64_t k
 """
 
 
-class _SeqExpr(ExprC):
+class _SeqExpr(SeqExpr):
     """ExprC with the sparse operators' scalars: ``threshold(...)``, ``idx.size``."""
 
     def __init__(self, c: Checked, arr: Any, lens: Dict[str, str]) -> None:
-        super().__init__(c, "c")
+        super().__init__(c, "c", lens, "int64_t")
         self.arr = arr
-        self.lens = lens
-
-    def expr(self, e: Node) -> str:
-        if e.kind == "field" and e.args[1] == "size" and e.args[0].kind == "var" and \
-                e.args[0].args[0] in self.lens:
-            return f"((int64_t){self.lens[e.args[0].args[0]]})"
-        if e.ty is not None and getattr(e.ty, "array", False) and e.kind != "field":
-            raise self.c.prog.error("an array stands in its own statement here (int32* idx = "
-                                    "filter(...); scatter(...);), not inside an expression", e)
-        try:
-            return super().expr(e)
-        except KeyError as k:
-            raise self.c.prog.error(f"{k} cannot be read here", e) from None
 
     def call(self, e: Node) -> str:
         name, args = e.args
@@ -191,7 +178,7 @@ class _SeqExpr(ExprC):
         return super().call(e)
 
 
-class _Seq:
+class _Seq(SeqArrays):
     def __init__(self, c: Checked) -> None:
         self.c = c
         self.lens: Dict[str, str] = {}
@@ -200,24 +187,6 @@ class _Seq:
         self.state = [n for n, t in c.globals.items() if t.array]
         self.grad = ""
         self.tmp = 0
-
-    def arr(self, n: Node) -> str:
-        """C pointer of a named array."""
-        if n.kind != "var":
-            raise self.c.prog.error("expected a named array here", n)
-        name = n.args[0]
-        if name == self.grad:
-            return "g"
-        if name in self.state:
-            return f"s_{name}"
-        if name not in self.lens:
-            raise self.c.prog.error(f"{name!r} has no value here: make it with filter, topk "
-                                    "or gather (encode) or read it with extract (decode)", n)
-        return f"l_{name}"
-
-    def length(self, n: Node) -> str:
-        self.arr(n)
-        return self.lens.get(n.args[0], "n")
 
     def buffer(self, name: str, ctype_: str, count: str) -> None:
         """A thread-local buffer ``l_name`` for ``count`` elements."""
@@ -265,16 +234,16 @@ class _Seq:
                                     f"{op}", e)
         self.lens[name] = f"len_{name}"
 
-    def state_map(self, target: str, e: Node) -> None:
-        a, b, fn = e.args[1]
-        f = self.c.funcs[fn.args[0]]
-        (pa, _), (pb, _) = f.params
-        va = self.ex.conv(f"{self.arr(a)}[i_]", a.ty.elem(), pa)
-        vb = self.ex.conv(f"{self.arr(b)}[i_]", b.ty.elem(), pb)
-        call = self.ex.conv(f"u_{f.name}(c, {va}, {vb}, i_)", f.ret, Type("float"))
+    def state_loop(self, target: str, call: str) -> None:
         self.lines += ["    for (int64_t i_ = 0; i_ < n; ++i_) {",
                        f"        s_{target}[i_] = {call};",
                        "    }"]
+
+    def scatter_loop(self, count: str, store: str) -> None:
+        self.lines.append(f"    for (int64_t i_ = 0; i_ < {count}; ++i_) {store}")
+
+    def scalar(self, s: Node) -> None:
+        self.lines += self.ex.stmt(s, "    ", None)
 
     def encode(self) -> None:
         f = self.c.encode
@@ -298,43 +267,14 @@ class _Seq:
             self.stmt(s, out_name)
         ln += ["    return 0;", "}"]
 
-    def stmt(self, s: Node, out_name: str) -> None:
+    def concat(self, e: Node) -> None:
         ln = self.lines
-        if s.kind == "decl" and s.args[0].array:
-            for d in s.args[1]:
-                if d.args[1] is None:
-                    raise self.c.prog.error("declare an array with its value here", d)
-                self.array_op(d.args[0], d.args[1])
-            return
-        if s.kind == "assign" and s.args[0].args[0] == out_name:
-            e = s.args[2]
-            lay = layout(e.args[1])
-            ln.append("    if (cl_bad_ratio) return 6;")
-            ln += write_extra_fields(lay, self.ex, "memcpy")
-            for j, (a, t) in enumerate(lay.arrays):
-                if a.kind != "var" or t.name not in ("float", "int32"):
-                    raise self.c.prog.error("concat's arrays here are named float* or int32* "
-                                            "arrays", a)
-                ln += [f"    lens[{j}] = {self.length(a)} * 4;",
-                       f"    ptrs[{j}] = (const uint8_t*){self.arr(a)};"]
-            return
-        if s.kind == "assign" and s.args[0].args[0] in self.state:
-            e = s.args[2]
-            if not (e.kind == "call" and e.args[0] == "map" and len(e.args[1]) == 3):
-                raise self.c.prog.error("a state array is updated by map(a, b, f) or "
-                                        "scatter", e)
-            self.state_map(s.args[0].args[0], e)
-            return
-        if s.kind == "expr_stmt" and s.args[0].kind == "call" and s.args[0].args[0] == "scatter":
-            x, idx, val = s.args[0].args[1]
-            v = self.ex.conv(self.ex.expr(val), val.ty, Type("float"))
-            ln += [f"    for (int64_t i_ = 0; i_ < {self.length(idx)}; ++i_) "
-                   f"{self.arr(x)}[{self.arr(idx)}[i_]] = {v};"]
-            return
-        if s.kind == "assign" and s.args[0].ty.array:
-            raise self.c.prog.error("arrays are declared with their value (int32* idx = "
-                                    "filter(...)), not reassigned", s)
-        ln += self.ex.stmt(s, "    ", None)
+        lay = layout(e.args[1])
+        ln.append("    if (cl_bad_ratio) return 6;")
+        ln += write_extra_fields(lay, self.ex, "memcpy")
+        for j, a in self.concat_arrays(lay):
+            ln += [f"    lens[{j}] = {self.length(a)} * 4;",
+                   f"    ptrs[{j}] = (const uint8_t*){self.arr(a)};"]
 
     def decode(self) -> None:
         f = self.c.decode
