@@ -21,19 +21,23 @@ every target lives here once, and each target supplies only what differs:
   their statements' dispatch: a target renders each kind of statement
   (``array_op``, ``concat``, ``state_loop``, ``scatter_loop``, ``scalar``);
 - ``counted_arrays``: extract's ``name[count]`` arrays of the state-array
-  targets, in layout order.
+  targets, in layout order;
+- ``NativeRunner``: the ctypes glue both C runners (``render_c.NativeProgram``,
+  ``render_seq.SeqNativeProgram``) share: the library's name, the params
+  vector and the decode entry point's signature.
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .interp import _size
 from .lower import ExprC, Loop, ctype, reduction
 from .syntax import Node, Type
 
-__all__ = ["LoopRenderer", "SeqArrays", "SeqExpr", "counted_arrays", "read_extra_fields",
-           "write_extra_fields"]
+__all__ = ["LoopRenderer", "NativeRunner", "SeqArrays", "SeqExpr", "counted_arrays",
+           "read_extra_fields", "write_extra_fields"]
 
 
 class LoopRenderer:
@@ -232,6 +236,17 @@ class SeqArrays:
                                     "filter(...)), not reassigned", s)
         self.scalar(s)
 
+    def scatter_output(self, e: Node) -> Tuple[Node, Node, str, str]:
+        """Decode's output ``scatter(idx, vals)``: the two array nodes and their pointers.
+
+        Raises:
+            CompllError: the output is assigned anything else.
+        """
+        if not (e.kind == "call" and e.args[0] == "scatter" and len(e.args[1]) == 2):
+            raise self.c.prog.error("decode's output here is scatter(idx, vals)", e)
+        idx, vals = e.args[1]
+        return idx, vals, self.arr(idx), self.arr(vals)
+
     def concat_arrays(self, lay: Any) -> Iterator[Tuple[int, Node]]:
         """Concat's arrays in layout order: (position, name node).
 
@@ -302,3 +317,28 @@ def counted_arrays(c: Any, lay: Any) -> Iterator[Tuple[int, str, Type, Node]]:
         if a.kind != "index":
             raise c.prog.error("extract reads these arrays as name[count]", a)
         yield j, a.args[0].args[0], t, a.args[1]
+
+
+class NativeRunner:
+    """Base of the C runners: the ctypes glue of a built program library.
+
+    A subclass sets ``c`` (the checked program) and ``lib`` (the loaded library).
+    """
+
+    @staticmethod
+    def _stem(c: Any) -> str:
+        """The library's file stem: ``compll_`` and the program file's name, C-safe."""
+        return "compll_" + "".join(ch if ch.isalnum() else "_" for ch in
+                                   c.prog.filename.rsplit("/", 1)[-1].split(".")[0])[:40]
+
+    def _bind_decode(self) -> None:
+        """Declare ``cl_decode``'s C signature (where the program has a decode)."""
+        if self.c.decode is not None:
+            p, i64 = ctypes.c_void_p, ctypes.c_int64
+            self.lib.cl_decode.argtypes = [p, i64, p, i64, p, i64, p]
+            self.lib.cl_decode.restype = ctypes.c_int
+
+    def _params(self, params: Dict[str, Any]) -> Any:
+        """The program's parameters, in declaration order, as a C double array."""
+        vals = [float(params[pn]) for pn, _, _, _ in self.c.params]
+        return (ctypes.c_double * max(len(vals), 1))(*vals)

@@ -36,7 +36,7 @@ from .checker import Checked
 from .interp import layout
 from .lower import ExprC, Loop, Lowered, ctype, lower, reduction
 from .prelude import C_PRELUDE, ctx_struct
-from .render_base import LoopRenderer, read_extra_fields, write_extra_fields
+from .render_base import LoopRenderer, NativeRunner, read_extra_fields, write_extra_fields
 from .syntax import Node, Type
 
 __all__ = ["render_c", "NativeProgram", "PRELUDE"]
@@ -388,7 +388,7 @@ def render_c(c: Checked) -> str:
     return "\n".join(parts) + "\n"
 
 
-class NativeProgram:
+class NativeProgram(NativeRunner):
     """A program's generated C, built (or taken from the cache) and loaded with ctypes.
 
     Attributes:
@@ -401,8 +401,7 @@ class NativeProgram:
         self.c = c
         self.source = render_c(c)
         t0 = time.perf_counter()
-        stem = "compll_" + "".join(ch if ch.isalnum() else "_" for ch in
-                                   c.prog.filename.rsplit("/", 1)[-1].split(".")[0])[:40]
+        stem = self._stem(c)
         # OpenMP waits passively (the cores are shared with torch's own pool): libgomp
         # reads OMP_WAIT_POLICY when the library loads, so it is set only around the load
         saved = os.environ.get("OMP_WAIT_POLICY")
@@ -418,13 +417,7 @@ class NativeProgram:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self.lib.cl_encode.argtypes = [p, i64, p, p, p, i64, ctypes.c_uint32]
         self.lib.cl_encode.restype = ctypes.c_int
-        if c.decode is not None:
-            self.lib.cl_decode.argtypes = [p, i64, p, i64, p, i64, p]
-            self.lib.cl_decode.restype = ctypes.c_int
-
-    def _params(self, params: Dict[str, Any]) -> Any:
-        vals = [float(params[pn]) for pn, _, _, _ in self.c.params]
-        return (ctypes.c_double * max(len(vals), 1))(*vals)
+        self._bind_decode()
 
     def encode(self, g: torch.Tensor, extra: torch.Tensor, body: torch.Tensor,
                params: Dict[str, Any], seed: int) -> None:

@@ -363,11 +363,7 @@ class _CudaSeq(SeqArrays):
             if s.kind == "expr_stmt" and s.args[0].args[0] == "extract":
                 self.extract(s.args[0])
             elif s.kind == "assign" and s.args[0].args[0] == out_name:
-                e = s.args[2]
-                if not (e.kind == "call" and e.args[0] == "scatter" and len(e.args[1]) == 2):
-                    raise self.c.prog.error("decode's output here is scatter(idx, vals)", e)
-                idx, vals = e.args[1]
-                ii, vv = self.arr(idx), self.arr(vals)
+                idx, vals, ii, vv = self.scatter_output(s.args[2])
                 self.kernel([f"    if ({self.length(idx)} != {self.length(vals)}) c->err = 3;"],
                             True)
                 self.kernel(["    CL_FOR(i_, n) out[i_] = 0.0f;"], False)

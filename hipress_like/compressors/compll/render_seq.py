@@ -46,14 +46,38 @@ from .interp import _size, layout
 from .lower import ctype
 from .prelude import C_PRELUDE as PRELUDE
 from .prelude import ctx_struct
-from .render_base import SeqArrays, SeqExpr, counted_arrays, read_extra_fields, write_extra_fields
+from .render_base import (
+    NativeRunner,
+    SeqArrays,
+    SeqExpr,
+    counted_arrays,
+    read_extra_fields,
+    write_extra_fields,
+)
 from .syntax import Node, Type
 
 __all__ = ["render_seq", "SeqNativeProgram", "compile_seq", "SEQ_PRELUDE"]
 
 _log = logging.getLogger(__name__)
 
-SEQ_PRELUDE = r"""
+_SELECT = r"""static uint{B}_t cl_select{B}(uint{B}_t* a, int64_t m, int64_t k) {
+    int64_t lo = 0, hi = m - 1, want = k - 1;
+    while (lo < hi) {
+        uint{B}_t x = a[lo], y = a[(lo + hi) / 2], z = a[hi];
+        uint{B}_t p = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > p) ++i;
+            while (a[j] < p) --j;
+            if (i <= j) { uint{B}_t t = a[i]; a[i] = a[j]; a[j] = t; ++i; --j; }
+        }
+        if (want <= j) hi = j; else if (want >= i) lo = i; else break;
+    }
+    return a[want];
+}
+"""  # one quickselect, instantiated for 64- and 32-bit keys
+
+_SEQ_HEAD = r"""
 #include <stdlib.h>
 CL_INLINE void* cl_grow(void** buf, int64_t* cap, int64_t bytes) {
     if (*cap < bytes) {
@@ -78,37 +102,9 @@ CL_INLINE int64_t cl_num_selected(double ratio, int64_t n) {
     return k > 1 ? k : 1;
 }
 /* the k-th largest (k >= 1) of m unsigned keys, reordering them: keys[0..k) hold the k largest */
-static uint64_t cl_select64(uint64_t* a, int64_t m, int64_t k) {
-    int64_t lo = 0, hi = m - 1, want = k - 1;
-    while (lo < hi) {
-        uint64_t x = a[lo], y = a[(lo + hi) / 2], z = a[hi];
-        uint64_t p = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] > p) ++i;
-            while (a[j] < p) --j;
-            if (i <= j) { uint64_t t = a[i]; a[i] = a[j]; a[j] = t; ++i; --j; }
-        }
-        if (want <= j) hi = j; else if (want >= i) lo = i; else break;
-    }
-    return a[want];
-}
-static uint32_t cl_select32(uint32_t* a, int64_t m, int64_t k) {
-    int64_t lo = 0, hi = m - 1, want = k - 1;
-    while (lo < hi) {
-        uint32_t x = a[lo], y = a[(lo + hi) / 2], z = a[hi];
-        uint32_t p = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] > p) ++i;
-            while (a[j] < p) --j;
-            if (i <= j) { uint32_t t = a[i]; a[i] = a[j]; a[j] = t; ++i; --j; }
-        }
-        if (want <= j) hi = j; else if (want >= i) lo = i; else break;
-    }
-    return a[want];
-}
-static __thread void* cl_thr_buf = 0; static __thread int64_t cl_thr_cap = 0;
+"""
+
+_SEQ_TAIL = r"""static __thread void* cl_thr_buf = 0; static __thread int64_t cl_thr_cap = 0;
 /* arrays.py's threshold: the k-th largest magnitude of a sample keyed by (seed, step) */
 static __thread int cl_bad_ratio = 0;
 static float cl_threshold(const float* x, int64_t n, double density, double sr, uint32_t seed,
@@ -161,6 +157,8 @@ static int64_t cl_topk(const float* x, const int32_t* cand, int64_t m, int64_t k
     return k;
 }
 """
+SEQ_PRELUDE = (_SEQ_HEAD + _SELECT.replace("{B}", "64") + _SELECT.replace("{B}", "32")
+               + _SEQ_TAIL)
 
 
 class _SeqExpr(SeqExpr):
@@ -300,11 +298,7 @@ class _Seq(SeqArrays):
             if s.kind == "expr_stmt" and s.args[0].args[0] == "extract":
                 self.extract(s.args[0], arrays)
             elif s.kind == "assign" and s.args[0].args[0] == out_name:
-                e = s.args[2]
-                if not (e.kind == "call" and e.args[0] == "scatter" and len(e.args[1]) == 2):
-                    raise self.c.prog.error("decode's output here is scatter(idx, vals)", e)
-                idx, vals = e.args[1]
-                ii, vv = self.arr(idx), self.arr(vals)
+                idx, vals, ii, vv = self.scatter_output(s.args[2])
                 ln += [f"    if ({self.length(idx)} != {self.length(vals)}) return 3;",
                        "    memset(out, 0, (size_t)n * sizeof(float));",
                        "    int64_t prev_ = -1;",
@@ -353,7 +347,7 @@ def render_seq(c: Checked) -> str:
     return "\n".join(parts) + "\n"
 
 
-class SeqNativeProgram:
+class SeqNativeProgram(NativeRunner):
     """The generated C of a sparse program, built (or cached) and loaded with ctypes.
 
     Attributes:
@@ -368,20 +362,13 @@ class SeqNativeProgram:
         self.n_state = sum(1 for t in c.globals.values() if t.array)
         self.n_arrays = len(layout(_concat_args(c)).arrays)
         t0 = time.perf_counter()
-        stem = "compll_" + "".join(ch if ch.isalnum() else "_" for ch in
-                                   c.prog.filename.rsplit("/", 1)[-1].split(".")[0])[:40]
+        stem = self._stem(c)
         self.lib, self.cache_hit = _native.build_shared(self.source, stem)
         self.compile_s = 0.0 if self.cache_hit else time.perf_counter() - t0
         p, i64, u32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32
         self.lib.cl_sencode.argtypes = [p, i64, p, p, p, u32, u32, i64, p, p]
         self.lib.cl_sencode.restype = ctypes.c_int
-        if c.decode is not None:
-            self.lib.cl_decode.argtypes = [p, i64, p, i64, p, i64, p]
-            self.lib.cl_decode.restype = ctypes.c_int
-
-    def _params(self, params: Dict[str, Any]) -> Any:
-        vals = [float(params[pn]) for pn, _, _, _ in self.c.params]
-        return (ctypes.c_double * max(len(vals), 1))(*vals)
+        self._bind_decode()
 
     def encode_arrays(self, g: torch.Tensor, state: Dict[str, torch.Tensor],
                       params: Dict[str, Any], raw_seed: int, step: int, seed: int = 0):
