@@ -48,7 +48,7 @@ from ..payload import PayloadError
 from ..registry import _REGISTRY, register
 from .checker import Checked, check
 from .interp import Interpreter, layout
-from .syntax import Node, parse
+from .syntax import Node, any_node, parse
 
 __all__ = ["DslCompressor", "register_dsl", "load", "compile_program", "get_program"]
 
@@ -109,19 +109,8 @@ def _capabilities(c: Checked) -> Capabilities:
 
 
 def _has_subbyte(c: Checked) -> bool:
-    found = []
-
-    def walk(n: Any) -> None:
-        if isinstance(n, Node):
-            if n.kind == "decl" and n.args[0].array and n.args[0].name == "uint":
-                found.append(n)
-            for a in n.args:
-                walk(a)
-        elif isinstance(n, (list, tuple)):
-            for a in n:
-                walk(a)
-    walk(c.encode.body)
-    return bool(found)
+    return any_node(c.encode.body, lambda n: n.kind == "decl" and n.args[0].array
+                    and n.args[0].name == "uint")
 
 
 class DslCompressor(Compressor):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import lark
 
@@ -100,6 +100,15 @@ class Program:
 
 _SCALARS = {"int": "int32", "uint1": ("uint", 1), "uint2": ("uint", 2), "uint4": ("uint", 4),
             "uint8": ("uint", 8)}
+
+
+def any_node(tree: Any, pred: Callable[[Node], bool]) -> bool:
+    """True when some node of ``tree`` (a Node, or lists/tuples of them) satisfies ``pred``."""
+    if isinstance(tree, Node):
+        return pred(tree) or any(any_node(a, pred) for a in tree.args)
+    if isinstance(tree, (list, tuple)):
+        return any(any_node(a, pred) for a in tree)
+    return False
 
 
 def scalar(name: str) -> Type:
