@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from .syntax import Node, Program, Type, any_node
+from .syntax import Node, Program, Type, find_node
 
 __all__ = ["check", "Checked", "ELEMENTWISE", "OPERATORS", "REDUCTIONS", "VALID_BITS",
            "ARRAY_OPS", "is_sparse"]
@@ -708,7 +708,7 @@ def is_sparse(c: Checked) -> bool:
 
 def _calls_array_op(bodies: List[Node]) -> bool:
     """True when a function body calls a sparsification operator (``ARRAY_OPS``)."""
-    return any_node(bodies, lambda n: n.kind == "call" and n.args[0] in ARRAY_OPS)
+    return find_node(bodies, lambda n: n.kind == "call" and n.args[0] in ARRAY_OPS) is not None
 
 
 def check(prog: Program) -> Checked:

@@ -48,7 +48,7 @@ from ..payload import PayloadError
 from ..registry import _REGISTRY, register
 from .checker import Checked, check
 from .interp import Interpreter, layout
-from .syntax import Node, any_node, parse
+from .syntax import Node, find_node, parse
 
 __all__ = ["DslCompressor", "register_dsl", "load", "compile_program", "get_program"]
 
@@ -109,8 +109,8 @@ def _capabilities(c: Checked) -> Capabilities:
 
 
 def _has_subbyte(c: Checked) -> bool:
-    return any_node(c.encode.body, lambda n: n.kind == "decl" and n.args[0].array
-                    and n.args[0].name == "uint")
+    return find_node(c.encode.body, lambda n: n.kind == "decl" and n.args[0].array
+                     and n.args[0].name == "uint") is not None
 
 
 class DslCompressor(Compressor):
@@ -298,35 +298,12 @@ class DslCompressor(Compressor):
 
 
 def _find_call(n: Any, name: str) -> Optional[Node]:
-    if isinstance(n, Node):
-        if n.kind == "call" and n.args[0] == name:
-            return n
-        for a in n.args:
-            r = _find_call(a, name)
-            if r is not None:
-                return r
-    elif isinstance(n, (list, tuple)):
-        for a in n:
-            r = _find_call(a, name)
-            if r is not None:
-                return r
-    return None
+    return find_node(n, lambda x: x.kind == "call" and x.args[0] == name)
 
 
 def _decl_type(n: Any, var: str) -> Any:
-    if isinstance(n, Node):
-        if n.kind == "decl" and any(d.args[0] == var for d in n.args[1]):
-            return n.args[0]
-        for a in n.args:
-            r = _decl_type(a, var)
-            if r is not None:
-                return r
-    elif isinstance(n, (list, tuple)):
-        for a in n:
-            r = _decl_type(a, var)
-            if r is not None:
-                return r
-    return None
+    d = find_node(n, lambda x: x.kind == "decl" and any(v.args[0] == var for v in x.args[1]))
+    return None if d is None else d.args[0]
 
 
 def register_dsl(path_or_source: Union[str, Path], name: Optional[str] = None,

@@ -102,13 +102,19 @@ _SCALARS = {"int": "int32", "uint1": ("uint", 1), "uint2": ("uint", 2), "uint4":
             "uint8": ("uint", 8)}
 
 
-def any_node(tree: Any, pred: Callable[[Node], bool]) -> bool:
-    """True when some node of ``tree`` (a Node, or lists/tuples of them) satisfies ``pred``."""
+def find_node(tree: Any, pred: Callable[[Node], bool]) -> Optional[Node]:
+    """The first node of ``tree`` (a Node, or lists/tuples of them), in source order
+    (pre-order), that satisfies ``pred``; None when none does."""
     if isinstance(tree, Node):
-        return pred(tree) or any(any_node(a, pred) for a in tree.args)
+        if pred(tree):
+            return tree
+        tree = tree.args
     if isinstance(tree, (list, tuple)):
-        return any(any_node(a, pred) for a in tree)
-    return False
+        for a in tree:
+            r = find_node(a, pred)
+            if r is not None:
+                return r
+    return None
 
 
 def scalar(name: str) -> Type:
