@@ -83,11 +83,10 @@ def compile_program(checked: Checked) -> Any:
     """The generated-C backend of ``checked`` (built and cached), or None without a compiler."""
     from .checker import is_sparse
     from .render_c import NativeProgram
-    if is_sparse(checked):
-        from .render_seq import compile_seq
-        return compile_seq(checked)
+    from .render_seq import SeqNativeProgram
+    program = SeqNativeProgram if is_sparse(checked) else NativeProgram
     try:
-        return NativeProgram(checked)
+        return program(checked)
     except Exception as e:  # a missing toolchain must not break training: interpret
         _log.warning("CompLL: C backend of %s unavailable (%s: %s); using the interpreter",
                      checked.prog.filename, type(e).__name__, e)

@@ -34,7 +34,6 @@ Built by ``_native.build_shared`` like the other generated C.
 from __future__ import annotations
 
 import ctypes
-import logging
 import time
 from typing import Any, Dict, List, Optional
 
@@ -56,9 +55,8 @@ from .render_base import (
 )
 from .syntax import Node, Type
 
-__all__ = ["render_seq", "SeqNativeProgram", "compile_seq", "SEQ_PRELUDE"]
+__all__ = ["render_seq", "SeqNativeProgram", "SEQ_PRELUDE"]
 
-_log = logging.getLogger(__name__)
 
 _SELECT = r"""static uint{B}_t cl_select{B}(uint{B}_t* a, int64_t m, int64_t k) {
     int64_t lo = 0, hi = m - 1, want = k - 1;
@@ -430,13 +428,3 @@ def _raise(rc: int, c: Checked, g: Optional[torch.Tensor]) -> None:
            "increasing", 5: "out of memory", 6: "threshold's density or sample_ratio outside "
            "(0, 1]"}.get(rc, f"error {rc}")
     raise ValueError(f"{c.prog.filename}: {msg}")
-
-
-def compile_seq(c: Checked) -> Any:
-    """The built ``SeqNativeProgram`` of ``c``, or None without a compiler (interpreted)."""
-    try:
-        return SeqNativeProgram(c)
-    except Exception as e:  # a missing toolchain must not break training: interpret
-        _log.warning("CompLL: C backend of %s unavailable (%s: %s); using the interpreter",
-                     c.prog.filename, type(e).__name__, e)
-        return None
