@@ -6,11 +6,13 @@ a compiler's C-style renderer family (tinygrad's ``renderer/cstyle.py``
 renders one program to C, CUDA and Metal), the logic that is the same for
 every target lives here once, and each target supplies only what differs:
 
-- ``LoopRenderer``: the element statements of a fused loop group (the
-  reductions' updates and the map operator's stores), a loop's trip count
-  and an array's byte size, for the C and CUDA loop renderers; a target
-  overrides ``INT64`` (its 64-bit integer spelling), ``_acc`` (where a
-  reduction accumulates) and ``_store`` (where a map writes its element);
+- ``LoopRenderer``: element ``i_`` of an array expression, the element
+  statements of a fused loop group (the reductions' updates and the map
+  operator's stores), a loop's trip count, a packed width and an array's
+  byte size, for the C and CUDA loop renderers; a target overrides ``INT64``
+  (its 64-bit integer spelling), ``_array_elem`` (how it reads a made
+  array), ``_acc`` (where a reduction accumulates) and ``_store`` (where a
+  map writes its element);
 - ``read_extra_fields``: extract's header fields read back from ``extra``
   (the inverse of concat's layout, ``interp.layout``), with the target's
   error exit and ``memcpy``;
@@ -18,8 +20,9 @@ every target lives here once, and each target supplies only what differs:
 - ``SeqExpr`` and ``SeqArrays``: the state-array targets' expressions (an
   array's ``.size`` is its length variable; an array never nests inside an
   expression), their named arrays (gradient, state, or a made one) and
-  their statements' dispatch: a target renders each kind of statement
-  (``array_op``, ``concat``, ``state_loop``, ``scatter_loop``, ``scalar``);
+  their statements' dispatch (with concat's and decode's scatter output
+  checked once): a target renders each kind of statement (``array_op``,
+  ``concat``, ``state_loop``, ``scatter_loop``, ``scalar``, ``special``);
 - ``counted_arrays``: extract's ``name[count]`` arrays of the state-array
   targets, in layout order;
 - ``NativeRunner``: the ctypes glue both C runners (``render_c.NativeProgram``,
