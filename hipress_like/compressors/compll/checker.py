@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from .syntax import Node, Program, Type
+from .syntax import Node, Program, Type, find_node
 
 __all__ = ["check", "Checked", "ELEMENTWISE", "OPERATORS", "REDUCTIONS", "VALID_BITS",
            "ARRAY_OPS", "is_sparse"]
@@ -254,19 +254,7 @@ class _Checker:
         """A program with state arrays or sparse operators (``is_sparse`` before checking)."""
         if any(t.array for t in self.globals.vars.values()):
             return True
-        found: List[Node] = []
-
-        def walk(n: Any) -> None:
-            if isinstance(n, Node):
-                if n.kind == "call" and n.args[0] in ARRAY_OPS:
-                    found.append(n)
-                for a in n.args:
-                    walk(a)
-            elif isinstance(n, (list, tuple)):
-                for a in n:
-                    walk(a)
-        walk([f.body for f in self.funcs.values()])
-        return bool(found)
+        return _calls_array_op([f.body for f in self.funcs.values()])
 
     def _returns(self, s: Node) -> bool:
         if s.kind == "return":
@@ -715,19 +703,12 @@ def is_sparse(c: Checked) -> bool:
     its payload arrays have data-dependent lengths, and it runs statement by statement."""
     if any(t.array for t in c.globals.values()):
         return True
-    found: List[Node] = []
+    return _calls_array_op([f.body for f in c.funcs.values()])
 
-    def walk(n: Any) -> None:
-        if isinstance(n, Node):
-            if n.kind == "call" and n.args[0] in ARRAY_OPS:
-                found.append(n)
-            for a in n.args:
-                walk(a)
-        elif isinstance(n, (list, tuple)):
-            for a in n:
-                walk(a)
-    walk([f.body for f in c.funcs.values()])
-    return bool(found)
+
+def _calls_array_op(bodies: List[Node]) -> bool:
+    """True when a function body calls a sparsification operator (``ARRAY_OPS``)."""
+    return find_node(bodies, lambda n: n.kind == "call" and n.args[0] in ARRAY_OPS) is not None
 
 
 def check(prog: Program) -> Checked:

@@ -48,7 +48,7 @@ from ..payload import PayloadError
 from ..registry import _REGISTRY, register
 from .checker import Checked, check
 from .interp import Interpreter, layout
-from .syntax import Node, parse
+from .syntax import Node, find_node, parse
 
 __all__ = ["DslCompressor", "register_dsl", "load", "compile_program", "get_program"]
 
@@ -83,11 +83,10 @@ def compile_program(checked: Checked) -> Any:
     """The generated-C backend of ``checked`` (built and cached), or None without a compiler."""
     from .checker import is_sparse
     from .render_c import NativeProgram
-    if is_sparse(checked):
-        from .render_seq import compile_seq
-        return compile_seq(checked)
+    from .render_seq import SeqNativeProgram
+    program = SeqNativeProgram if is_sparse(checked) else NativeProgram
     try:
-        return NativeProgram(checked)
+        return program(checked)
     except Exception as e:  # a missing toolchain must not break training: interpret
         _log.warning("CompLL: C backend of %s unavailable (%s: %s); using the interpreter",
                      checked.prog.filename, type(e).__name__, e)
@@ -109,19 +108,8 @@ def _capabilities(c: Checked) -> Capabilities:
 
 
 def _has_subbyte(c: Checked) -> bool:
-    found = []
-
-    def walk(n: Any) -> None:
-        if isinstance(n, Node):
-            if n.kind == "decl" and n.args[0].array and n.args[0].name == "uint":
-                found.append(n)
-            for a in n.args:
-                walk(a)
-        elif isinstance(n, (list, tuple)):
-            for a in n:
-                walk(a)
-    walk(c.encode.body)
-    return bool(found)
+    return find_node(c.encode.body, lambda n: n.kind == "decl" and n.args[0].array
+                     and n.args[0].name == "uint") is not None
 
 
 class DslCompressor(Compressor):
@@ -309,35 +297,12 @@ class DslCompressor(Compressor):
 
 
 def _find_call(n: Any, name: str) -> Optional[Node]:
-    if isinstance(n, Node):
-        if n.kind == "call" and n.args[0] == name:
-            return n
-        for a in n.args:
-            r = _find_call(a, name)
-            if r is not None:
-                return r
-    elif isinstance(n, (list, tuple)):
-        for a in n:
-            r = _find_call(a, name)
-            if r is not None:
-                return r
-    return None
+    return find_node(n, lambda x: x.kind == "call" and x.args[0] == name)
 
 
 def _decl_type(n: Any, var: str) -> Any:
-    if isinstance(n, Node):
-        if n.kind == "decl" and any(d.args[0] == var for d in n.args[1]):
-            return n.args[0]
-        for a in n.args:
-            r = _decl_type(a, var)
-            if r is not None:
-                return r
-    elif isinstance(n, (list, tuple)):
-        for a in n:
-            r = _decl_type(a, var)
-            if r is not None:
-                return r
-    return None
+    d = find_node(n, lambda x: x.kind == "decl" and any(v.args[0] == var for v in x.args[1]))
+    return None if d is None else d.args[0]
 
 
 def register_dsl(path_or_source: Union[str, Path], name: Optional[str] = None,

@@ -5,7 +5,10 @@ Each generated file starts with a prelude of helpers (the counter hash of
 atomics) and a context struct holding the params, the scalar globals and the
 RNG seed. The fused-sweep renderers (``render_c``, ``render_cuda``) and the
 statement-by-statement ones for state-array programs (``render_seq``,
-``render_cuda_seq``) share them from here.
+``render_cuda_seq``) share them from here. The helpers both targets spell
+alike are written once (``_HASH``, ``_MATH``; ``CL_INLINE`` is each target's
+inline qualifier), and a family of one shape (the clamps, the warp min/max
+trees) comes from one template.
 """
 from __future__ import annotations
 
@@ -17,19 +20,24 @@ from .syntax import Node, Type
 
 __all__ = ["C_PRELUDE", "CUDA_PRELUDE", "ctx_struct", "ctx_locals"]
 
-C_PRELUDE = r"""
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
-#define CL_INLINE static inline __attribute__((always_inline))
-#include <float.h>
-#pragma GCC optimize ("no-signed-zeros", "finite-math-only", "no-math-errno", "no-trapping-math")
-#define CL_LOOP
-CL_INLINE uint32_t cl_fmix32(uint32_t h) {
+
+def _clamps() -> str:
+    """``cl_clamp_<T>(x, lo, hi)`` for each C type clamp accepts, one template."""
+    body = ("CL_INLINE {t} cl_clamp_{t}({t} x, {t} lo, {t} hi) {{\n"
+            "    x = x > lo ? x : lo;\n"
+            "    return x < hi ? x : hi;\n"
+            "}}\n")
+    return "".join(body.format(t=t) for t in ("float", "double", "int32_t", "int64_t"))
+
+
+# the helpers both targets spell alike (CL_INLINE is each target's inline qualifier)
+_HASH = r"""CL_INLINE uint32_t cl_fmix32(uint32_t h) {
     h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16; return h;
 }
-/* ops.uniform: element i of the counter-based hash stream keyed by seed (24 bits) */
-CL_INLINE float cl_uniform(uint32_t seed, int64_t i) {
+"""
+_UNIFORM_DOC = ("/* ops.uniform: element i of the counter-based hash stream keyed by seed "
+                "(24 bits) */\n")
+_MATH = r"""CL_INLINE float cl_uniform(uint32_t seed, int64_t i) {
     return (float)((cl_fmix32((uint32_t)i ^ seed) >> 8) & 0xFFFFFFu) * (1.0f / 16777216.0f);
 }
 CL_INLINE int32_t cl_exponent(double x) {
@@ -38,29 +46,40 @@ CL_INLINE int32_t cl_exponent(double x) {
     frexp(x, &e);
     return e;
 }
-CL_INLINE float cl_clamp_float(float x, float lo, float hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE double cl_clamp_double(double x, double lo, double hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int32_t cl_clamp_int32_t(int32_t x, int32_t lo, int32_t hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int64_t cl_clamp_int64_t(int64_t x, int64_t lo, int64_t hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
+""" + _clamps() + """\
 CL_INLINE int64_t cl_packed_nbytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
 CL_INLINE int cl_valid_bits(int64_t b) { return b == 1 || b == 2 || b == 4 || b == 8; }
+"""
+
+C_PRELUDE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#define CL_INLINE static inline __attribute__((always_inline))
+#include <float.h>
+#pragma GCC optimize ("no-signed-zeros", "finite-math-only", "no-math-errno", "no-trapping-math")
+#define CL_LOOP
+""" + _HASH + _UNIFORM_DOC + _MATH + """\
 /* threads for sweeps of at least CL_PARALLEL elements (torch.get_num_threads(), set per call) */
 #define CL_PARALLEL 1048576
 static int cl_threads = 1;
 void cl_set_threads(int t) { cl_threads = t > 0 ? t : 1; }
 """
+
+
+def _warp_minmax() -> str:
+    """The warp min/max shuffle trees, one template for float and double."""
+    tree = ("CL_INLINE {t} cl_warp_{name}({t} v) {{\n"
+            "    for (int o = 16; o; o >>= 1) {{\n"
+            "        {t} w = __shfl_down_sync(0xffffffffu, v, o);\n"
+            "        v = w {op} v ? w : v;\n"
+            "    }}\n"
+            "    return v;\n"
+            "}}\n")
+    return "".join(tree.format(t=t, name=name, op=op) for t, name, op in
+                   (("float", "min", "<"), ("float", "max", ">"),
+                    ("double", "mind", "<"), ("double", "maxd", ">")))
+
 
 CUDA_PRELUDE = r"""
 #ifdef __CUDACC_RTC__
@@ -73,69 +92,11 @@ typedef unsigned long long uint64_t;
 #include <stdint.h>
 #endif
 #define CL_INLINE __device__ __forceinline__
-CL_INLINE uint32_t cl_fmix32(uint32_t h) {
-    h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16; return h;
-}
-CL_INLINE float cl_uniform(uint32_t seed, int64_t i) {
-    return (float)((cl_fmix32((uint32_t)i ^ seed) >> 8) & 0xFFFFFFu) * (1.0f / 16777216.0f);
-}
-CL_INLINE int32_t cl_exponent(double x) {
-    int e = 0;
-    if (x == 0.0) return 0;
-    frexp(x, &e);
-    return e;
-}
-CL_INLINE float cl_clamp_float(float x, float lo, float hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE double cl_clamp_double(double x, double lo, double hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int32_t cl_clamp_int32_t(int32_t x, int32_t lo, int32_t hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int64_t cl_clamp_int64_t(int64_t x, int64_t lo, int64_t hi) {
-    x = x > lo ? x : lo;
-    return x < hi ? x : hi;
-}
-CL_INLINE int64_t cl_packed_nbytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
-CL_INLINE int cl_valid_bits(int64_t b) { return b == 1 || b == 2 || b == 4 || b == 8; }
-CL_INLINE void cl_memcpy(void* d, const void* s, int k) {
+""" + _HASH + _MATH + r"""CL_INLINE void cl_memcpy(void* d, const void* s, int k) {
     for (int t = 0; t < k; ++t) ((uint8_t*)d)[t] = ((const uint8_t*)s)[t];
 }
 /* reductions: one atomic per warp after a shuffle tree */
-CL_INLINE float cl_warp_min(float v) {
-    for (int o = 16; o; o >>= 1) {
-        float w = __shfl_down_sync(0xffffffffu, v, o);
-        v = w < v ? w : v;
-    }
-    return v;
-}
-CL_INLINE float cl_warp_max(float v) {
-    for (int o = 16; o; o >>= 1) {
-        float w = __shfl_down_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
-CL_INLINE double cl_warp_mind(double v) {
-    for (int o = 16; o; o >>= 1) {
-        double w = __shfl_down_sync(0xffffffffu, v, o);
-        v = w < v ? w : v;
-    }
-    return v;
-}
-CL_INLINE double cl_warp_maxd(double v) {
-    for (int o = 16; o; o >>= 1) {
-        double w = __shfl_down_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
-CL_INLINE long long cl_warp_sumi(long long v) {
+""" + _warp_minmax() + r"""CL_INLINE long long cl_warp_sumi(long long v) {
     for (int o = 16; o; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
     return v;
 }

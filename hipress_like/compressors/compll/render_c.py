@@ -33,9 +33,10 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .checker import Checked
-from .interp import _size, layout
+from .interp import layout
 from .lower import ExprC, Loop, Lowered, ctype, lower, reduction
 from .prelude import C_PRELUDE, ctx_struct
+from .render_base import LoopRenderer, NativeRunner, read_extra_fields, write_extra_fields
 from .syntax import Node, Type
 
 __all__ = ["render_c", "NativeProgram", "PRELUDE"]
@@ -51,7 +52,7 @@ _INIT = {("min", "float"): "FLT_MAX", ("min", "double"): "DBL_MAX",
 _OMP_OP = {"sum": "+", "min": "min", "max": "max", "maxabs": "max"}
 
 
-class _Render:
+class _Render(LoopRenderer):
     def __init__(self, c: Checked, target: str = "c") -> None:
         self.c = c
         self.ex = ExprC(c, target)
@@ -59,28 +60,14 @@ class _Render:
         self.checked_finite = False
 
     # ------------------------------------------------------------ elements
-    def elem(self, n: Node, grad: Optional[str]) -> str:
-        """C text of element ``i_`` of array expression ``n``."""
-        if n.kind == "var":
-            name = n.args[0]
-            if name == grad:
-                return "x_"
-            ty = self.arrays.get(name)
-            if ty is None:
-                raise self.c.prog.error(f"{name!r} is not an array made in this function", n)
-            if ty.name == "uint" and ty.bits != 8:
-                raise self.c.prog.error("reading a packed sub-byte array elementwise is only "
-                                        "compiled in decode's output map", n)
-            return f"l_{name}[i_]"
-        if n.kind == "call" and n.args[0] == "range":
-            return "i_"
-        if n.kind == "call" and n.args[0] == "map":
-            src, fn = n.args[1][0], n.args[1][1]
-            f = self.c.funcs[fn.args[0]]
-            pt = f.params[0][0]
-            return (f"u_{f.name}(c, {self.ex.conv(self.elem(src, grad), src.ty.elem(), pt)}, "
-                    "i_)")
-        raise self.c.prog.error("expected an array (a name, map(...) or range(n))", n)
+    def _array_elem(self, n: Node, ty: Optional[Type]) -> str:
+        name = n.args[0]
+        if ty is None:
+            raise self.c.prog.error(f"{name!r} is not an array made in this function", n)
+        if ty.name == "uint" and ty.bits != 8:
+            raise self.c.prog.error("reading a packed sub-byte array elementwise is only "
+                                    "compiled in decode's output map", n)
+        return f"l_{name}[i_]"
 
     # ------------------------------------------------------------ encode
     def group(self, items: List[Loop], grad: str, ind: str) -> None:
@@ -133,34 +120,7 @@ class _Render:
             if check:
                 out.append(f"{ind}{{ uint32_t b_; memcpy(&b_, &x_, 4); "
                            "nf_ |= (b_ & 0x7F800000u) == 0x7F800000u; }")
-        for x in items:
-            src = x.node.args[1][0]
-            if x.kind == "reduce":
-                ct = ctype(x.ty)
-                v = self.ex.conv(self.elem(src, grad), src.ty.elem(), x.ty)
-                op = reduction(x)
-                t = x.target
-                if op == "sum":
-                    out.append(f"{ind}{t} += {v};")
-                elif op == "maxabs":
-                    out.append(f"{ind}{{ {ct} v_ = {v}; v_ = v_ < 0 ? -v_ : v_; "
-                               f"{t} = v_ > {t} ? v_ : {t}; }}")
-                else:
-                    cmp = "<" if op == "min" else ">"
-                    out.append(f"{ind}{{ {ct} v_ = {v}; {t} = v_ {cmp} {t} ? v_ : {t}; }}")
-            else:
-                fn = self.c.funcs[x.node.args[1][1].args[0]]
-                pt = fn.params[0][0]
-                val = (f"u_{fn.name}(c, {self.ex.conv(self.elem(src, grad), src.ty.elem(), pt)}"
-                       ", i_)")
-                if code_var is not None and x.packed_bits is not None:
-                    out.append(f"{ind}{code_var} = (uint32_t)({val});")
-                else:
-                    et = x.ty.elem()
-                    store = "uint8_t" if et.name == "uint" else ctype(et)
-                    out.append(f"{ind}(({store}*)l_{x.target})[i_] = ({store})"
-                               f"{self.ex.conv(val, fn.ret, et)};")
-        return out
+        return out + self._element_stmts(items, grad, ind, code_var)
 
     def _omp(self, items: List[Loop], check: bool, trips: str) -> str:
         """An OpenMP pragma splitting the sweep across threads, or "" when a reduction
@@ -233,25 +193,9 @@ class _Render:
         ln.append(f"{ind}    {q}[m_] = (uint8_t)byte_;")
         ln.append(f"{ind}}} }}")
 
-    def _length(self, item: Loop) -> str:
-        n = item.node.args[1][0]
-        while n.kind == "call" and n.args[0] == "map":
-            n = n.args[1][0]
-        if n.kind == "call" and n.args[0] == "range":
-            a = n.args[1][0]
-            return f"((int64_t)({self.ex.expr(a)}))"
-        return "n"
-
     # ------------------------------------------------------------ entry points
     def scalar_stmt(self, s: Node, ind: str) -> None:
         self.lines += self.ex.stmt(s, ind, None)
-
-    def bits_expr(self, t: Type) -> str:
-        b = t.bits
-        if isinstance(b, int):
-            return str(b)
-        name = b.args[0][-1]
-        return self.ex.name(name)
 
     def encode(self, low: Lowered) -> None:
         f = low.func
@@ -287,22 +231,11 @@ class _Render:
             if isinstance(op, list):
                 self.group(op, grad, "    ")
             elif op.kind == "assign" and op.args[0].args[0] == out_name:
-                for a, t, off in lay.fields:
-                    v = self.ex.conv(self.ex.expr(a), a.ty, t)
-                    if t.name == "uint":
-                        ln.append(f"    extra[{off}] = (uint8_t)({v});")
-                    else:
-                        ln.append(f"    {{ {ctype(t)} v_ = {v}; memcpy(extra + {off}, &v_, "
-                                  f"{_size(t)}); }}")
+                ln += write_extra_fields(lay, self.ex, "memcpy")
             else:
                 self.scalar_stmt(op, "    ")
         ln.append("    (void)x_dummy_;" if False else "    return 0;")
         ln.append("}")
-
-    def _nbytes(self, t: Type) -> str:
-        if t.name == "uint" and t.bits != 8:
-            return f"cl_packed_nbytes(n, {self.bits_expr(t)})"
-        return f"(n * {_size(t.elem()) if t.name != 'uint' else 1})"
 
     def _ctx(self) -> List[str]:
         out = ["    ctx_t C_; memset(&C_, 0, sizeof C_); ctx_t* c = &C_; c->seed = seed;"
@@ -347,15 +280,7 @@ class _Render:
     def _extract(self, e: Node) -> None:
         ln = self.lines
         lay = layout(e.args[1][1:])
-        ln.append(f"    if (extra_len < {lay.extra_nbytes}) return 3;")
-        for a, t, off in lay.fields:
-            tgt = self.ex.name(a.args[0])
-            if t.name == "uint":
-                ln.append(f"    {tgt} = extra[{off}];")
-            else:
-                ln.append(f"    {{ {ctype(t)} v_; memcpy(&v_, extra + {off}, {_size(t)}); "
-                          f"{tgt} = v_; }}")
-        ln.append("    int64_t off_ = 0;")
+        ln += read_extra_fields(lay, self.ex, "return {};", "memcpy", "int64_t")
         for a, t in lay.arrays:
             name = a.args[0]
             if t.name == "uint" and t.bits != 8:
@@ -463,7 +388,7 @@ def render_c(c: Checked) -> str:
     return "\n".join(parts) + "\n"
 
 
-class NativeProgram:
+class NativeProgram(NativeRunner):
     """A program's generated C, built (or taken from the cache) and loaded with ctypes.
 
     Attributes:
@@ -476,8 +401,7 @@ class NativeProgram:
         self.c = c
         self.source = render_c(c)
         t0 = time.perf_counter()
-        stem = "compll_" + "".join(ch if ch.isalnum() else "_" for ch in
-                                   c.prog.filename.rsplit("/", 1)[-1].split(".")[0])[:40]
+        stem = self._stem(c)
         # OpenMP waits passively (the cores are shared with torch's own pool): libgomp
         # reads OMP_WAIT_POLICY when the library loads, so it is set only around the load
         saved = os.environ.get("OMP_WAIT_POLICY")
@@ -493,13 +417,7 @@ class NativeProgram:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self.lib.cl_encode.argtypes = [p, i64, p, p, p, i64, ctypes.c_uint32]
         self.lib.cl_encode.restype = ctypes.c_int
-        if c.decode is not None:
-            self.lib.cl_decode.argtypes = [p, i64, p, i64, p, i64, p]
-            self.lib.cl_decode.restype = ctypes.c_int
-
-    def _params(self, params: Dict[str, Any]) -> Any:
-        vals = [float(params[pn]) for pn, _, _, _ in self.c.params]
-        return (ctypes.c_double * max(len(vals), 1))(*vals)
+        self._bind_decode()
 
     def encode(self, g: torch.Tensor, extra: torch.Tensor, body: torch.Tensor,
                params: Dict[str, Any], seed: int) -> None:

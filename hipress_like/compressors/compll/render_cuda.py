@@ -25,13 +25,14 @@ the CPU's bytes. The CUDA encode does not test for NaN/Inf (the caller does).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Optional, Set
 
 from .checker import Checked
-from .interp import _size, layout
+from .interp import layout
 from .lower import ExprC, Loop, Lowered, ctype, lower, reduction
 from .prelude import CUDA_PRELUDE
 from .prelude import ctx_locals as _ctx_locals
+from .render_base import LoopRenderer, read_extra_fields, write_extra_fields
 from .render_c import _concat, _source
 from .syntax import Node, Type
 
@@ -43,31 +44,19 @@ _BIG = {"float": "3.402823466e+38f", "double": "1.7976931348623157e+308",
         "int32_t": "2147483647", "int64_t": "9223372036854775807LL"}
 
 
-class _Cuda:
+class _Cuda(LoopRenderer):
     def __init__(self, c: Checked) -> None:
         self.c = c
         self.ex = ExprC(c, "cuda")
         self.kernels: Dict[str, List[str]] = {"encode": [], "decode": []}
         self.src: List[str] = []
 
-    def elem(self, n: Node, grad: str) -> str:
-        if n.kind == "var":
-            if n.args[0] == grad:
-                return "x_"
-            ty = self.arrays.get(n.args[0])
-            if ty is None or (ty.name == "uint" and ty.bits != 8):
-                raise self.c.prog.error("only the gradient, map(...) and range(n) are swept by "
-                                        "the CUDA target", n)
-            return f"((const {ctype(ty.elem()) if ty.name != 'uint' else 'uint8_t'}*)(body + "
+    def _array_elem(self, n: Node, ty: Optional[Type]) -> str:
+        if ty is None or (ty.name == "uint" and ty.bits != 8):
+            raise self.c.prog.error("only the gradient, map(...) and range(n) are swept by "
+                                    "the CUDA target", n)
+        return f"((const {ctype(ty.elem()) if ty.name != 'uint' else 'uint8_t'}*)(body + " \
             f"c->off_{n.args[0]}))[i_]"
-        if n.kind == "call" and n.args[0] == "range":
-            return "i_"
-        if n.kind == "call" and n.args[0] == "map":
-            src, fn = n.args[1][0], n.args[1][1]
-            f = self.c.funcs[fn.args[0]]
-            pt = f.params[0][0]
-            return f"u_{f.name}(c, {self.ex.conv(self.elem(src, grad), src.ty.elem(), pt)}, i_)"
-        raise self.c.prog.error("expected an array", n)
 
     def _sig(self, which: str) -> str:
         if which == "encode":
@@ -88,11 +77,7 @@ class _Cuda:
         init = []
         for x in items:
             if x.kind == "reduce":
-                ct = ctype(x.ty)
-                op = reduction(x)
-                v = "0" if op in ("sum", "maxabs") else (_BIG[ct] if op == "min" else
-                                                       "-" + _BIG[ct])
-                init.append(f"    c->{x.target} = {v};")
+                init.append(f"    c->{x.target} = {_identity(x)};")
         if init:
             self._kernel(which, init, True)
         packed = [x for x in items if x.kind == "map" and x.packed_bits is not None]
@@ -101,11 +86,7 @@ class _Cuda:
         accs = []
         for x in items:
             if x.kind == "reduce":
-                ct = ctype(x.ty)
-                op = reduction(x)
-                v = "0" if op in ("sum", "maxabs") else (_BIG[ct] if op == "min" else
-                                                       "-" + _BIG[ct])
-                lines.append(f"    {ct} a_{x.target} = {v};")
+                lines.append(f"    {ctype(x.ty)} a_{x.target} = {_identity(x)};")
                 accs.append(x)
         uses_grad = any(_source(x) == grad for x in items)
         if packed:
@@ -165,33 +146,7 @@ class _Cuda:
         out = []
         if uses_grad:
             out.append(f"{ind}const float x_ = g[i_];")
-        for x in items:
-            src = x.node.args[1][0]
-            if x.kind == "reduce":
-                ct = ctype(x.ty)
-                v = self.ex.conv(self.elem(src, grad), src.ty.elem(), x.ty)
-                op = reduction(x)
-                a = f"a_{x.target}"
-                if op == "sum":
-                    out.append(f"{ind}{a} += {v};")
-                elif op == "maxabs":
-                    out.append(f"{ind}{{ {ct} v_ = {v}; v_ = v_ < 0 ? -v_ : v_; {a} = v_ > {a} ? "
-                               f"v_ : {a}; }}")
-                else:
-                    cmp = "<" if op == "min" else ">"
-                    out.append(f"{ind}{{ {ct} v_ = {v}; {a} = v_ {cmp} {a} ? v_ : {a}; }}")
-            else:
-                fn = self.c.funcs[x.node.args[1][1].args[0]]
-                pt = fn.params[0][0]
-                val = f"u_{fn.name}(c, {self.ex.conv(self.elem(src, grad), src.ty.elem(), pt)}, i_)"
-                if code_var is not None and x.packed_bits is not None:
-                    out.append(f"{ind}{code_var} = (uint32_t)({val});")
-                else:
-                    et = x.ty.elem()
-                    store = "uint8_t" if et.name == "uint" else ctype(et)
-                    out.append(f"{ind}(({store}*)(body + c->off_{x.target}))[i_] = ({store})"
-                               f"{self.ex.conv(val, fn.ret, et)};")
-        return out
+        return out + self._element_stmts(items, grad, ind, code_var)
 
     def _planar(self, items: List[Loop], pk: Loop, bits: int, grad: str,
                 uses_grad: bool) -> List[str]:
@@ -220,19 +175,13 @@ class _Cuda:
                 "    } }"]
         return out
 
-    def _length(self, item: Loop) -> str:
-        n = item.node.args[1][0]
-        while n.kind == "call" and n.args[0] == "map":
-            n = n.args[1][0]
-        if n.kind == "call" and n.args[0] == "range":
-            return f"((long long)({self.ex.expr(n.args[1][0])}))"
-        return "n"
+    INT64 = "long long"
 
-    def _nbytes(self, t: Type) -> str:
-        if t.name == "uint" and t.bits != 8:
-            b = t.bits if isinstance(t.bits, int) else self.ex.name(t.bits.args[0][-1])
-            return f"cl_packed_nbytes(n, {b})"
-        return f"(n * {_size(t.elem()) if t.name != 'uint' else 1})"
+    def _acc(self, x: Loop) -> str:
+        return f"a_{x.target}"
+
+    def _store(self, x: Loop) -> str:
+        return f"(body + c->off_{x.target})"
 
     def encode(self, low: Lowered) -> None:
         f = low.func
@@ -262,13 +211,7 @@ class _Cuda:
                     scal = []
                 self.group("encode", op, grad)
             elif op.kind == "assign" and op.args[0].args[0] == out_name:
-                for a, t, off in lay.fields:
-                    v = self.ex.conv(self.ex.expr(a), a.ty, t)
-                    if t.name == "uint":
-                        scal.append(f"    extra[{off}] = (uint8_t)({v});")
-                    else:
-                        scal.append(f"    {{ {ctype(t)} v_ = {v}; cl_memcpy(extra + {off}, &v_, "
-                                    f"{_size(t)}); }}")
+                scal += write_extra_fields(lay, self.ex, "cl_memcpy")
             else:
                 scal += self.ex.stmt(op, "    ", None)
         if scal:
@@ -293,18 +236,11 @@ class _Cuda:
             elif op.kind == "expr_stmt":
                 e = op.args[0]
                 lay = layout(e.args[1][1:])
-                scal.append(f"    if (extra_len < {lay.extra_nbytes}) {{ c->err = 3; return; }}")
-                for a, t, off in lay.fields:
-                    tgt = self.ex.name(a.args[0])
-                    if t.name == "uint":
-                        scal.append(f"    {tgt} = extra[{off}];")
-                    else:
-                        scal.append(f"    {{ {ctype(t)} v_; cl_memcpy(&v_, extra + {off}, "
-                                    f"{_size(t)}); {tgt} = v_; }}")
-                scal.append("    long long off_ = 0;")
+                scal += read_extra_fields(lay, self.ex, "{{ c->err = {}; return; }}",
+                                          "cl_memcpy", "long long")
                 for a, t in lay.arrays:
                     if t.name == "uint" and t.bits != 8:
-                        b = t.bits if isinstance(t.bits, int) else self.ex.name(t.bits.args[0][-1])
+                        b = self.bits_expr(t)
                         scal.append(f"    if (!cl_valid_bits({b})) {{ c->err = 2; return; }}")
                         scal.append(f"    c->bits_{a.args[0]} = {b};")
                     scal.append(f"    c->off_{a.args[0]} = off_; off_ += "
@@ -348,6 +284,14 @@ class _Cuda:
                       f"        out[i_] = {self.ex.conv(val, f.ret, Type('float'))};",
                       "    }"]
         self._kernel("decode", lines, False)
+
+
+def _identity(x: Loop) -> str:
+    """The identity of reduction ``x`` (0 for sums, the type's extreme for min/max)."""
+    ct, op = ctype(x.ty), reduction(x)
+    if op in ("sum", "maxabs"):
+        return "0"
+    return _BIG[ct] if op == "min" else "-" + _BIG[ct]
 
 
 def _ctx(c: Checked, r: _Cuda, lows: List[Lowered]) -> str:

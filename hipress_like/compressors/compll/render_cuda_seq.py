@@ -38,10 +38,11 @@ from typing import Any, Dict, List, Set
 
 from .checker import Checked
 from .interp import _size, layout
-from .lower import ExprC, ctype
+from .lower import ctype
 from .prelude import CUDA_PRELUDE as PRELUDE
 from .prelude import ctx_locals as _ctx_locals
-from .syntax import Node, Type
+from .render_base import SeqArrays, SeqExpr, counted_arrays, read_extra_fields
+from .syntax import Node
 
 __all__ = ["render_cuda_seq", "SEQ_CUDA_PRELUDE"]
 
@@ -101,23 +102,10 @@ __device__ __forceinline__ long long cl_num_selected(double ratio, long long n) 
 """
 
 
-class _CudaSeqExpr(ExprC):
+class _CudaSeqExpr(SeqExpr):
     def __init__(self, c: Checked, lens: Dict[str, str]) -> None:
-        super().__init__(c, "cuda")
-        self.lens = lens
+        super().__init__(c, "cuda", lens, "long long")
         self.threshold_result = ""
-
-    def expr(self, e: Node) -> str:
-        if e.kind == "field" and e.args[1] == "size" and e.args[0].kind == "var" and \
-                e.args[0].args[0] in self.lens:
-            return f"((long long){self.lens[e.args[0].args[0]]})"
-        if e.ty is not None and getattr(e.ty, "array", False) and e.kind != "field":
-            raise self.c.prog.error("an array stands in its own statement here, not inside an "
-                                    "expression", e)
-        try:
-            return super().expr(e)
-        except KeyError as k:
-            raise self.c.prog.error(f"{k} cannot be read here", e) from None
 
     def call(self, e: Node) -> str:
         if e.args[0] == "threshold":
@@ -128,7 +116,7 @@ class _CudaSeqExpr(ExprC):
         return super().call(e)
 
 
-class _CudaSeq:
+class _CudaSeq(SeqArrays):
     def __init__(self, c: Checked) -> None:
         self.c = c
         self.lens: Dict[str, str] = {}
@@ -188,23 +176,6 @@ class _CudaSeq:
         return out
 
     types: Dict[str, str] = {}
-
-    def arr(self, n: Node) -> str:
-        if n.kind != "var":
-            raise self.c.prog.error("expected a named array here", n)
-        name = n.args[0]
-        if name == self.grad:
-            return "g"
-        if name in self.state:
-            return f"s_{name}"
-        if name not in self.lens:
-            raise self.c.prog.error(f"{name!r} has no value here: make it with filter, topk "
-                                    "or gather (encode) or read it with extract (decode)", n)
-        return f"l_{name}"
-
-    def length(self, n: Node) -> str:
-        self.arr(n)
-        return self.lens.get(n.args[0], "n")
 
     # ---------------------------------------------------------------- operators
     def compact(self, name: str, bound: str, flag: str, source: str) -> None:
@@ -339,61 +310,38 @@ class _CudaSeq:
         for s in f.body.args[0]:
             self.stmt(s, out_name)
 
-    def stmt(self, s: Node, out_name: str) -> None:
-        if s.kind == "decl" and s.args[0].array:
-            for d in s.args[1]:
-                if d.args[1] is None:
-                    raise self.c.prog.error("declare an array with its value here", d)
-                self.array_op(d.args[0], d.args[1])
-            return
-        if s.kind == "assign" and s.args[0].args[0] == out_name:
-            e = s.args[2]
-            lay = layout(e.args[1])
-            body = ["    uint8_t* extra_ = (uint8_t*)&c->extra_out[0];"]
-            for a, t, off in lay.fields:
-                v = self.ex.conv(self.ex.expr(a), a.ty, t)
-                body.append(f"    {{ {ctype(t)} v_ = {v}; cl_memcpy(extra_ + {off}, &v_, "
-                            f"{_size(t)}); }}")
-            self.field(f"unsigned long long extra_out[{max(1, (lay.extra_nbytes + 7) // 8)}];")
-            self.field(f"long long out_len[{max(1, len(lay.arrays))}];")
-            for j, (a, t) in enumerate(lay.arrays):
-                if a.kind != "var" or t.name not in ("float", "int32"):
-                    raise self.c.prog.error("concat's arrays here are named float* or int32* "
-                                            "arrays", a)
-                body.append(f"    c->out_len[{j}] = {self.length(a)} * 4;")
-            self.kernel(body, True)
-            return
-        if s.kind == "assign" and s.args[0].args[0] in self.state:
-            e = s.args[2]
-            if not (e.kind == "call" and e.args[0] == "map" and len(e.args[1]) == 3):
-                raise self.c.prog.error("a state array is updated by map(a, b, f) or scatter", e)
-            a, b, fn = e.args[1]
-            f = self.c.funcs[fn.args[0]]
-            (pa, _), (pb, _) = f.params
-            va = self.ex.conv(f"{self.arr(a)}[i_]", a.ty.elem(), pa)
-            vb = self.ex.conv(f"{self.arr(b)}[i_]", b.ty.elem(), pb)
-            call = self.ex.conv(f"u_{f.name}(c, {va}, {vb}, i_)", f.ret, Type("float"))
-            self.kernel([f"    CL_FOR(i_, n) s_{s.args[0].args[0]}[i_] = {call};"], False)
-            return
-        if s.kind == "expr_stmt" and s.args[0].kind == "call" and s.args[0].args[0] == "scatter":
-            x, idx, val = s.args[0].args[1]
-            v = self.ex.conv(self.ex.expr(val), val.ty, Type("float"))
-            self.kernel([f"    CL_FOR(i_, {self.length(idx)}) {self.arr(x)}[{self.arr(idx)}"
-                         f"[i_]] = {v};"], False)
-            return
-        if s.kind in ("assign", "decl") and _is_threshold(s):
-            if s.kind == "decl":
-                self.scalar(Node("decl", (s.args[0], [Node("declarator", (d.args[0], None),
-                                                           d.line, d.col)
-                                                      for d in s.args[1]]), s.line, s.col))
-                d = s.args[1][0]
-                self.threshold(Node("var", (d.args[0],), d.line, d.col), d.args[1])
-            else:
-                self.threshold(s.args[0], s.args[2])
-            return
-        if s.kind == "assign" and s.args[0].ty.array:
-            raise self.c.prog.error("arrays are declared with their value, not reassigned", s)
-        self.scalar(s)
+    def concat(self, e: Node) -> None:
+        lay = layout(e.args[1])
+        body = ["    uint8_t* extra_ = (uint8_t*)&c->extra_out[0];"]
+        for a, t, off in lay.fields:
+            v = self.ex.conv(self.ex.expr(a), a.ty, t)
+            body.append(f"    {{ {ctype(t)} v_ = {v}; cl_memcpy(extra_ + {off}, &v_, "
+                        f"{_size(t)}); }}")
+        self.field(f"unsigned long long extra_out[{max(1, (lay.extra_nbytes + 7) // 8)}];")
+        self.field(f"long long out_len[{max(1, len(lay.arrays))}];")
+        for j, a in self.concat_arrays(lay):
+            body.append(f"    c->out_len[{j}] = {self.length(a)} * 4;")
+        self.kernel(body, True)
+
+    def state_loop(self, target: str, call: str) -> None:
+        self.kernel([f"    CL_FOR(i_, n) s_{target}[i_] = {call};"], False)
+
+    def scatter_loop(self, count: str, store: str) -> None:
+        self.kernel([f"    CL_FOR(i_, {count}) {store}"], False)
+
+    def special(self, s: Node) -> bool:
+        """threshold(...) runs as its own kernels: sample, select, then the scalar."""
+        if not (s.kind in ("assign", "decl") and _is_threshold(s)):
+            return False
+        if s.kind == "decl":
+            self.scalar(Node("decl", (s.args[0], [Node("declarator", (d.args[0], None),
+                                                       d.line, d.col)
+                                                  for d in s.args[1]]), s.line, s.col))
+            d = s.args[1][0]
+            self.threshold(Node("var", (d.args[0],), d.line, d.col), d.args[1])
+        else:
+            self.threshold(s.args[0], s.args[2])
+        return True
 
     def decode(self) -> None:
         f = self.c.decode
@@ -415,11 +363,7 @@ class _CudaSeq:
             if s.kind == "expr_stmt" and s.args[0].args[0] == "extract":
                 self.extract(s.args[0])
             elif s.kind == "assign" and s.args[0].args[0] == out_name:
-                e = s.args[2]
-                if not (e.kind == "call" and e.args[0] == "scatter" and len(e.args[1]) == 2):
-                    raise self.c.prog.error("decode's output here is scatter(idx, vals)", e)
-                idx, vals = e.args[1]
-                ii, vv = self.arr(idx), self.arr(vals)
+                idx, vals, ii, vv = self.scatter_output(s.args[2])
                 self.kernel([f"    if ({self.length(idx)} != {self.length(vals)}) c->err = 3;"],
                             True)
                 self.kernel(["    CL_FOR(i_, n) out[i_] = 0.0f;"], False)
@@ -434,25 +378,15 @@ class _CudaSeq:
 
     def extract(self, e: Node) -> None:
         lay = layout(e.args[1][1:])
-        body = [f"    if (extra_len < {lay.extra_nbytes}) {{ c->err = 3; return; }}"]
-        for a, t, off in lay.fields:
-            tgt = self.ex.name(a.args[0])
-            if t.name == "uint":
-                body.append(f"    {tgt} = extra[{off}];")
-            else:
-                body.append(f"    {{ {ctype(t)} v_; cl_memcpy(&v_, extra + {off}, {_size(t)}); "
-                            f"{tgt} = v_; }}")
-        body.append("    long long off_ = 0;")
+        body = read_extra_fields(lay, self.ex, "{{ c->err = {}; return; }}", "cl_memcpy",
+                                 "long long")
         ptrs = []
-        for j, (a, t) in enumerate(lay.arrays):
-            if a.kind != "index":
-                raise self.c.prog.error("extract reads these arrays as name[count]", a)
-            name = a.args[0].args[0]
+        for j, name, t, count in counted_arrays(self.c, lay):
             sz = _size(t.elem())
             self.field(f"long long dlen_{name}, off_{name};")
             if j:
                 body.append("    off_ = (off_ + 7) / 8 * 8;")
-            body += [f"    c->dlen_{name} = (long long)({self.ex.expr(a.args[1])});",
+            body += [f"    c->dlen_{name} = (long long)({self.ex.expr(count)});",
                      f"    if (c->dlen_{name} < 0 || c->dlen_{name} > n || off_ + c->dlen_{name} * "
                      f"{sz} > body_len) {{ c->err = 3; return; }}",
                      f"    c->off_{name} = off_; off_ += c->dlen_{name} * {sz};"]

@@ -34,7 +34,6 @@ Built by ``_native.build_shared`` like the other generated C.
 from __future__ import annotations
 
 import ctypes
-import logging
 import time
 from typing import Any, Dict, List, Optional
 
@@ -43,16 +42,40 @@ import torch
 from .arrays import assemble_body
 from .checker import Checked
 from .interp import _size, layout
-from .lower import ExprC, ctype
+from .lower import ctype
 from .prelude import C_PRELUDE as PRELUDE
 from .prelude import ctx_struct
+from .render_base import (
+    NativeRunner,
+    SeqArrays,
+    SeqExpr,
+    counted_arrays,
+    read_extra_fields,
+    write_extra_fields,
+)
 from .syntax import Node, Type
 
-__all__ = ["render_seq", "SeqNativeProgram", "compile_seq", "SEQ_PRELUDE"]
+__all__ = ["render_seq", "SeqNativeProgram", "SEQ_PRELUDE"]
 
-_log = logging.getLogger(__name__)
 
-SEQ_PRELUDE = r"""
+_SELECT = r"""static uint{B}_t cl_select{B}(uint{B}_t* a, int64_t m, int64_t k) {
+    int64_t lo = 0, hi = m - 1, want = k - 1;
+    while (lo < hi) {
+        uint{B}_t x = a[lo], y = a[(lo + hi) / 2], z = a[hi];
+        uint{B}_t p = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > p) ++i;
+            while (a[j] < p) --j;
+            if (i <= j) { uint{B}_t t = a[i]; a[i] = a[j]; a[j] = t; ++i; --j; }
+        }
+        if (want <= j) hi = j; else if (want >= i) lo = i; else break;
+    }
+    return a[want];
+}
+"""  # one quickselect, instantiated for 64- and 32-bit keys
+
+_SEQ_HEAD = r"""
 #include <stdlib.h>
 CL_INLINE void* cl_grow(void** buf, int64_t* cap, int64_t bytes) {
     if (*cap < bytes) {
@@ -77,37 +100,9 @@ CL_INLINE int64_t cl_num_selected(double ratio, int64_t n) {
     return k > 1 ? k : 1;
 }
 /* the k-th largest (k >= 1) of m unsigned keys, reordering them: keys[0..k) hold the k largest */
-static uint64_t cl_select64(uint64_t* a, int64_t m, int64_t k) {
-    int64_t lo = 0, hi = m - 1, want = k - 1;
-    while (lo < hi) {
-        uint64_t x = a[lo], y = a[(lo + hi) / 2], z = a[hi];
-        uint64_t p = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] > p) ++i;
-            while (a[j] < p) --j;
-            if (i <= j) { uint64_t t = a[i]; a[i] = a[j]; a[j] = t; ++i; --j; }
-        }
-        if (want <= j) hi = j; else if (want >= i) lo = i; else break;
-    }
-    return a[want];
-}
-static uint32_t cl_select32(uint32_t* a, int64_t m, int64_t k) {
-    int64_t lo = 0, hi = m - 1, want = k - 1;
-    while (lo < hi) {
-        uint32_t x = a[lo], y = a[(lo + hi) / 2], z = a[hi];
-        uint32_t p = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] > p) ++i;
-            while (a[j] < p) --j;
-            if (i <= j) { uint32_t t = a[i]; a[i] = a[j]; a[j] = t; ++i; --j; }
-        }
-        if (want <= j) hi = j; else if (want >= i) lo = i; else break;
-    }
-    return a[want];
-}
-static __thread void* cl_thr_buf = 0; static __thread int64_t cl_thr_cap = 0;
+"""
+
+_SEQ_TAIL = r"""static __thread void* cl_thr_buf = 0; static __thread int64_t cl_thr_cap = 0;
 /* arrays.py's threshold: the k-th largest magnitude of a sample keyed by (seed, step) */
 static __thread int cl_bad_ratio = 0;
 static float cl_threshold(const float* x, int64_t n, double density, double sr, uint32_t seed,
@@ -160,27 +155,16 @@ static int64_t cl_topk(const float* x, const int32_t* cand, int64_t m, int64_t k
     return k;
 }
 """
+SEQ_PRELUDE = (_SEQ_HEAD + _SELECT.replace("{B}", "64") + _SELECT.replace("{B}", "32")
+               + _SEQ_TAIL)
 
 
-class _SeqExpr(ExprC):
+class _SeqExpr(SeqExpr):
     """ExprC with the sparse operators' scalars: ``threshold(...)``, ``idx.size``."""
 
     def __init__(self, c: Checked, arr: Any, lens: Dict[str, str]) -> None:
-        super().__init__(c, "c")
+        super().__init__(c, "c", lens, "int64_t")
         self.arr = arr
-        self.lens = lens
-
-    def expr(self, e: Node) -> str:
-        if e.kind == "field" and e.args[1] == "size" and e.args[0].kind == "var" and \
-                e.args[0].args[0] in self.lens:
-            return f"((int64_t){self.lens[e.args[0].args[0]]})"
-        if e.ty is not None and getattr(e.ty, "array", False) and e.kind != "field":
-            raise self.c.prog.error("an array stands in its own statement here (int32* idx = "
-                                    "filter(...); scatter(...);), not inside an expression", e)
-        try:
-            return super().expr(e)
-        except KeyError as k:
-            raise self.c.prog.error(f"{k} cannot be read here", e) from None
 
     def call(self, e: Node) -> str:
         name, args = e.args
@@ -190,7 +174,7 @@ class _SeqExpr(ExprC):
         return super().call(e)
 
 
-class _Seq:
+class _Seq(SeqArrays):
     def __init__(self, c: Checked) -> None:
         self.c = c
         self.lens: Dict[str, str] = {}
@@ -199,24 +183,6 @@ class _Seq:
         self.state = [n for n, t in c.globals.items() if t.array]
         self.grad = ""
         self.tmp = 0
-
-    def arr(self, n: Node) -> str:
-        """C pointer of a named array."""
-        if n.kind != "var":
-            raise self.c.prog.error("expected a named array here", n)
-        name = n.args[0]
-        if name == self.grad:
-            return "g"
-        if name in self.state:
-            return f"s_{name}"
-        if name not in self.lens:
-            raise self.c.prog.error(f"{name!r} has no value here: make it with filter, topk "
-                                    "or gather (encode) or read it with extract (decode)", n)
-        return f"l_{name}"
-
-    def length(self, n: Node) -> str:
-        self.arr(n)
-        return self.lens.get(n.args[0], "n")
 
     def buffer(self, name: str, ctype_: str, count: str) -> None:
         """A thread-local buffer ``l_name`` for ``count`` elements."""
@@ -264,16 +230,16 @@ class _Seq:
                                     f"{op}", e)
         self.lens[name] = f"len_{name}"
 
-    def state_map(self, target: str, e: Node) -> None:
-        a, b, fn = e.args[1]
-        f = self.c.funcs[fn.args[0]]
-        (pa, _), (pb, _) = f.params
-        va = self.ex.conv(f"{self.arr(a)}[i_]", a.ty.elem(), pa)
-        vb = self.ex.conv(f"{self.arr(b)}[i_]", b.ty.elem(), pb)
-        call = self.ex.conv(f"u_{f.name}(c, {va}, {vb}, i_)", f.ret, Type("float"))
+    def state_loop(self, target: str, call: str) -> None:
         self.lines += ["    for (int64_t i_ = 0; i_ < n; ++i_) {",
                        f"        s_{target}[i_] = {call};",
                        "    }"]
+
+    def scatter_loop(self, count: str, store: str) -> None:
+        self.lines.append(f"    for (int64_t i_ = 0; i_ < {count}; ++i_) {store}")
+
+    def scalar(self, s: Node) -> None:
+        self.lines += self.ex.stmt(s, "    ", None)
 
     def encode(self) -> None:
         f = self.c.encode
@@ -297,49 +263,14 @@ class _Seq:
             self.stmt(s, out_name)
         ln += ["    return 0;", "}"]
 
-    def stmt(self, s: Node, out_name: str) -> None:
+    def concat(self, e: Node) -> None:
         ln = self.lines
-        if s.kind == "decl" and s.args[0].array:
-            for d in s.args[1]:
-                if d.args[1] is None:
-                    raise self.c.prog.error("declare an array with its value here", d)
-                self.array_op(d.args[0], d.args[1])
-            return
-        if s.kind == "assign" and s.args[0].args[0] == out_name:
-            e = s.args[2]
-            lay = layout(e.args[1])
-            ln.append("    if (cl_bad_ratio) return 6;")
-            for a, t, off in lay.fields:
-                v = self.ex.conv(self.ex.expr(a), a.ty, t)
-                if t.name == "uint":
-                    ln.append(f"    extra[{off}] = (uint8_t)({v});")
-                else:
-                    ln.append(f"    {{ {ctype(t)} v_ = {v}; memcpy(extra + {off}, &v_, "
-                              f"{_size(t)}); }}")
-            for j, (a, t) in enumerate(lay.arrays):
-                if a.kind != "var" or t.name not in ("float", "int32"):
-                    raise self.c.prog.error("concat's arrays here are named float* or int32* "
-                                            "arrays", a)
-                ln += [f"    lens[{j}] = {self.length(a)} * 4;",
-                       f"    ptrs[{j}] = (const uint8_t*){self.arr(a)};"]
-            return
-        if s.kind == "assign" and s.args[0].args[0] in self.state:
-            e = s.args[2]
-            if not (e.kind == "call" and e.args[0] == "map" and len(e.args[1]) == 3):
-                raise self.c.prog.error("a state array is updated by map(a, b, f) or "
-                                        "scatter", e)
-            self.state_map(s.args[0].args[0], e)
-            return
-        if s.kind == "expr_stmt" and s.args[0].kind == "call" and s.args[0].args[0] == "scatter":
-            x, idx, val = s.args[0].args[1]
-            v = self.ex.conv(self.ex.expr(val), val.ty, Type("float"))
-            ln += [f"    for (int64_t i_ = 0; i_ < {self.length(idx)}; ++i_) "
-                   f"{self.arr(x)}[{self.arr(idx)}[i_]] = {v};"]
-            return
-        if s.kind == "assign" and s.args[0].ty.array:
-            raise self.c.prog.error("arrays are declared with their value (int32* idx = "
-                                    "filter(...)), not reassigned", s)
-        ln += self.ex.stmt(s, "    ", None)
+        lay = layout(e.args[1])
+        ln.append("    if (cl_bad_ratio) return 6;")
+        ln += write_extra_fields(lay, self.ex, "memcpy")
+        for j, a in self.concat_arrays(lay):
+            ln += [f"    lens[{j}] = {self.length(a)} * 4;",
+                   f"    ptrs[{j}] = (const uint8_t*){self.arr(a)};"]
 
     def decode(self) -> None:
         f = self.c.decode
@@ -365,11 +296,7 @@ class _Seq:
             if s.kind == "expr_stmt" and s.args[0].args[0] == "extract":
                 self.extract(s.args[0], arrays)
             elif s.kind == "assign" and s.args[0].args[0] == out_name:
-                e = s.args[2]
-                if not (e.kind == "call" and e.args[0] == "scatter" and len(e.args[1]) == 2):
-                    raise self.c.prog.error("decode's output here is scatter(idx, vals)", e)
-                idx, vals = e.args[1]
-                ii, vv = self.arr(idx), self.arr(vals)
+                idx, vals, ii, vv = self.scatter_output(s.args[2])
                 ln += [f"    if ({self.length(idx)} != {self.length(vals)}) return 3;",
                        "    memset(out, 0, (size_t)n * sizeof(float));",
                        "    int64_t prev_ = -1;",
@@ -386,24 +313,13 @@ class _Seq:
     def extract(self, e: Node, arrays: Dict[str, Type]) -> None:
         ln = self.lines
         lay = layout(e.args[1][1:])
-        ln.append(f"    if (extra_len < {lay.extra_nbytes}) return 3;")
-        for a, t, off in lay.fields:
-            tgt = self.ex.name(a.args[0])
-            if t.name == "uint":
-                ln.append(f"    {tgt} = extra[{off}];")
-            else:
-                ln.append(f"    {{ {ctype(t)} v_; memcpy(&v_, extra + {off}, {_size(t)}); "
-                          f"{tgt} = v_; }}")
-        ln.append("    int64_t off_ = 0;")
-        for j, (a, t) in enumerate(lay.arrays):
-            if a.kind != "index":
-                raise self.c.prog.error("extract reads these arrays as name[count]", a)
-            name = a.args[0].args[0]
+        ln += read_extra_fields(lay, self.ex, "return {};", "memcpy", "int64_t")
+        for j, name, t, count in counted_arrays(self.c, lay):
             ct = ctype(t.elem())
             cnt = f"cnt_{name}"
             if j:
                 ln.append("    off_ = (off_ + 7) / 8 * 8;")
-            ln += [f"    const int64_t {cnt} = (int64_t)({self.ex.expr(a.args[1])});",
+            ln += [f"    const int64_t {cnt} = (int64_t)({self.ex.expr(count)});",
                    f"    if ({cnt} < 0 || {cnt} > n || off_ + {cnt} * {_size(t.elem())} > "
                    "body_len) return 3;",
                    f"    const {ct}* l_{name} = (const {ct}*)(body + off_); off_ += {cnt} * "
@@ -429,7 +345,7 @@ def render_seq(c: Checked) -> str:
     return "\n".join(parts) + "\n"
 
 
-class SeqNativeProgram:
+class SeqNativeProgram(NativeRunner):
     """The generated C of a sparse program, built (or cached) and loaded with ctypes.
 
     Attributes:
@@ -444,20 +360,13 @@ class SeqNativeProgram:
         self.n_state = sum(1 for t in c.globals.values() if t.array)
         self.n_arrays = len(layout(_concat_args(c)).arrays)
         t0 = time.perf_counter()
-        stem = "compll_" + "".join(ch if ch.isalnum() else "_" for ch in
-                                   c.prog.filename.rsplit("/", 1)[-1].split(".")[0])[:40]
+        stem = self._stem(c)
         self.lib, self.cache_hit = _native.build_shared(self.source, stem)
         self.compile_s = 0.0 if self.cache_hit else time.perf_counter() - t0
         p, i64, u32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32
         self.lib.cl_sencode.argtypes = [p, i64, p, p, p, u32, u32, i64, p, p]
         self.lib.cl_sencode.restype = ctypes.c_int
-        if c.decode is not None:
-            self.lib.cl_decode.argtypes = [p, i64, p, i64, p, i64, p]
-            self.lib.cl_decode.restype = ctypes.c_int
-
-    def _params(self, params: Dict[str, Any]) -> Any:
-        vals = [float(params[pn]) for pn, _, _, _ in self.c.params]
-        return (ctypes.c_double * max(len(vals), 1))(*vals)
+        self._bind_decode()
 
     def encode_arrays(self, g: torch.Tensor, state: Dict[str, torch.Tensor],
                       params: Dict[str, Any], raw_seed: int, step: int, seed: int = 0):
@@ -519,13 +428,3 @@ def _raise(rc: int, c: Checked, g: Optional[torch.Tensor]) -> None:
            "increasing", 5: "out of memory", 6: "threshold's density or sample_ratio outside "
            "(0, 1]"}.get(rc, f"error {rc}")
     raise ValueError(f"{c.prog.filename}: {msg}")
-
-
-def compile_seq(c: Checked) -> Any:
-    """The built ``SeqNativeProgram`` of ``c``, or None without a compiler (interpreted)."""
-    try:
-        return SeqNativeProgram(c)
-    except Exception as e:  # a missing toolchain must not break training: interpret
-        _log.warning("CompLL: C backend of %s unavailable (%s: %s); using the interpreter",
-                     c.prog.filename, type(e).__name__, e)
-        return None

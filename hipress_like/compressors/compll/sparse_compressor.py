@@ -30,7 +30,7 @@ import torch
 from ..base import check_gradient, decode_output, header_nbytes, pack_payload, unpack_payload
 from ..payload import PayloadError
 from .arrays import assemble_body
-from .compressor import _BASES, DslCompressor, State, _lock
+from .compressor import _BASES, DslCompressor, State
 from .interp import Interpreter, layout
 
 __all__ = ["SparseDslCompressor"]
@@ -132,15 +132,6 @@ class SparseDslCompressor(DslCompressor):
         except ValueError as e:
             raise PayloadError(f"{self.name}: {e}") from e
         return res
-
-    def _native(self) -> Any:
-        cls = type(self)
-        if cls.native is None:
-            with _lock:
-                if cls.native is None:
-                    from .render_seq import compile_seq
-                    cls.native = compile_seq(self.checked) or False
-        return cls.native or None
 
     def _cuda(self) -> Any:
         return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import lark
 
@@ -100,6 +100,21 @@ class Program:
 
 _SCALARS = {"int": "int32", "uint1": ("uint", 1), "uint2": ("uint", 2), "uint4": ("uint", 4),
             "uint8": ("uint", 8)}
+
+
+def find_node(tree: Any, pred: Callable[[Node], bool]) -> Optional[Node]:
+    """The first node of ``tree`` (a Node, or lists/tuples of them), in source order
+    (pre-order), that satisfies ``pred``; None when none does."""
+    if isinstance(tree, Node):
+        if pred(tree):
+            return tree
+        tree = tree.args
+    if isinstance(tree, (list, tuple)):
+        for a in tree:
+            r = find_node(a, pred)
+            if r is not None:
+                return r
+    return None
 
 
 def scalar(name: str) -> Type:
