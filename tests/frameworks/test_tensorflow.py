@@ -192,7 +192,9 @@ CHECKS = ("rank_and_size", "allreduce_eager_and_in_tf_function",
 def surface():
     _, rc, out = run(SURFACE, np=2, HIPRESS_TIMEOUT="60", timeout=600)
     found = {}
-    for m in re.finditer(r"(?m)^\S*?CHECK (\w+) (ok|FAIL.*)$", out):
+    # torchrun prefixes each worker's lines ("[default1]:"); two workers' writes can
+    # interleave so that a prefix lands right after "ok" on the same line
+    for m in re.finditer(r"(?m)CHECK (\w+) (ok(?=\[|$)|FAIL.*$)", out):
         found.setdefault(m.group(1), []).append(m.group(2))
     return rc, found, out
 
