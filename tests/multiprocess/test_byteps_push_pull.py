@@ -147,17 +147,19 @@ def error_worker(ctx):
     bps.push_pull(torch.ones(3), name="small")  # both names checked across ranks
     if r == 1:
         raise RuntimeError("rank 1 fails before its next push_pull")
-    hc = bps.push_pull_async(x, name="g", compression_params={"compressor": "onebit"})
-    hp_ = bps.push_pull_async(torch.ones(3), name="small")
     t0 = time.monotonic()
-    while not (bps.poll(hc) and bps.poll(hp_)) and time.monotonic() - t0 < 120:
-        time.sleep(0.01)  # a failed call polls True: synchronize then raises
-    for h in (hc, hp_):
-        try:
+    try:
+        # an uncompressed call first checks that the ranks agree on it (a small
+        # allgather), so the dead peer may surface at the call or at synchronize
+        hc = bps.push_pull_async(x, name="g", compression_params={"compressor": "onebit"})
+        hp_ = bps.push_pull_async(torch.ones(3), name="small")
+        while not (bps.poll(hc) and bps.poll(hp_)) and time.monotonic() - t0 < 120:
+            time.sleep(0.01)  # a failed call polls True: synchronize then raises
+        for h in (hc, hp_):
             bps.synchronize(h)
-        except Exception as e:  # noqa: BLE001 - the error is what this test reports
-            raise RuntimeError(f"rank 0 saw {type(e).__name__} after "
-                               f"{time.monotonic() - t0:.0f}s: {e}") from e
+    except Exception as e:  # noqa: BLE001 - the error is what this test reports
+        raise RuntimeError(f"rank 0 saw {type(e).__name__} after "
+                           f"{time.monotonic() - t0:.0f}s: {e}") from e
     return "no error"
 
 
