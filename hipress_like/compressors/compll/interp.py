@@ -126,10 +126,6 @@ def layout(items: List[Node]) -> Layout:
     return lay
 
 
-class _Return(Exception):
-    pass
-
-
 class Interpreter:
     """Runs a checked program's encode or decode on torch tensors (CPU or any device).
 

@@ -17,12 +17,14 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import lark
 
+from ...errors import HipressError
+
 __all__ = ["CompllError", "Node", "Type", "Program", "parse", "GRAMMAR_PATH"]
 
 GRAMMAR_PATH = Path(__file__).with_name("compll.lark")
 
 
-class CompllError(ValueError):
+class CompllError(HipressError, ValueError):
     """A bad CompLL program: the message gives line, column, a caret and what was expected."""
 
     def __init__(self, message: str, source: str = "", line: int = 0, column: int = 0,
