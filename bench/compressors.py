@@ -312,7 +312,9 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{'xcopy':>6} {'xcopy':>6}")
     for r in results:
         print(fmt_row(r))
-    dsl_bench.print_table(results)
+    table = dsl_bench.format_table(results)
+    if table:
+        print(table)
     if psgd is not None:
         print(f"powersgd rank {psgd['rank']} on {psgd['shape'][0]}x{psgd['shape'][1]}: two rounds "
               f"{psgd['rounds_s'] * 1e3:.1f} ms; M@Q + orth(P) + M^T@P alone "

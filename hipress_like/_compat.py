@@ -39,7 +39,7 @@ MOVED.update({f"hipress_like.compressors.{old}": f"hipress_like.compressors.{new
     "thc_kernels": "thc.kernels",
     "thc_payload": "thc.payload",
     "thc_tables": "thc.tables",
-    "thc_tables_cli": "thc.tables_cli",
+    "thc_tables_cli": "thc.cli_tables",
     "_fused_lowrank": "powersgd.lowrank",
     "artopk": "sparse.artopk",
     "bloom": "sparse.bloom",

@@ -123,7 +123,7 @@ def test_the_old_command_line_path_still_runs():
     import subprocess
     import sys
 
-    for mod in ("thc_tables_cli", "thc.tables_cli"):
+    for mod in ("thc_tables_cli", "thc.cli_tables"):
         res = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m",
                               f"hipress_like.compressors.{mod}", "list"],
                              capture_output=True, text=True, timeout=300)

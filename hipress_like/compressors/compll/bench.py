@@ -4,7 +4,7 @@ For a row of a hand-written compressor that has a shipped CompLL program,
 ``add_column`` registers the program (``<name>_dsl``), checks once that both
 give the same payload, and times both in the same run, interleaved with a
 memory copy (copy, hand-written encode, DSL encode, hand-written decode into
-a buffer, DSL decode into it; medians). ``print_table`` prints the ratios
+a buffer, DSL decode into it; medians). ``format_table`` lays out the ratios
 (DSL speed / hand-written speed) with the issue's goals (>= 0.8 for onebit,
 TBQ, TernGrad; >= 0.5 for DGC, GradDrop), the C compile time and whether
 the build came from the cache.
@@ -18,7 +18,7 @@ import torch
 
 from . import PROGRAMS, program_path
 
-__all__ = ["add_column", "print_table", "GOALS"]
+__all__ = ["add_column", "format_table", "GOALS"]
 
 GOALS = {"onebit": 0.8, "tbq": 0.8, "terngrad": 0.8, "dgc": 0.5, "graddrop": 0.5}
 
@@ -77,24 +77,25 @@ def add_column(row: Dict[str, Any], repeats: int) -> None:
     }
 
 
-def print_table(results: List[Dict[str, Any]]) -> None:
-    """Print the DSL rows of ``results`` (those ``add_column`` filled)."""
+def format_table(results: List[Dict[str, Any]]) -> str:
+    """The DSL rows of ``results`` (those ``add_column`` filled) as a text table ("" if none)."""
     rows = [r for r in results if "dsl" in r]
     if not rows:
-        return
-    print()
-    print("CompLL DSL (generated C) vs hand-written, same run, interleaved; ratio = DSL speed "
-          "/ hand-written speed (goal in brackets)")
-    print(f"{'name':<10} {'MB':>5} {'bytes':>6} {'enc hand':>9} {'enc dsl':>8} {'ratio':>6} "
-          f"{'dec hand':>9} {'dec dsl':>8} {'ratio':>6} {'compile':>8} {'cache':>6}")
+        return ""
+    lines = ["", "CompLL DSL (generated C) vs hand-written, same run, interleaved; ratio = DSL "
+             "speed / hand-written speed (goal in brackets)",
+             f"{'name':<10} {'MB':>5} {'bytes':>6} {'enc hand':>9} {'enc dsl':>8} {'ratio':>6} "
+             f"{'dec hand':>9} {'dec dsl':>8} {'ratio':>6} {'compile':>8} {'cache':>6}"]
     for r in rows:
         x = r["dsl"]
         goal = x["goal"]
         ok = ("" if goal is None else
               " PASS" if min(x["encode_ratio"], x["decode_ratio"]) >= goal else " FAIL")
         comp = "-" if x["compile_s"] is None else f"{x['compile_s']:.2f}s"
-        print(f"{r['name']:<10} {r['size_mb']:>5g} {'same' if x['equal_bytes'] else 'DIFF':>6} "
-              f"{x['encode_hand_s'] * 1e3:>7.2f}ms {x['encode_dsl_s'] * 1e3:>6.2f}ms "
-              f"{x['encode_ratio']:>6.2f} {x['decode_hand_s'] * 1e3:>7.2f}ms "
-              f"{x['decode_dsl_s'] * 1e3:>6.2f}ms {x['decode_ratio']:>6.2f} {comp:>8} "
-              f"{'hit' if x['cache_hit'] else 'miss':>6} [{goal}]{ok}")
+        lines.append(
+            f"{r['name']:<10} {r['size_mb']:>5g} {'same' if x['equal_bytes'] else 'DIFF':>6} "
+            f"{x['encode_hand_s'] * 1e3:>7.2f}ms {x['encode_dsl_s'] * 1e3:>6.2f}ms "
+            f"{x['encode_ratio']:>6.2f} {x['decode_hand_s'] * 1e3:>7.2f}ms "
+            f"{x['decode_dsl_s'] * 1e3:>6.2f}ms {x['decode_ratio']:>6.2f} {comp:>8} "
+            f"{'hit' if x['cache_hit'] else 'miss':>6} [{goal}]{ok}")
+    return "\n".join(lines)

@@ -30,12 +30,12 @@ table for other (b, g, p) than asked for is an error):
      "objective": <E[SQ variance] of the truncated normal, per coordinate>,
      "solver": "dp-exact-1", "source": "<where (b, g, p) comes from>"}
 
-Shipped tables (``tables/*.json``, solved with ``tables_cli``):
+Shipped tables (``tables/*.json``, solved with ``cli_tables``):
 
-    python -m hipress_like.compressors.thc.tables_cli solve --bits 4 --granularity 30 \\
+    python -m hipress_like.compressors.thc.cli_tables solve --bits 4 --granularity 30 \\
         --p 1/32 -o hipress_like/compressors/thc/tables/b4_g30_p0.03125.json
-    python -m hipress_like.compressors.thc.tables_cli check FILE
-    python -m hipress_like.compressors.thc.tables_cli list
+    python -m hipress_like.compressors.thc.cli_tables check FILE
+    python -m hipress_like.compressors.thc.cli_tables list
 """
 from __future__ import annotations
 
@@ -211,7 +211,7 @@ def from_json(obj: Any, where: str = "table",
     if obj.get("version") != VERSION:
         raise TableError(f"{where}: table format version {obj.get('version')!r} is not "
                          f"supported (this build reads version {VERSION}); re-solve it with "
-                         "`python -m hipress_like.compressors.thc.tables_cli solve`")
+                         "`python -m hipress_like.compressors.thc.cli_tables solve`")
     missing = [k for k in _REQUIRED if k not in obj]
     unknown = sorted(set(obj) - set(_REQUIRED) - set(_OPTIONAL))
     if missing or unknown:
@@ -305,5 +305,5 @@ def shipped(bits: int, granularity: int, p: float) -> Table:
     have = ", ".join(f"(b={b}, g={g}, p={q!r})" for b, g, q in sorted(tables))
     raise TableError(
         f"no shipped THC table for bits={bits}, granularity={granularity}, p={p!r} (shipped: "
-        f"{have}); solve one with `python -m hipress_like.compressors.thc.tables_cli solve "
+        f"{have}); solve one with `python -m hipress_like.compressors.thc.cli_tables solve "
         f"--bits {bits} --granularity {granularity} --p {p!r} -o FILE` and pass table=FILE")

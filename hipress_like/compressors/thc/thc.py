@@ -142,7 +142,7 @@ class THC(MultiRoundCompressor):
         transform: apply the randomized Hadamard transform (default True).
         table: None (the shipped optimal T_{b,g,p}), "uniform" (Alg. 1:
             g = 2^b - 1, T = identity) or the path of a table file
-            (``tables.py``: ``python -m hipress_like.compressors.thc.tables_cli solve``).
+            (``tables.py``: ``python -m hipress_like.compressors.thc.cli_tables solve``).
         sum_bits: the widest summed value allowed, 8, 16 or 32 (default 32; the
             paper's switch prototype uses 8). ``init`` raises when
             ``world_size * g`` does not fit.

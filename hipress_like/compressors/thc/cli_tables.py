@@ -1,4 +1,4 @@
-"""``python -m hipress_like.compressors.thc.tables_cli``: solve, check and list THC's tables.
+"""``python -m hipress_like.compressors.thc.cli_tables``: solve, check and list THC's tables.
 
 The command line of ``tables.py`` (the solver and loader stay there):
 
@@ -29,7 +29,7 @@ def _parse_p(s: str) -> float:
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
     """``solve`` a table into a file, ``check`` files, or ``list`` the shipped ones."""
-    ap = argparse.ArgumentParser(prog="python -m hipress_like.compressors.thc.tables_cli",
+    ap = argparse.ArgumentParser(prog="python -m hipress_like.compressors.thc.cli_tables",
                                  description="Solve, check and list THC's lookup tables.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("solve", help="solve T_{b,g,p} exactly and write it as JSON")
