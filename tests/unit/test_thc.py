@@ -20,8 +20,8 @@ import hipress_like.compressors as C
 from hipress_like.compressors.base import STEP_SEED
 from hipress_like.compressors.params import ParamError, ParamTypeError
 from hipress_like.compressors.payload import PayloadError, pack_payload, unpack_payload
-from hipress_like.compressors.thc import tables as thc_tables
 from hipress_like.compressors.thc import cli_tables as thc_tables_cli
+from hipress_like.compressors.thc import tables as thc_tables
 from hipress_like.compressors.thc.thc import BLOCK, THC, randomized_hadamard, sum_width
 from hipress_like.compressors.wrappers.error_feedback import ErrorFeedback
 
