@@ -145,19 +145,14 @@ def _day(rec: Dict[str, Any]) -> str:
     return str(rec["date"])[:10]
 
 
+#: What a renderer returns for a validated record of its kind: ``(markdown, headline
+#: rows, plot)``, the section's tables, its rows for the README's headline table, and a
+#: function drawing its figure to a path (or None).
 Rendered = Tuple[str, List[Dict[str, str]], Optional[Callable[[str], None]]]
 
 
 def render_compressors(rec: Dict[str, Any]) -> Rendered:
-    """Encode/decode speed as multiples of a memory copy timed in the same run.
-
-    Args:
-        rec: a validated record of this kind.
-
-    Returns:
-        ``(markdown, headline rows, plot)``: the section's tables, its rows for the
-        README's headline table, and a function drawing its figure to a path (or None).
-    """
+    """Encode/decode speed as multiples of a memory copy timed in the same run (a ``Rendered``)."""
     rows = rec["data"]["results"]
     size = max(r["size_mb"] for r in rows)
     big = [r for r in rows if r["size_mb"] == size]
@@ -200,15 +195,7 @@ def render_compressors(rec: Dict[str, Any]) -> Rendered:
 
 
 def render_demo(rec: Dict[str, Any]) -> Rendered:
-    """The main job (``./run.sh``): CaSync against no compression, same run.
-
-    Args:
-        rec: a validated record of this kind.
-
-    Returns:
-        ``(markdown, headline rows, plot)``: the section's tables, its rows for the
-        README's headline table, and a function drawing its figure to a path (or None).
-    """
+    """The main job (``./run.sh``): CaSync against no compression, same run (a ``Rendered``)."""
     rows = rec["data"]["rows"]
     cols = ["configuration", "test acc %", "train time s", "ms/step", "compressed", "speed-up"]
     table = md_table(cols, [[r.get(c, "-") for c in cols] for r in rows])
@@ -238,15 +225,7 @@ def render_demo(rec: Dict[str, Any]) -> Rendered:
 
 
 def render_stragglers(rec: Dict[str, Any]) -> Rendered:
-    """Job time with and without a straggler, with and without a quorum, same run.
-
-    Args:
-        rec: a validated record of this kind.
-
-    Returns:
-        ``(markdown, headline rows, plot)``: the section's tables, its rows for the
-        README's headline table, and a function drawing its figure to a path (or None).
-    """
+    """Job time with and without a straggler and a quorum, same run (a ``Rendered``)."""
     med = rec["data"]["median_job_s"]
     frac = rec["data"].get("args", {}).get("fraction", "?")
     rows = [[f"`Quorum(fraction={frac})`", f"{med['partial']:.2f} s",
@@ -270,15 +249,7 @@ def render_stragglers(rec: Dict[str, Any]) -> Rendered:
 
 
 def render_train(rec: Dict[str, Any]) -> Rendered:
-    """Step times per configuration, as ratios to the record's named baseline row.
-
-    Args:
-        rec: a validated record of this kind.
-
-    Returns:
-        ``(markdown, headline rows, plot)``: the section's tables, its rows for the
-        README's headline table, and a function drawing its figure to a path (or None).
-    """
+    """Step times per configuration, as ratios to the record's baseline row (a ``Rendered``)."""
     rows = sorted(rec["data"]["rows"], key=lambda r: r["ms_per_step"])
     base_name = rec["data"].get("baseline")
     base = next((r for r in rows if r["config"] == base_name), rows[-1])
@@ -309,15 +280,7 @@ def render_train(rec: Dict[str, Any]) -> Rendered:
 
 
 def render_transcribed(rec: Dict[str, Any]) -> Rendered:
-    """Rows copied from an older document, each with its own command and date.
-
-    Args:
-        rec: a validated record of this kind.
-
-    Returns:
-        ``(markdown, headline rows, plot)``: the section's tables, its rows for the
-        README's headline table, and a function drawing its figure to a path (or None).
-    """
+    """Rows copied from an older document, each with its own command and date (a ``Rendered``)."""
     rows = rec["data"]["rows"]
     text = md_table(["what", "this project", "against", "ratio", "date", "command"],
                     [[r["what"], r["this_project"], r["against"], r["ratio"], r["date"],
