@@ -237,6 +237,11 @@ class DslCompressor(Compressor):
             new_state["step"] = int(state["step"]) + 1
         return payload, new_state
 
+    def _extra_nbytes(self) -> int:
+        """Bytes of the payload's extra fields (the layout of the program's ``concat``)."""
+        self._concat()
+        return type(self)._layout.extra_nbytes
+
     def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Run the program's decode into the original shape and dtype.
 
@@ -244,8 +249,7 @@ class DslCompressor(Compressor):
             PayloadError: malformed, foreign or wrongly sized payload.
         """
         h = unpack_payload(payload, self.algo_id)
-        self._concat()
-        want = type(self)._layout.extra_nbytes
+        want = self._extra_nbytes()
         if len(h.extra) < want:
             raise PayloadError(f"{self.name} payload extra has {len(h.extra)} bytes, expected "
                                f"{want}")

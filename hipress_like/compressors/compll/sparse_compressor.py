@@ -23,12 +23,11 @@ the interpreter on their device's copy on the CPU.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
-from ..base import check_gradient, decode_output, header_nbytes, pack_payload, unpack_payload
-from ..payload import PayloadError
+from ..base import check_gradient, header_nbytes, pack_payload
 from .arrays import assemble_body
 from .compressor import _BASES, DslCompressor, State
 from .interp import Interpreter, layout
@@ -108,30 +107,11 @@ class SparseDslCompressor(DslCompressor):
         new_state.update({k: v.view(grad.shape) for k, v in arrays.items()})
         return payload, new_state
 
-    def decode(self, payload: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Run decode into the original shape and dtype.
-
-        Raises:
-            PayloadError: malformed, foreign or inconsistent payload (bad indices included).
-        """
-        h = unpack_payload(payload, self.algo_id)
-        want = layout(self._concat().args[1]).extra_nbytes
-        if len(h.extra) < want:
-            raise PayloadError(f"{self.name} payload extra has {len(h.extra)} bytes, expected "
-                               f"{want}")
-        res = decode_output(h, out, payload.device)
-        native = self._native() if h.dtype == torch.float32 and payload.device.type == "cpu" \
-            else None
-        try:
-            if native is not None:
-                native.decode(h.extra, h.body, res.view(-1), self._params)
-            else:
-                flat = Interpreter(self.checked, self._params).decode(h.extra, h.body.cpu(),
-                                                                      h.numel)
-                res.view(-1).copy_(flat.to(h.dtype))
-        except ValueError as e:
-            raise PayloadError(f"{self.name}: {e}") from e
-        return res
+    def _extra_nbytes(self) -> int:
+        """Bytes of the extra fields: the layout of ``concat``'s leading scalars (the
+        arrays after them are the body). ``DslCompressor.decode`` does the rest; with
+        no CUDA program (``_cuda``) it runs the C library or the interpreter."""
+        return layout(self._concat().args[1]).extra_nbytes
 
     def _cuda(self) -> Any:
         return None
