@@ -9,7 +9,11 @@ the load of a shared machine drifts over both alike. Rows:
   lists, one strategy+compressor per row (``--sync-only``);
 - ``train``: bench/train.py at ``--net``, one configuration per row
   (``--train-configs``, timing only: no accuracy runs), with ``--nprocs``
-  ranks; a second row gives the configuration's CPU time per rank.
+  ranks; a second row gives the configuration's CPU time per rank;
+- ``compressors``: bench/compressors.py at ``--compressor-sizes`` MB, one
+  row per compressor and direction (``--compressors``; '' for none), its
+  encode or decode time over the memory copy timed interleaved with it in
+  the same run (so load drift cancels, as in the sync rows).
 
 Each row prints the base's and the new tree's median and their ratio (new /
 base): ms per step for train rows, and for sync rows the time over the
@@ -53,6 +57,23 @@ def _sync(tree: str, net: str, only: str, reps: int, tmp: str) -> dict:
                 for r in json.load(f)["rows"] if not r["config"].startswith("allreduce")}
 
 
+def _compressors(tree: str, only: str, sizes: str, repeats: int, tmp: str) -> dict:
+    out = os.path.join(tmp, "compressors.json")
+    cmd = [sys.executable, os.path.join(tree, "bench", "compressors.py"), "--sizes", sizes,
+           "--repeats", str(repeats), "--out", out]
+    if only != "all":
+        cmd += ["--only", only]
+    subprocess.run(cmd, check=True, cwd=tree, stdout=subprocess.DEVNULL)
+    res = {}
+    with open(out) as f:
+        for r in json.load(f)["results"]:
+            for side in ("encode", "decode"):
+                if r.get(f"{side}_s") and r.get("copy_s"):
+                    key = f"compressors {r['name']} {r['size_mb']:g}MB {side} (x copy time)"
+                    res[key] = r[f"{side}_s"] / r["copy_s"]
+    return res
+
+
 def _train(tree: str, net: str, config: str, model: str, steps: int, nprocs: int,
            tmp: str) -> dict:
     out = os.path.join(tmp, "train.json")
@@ -80,6 +101,11 @@ def main() -> int:
     ap.add_argument("--sync-only", default=SYNC_ONLY, help="sync rows ('' for none)")
     ap.add_argument("--sync-reps", type=int, default=3)
     ap.add_argument("--train-configs", default=TRAIN_CONFIGS, help="train rows ('' for none)")
+    ap.add_argument("--compressors", default="",
+                    help="compressor rows: names for bench/compressors.py --only, 'all', "
+                         "or '' (default) for none")
+    ap.add_argument("--compressor-sizes", default="16", help="their gradient sizes in MB")
+    ap.add_argument("--compressor-repeats", type=int, default=5)
     ap.add_argument("--model", default="vgg", choices=["vgg", "resnet18"])
     ap.add_argument("--steps", type=int, default=20, help="timed steps per train run")
     ap.add_argument("--nprocs", type=int, default=4,
@@ -99,6 +125,9 @@ def main() -> int:
             jobs = []
             if a.sync_only:
                 jobs.append(lambda tree: _sync(tree, a.net, a.sync_only, a.sync_reps, tmp))
+            if a.compressors:
+                jobs.append(lambda tree: _compressors(tree, a.compressors, a.compressor_sizes,
+                                                      a.compressor_repeats, tmp))
             for c in [c for c in a.train_configs.split(",") if c]:
                 jobs.append(lambda tree, c=c: _train(tree, a.net, c, a.model, a.steps,
                                                      a.nprocs, tmp))
