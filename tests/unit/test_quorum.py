@@ -7,12 +7,12 @@ tests/multiprocess/test_stragglers.py.
 import pytest
 import torch
 
-from hipress_like.casync.quorum import Quorum, QuorumLane
 from hipress_like.compressors.base import CONTRIBUTORS
 from hipress_like.compressors.payload import PayloadError
 from hipress_like.compressors.registry import get
 from hipress_like.compressors.thc.thc import BLOCK, THC
 from hipress_like.compressors.wrappers.error_feedback import ErrorFeedback
+from hipress_like.partial import Quorum, QuorumLane
 
 D = BLOCK + 1234
 
@@ -37,7 +37,7 @@ def test_the_quorum_is_the_ceiling_of_the_fraction(fraction, n, q):
 
 def test_a_multi_round_compressor_that_cannot_sit_out_is_refused_before_any_exchange():
     with pytest.raises(ValueError, match="absent_rounds"):
-        QuorumLane(get("powersgd"), 100, torch.float32, transport=None, store=None, rank=0,
+        QuorumLane(get("powersgd"), 100, torch.float32, transport=None, rank=0,
                    size=4, quorum=Quorum())
 
 
