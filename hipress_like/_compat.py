@@ -1,7 +1,8 @@
 """Compatibility names: modules that moved, importable under their old names.
 
 ``hipress_like.casync.{launch,cli_launch,netem,procs}`` moved to
-``hipress_like.launch`` (the launcher is not the scheduler), and the
+``hipress_like.launch`` (the launcher is not the scheduler),
+``hipress_like.casync.quorum`` to ``hipress_like.partial.lane``, and the
 compressors' flat modules into one folder per algorithm family. Users'
 scripts that import the old names keep working: a meta-path finder answers
 for exactly those names and hands back the *same* module object as the new
@@ -53,6 +54,9 @@ MOVED.update({f"hipress_like.compressors.{old}": f"hipress_like.compressors.{new
     "_native": "_build.native",
     "_fused": "_build.fused",
 }.items()})
+# Partial aggregation left the scheduler for its own floor (issue 44): ``Quorum``
+# may be pickled in users' configs, and the lane module re-exports every old name.
+MOVED["hipress_like.casync.quorum"] = "hipress_like.partial.lane"
 
 
 class _AliasLoader(importlib.abc.Loader):

@@ -150,7 +150,7 @@ class Capabilities:
             error and automatic wrapping applies; without it the residual is
             taken against the decoded average.
         absent_rounds: a multi-round compressor a rank may sit a step out of
-            (partial aggregation, ``casync.quorum``): ``absent_round`` gives
+            (partial aggregation, ``hipress_like.partial``): ``absent_round`` gives
             that rank, from each round's aggregate of the others' payloads,
             the state with which ``decode_rounds`` decodes the last one (THC:
             the merged range). Single-round payloads decode without state,
@@ -577,7 +577,7 @@ class Compressor:
 # partition's shared seed with the engine's step count, which checkpoints
 # carry, so a resumed run draws what an uninterrupted one would).
 STEP_SEED = "step_seed"
-# Partial aggregation (``casync.quorum``) sets ``state[CONTRIBUTORS]`` before a
+# Partial aggregation (``hipress_like.partial``) sets ``state[CONTRIBUTORS]`` before a
 # step's rounds: how many ranks' payloads that step's merged aggregates hold,
 # when fewer than ``world_size`` contributed. Absent, every rank did.
 CONTRIBUTORS = "contributors"

@@ -2,8 +2,8 @@
 
 The layers, lowest first (DESIGN.md): errors and _compat (the one error base
 and the old module names' finder, which import nothing of the project) <
-compressors < cost_model < casync < launch and tuning (one floor: neither is
-below the other) < adapters < the faces
+compressors < cost_model < casync < partial (partial aggregation) < launch
+and tuning (one floor: neither is below the other) < adapters < the faces
 (hipress_like/torch.py, demo/, and the faces to come). The test reads every
 module's source with ``ast`` (nothing is imported), resolves relative
 imports, counts imports inside functions too (a lazy import is still a
@@ -13,8 +13,8 @@ import ast
 import pathlib
 
 PKG = pathlib.Path(__file__).resolve().parents[2] / "hipress_like"
-LAYERS = [{"errors", "_compat"}, {"compressors"}, {"cost_model"}, {"casync"}, {"launch", "tuning"},
-          {"adapters"}]  # then the faces
+LAYERS = [{"errors", "_compat"}, {"compressors"}, {"cost_model"}, {"casync"}, {"partial"},
+          {"launch", "tuning"}, {"adapters"}]  # then the faces
 
 
 def _module_name(path: pathlib.Path, pkg: pathlib.Path = PKG) -> str:
@@ -155,3 +155,25 @@ def test_no_face_imports_another_face():
            if m.startswith(("hipress_like.adapters.tensorflow", "hipress_like.adapters.mxnet"))
            and (t == "hipress_like.adapters.torch" or t.startswith("hipress_like.adapters.torch."))]
     assert not bad, "a face imports the torch face:\n" + "\n".join(bad)
+
+
+def test_partial_aggregation_sits_above_the_scheduler_and_talks_through_the_transport():
+    """``hipress_like.partial`` is a floor of its own above casync (issue 44), and its
+    store goes through the transport (``Transport.store``): it imports no
+    torch.distributed, and no casync module imports it."""
+    assert _layer("hipress_like.casync.engine") < _layer("hipress_like.partial.lane")
+    assert _layer("hipress_like.partial.lane") < _layer("hipress_like.adapters.runtime")
+    _, edges = _graph()
+    assert not [f"{m} imports {t}" for m, deps in edges.items() for t in deps
+                if m.startswith("hipress_like.casync") and t.startswith("hipress_like.partial")]
+    files = sorted((PKG / "partial").rglob("*.py"))
+    assert files
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.name}:{node.lineno} imports {n}" for n in names
+                    if n == "torch.distributed" or n.startswith("torch.distributed.")]
+    assert not bad, bad

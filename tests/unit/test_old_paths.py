@@ -129,3 +129,30 @@ def test_the_old_command_line_path_still_runs():
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
         assert "b=4 g=30" in res.stdout
+
+
+# ``base64(pickle.dumps(Quorum(fraction=0.5, deadline=0.02, missing="zeros",
+# resync_every=4), protocol=4))`` run on commit 52eca8b, when partial aggregation
+# lived in ``hipress_like.casync.quorum``.
+QUORUM = (
+    "gASVjAAAAAAAAACMGmhpcHJlc3NfbGlrZS5jYXN5bmMucXVvcnVtlIwGUXVvcnVtlJOUKYGUfZQojAhmcmFj"
+    "dGlvbpRHP+AAAAAAAACMCGRlYWRsaW5llEc/lHrhR64Ue4wHbWlzc2luZ5SMBXplcm9zlIwMcmVzeW5jX2V2"
+    "ZXJ5lEsEjARwb2xslEc/UGJN0vGp/HViLg=="
+)
+
+
+def test_partial_aggregation_keeps_its_old_path_and_pickles():
+    """``hipress_like.casync.quorum`` moved to ``hipress_like.partial`` (issue 44)."""
+    import hipress_like.partial as P
+    import hipress_like.torch as hpt
+
+    old = importlib.import_module("hipress_like.casync.quorum")
+    assert old is importlib.import_module("hipress_like.partial.lane")
+    for name in ("Quorum", "QuorumLane", "QuorumError", "check_compressor"):
+        assert getattr(old, name) is getattr(P, name)
+    assert hpt.Quorum is P.Quorum
+    raw = base64.b64decode(QUORUM)
+    assert b"hipress_like.casync.quorum" in raw
+    q = pickle.loads(raw)
+    assert q == P.Quorum(fraction=0.5, deadline=0.02, missing="zeros", resync_every=4)
+    assert q.needed(4) == 2

@@ -1,18 +1,19 @@
-"""Partial aggregation's pieces without processes: the settings, the lane's refusal
-of compressors that cannot sit a step out, and THC's (and error feedback's) decode
-of a step a rank sat out (``absent_round``), which must give the contributors'
-result bit for bit. The protocol itself runs across processes in
-tests/multiprocess/test_stragglers.py.
+"""Partial aggregation's pieces without a job: the settings, the lane's refusal
+of compressors that cannot sit a step out and of transports without a store, the
+torch store's naming of its dead host (a store server in a subprocess), and THC's
+(and error feedback's) decode of a step a rank sat out (``absent_round``), which
+must give the contributors' result bit for bit. The protocol itself runs across
+processes in tests/multiprocess/test_stragglers.py.
 """
 import pytest
 import torch
 
-from hipress_like.casync.quorum import Quorum, QuorumLane
 from hipress_like.compressors.base import CONTRIBUTORS
 from hipress_like.compressors.payload import PayloadError
 from hipress_like.compressors.registry import get
 from hipress_like.compressors.thc.thc import BLOCK, THC
 from hipress_like.compressors.wrappers.error_feedback import ErrorFeedback
+from hipress_like.partial import Quorum, QuorumLane
 
 D = BLOCK + 1234
 
@@ -37,8 +38,52 @@ def test_the_quorum_is_the_ceiling_of_the_fraction(fraction, n, q):
 
 def test_a_multi_round_compressor_that_cannot_sit_out_is_refused_before_any_exchange():
     with pytest.raises(ValueError, match="absent_rounds"):
-        QuorumLane(get("powersgd"), 100, torch.float32, transport=None, store=None, rank=0,
+        QuorumLane(get("powersgd"), 100, torch.float32, transport=None, rank=0,
                    size=4, quorum=Quorum())
+
+
+def test_a_transport_without_a_store_is_refused_with_what_to_use_instead():
+    from hipress_like.casync.transport import InProcGroup, NoStoreError
+
+    t = InProcGroup(1).transports[0]
+    with pytest.raises(NoStoreError, match="partial aggregation .*HIPRESS_TRANSPORT=torch"):
+        QuorumLane(get("identity"), 100, torch.float32, transport=t, rank=0, size=1,
+                   quorum=Quorum())
+
+
+def test_a_store_whose_host_died_names_global_rank_0():
+    """The torch transport's store (``C10dStore``) turns a lost connection into a
+    ``PeerError`` naming the store's host; its server runs in a process killed here."""
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from hipress_like.casync.transport import PeerError
+    from hipress_like.casync.transport.torch_dist import C10dStore
+
+    host = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, torch.distributed as d\n"
+         "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+         "print(s.port, flush=True)\ntime.sleep(600)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(host.stdout.readline())
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                               timeout=timedelta(seconds=30))
+        store = C10dStore(dist.PrefixStore("p/", client), host_rank=0, where=f"127.0.0.1:{port}")
+        assert store.add("m/0", 3) == 3 and store.add("m/0", 0) == 3
+        assert store.compare_set("c/0", "", "5") == b"5"
+        assert store.compare_set("c/0", "", "6") == b"5"  # the first writer wins
+        assert store.check(["c/0"]) and not store.check(["c/1"])
+        assert store.get("c/0") == b"5" and store.delete_key("c/0")
+    finally:
+        host.kill()
+        host.wait()
+    with pytest.raises(PeerError, match=r"127\.0\.0\.1:\d+, hosted by global rank 0.*add") as e:
+        store.add("m/0", 0)
+    assert e.value.ranks == (0,)
 
 
 def _step(c, grads, members):

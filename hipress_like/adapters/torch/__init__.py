@@ -26,11 +26,11 @@ PyTorch's own (autograd hooks, optimizers), in this package:
 - ``optimizer``: ``DistributedOptimizer`` (gradients go to the CaSync
   engine from backward hooks).
 - ``quorum``: ``DistributedOptimizer(stragglers=Quorum(...))``, partial
-  aggregation over ``casync.quorum``'s lane.
+  aggregation over ``hipress_like.partial``'s lane.
 - ``ddp``: ``CaSyncHookState`` + ``casync_hook`` for
   ``DistributedDataParallel.register_comm_hook``.
 """
-from ...casync.quorum import Quorum
+from ...partial import Quorum
 from ..basics import *  # noqa: F403 (init, rank, size, Compression, ...: every face's)
 from ..basics import __all__ as _BASICS
 from ..collectives import (

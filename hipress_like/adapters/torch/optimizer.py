@@ -559,7 +559,7 @@ def _quorum_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, c
                       backward_passes_per_step: int, op: str,
                       joining: Any = None) -> torch.optim.Optimizer:
     """``DistributedOptimizer(stragglers=...)``: the partial-aggregation wrapper."""
-    from ...casync.quorum import Quorum
+    from ...partial import Quorum
     from .quorum import QuorumOptimizerMixin
 
     if stragglers is True:

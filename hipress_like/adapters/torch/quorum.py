@@ -1,6 +1,6 @@
 """``DistributedOptimizer(stragglers=Quorum(...))``: training on with a straggling rank.
 
-With partial aggregation on (THC Sec. 6.1, 8.3; ``casync.quorum`` has the
+With partial aggregation on (THC Sec. 6.1, 8.3; ``hipress_like.partial`` has the
 protocol), a step's gradient closes once a quorum of ranks contributed, and
 every rank applies that same aggregate, the late one included, so replicas
 stay bitwise identical. ``step()``:
@@ -61,8 +61,7 @@ class QuorumOptimizerMixin:
     def _hpq_setup(self, named_parameters: Any, compression: Any, quorum: Any,
                    timeout: Optional[float], seed: int, joining: Any = None) -> None:
         from ...casync.choice import build_compressor
-        from ...casync.quorum import QuorumLane, check_compressor
-        from ...casync.transport.torch_dist import own_store_client
+        from ...partial import QuorumLane, check_compressor
 
         rt = _require()
         params = [p for g in self.param_groups for p in g["params"]]
@@ -90,8 +89,7 @@ class QuorumOptimizerMixin:
         transport = engine_transport(timeout)
         try:
             self._hpq_lane = QuorumLane(comp, self._hpq_numel, self._hpq_dtype, transport,
-                                        own_store_client(), rt.rank, rt.size, quorum,
-                                        seed=seed, timeout=timeout)
+                                        rt.rank, rt.size, quorum, seed=seed, timeout=timeout)
         except BaseException:
             transport.close()
             raise

@@ -13,10 +13,11 @@ import importlib
 import os
 from typing import Any, Optional
 
-from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
+from .base import DEFAULT_TIMEOUT, KeyValueStore, NoStoreError, PeerError, Transport, TransportError
 
 __all__ = [
-    "DEFAULT_TIMEOUT", "PeerError", "Transport", "TransportError",
+    "DEFAULT_TIMEOUT", "PeerError", "Transport", "TransportError", "KeyValueStore",
+    "NoStoreError",
     "InProcGroup", "InProcTransport", "run_threads",
     "TorchDistTransport", "MPITransport", "HorovodTransport",
     "make_transport", "BACKENDS",

@@ -5,6 +5,12 @@ makes the call raise ``PeerError`` naming the peer(s) on every surviving rank,
 so nothing hangs. Only ``torch.uint8`` payloads and int64/float tensors cross
 the wire; nothing received is unpickled.
 
+Besides the collectives, a transport may offer ``store(prefix)``: a small
+key-value store shared by its ranks (atomic counters, compare-and-set), for
+protocols that agree on something without a collective (partial
+aggregation's step closing, ``hipress_like.partial``). Transports without
+one raise ``NoStoreError``.
+
 Implementations: ``inproc`` (threads, for fast unit tests), ``torch_dist``
 (torch.distributed; gloo on CPU, NCCL on GPU), ``mpi`` (mpi4py) and
 ``horovod``. One transport instance is used by one thread at a time (the
@@ -13,13 +19,14 @@ engine's communication executor); callers serialise access.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ...errors import HipressError
 
-__all__ = ["Transport", "TransportError", "PeerError", "DEFAULT_TIMEOUT"]
+__all__ = ["Transport", "TransportError", "PeerError", "DEFAULT_TIMEOUT", "KeyValueStore",
+           "NoStoreError"]
 
 # Long enough for a 1 GB exchange on a slow link, short enough that a dead
 # peer is reported within minutes rather than never.
@@ -36,6 +43,44 @@ class PeerError(TransportError):
     def __init__(self, message: str, ranks: Sequence[int] = ()):
         super().__init__(message)
         self.ranks = tuple(ranks)
+
+
+class NoStoreError(TransportError, NotImplementedError):
+    """The transport has no key-value store shared by its ranks (``Transport.store``)."""
+
+
+class KeyValueStore(ABC):
+    """A key-value store shared by a transport's ranks, under one key prefix.
+
+    Every rank that opens it with the same prefix sees the same keys. A call
+    that cannot reach the store raises ``PeerError`` naming the rank that
+    hosts it (when the transport knows which), so a protocol built on it
+    can say which rank is gone. ``where`` describes the store for messages.
+    """
+
+    where: str = "the key-value store"
+
+    @abstractmethod
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the integer at ``key`` (0 when unset) atomically; the new value."""
+
+    @abstractmethod
+    def check(self, keys: Sequence[str]) -> bool:
+        """True when every key in ``keys`` is set (never waits)."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The value at ``key`` (set: call ``check`` first; an unset key may wait)."""
+
+    @abstractmethod
+    def compare_set(self, key: str, expected: Union[str, bytes],
+                    desired: Union[str, bytes]) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (``""``: unset); the value
+        it holds afterwards, so every rank reads the first writer's value."""
+
+    @abstractmethod
+    def delete_key(self, key: str) -> bool:
+        """Remove ``key``; True if it was set."""
 
 
 class Transport(ABC):
@@ -165,6 +210,22 @@ class Transport(ABC):
         seq = getattr(self, "_seq", 0)
         self._seq = seq + 1
         return seq
+
+    def store(self, prefix: str) -> KeyValueStore:
+        """A key-value store shared by this transport's ranks, its keys under ``prefix``.
+
+        Not a collective: every rank opens its own client, and ranks that use the
+        same ``prefix`` share the keys. Each call opens a new client, so callers on
+        different threads do not wait on each other's store operations.
+
+        Raises:
+            NoStoreError: this transport has none (the default).
+        """
+        raise NoStoreError(
+            f"{type(self).__name__} has no key-value store shared by its ranks, and partial "
+            "aggregation (stragglers=Quorum(...)) agrees on each step's contributors through "
+            "one; found a transport without it, expected one that has it: run the job over "
+            "torch.distributed (HIPRESS_TRANSPORT=torch)")
 
     def split(self) -> "Transport":
         """A new, independent channel over the same ranks (collective: every rank calls it).

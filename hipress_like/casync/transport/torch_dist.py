@@ -31,6 +31,10 @@ Timeouts and naming the culprit:
    its host (global rank 0) is gone and the error says so.
 4. The transport is then unusable: the failed collective may still be
    pending inside the backend, so later calls raise ``TransportError``.
+
+``store(prefix)`` hands out the same rendezvous store to protocols built on
+the transport (a ``dist.PrefixStore`` over a client connection of its own);
+a store call that cannot reach it raises ``PeerError`` naming its host.
 """
 from __future__ import annotations
 
@@ -41,14 +45,14 @@ import threading
 import time
 import weakref
 from datetime import timedelta
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
-from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
+from .base import DEFAULT_TIMEOUT, KeyValueStore, PeerError, Transport, TransportError
 
-__all__ = ["TorchDistTransport", "own_store_client"]
+__all__ = ["TorchDistTransport", "C10dStore", "own_store_client"]
 
 log = logging.getLogger(__name__)
 
@@ -349,6 +353,12 @@ class TorchDistTransport(Transport):
             self._run("barrier", lambda seq: dist.all_reduce(
                 one, group=self.group, async_op=True), timeout)
 
+    def store(self, prefix: str) -> KeyValueStore:
+        """The rendezvous store under ``prefix``, over a client connection of its own
+        (``Transport.store``); its host is global rank 0."""
+        return C10dStore(dist.PrefixStore(prefix, own_store_client()),
+                         host_rank=self._group_rank_of_global(0), where=_store_address())
+
     def split(self) -> "TorchDistTransport":
         """An independent channel: a new process group over the same ranks (collective)."""
         ranks = list(self._global)
@@ -429,6 +439,72 @@ class TorchDistTransport(Transport):
 
 
 _FAILED_PREFIX = "hipress/failed"  # + global rank: the process saw a collective fail
+
+
+class C10dStore(KeyValueStore):
+    """``KeyValueStore`` over a c10d store (``TorchDistTransport.store``).
+
+    Args:
+        store: the c10d store (usually a ``dist.PrefixStore``).
+        host_rank: the rank (of the transport's group) hosting the store,
+            named when a call cannot reach it; None if it is not a member.
+        where: the store's address, for messages.
+    """
+
+    def __init__(self, store: dist.Store, host_rank: Optional[int], where: str) -> None:
+        self._store = store
+        self.host_rank = host_rank
+        self.where = f"the rendezvous store ({where}, hosted by global rank 0)"
+
+    def _call(self, op: str, fn: Callable[[], Any]) -> Any:
+        """Run one store operation; a failure to reach the store names its host.
+
+        Raises:
+            PeerError: the store cannot be reached (``ranks``: its host).
+        """
+        try:
+            return fn()
+        except (dist.DistError, ConnectionError, TimeoutError, OSError) as e:
+            cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+            ranks = [] if self.host_rank is None else [self.host_rank]
+            raise PeerError(
+                f"{self.where}: {op} failed ({type(e).__name__}: {cause[:300]}); expected "
+                "the store to answer, found it unreachable: its host, global rank 0, has "
+                "died or stalled (see rank 0's log for why); the ranks cannot agree on "
+                "anything without it, so restart the job (from a checkpoint)",
+                ranks=ranks) from e
+
+    def add(self, key: str, amount: int) -> int:
+        """``Transport.store``'s atomic counter add; the new value."""
+        return int(self._call(f"add({key!r})", lambda: self._store.add(key, amount)))
+
+    def check(self, keys: Sequence[str]) -> bool:
+        """True when every key is set (never waits)."""
+        return bool(self._call(f"check({list(keys)!r})", lambda: self._store.check(list(keys))))
+
+    def get(self, key: str) -> bytes:
+        """The value at ``key``."""
+        return self._call(f"get({key!r})", lambda: self._store.get(key))
+
+    def compare_set(self, key: str, expected: Union[str, bytes],
+                    desired: Union[str, bytes]) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected``; the value it holds after."""
+        return self._call(f"compare_set({key!r})",
+                          lambda: self._store.compare_set(key, expected, desired))
+
+    def delete_key(self, key: str) -> bool:
+        """Remove ``key``; True if it was set."""
+        return bool(self._call(f"delete_key({key!r})", lambda: self._store.delete_key(key)))
+
+
+def _store_address() -> str:
+    """host:port of the default group's store when it is a TCPStore, else its type."""
+    base = dist.distributed_c10d._get_default_store()
+    while isinstance(base, dist.PrefixStore):
+        base = base.underlying_store
+    if isinstance(base, dist.TCPStore):
+        return f"{base.host}:{base.port}"
+    return type(base).__name__
 
 
 def own_store_client() -> dist.Store:

@@ -60,7 +60,7 @@ gives the same bytes, and no lane can carry into the next, so packed words
 add lane-wise (SWAR). Sec. 6.2: the width must hold N g; ``init`` raises
 when ``world_size * g`` does not fit ``sum_bits``.
 
-Partial aggregation (Sec. 6.1, ``casync.quorum``): a step may merge only
+Partial aggregation (Sec. 6.1, ``hipress_like.partial``): a step may merge only
 the ranks that arrived in time. ``state[CONTRIBUTORS]`` then says how many
 ranges round 1 expects, and a rank sitting the step out takes the merged
 range from ``absent_round`` and decodes the others' sum as they do.

@@ -1,4 +1,4 @@
-"""Partial aggregation for stragglers: a step closes once a quorum of ranks has contributed.
+"""The quorum lane: a step closes once a quorum of ranks has contributed.
 
 THC Sec. 6.1 and 8.3 (../shared/papers/000_43c153e10c254c2a.txt): the
 aggregator proceeds once it holds the payloads of a fraction of the workers
@@ -15,7 +15,10 @@ and decodes the same aggregate as everyone else. Co-located aggregation
 therefore needs no dedicated ranks as long as a straggler's process keeps
 running; a rank whose process stops altogether stalls every exchange until
 the transport's timeout names it (no quorum can help there: its lane is
-one of the aggregators).
+one of the aggregators). The store below is the transport's
+(``transport.store``, the rendezvous store for torch.distributed); its host
+is global rank 0, so when rank 0 dies every survivor's lane fails at its
+next store call, and the error names rank 0 and the store.
 
 One step s on every rank's lane, in step order (the states of a step:
 open -> closed, contributor set fixed -> done, aggregate decoded; the
@@ -63,15 +66,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..casync.transport.base import PeerError
 from ..compressors.base import CONTRIBUTORS, STEP_SEED, Compressor, State, mix_seed
-from ..compressors.params import check_int, check_real
 from ..errors import HipressError
+from .settings import Quorum, check_compressor
 
 __all__ = ["Quorum", "QuorumLane", "QuorumError", "check_compressor"]
 
 log = logging.getLogger(__name__)
 
-MISSING = ("rescale", "zeros")
 # Lanes are created collectively in the same order on every rank, so this
 # per-process counter gives every rank the same store prefix for one lane.
 _instances = itertools.count()
@@ -81,61 +84,26 @@ _MOVED = ("moved",)  # ``_close``: load_state_dict moved the step count
 
 
 class QuorumError(HipressError, RuntimeError):
-    """The lane failed (a peer vanished, a payload was refused); training cannot go on."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Quorum:
-    """Partial aggregation settings (``DistributedOptimizer(stragglers=Quorum(...))``).
+    """The lane failed (a peer vanished, a payload was refused); training cannot go on.
 
     Attributes:
-        fraction: a step may close once ceil(fraction * N) ranks contributed
-            (THC Sec. 8.3 waits for the top 90%); 1.0 waits for every rank.
-        deadline: seconds to wait, after the quorum is in, for the rest.
-            None: a quarter of the median of the last steps' durations
-            (every rank is waited for during the first three steps).
-        missing: "rescale" divides the sum by the number of contributors;
-            "zeros" divides by N, as if the missing ranks sent zeros.
-        resync_every: every that many steps all ranks take rank 0's
-            parameters (THC Sec. 6.1's periodic synchronisation; a barrier
-            that also waits for late ranks). 0: never.
-        poll: seconds between the lane's looks at the store while it waits.
+        ranks: the ranks found gone or stalled (from the transport's or the
+            store's ``PeerError``); empty when the cause names none.
     """
 
-    fraction: float = 0.75
-    deadline: Optional[float] = None
-    missing: str = "rescale"
-    resync_every: int = 0
-    poll: float = 0.001
-
-    def __post_init__(self) -> None:
-        check_real("Quorum", "fraction", self.fraction, low=0.0, low_open=True, high=1.0,
-                   example=0.75)
-        if self.deadline is not None:
-            check_real("Quorum", "deadline", self.deadline, low=0.0, example=0.05)
-        if self.missing not in MISSING:
-            raise ValueError(f"Quorum: missing must be one of {MISSING}, found "
-                             f"{self.missing!r}")
-        check_int("Quorum", "resync_every", self.resync_every, low=0, example=100)
-        check_real("Quorum", "poll", self.poll, low=0.0, low_open=True, high=1.0, example=0.001)
-
-    def needed(self, world_size: int) -> int:
-        """q = ceil(fraction * N), at least 1."""
-        return max(1, math.ceil(self.fraction * world_size - 1e-9))
+    def __init__(self, message: str, ranks: Tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
 
 
-def check_compressor(comp: Compressor) -> None:
-    """Refuse a multi-round compressor that cannot sit a step out.
-
-    Raises:
-        ValueError: naming the compressors partial aggregation takes.
-    """
-    caps = comp.capabilities
-    if caps.rounds > 1 and not caps.absent_rounds:
-        raise ValueError(
-            f"stragglers: {comp.name} has {caps.rounds} rounds and cannot sit a step out "
-            "(capabilities.absent_rounds); partial aggregation takes THC or any "
-            "single-round compressor (onebit, terngrad, topk, none, ...)")
+def _lane_failed(rank: int, cause: BaseException) -> QuorumError:
+    """The error the training loop gets when the lane failed because of ``cause``:
+    it names this rank and, when the transport or its store knows them
+    (``PeerError.ranks``), the ranks that are gone; the store's host (global
+    rank 0) when the store could not be reached."""
+    ranks = tuple(getattr(cause, "ranks", ())) if isinstance(cause, PeerError) else ()
+    who = f" because rank(s) {list(ranks)} are gone or stalled" if ranks else ""
+    return QuorumError(f"rank {rank}: partial aggregation failed{who}: {cause}", ranks=ranks)
 
 
 @dataclasses.dataclass
@@ -154,8 +122,8 @@ class QuorumLane:
             ``capabilities.absent_rounds``).
         numel, dtype: the flat gradient's size and dtype.
         transport: a transport of the lane's own (its allgathers run on the
-            lane thread only).
-        store: a c10d store client of the lane's own, shared by all ranks.
+            lane thread only), with a key-value store (``transport.store``):
+            the lane opens one of its own there, shared by all ranks.
         rank, size: this rank and N.
         quorum: the settings.
         seed: compressor seed (the same on every rank; mixed with the rank).
@@ -164,18 +132,18 @@ class QuorumLane:
 
     Raises:
         ValueError: a multi-round compressor that cannot sit a step out.
+        hipress_like.casync.transport.NoStoreError: the transport has no
+            key-value store.
     """
 
     def __init__(self, comp: Compressor, numel: int, dtype: torch.dtype, transport: Any,
-                 store: Any, rank: int, size: int, quorum: Quorum, seed: int = 0,
+                 rank: int, size: int, quorum: Quorum, seed: int = 0,
                  timeout: float = 300.0) -> None:
         check_compressor(comp)
-        import torch.distributed as dist
-
         self.comp, self.numel, self.dtype = comp, int(numel), dtype
         self.transport, self.rank, self.size = transport, rank, size
         self.quorum, self.timeout = quorum, float(timeout)
-        self.store = dist.PrefixStore(f"hipress/quorum/{next(_instances)}/", store)
+        self.store = transport.store(f"hipress/quorum/{next(_instances)}/")
         self.needed = quorum.needed(size)
         self._out = torch.zeros(self.numel, dtype=dtype)
         self._shared = mix_seed(seed, 0x7175)  # "qu": the steps' shared seeds derive from it
@@ -250,9 +218,16 @@ class QuorumLane:
 
     def awaited(self, step: int) -> bool:
         """True when some rank has submitted ``step`` (so every rank will train it and it
-        will close): a late rank may then wait for it instead of computing it."""
-        with self._store_lock:
-            return self.store.add(f"m/{step}", 0) != 0
+        will close): a late rank may then wait for it instead of computing it.
+
+        Raises:
+            QuorumError: the store could not be reached (naming its host).
+        """
+        try:
+            with self._store_lock:
+                return self.store.add(f"m/{step}", 0) != 0
+        except PeerError as e:
+            raise _lane_failed(self.rank, e) from e
 
     def result(self, step: int) -> Tuple[Optional[torch.Tensor], Tuple[int, ...]]:
         """Wait for ``step``: (its averaged flat gradient, or None when no rank
@@ -307,7 +282,7 @@ class QuorumLane:
     # -- the lane thread -------------------------------------------------------------------
     def _raise(self) -> None:
         if self._error is not None:
-            raise QuorumError(f"partial aggregation failed: {self._error}") from self._error
+            raise _lane_failed(self.rank, self._error) from self._error
 
     def _run(self) -> None:
         try:
