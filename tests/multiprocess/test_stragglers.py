@@ -4,6 +4,7 @@ replicas end bitwise identical; a NaN gradient sits its step out; missing ranks
 as zeros, periodic re-synchronisation and a resume from a state dict keep that.
 No timing is asserted here (bench/stragglers.py measures it).
 """
+import shutil
 from dataclasses import asdict
 
 import pytest
@@ -128,3 +129,23 @@ def test_a_single_round_compressor_with_error_feedback_stays_identical():
     assert len({r["param_digest"] for r in res}) == 1, "replicas diverged"
     late = res[1]["stragglers"]
     assert late["dropped"] >= 1 and late["applied"] == 12
+
+
+def _quorum_over_mpi(ctx, cfg_dict):
+    import os
+
+    os.environ["HIPRESS_TRANSPORT"] = "mpi"  # the engines' and the lane's transport
+    return train_straggling(ctx, cfg_dict)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun (./test.sh installs it)")
+def test_a_quorum_over_the_mpi_transport_uses_the_rendezvous_store():
+    """Under ``HIPRESS_TRANSPORT=mpi`` the lane's store is the job's rendezvous
+    store (``MPITransport.store``), as it was before partial aggregation left casync."""
+    pytest.importorskip("mpi4py")
+    cfg = StragglerConfig(compressor="identity", params={}, fraction=0.5, deadline=0.05,
+                          steps=6, warmup=1, straggler=2, every=3, sleep=0.3)
+    res = run_workers(_quorum_over_mpi, 3, backend="mpi", args=(asdict(cfg),), timeout=300)
+    assert len({r["param_digest"] for r in res}) == 1, "replicas diverged"
+    assert all(r["stragglers"]["applied"] == cfg.steps + cfg.warmup for r in res)

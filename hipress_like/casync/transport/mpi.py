@@ -39,7 +39,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
+from .base import DEFAULT_TIMEOUT, KeyValueStore, PeerError, Transport, TransportError
 
 __all__ = ["MPITransport"]
 
@@ -238,6 +238,14 @@ class MPITransport(Transport):
     def split(self) -> "MPITransport":
         """An independent channel: new duplicated communicators (collective)."""
         return MPITransport(self._data, diagnose_wait=self._diagnose_wait)
+
+    def store(self, prefix: str) -> "KeyValueStore":
+        """The job's rendezvous store under ``prefix`` (``Transport.store``): the
+        torch.distributed store ``hpt.init()`` sets up under every launcher, hosted
+        by global rank 0 (``torch_dist.rendezvous_store``)."""
+        from .torch_dist import rendezvous_store
+
+        return rendezvous_store(prefix)
 
     def close(self) -> None:
         """Mark the transport closed (the communicators are freed at MPI finalize)."""

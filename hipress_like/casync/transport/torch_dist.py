@@ -50,9 +50,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from .base import DEFAULT_TIMEOUT, KeyValueStore, PeerError, Transport, TransportError
+from .base import DEFAULT_TIMEOUT, KeyValueStore, NoStoreError, PeerError, Transport, TransportError
 
-__all__ = ["TorchDistTransport", "C10dStore", "own_store_client"]
+__all__ = ["TorchDistTransport", "C10dStore", "own_store_client", "rendezvous_store"]
 
 log = logging.getLogger(__name__)
 
@@ -356,8 +356,7 @@ class TorchDistTransport(Transport):
     def store(self, prefix: str) -> KeyValueStore:
         """The rendezvous store under ``prefix``, over a client connection of its own
         (``Transport.store``); its host is global rank 0."""
-        return C10dStore(dist.PrefixStore(prefix, own_store_client()),
-                         host_rank=self._group_rank_of_global(0), where=_store_address())
+        return rendezvous_store(prefix, host_rank=self._group_rank_of_global(0))
 
     def split(self) -> "TorchDistTransport":
         """An independent channel: a new process group over the same ranks (collective)."""
@@ -439,6 +438,27 @@ class TorchDistTransport(Transport):
 
 
 _FAILED_PREFIX = "hipress/failed"  # + global rank: the process saw a collective fail
+
+
+def rendezvous_store(prefix: str, host_rank: Optional[int] = 0) -> "C10dStore":
+    """The job's rendezvous store under ``prefix``, over a client connection of its own.
+
+    ``hpt.init()`` sets torch.distributed up under every launcher, so the MPI
+    and Horovod transports hand out the same store as this one.
+
+    Args:
+        prefix: key prefix.
+        host_rank: the store host's rank in the caller's group (global rank 0).
+
+    Raises:
+        NoStoreError: torch.distributed is not initialised (no rendezvous store).
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise NoStoreError(
+            "no rendezvous store: torch.distributed is not initialised in this process; "
+            "expected hpt.init() (or dist.init_process_group) to have run first")
+    return C10dStore(dist.PrefixStore(prefix, own_store_client()), host_rank=host_rank,
+                     where=_store_address())
 
 
 class C10dStore(KeyValueStore):
