@@ -124,8 +124,9 @@ def resumed_worker(ctx, cases, tmpdir):
 
 
 def _check_resume(cases, nprocs, tmp_path, timeout):
-    cases = [c for c in cases if (c[1] if c[0] == "quorum" else c[0])
-             in hp.compressors.available()]
+    missing = {c[1] if c[0] == "quorum" else c[0] for c in cases} - set(
+        hp.compressors.available())
+    assert not missing, f"built-in compressors not registered: {sorted(missing)}"
     straight = run_workers(straight_worker, nprocs, args=(cases, str(tmp_path)),
                            timeout=timeout)
     resumed = run_workers(resumed_worker, nprocs, args=(cases, str(tmp_path)),
