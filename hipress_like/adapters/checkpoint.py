@@ -145,7 +145,7 @@ def unpack(hip: Any, rank: int, size: int, *, where: str, fix: str,
                 warnings.warn(CompressorStateReset(
                     f"compressor state in {where} was saved with {saved_n} ranks, this run "
                     f"has {size}: resharded, except {len(reset)} state(s) that cannot be and "
-                    f"start fresh: {'; '.join(reset)}"), stacklevel=3)
+                    f"start fresh: {_grouped(reset)}"), stacklevel=3)
             return state
         how = ("it holds one rank's state only; save optimizer.state_dict(all_ranks=True) "
                "to reshard it" if "engines" not in hip else
@@ -163,6 +163,15 @@ def unpack(hip: Any, rank: int, size: int, *, where: str, fix: str,
     raise ValueError(f"the compressor state in {where} belongs to rank {hip.get('rank')}, not "
                      f"rank {rank}: loading it would resume rank {rank} with another rank's "
                      f"error-feedback residuals. {fix}")
+
+
+def _grouped(reset: List[str]) -> str:
+    """"key: why" lines as "key, key (why); ..." (one group per reason)."""
+    by: Dict[str, List[str]] = {}
+    for line in reset:
+        key, _, why = line.partition(": ")
+        by.setdefault(why, []).append(key)
+    return "; ".join(f"{', '.join(keys)} ({why})" for why, keys in by.items())
 
 
 def reshard(engines: Sequence[Dict[str, Any]], old_layout: Dict[str, Any],

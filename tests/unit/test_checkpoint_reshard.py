@@ -80,7 +80,8 @@ def test_unpack_reshards_an_all_ranks_envelope_and_names_what_it_resets():
     engines = _engines(4)
     hip = checkpoint.pack({}, 0, 4, engines, LAYOUT)
     with pytest.warns(checkpoint.CompressorStateReset, match=r"saved with 4 ranks, this run "
-                      r"has 2: resharded, except 2 state\(s\).*b\|0\|pu"):
+                      r"has 2: resharded, except 2 state\(s\) that cannot be and start fresh: "
+                      r"b\|0\|pull \(site 'pull' .*\); b\|0\|push \(site 'push'"):
         st = checkpoint.unpack(hip, 1, 2, where="ck.pt", fix="", layout=LAYOUT)
     assert "w|0|rounds" in st["states"]
 
