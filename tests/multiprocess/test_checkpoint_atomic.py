@@ -1,10 +1,12 @@
 """A checkpoint writer killed mid-save leaves the previous checkpoint intact, and the
 partial file is detected on load (hpt.save_checkpoint, adapters.checkpoint_io).
 
-Two real deaths: a process saving a large checkpoint is SIGKILLed from outside
-after its first MiB (the ``progress`` hook announces it and sleeps, so the
-kill lands mid-write); and rank 0 of a 2-rank job dies by SIGKILL inside its
-save, while rank 1 waits in the save's barrier and fails instead of hanging.
+Two real deaths, and a failed write: a process saving a large checkpoint is
+SIGKILLed from outside after its first MiB (the ``progress`` hook announces it
+and sleeps, so the kill lands mid-write); rank 0 of a 2-rank job dies by
+SIGKILL inside its save, while rank 1 waits in the save's exchange of
+outcomes and fails instead of hanging; a write that fails on rank 0 (a
+missing directory) is raised on rank 1 too, naming rank 0.
 """
 import glob
 import os
@@ -96,3 +98,20 @@ def test_rank0_killed_mid_save_fails_the_job_and_keeps_old_checkpoint(tmp_path):
     assert 0 in err.value.failures, "rank 0's death was not reported"
     assert "saved" not in err.value.results.values(), "a rank went on past the save"
     _check_after_death(path)
+
+
+def failing_write_worker(ctx, path):
+    hpt.init()
+    try:
+        hpt.save_checkpoint(path, _model(1.0, width=8), step=1)
+    except OSError as e:
+        return str(e)
+    return "saved"
+
+
+def test_a_write_that_fails_on_rank0_is_raised_on_every_rank_naming_it(tmp_path):
+    path = str(tmp_path / "missing-dir" / "ck.pt")  # only rank 0 writes: only it fails
+    res = run_workers(failing_write_worker, 2, args=(path,), timeout=120)
+    assert "No such file or directory" in res[0]
+    assert res[1].startswith("save_checkpoint: rank(s) [0] could not write the checkpoint")
+    assert "FileNotFoundError" in res[1] and "keeps its previous content" in res[1]

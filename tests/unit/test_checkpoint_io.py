@@ -139,3 +139,10 @@ def test_another_format_is_refused(tmp_path):
     write_atomic(p, buf.getvalue())
     with pytest.raises(hpt.CheckpointError, match="not a checkpoint this version reads"):
         hpt.load_checkpoint(p, _model())
+
+
+def test_extra_that_loading_would_refuse_is_refused_before_writing(tmp_path):
+    p = str(tmp_path / "ck.pt")
+    with pytest.raises(TypeError, match=r"save_checkpoint: bad=_Evil cannot be loaded back"):
+        hpt.save_checkpoint(p, _model(), epoch=1, bad=_Evil())
+    assert not os.listdir(tmp_path)

@@ -20,10 +20,11 @@ Who writes:
   aggregation, ``stragglers=Quorum(...)``): **every rank** writes its own
   file, ``rank_path(path, r)``.
 
-Every rank then waits in a barrier, so that no rank goes on (or exits)
-before the file is whole; a writer that dies makes the others' barrier
-fail within the runtime's timeout, and leaves the previous checkpoint
-intact. Loading reads the file with ``torch.load(weights_only=True)``:
+Every rank then joins one small exchange of outcomes, so that no rank goes
+on (or exits) before the file is whole: a writer that fails (a full disk)
+makes every rank raise naming it, and a writer that dies makes the
+exchange fail within the runtime's timeout; the previous checkpoint stays
+intact either way. Loading reads the file with ``torch.load(weights_only=True)``:
 tensors, numbers, strings and containers only, nothing else is unpickled,
 so ``**extra`` must hold only those.
 """
@@ -37,7 +38,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from ..checkpoint_io import CheckpointError, read_verified, write_atomic
-from ..runtime import barrier, is_initialized, rank, size
+from ..objects import allgather_object
+from ..runtime import is_initialized, rank, size
 
 __all__ = ["save_checkpoint", "load_checkpoint", "rank_path", "CheckpointError"]
 
@@ -71,8 +73,8 @@ def save_checkpoint(path: str, model: torch.nn.Module, optimizer: Any = None, *,
     """Save model, optimizer (compressor state included) and ``extra`` atomically.
 
     A collective call when ``hpt.init()`` ran: every rank calls it at the
-    same point (it gathers every rank's compressor state, and ends in a
-    barrier).
+    same point (it gathers every rank's compressor state, and ends with an
+    exchange of the writers' outcomes).
 
     Args:
         path: the checkpoint file (its directory must exist). Rank 0 writes
@@ -88,7 +90,9 @@ def save_checkpoint(path: str, model: torch.nn.Module, optimizer: Any = None, *,
         The file this rank wrote, or ``path`` on ranks that wrote nothing.
 
     Raises:
-        OSError: the write failed (``path`` keeps its previous content).
+        OSError: the write failed on this rank or, on the others, on the
+            writing rank (named); ``path`` keeps its previous content.
+        TypeError: ``extra`` holds something ``load_checkpoint`` would refuse.
 
     Example:
         >>> hpt.save_checkpoint("ck.pt", model, opt, epoch=3)      # doctest: +SKIP
@@ -98,16 +102,52 @@ def save_checkpoint(path: str, model: torch.nn.Module, optimizer: Any = None, *,
     r, n = (rank(), size()) if dist else (0, 1)
     opt_sd, per_rank = _optimizer_state(optimizer, dist)
     target = rank_path(path, r) if per_rank else path
+    failure: Optional[BaseException] = None
     if per_rank or r == 0:
-        blob = {"format": FORMAT, "version": VERSION, "world_size": n,
-                "rank": r if per_rank else None, "model": model.state_dict(),
-                "optimizer": opt_sd, "extra": extra}
-        buf = io.BytesIO()
-        torch.save(blob, buf)
-        write_atomic(target, buf.getbuffer(), progress=progress)
+        try:
+            _check_extra(extra)
+            blob = {"format": FORMAT, "version": VERSION, "world_size": n,
+                    "rank": r if per_rank else None, "model": model.state_dict(),
+                    "optimizer": opt_sd, "extra": extra}
+            buf = io.BytesIO()
+            torch.save(blob, buf)
+            write_atomic(target, buf.getbuffer(), progress=progress)
+        except Exception as e:  # told to the other ranks below, then raised here
+            failure = e
     if dist:
-        barrier()
+        # every rank leaves only once the file is whole, or learns which rank failed and
+        # why (a dead writer fails this exchange within the runtime's timeout)
+        told = allgather_object(None if failure is None else f"{type(failure).__name__}: "
+                                f"{failure}", name="save_checkpoint")
+        bad = {i: m for i, m in enumerate(told) if m is not None}
+        if bad and failure is None:
+            raise OSError(f"save_checkpoint: rank(s) {sorted(bad)} could not write the "
+                          f"checkpoint ({'; '.join(f'rank {i}: {m}' for i, m in bad.items())}); "
+                          f"{path} keeps its previous content")
+    if failure is not None:
+        raise failure
     return target
+
+
+def _check_extra(extra: Dict[str, Any]) -> None:
+    """Refuse, before anything is written, ``**extra`` that loading would refuse.
+
+    Raises:
+        TypeError: a value is not tensors, numbers, strings and containers
+            of them (what ``torch.load(weights_only=True)`` reads back).
+    """
+    for key, value in extra.items():
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        buf.seek(0)
+        try:
+            torch.load(buf, weights_only=True)
+        except Exception as e:
+            raise TypeError(f"save_checkpoint: {key}={type(value).__name__} cannot be "
+                            "loaded back without unpickling arbitrary objects (load_checkpoint "
+                            "reads with torch.load(weights_only=True)); pass tensors, numbers, "
+                            f"strings and containers of them, e.g. {key}=obj.state_dict()"
+                            ) from e
 
 
 def load_checkpoint(path: str, model: Optional[torch.nn.Module] = None,
