@@ -147,8 +147,10 @@ def unpack(hip: Any, rank: int, size: int, *, where: str, fix: str,
                     f"has {size}: resharded, except {len(reset)} state(s) that cannot be and "
                     f"start fresh: {_grouped(reset)}"), stacklevel=3)
             return state
-        how = ("it holds one rank's state only; save optimizer.state_dict(all_ranks=True) "
-               "to reshard it" if "engines" not in hip else
+        how = ("it holds one rank's state only (a per-rank state dict; partial aggregation "
+               "saves no other), which cannot be resharded; a DistributedOptimizer's "
+               "state_dict(all_ranks=True), as hpt.save_checkpoint saves it, can be"
+               if "engines" not in hip else
                "it was saved without the gradients' layout (an older version or another "
                "front end), which resharding needs")
         warnings.warn(CompressorStateReset(

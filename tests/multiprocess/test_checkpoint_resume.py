@@ -268,3 +268,34 @@ def test_reshard_4_to_2_to_4_averages_error_feedback_keeps_q_and_names_what_it_r
     _check_resharded(res, legs[0], 4, 2, **EXPECT)
     res = run_workers(reshard_worker, 4, args=(RESHARD_CASES, legs[1], legs[2]), timeout=240)
     _check_resharded(res, legs[1], 2, 4, **EXPECT)
+
+
+def quorum_reshard_worker(ctx, src):
+    """A per-rank (partial aggregation) checkpoint on another world size: the model
+    loads, the compressor state starts fresh with a warning saying why, training goes on."""
+    hpt.init()
+    case = ("quorum", "onebit")
+    model, opt = _build(case)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        extra = hpt.load_checkpoint(_path(src, case), model, opt)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    loaded = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+    _train(model, opt, ctx.rank, K, start=extra["step"])
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    opt.close()
+    return {"loaded": loaded, "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
+            "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}
+
+
+@pytest.mark.slow
+def test_partial_aggregation_checkpoint_on_another_world_size_starts_fresh_and_says_why(
+        tmp_path):
+    run_workers(save_worker, 2, args=([("quorum", "onebit")], str(tmp_path)), timeout=240)
+    assert sorted(os.listdir(tmp_path)) == ["quorum-onebit.rank0.pt", "quorum-onebit.rank1.pt"]
+    res = run_workers(quorum_reshard_worker, 4, args=(str(tmp_path),), timeout=240)
+    assert len({r["loaded"] for r in res}) == 1 and len({r["digest"] for r in res}) == 1
+    for r in res:
+        (w,) = r["warnings"]
+        assert w.startswith("CompressorStateReset: ") and "saved with 2 ranks" in w
+        assert "one rank's state only" in w

@@ -155,10 +155,11 @@ def load_checkpoint(path: str, model: Optional[torch.nn.Module] = None,
     """Load what ``save_checkpoint`` wrote into ``model`` and ``optimizer``.
 
     Every rank reads ``path`` (a file system every rank sees), or its own
-    ``rank_path(path, rank)`` when ``path`` is absent and that file exists
-    (partial aggregation). The file's footer is checked before anything
-    is read from it; with another world size the optimizer reshards the
-    compressor state or says what it resets (``CompressorStateReset``).
+    ``rank_path(path, rank)`` when ``path`` is absent (partial aggregation;
+    rank 0's file on a rank that did not exist when it was saved). The
+    file's footer is checked before anything is read from it; with another
+    world size the optimizer reshards the compressor state or says what it
+    resets (``CompressorStateReset``).
 
     Args:
         path: what was passed to ``save_checkpoint``.
@@ -175,13 +176,15 @@ def load_checkpoint(path: str, model: Optional[torch.nn.Module] = None,
             names the file.
     """
     r = rank() if is_initialized() else 0
-    target = path
-    if not os.path.exists(path) and os.path.exists(rank_path(path, r)):
-        target = rank_path(path, r)
-    if not os.path.exists(target):
-        raise FileNotFoundError(f"no checkpoint at {path} (nor {rank_path(path, r)}, the "
-                                f"per-rank file of rank {r}); pass the path given to "
-                                "save_checkpoint")
+    # a per-rank checkpoint loaded by more ranks than saved it: a new rank reads rank 0's
+    # file (the model is the same on every rank); the optimizer then starts its compressor
+    # state fresh with a warning (another world size), or refuses another rank's state
+    tried = [path, rank_path(path, r), rank_path(path, 0)]
+    target = next((t for t in tried if os.path.exists(t)), None)
+    if target is None:
+        raise FileNotFoundError(f"no checkpoint at {path} (nor {tried[1]} or {tried[2]}, "
+                                f"the per-rank files of rank {r} and rank 0); pass the path "
+                                "given to save_checkpoint")
     payload = read_verified(target)
     try:
         blob = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
