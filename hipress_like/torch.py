@@ -1,6 +1,7 @@
 """``import hipress_like.torch as hpt``: the PyTorch face, shaped like ``horovod.torch``.
 
-A thin re-export of ``hipress_like.adapters.torch``; see that module for
+A thin re-export of ``hipress_like.adapters.torch``, plus the atomic
+checkpoint files of ``adapters.torch.checkpoints``; see those modules for
 what each name does. Example::
 
     import hipress_like.torch as hpt
@@ -8,6 +9,10 @@ what each name does. Example::
     opt = hpt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=hpt.Compression.onebit, plan="auto")
     hpt.broadcast_parameters(model.state_dict(), root_rank=0)
+    hpt.save_checkpoint("ck.pt", model, opt, epoch=1)   # collective; rank 0 writes
 """
 from .adapters.torch import *  # noqa: F401,F403
-from .adapters.torch import __all__  # noqa: F401
+from .adapters.torch import __all__ as _FACE
+from .adapters.torch.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+
+__all__ = [*_FACE, "save_checkpoint", "load_checkpoint", "CheckpointError"]

@@ -30,7 +30,8 @@ Sparse gradients (``nn.Embedding(sparse=True)``) are allgathered at
 ``state_dict()`` adds the compressor state (error-feedback residuals,
 PowerSGD's Q, DGC's momentum) under ``"hipress"``; it is this rank's own,
 so for an exact resume every rank saves and loads its own state dict (or
-rank 0 saves ``state_dict(all_ranks=True)``, a collective call).
+rank 0 saves ``state_dict(all_ranks=True)``, a collective call, which another
+world size can also reshard; ``hpt.save_checkpoint`` does that atomically).
 """
 from __future__ import annotations
 
@@ -327,18 +328,23 @@ class _DistributedOptimizerMixin(EngineHolder):
             from ..objects import allgather_object
 
             engines = allgather_object(local, name="optimizer.state_dict")
-        hip = checkpoint.pack(local, self._hp_rank, self._hp_size, engines)
+        layout = checkpoint.layout_of(self._hp_engine) if self._hp_engine is not None \
+            else None
+        hip = checkpoint.pack(local, self._hp_rank, self._hp_size, engines, layout)
         sd["hipress"] = hip
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load the wrapped optimizer's state and, when it is ours, the compressor state.
 
-        Compressor state is per rank (error-feedback residuals, PowerSGD's Q):
-        state saved with another world size is dropped, and every rank's
-        compressor state starts fresh, with a warning; state saved by one rank
-        and loaded on another is refused (it would resume with the wrong
-        residuals).
+        Compressor state is per rank (error-feedback residuals, PowerSGD's Q).
+        State saved with another world size by ``state_dict(all_ranks=True)``
+        is resharded (``adapters.checkpoint.reshard``: error-feedback memories
+        averaged, PowerSGD's Q carried over), what cannot be is reset with a
+        ``CompressorStateReset`` warning naming it; one rank's state saved
+        with another world size starts fresh, with that warning. State saved
+        by one rank and loaded on another is refused (it would resume with the
+        wrong residuals).
 
         Raises:
             ValueError: the state dict holds another rank's compressor state;
@@ -352,6 +358,7 @@ class _DistributedOptimizerMixin(EngineHolder):
             return
         saved = checkpoint.unpack(
             hip, self._hp_rank, self._hp_size, where="this state dict",
+            layout=checkpoint.layout_of(self._hp_engine),
             fix="Save optimizer.state_dict(all_ranks=True) on every rank (every rank's state "
                 "in one dict), or each rank's own optimizer.state_dict(); to start the "
                 "compressor state fresh, delete the 'hipress' key before loading")
