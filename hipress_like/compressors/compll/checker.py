@@ -184,9 +184,9 @@ class _Checker:
             if ty.array and ty.name != "float":
                 raise p.error(f"a global array is per-gradient state (float*, kept between "
                               f"encodes); found {ty}", d)
-            if ty.matrix != bool(self.n_rounds) and ty.array:
-                raise p.error("a round program (@rounds(k)) keeps matrices (float**) as its "
-                              f"state, other programs arrays (float*); found {ty}", d)
+            if ty.matrix and not self.n_rounds:
+                raise p.error("matrices (float**) are the state of round programs: declare "
+                              f"the rounds with @rounds(k); found {ty}", d)
             for decl in d.args[1]:
                 if decl.args[1] is not None:
                     raise p.error("globals are computed in encode/decode; declare "
@@ -370,9 +370,10 @@ class _Checker:
                 raise self.p.error(f"unknown name {name!r}; declare it first", lv)
             lv.ty = ty
             et = self._expr(e, scope)
-            if et.matrix and not ty.matrix and self.cur is not None and \
-                    self.cur.name == "decode" and name == self.cur.params[1][1]:
-                et = et.elem().of_array()  # the gradient: the matrix's first n elements
+            if et.matrix and ty.array and not ty.matrix and self.n_rounds and (
+                    name in self.globals.vars or (self.cur is not None and self.cur.name ==
+                                                  "decode" and name == self.cur.params[1][1])):
+                et = et.elem().of_array()  # gradient-length: the matrix's first n elements
             if op != "=":
                 if ty.array:
                     raise self.p.error(f"{op} on an array", lv)

@@ -309,6 +309,9 @@ class Interpreter:
             if self.entry is not None and name in self._outputs():
                 scope[name] = val  # the output array
                 return
+            if isinstance(val, torch.Tensor) and val.dim() == 2 and lv.ty.array and \
+                    not lv.ty.matrix:  # a matrix into a gradient-length array (matrices.py)
+                val = matrices.first_n(val, math.prod(self.shape))
             self._store(scope, name, val, lv.ty)
         elif k == "if":
             c = self._eval(s.args[0], scopes) != 0

@@ -10,6 +10,9 @@ a ``MultiRoundCompressor``; every round's payloads are summed). It may use:
 - ``float** m``: a matrix (row-major). Globals of that type are state kept
   across rounds and steps (empty, ``m.size == 0``, until first assigned);
   assignment rebinds (value semantics: no operator writes into its input).
+  A global ``float* e`` is gradient-length state, zero at ``init``;
+  assigning a matrix to it (or to decode's gradient) keeps the matrix's
+  first n elements (row-major): the padding of a 1-D view is dropped.
 - ``matrix(x)``: the gradient-length array ``x`` as the gradient's matrix
   view, ``(gradient.rows, gradient.cols)`` as ``powersgd.matrix_shape``
   (an ``ndim >= 2`` tensor is ``(shape[0], prod(shape[1:]))``, a 1-D one
@@ -126,6 +129,14 @@ def orthogonalize(a: torch.Tensor) -> torch.Tensor:
         norm = torch.sqrt(_seq_sum(sq).double()).float()
         m[:, i] = col / (norm + torch.tensor(ORTHO_EPS, dtype=torch.float32))
     return m
+
+
+def first_n(m: torch.Tensor, n: int) -> torch.Tensor:
+    """A matrix's first ``n`` elements in row-major order (a matrix view's gradient)."""
+    if m.numel() < n:
+        raise ValueError(f"a {tuple(m.shape)} matrix has fewer than the gradient's {n} "
+                         "elements")
+    return m.reshape(-1)[:n].clone()
 
 
 # ---------------------------------------------------------------- checker

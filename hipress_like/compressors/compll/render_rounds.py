@@ -140,6 +140,14 @@ static cl_mat cl_orthogonalize(void** A, int64_t* nA, cl_mat a, int* err) {
     free(d);
     return m;
 }
+/* a matrix's first n elements (row-major) as a gradient-length array (n x 1) */
+static cl_mat cl_first_n(void** A, int64_t* nA, cl_mat m, int64_t n, int* err) {
+    if (m.r * m.c < n) { *err = 7; return cl_empty(); }
+    cl_mat o = cl_alloc(A, nA, n, 1);
+    if (!o.d) { *err = 5; return o; }
+    for (int64_t i = 0; i < n; ++i) o.d[i] = CL_EL(m, i);
+    return o;
+}
 /* matrix(x): x (n elements) as the gradient's grows x gcols view, zero-padded */
 static cl_mat cl_view(void** A, int64_t* nA, const float* x, int64_t n, int64_t r, int64_t c,
                       int* err) {
@@ -186,12 +194,18 @@ class _RoundExpr(ExprC):
 
 
 class _Rounds:
-    """Renders the entry points of a round program (module docstring)."""
+    """Renders the entry points of a round program (module docstring).
+
+    The CUDA renderer (``render_cuda_rounds``) subclasses it: the statements
+    are the same text, calling its block-cooperative operator library.
+    """
+
+    memcpy = "memcpy"
 
     def __init__(self, c: Checked) -> None:
         self.c = c
         self.ex = _RoundExpr(c, self)
-        self.state = [n for n, t in c.globals.items() if t.matrix]
+        self.state = [n for n, t in c.globals.items() if t.array]
         self.lines: List[str] = []
         self.tmp = 0
         self.grad = ""
@@ -305,6 +319,11 @@ class _Rounds:
             return
         if k == "assign" and s.args[0].ty is not None and s.args[0].ty.array:
             v = self.mexpr(s.args[2], ind)
+            if not s.args[0].ty.matrix and s.args[2].ty.matrix:  # the first n elements
+                t = self.new()
+                self.emit(f"cl_mat {t} = cl_first_n(arena, n_arena, {v}, n, &err_); "
+                          "if (err_) goto done_;", ind)
+                v = t
             self.emit(f"{self.mat(s.args[0])} = {v};", ind)
             return
         if k == "expr_stmt" and s.args[0].kind == "call" and s.args[0].args[0] == "extract":
@@ -333,7 +352,7 @@ class _Rounds:
         if not (e.kind == "call" and e.args[0] == "concat"):
             raise self.c.prog.error("a round's payload is concat(...)", e)
         lay = layout(e.args[1])
-        for line in write_extra_fields(lay, self.ex, "memcpy"):
+        for line in write_extra_fields(lay, self.ex, self.memcpy):
             self.lines.append(ind + line.strip())
         for j, (a, _t) in enumerate(lay.arrays):
             v = self.mexpr(a, ind)
@@ -341,9 +360,10 @@ class _Rounds:
 
     def extract(self, e: Node, ind: str) -> None:
         lay = layout(e.args[1][1:])
-        for line in read_extra_fields(lay, self.ex, "{{ err_ = {}; goto done_; }}", "memcpy",
-                                      "int64_t"):  # from the aggregate's header (extra_in)
-            line = line.replace("extra_len", "extra_len").replace("extra +", "extra_in +")
+        # the fields come from the aggregate's header (extra_in)
+        for line in read_extra_fields(lay, self.ex, "{{ err_ = {}; goto done_; }}",
+                                      self.memcpy, "int64_t"):
+            line = line.replace("extra +", "extra_in +")
             self.lines.append(ind + line.strip().replace("= extra[", "= extra_in["))
         for a, t in lay.arrays:
             if a.kind != "index" or t.name != "float":
@@ -456,7 +476,7 @@ class RoundsNativeProgram(NativeRunner):
             fn.restype = ctypes.c_int
         self.lib.cl_free_arena.argtypes = [p, i64]
         self.lib.cl_free_arena.restype = None
-        self.names = [n for n, t in c.globals.items() if t.matrix]
+        self.names = [n for n, t in c.globals.items() if t.array]
 
     def run(self, rnd: Optional[int], g: torch.Tensor, shape: Tuple[int, ...],
             aggregate: Optional[Tuple[bytes, torch.Tensor]], mats: Dict[str, torch.Tensor],
@@ -477,8 +497,9 @@ class RoundsNativeProgram(NativeRunner):
         st = (_Mat * max(len(self.names), 1))()
         for j, n in enumerate(self.names):
             t = mats[n]
-            st[j] = _Mat(t.data_ptr() if t.numel() else None, t.shape[0], t.shape[1],
-                         t.shape[1], 1)
+            t2 = t if t.dim() == 2 else t.reshape(-1, 1)  # a gradient-length array: n x 1
+            st[j] = _Mat(t2.data_ptr() if t2.numel() else None, t2.shape[0], t2.shape[1],
+                         t2.shape[1], 1)
         node = None if rnd is None else find_node(f.body, lambda x: x.kind == "call"
                                                   and x.args[0] == "concat")
         lay = layout(node.args[1]) if node is not None else None
@@ -503,7 +524,8 @@ class RoundsNativeProgram(NativeRunner):
                        7: "matrices of mismatched shapes (matmul's inner sizes, map's "
                        "operands, a matrix view larger than its array)"}.get(rc, f"error {rc}")
                 raise ValueError(f"{self.c.prog.filename}: {f.name}: {msg}")
-            new = {n: _from_mat(st[j]) for j, n in enumerate(self.names)}
+            new = {n: _from_mat(st[j]) if self.c.globals[n].matrix else
+                   _from_mat(st[j]).reshape(-1) for j, n in enumerate(self.names)}
             if rnd is None:
                 res = _from_mat(outs[0]).reshape(-1)[:g.numel()]
                 return res, new

@@ -68,13 +68,17 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
 
     # -- state -------------------------------------------------------------
     def _matrices(self) -> List[str]:
-        return [n for n, t in self.checked.globals.items() if t.matrix]
+        """The state's names: the program's global matrices and gradient-length arrays."""
+        return [n for n, t in self.checked.globals.items() if t.array]
 
     def init(self, grad: torch.Tensor, seed: int = 0, world_size: Optional[int] = None,
              shared_seed: int = 0) -> State:
-        """Empty state matrices, ``step`` 0, the seeds and ``world_size``."""
-        st: Dict[str, Any] = {n: torch.zeros(0, 0, dtype=torch.float32, device=grad.device)
-                              for n in self._matrices()}
+        """Empty state matrices, zero state arrays (float32, ``grad``'s shape), ``step`` 0,
+        the seeds and ``world_size``."""
+        st: Dict[str, Any] = {
+            n: torch.zeros(0, 0, dtype=torch.float32, device=grad.device) if t.matrix else
+            torch.zeros(grad.shape, dtype=torch.float32, device=grad.device)
+            for n, t in self.checked.globals.items() if t.array}
         st.update(step=0, seed=int(seed), shared_seed=int(shared_seed), world_size=world_size)
         return st
 
@@ -87,10 +91,18 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
                 "world_size=N) or state['world_size'] = N) before the first round")
         return ws
 
-    def _state_matrices(self, state: State) -> Dict[str, torch.Tensor]:
+    def _state_matrices(self, state: State, grad: torch.Tensor) -> Dict[str, torch.Tensor]:
         out = {}
         for n in self._matrices():
-            t = state.get(n)
+            t = state.get(n) if isinstance(state, dict) else None
+            if not self.checked.globals[n].matrix:  # gradient-length: flat
+                if not isinstance(t, torch.Tensor) or t.shape != grad.shape:
+                    raise ValueError(
+                        f"{self.name}: state[{n!r}] must be a tensor of shape "
+                        f"{tuple(grad.shape)}, found {getattr(t, 'shape', type(t).__name__)}; "
+                        "create the state with init(grad) for this gradient")
+                out[n] = t.detach().to("cpu", torch.float32).reshape(-1).contiguous()
+                continue
             if not isinstance(t, torch.Tensor) or t.dim() != 2:
                 raise ValueError(f"{self.name}: state[{n!r}] must be a matrix (a 2-D tensor; "
                                  f"empty before the first step), found "
@@ -164,7 +176,7 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
     def _run(self, rnd: Optional[int], grad: torch.Tensor, state: State,
              aggregate: Optional[Tuple[bytes, torch.Tensor]]) -> Tuple[Any, Dict[str, Any]]:
         """Run round ``rnd`` (None: decode) by the C or the interpreter."""
-        mats = self._state_matrices(state)
+        mats = self._state_matrices(state, grad)
         ws = self._world_size(state)
         step = int(state.get("step", 0))
         seed = mix_seed(int(state.get("shared_seed", 0)))
@@ -200,12 +212,14 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
         payload, pbody = pack_payload(self.algo_id, grad.dtype, tuple(grad.shape), extra,
                                       body.numel(), grad.device)
         pbody.copy_(body.to(grad.device))
-        return payload, self._new_state(state, mats, grad.device)
+        return payload, self._new_state(state, mats, grad)
 
-    def _new_state(self, state: State, mats: Dict[str, torch.Tensor], dev: Any) -> State:
+    def _new_state(self, state: State, mats: Dict[str, torch.Tensor],
+                   grad: torch.Tensor) -> State:
         new = dict(state)
         for n, v in mats.items():
-            new[n] = (v if v is not None else torch.zeros(0, 0)).to(dev, torch.float32)
+            v = (v if v is not None else torch.zeros(0, 0)).to(grad.device, torch.float32)
+            new[n] = v if self.checked.globals[n].matrix else v.reshape(grad.shape)
         return new
 
     def decode_rounds(self, grad: torch.Tensor, state: State, aggregate: torch.Tensor,
@@ -225,7 +239,7 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
             raise ValueError(f"{self.name}: out has {out.numel()} elements, the gradient {n}")
         if not average:
             flat = flat * float(self._world_size(state))
-        new = self._new_state(state, mats, grad.device)
+        new = self._new_state(state, mats, grad)
         new["step"] = int(state.get("step", 0)) + 1
         res = flat.reshape(grad.shape).to(grad.device, grad.dtype)
         if out is not None:
