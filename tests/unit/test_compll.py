@@ -259,7 +259,9 @@ _TOKENS = ["float", "uint2", "uint<bits>", "int32", "double", "void", "encode", 
            "concat", "extract", "gradient", "compressed", "x", "1", "2.5", "random<float>",
            "if", "else", "return", "param", "P", "@wire", "lambda_func", "[&]", "->", "<", ">",
            "float*", "uint8*", "smaller", "greater", "add", "abs", "floor", ".size", "\n",
-           "filter", "topk", "threshold", "gather", "scatter", "int32*", "idx", "[k]", "fma"]
+           "filter", "topk", "threshold", "gather", "scatter", "int32*", "idx", "[k]", "fma",
+           "float**", "matmul", "orthogonalize", "matrix", ".T", ".rows", "@rounds", "q",
+           "encode_round0"]
 
 
 def _check_never_crashes(src, tmp_path, stats):
@@ -286,7 +288,8 @@ def test_fuzz_tokens_and_mutations_never_crash(tmp_path):
     for _ in range(150):
         src = " ".join(rng.choice(_TOKENS) for _ in range(rng.randint(1, 40)))
         _check_never_crashes(src, tmp_path, stats)
-    programs = [program_path(n).read_text() for n in list(SHIPPED) + ["dgc", "graddrop"]]
+    programs = [program_path(n).read_text() for n in list(SHIPPED) + ["dgc", "graddrop",
+                                                                     "powersgd"]]
     for _ in range(450):
         src = rng.choice(programs)
         toks = re.findall(r"\w+|[^\w\s]|\s+", src)
@@ -320,7 +323,7 @@ def test_c_backend_reports_compile_time_and_cache(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the "
                     "generated CUDA cannot be compile-checked on this machine")
-@pytest.mark.parametrize("name", sorted(SHIPPED) + ["dgc", "graddrop"])
+@pytest.mark.parametrize("name", sorted(SHIPPED) + ["dgc", "graddrop", "powersgd"])
 def test_generated_cuda_compiles_with_nvcc(name, tmp_path):
     from hipress_like.compressors.compll.render_cuda import render_cuda
     r = render_cuda(load(program_path(name)))

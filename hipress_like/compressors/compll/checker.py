@@ -194,6 +194,9 @@ class _Checker:
                 self.globals.vars[decl.args[0]] = ty
         for name, fn in p.functions.items():
             ret, _, params, body, _lam = fn.args
+            if name.startswith("encode_round") and name not in entries:
+                raise p.error(f"{name} is a round's entry point: declare the rounds with "
+                              "@rounds(k) (or name the function otherwise)", fn)
             if ret is not None:
                 self._check_type(ret, fn)
                 if ret.array or ret.name == "struct":
@@ -207,11 +210,6 @@ class _Checker:
             self.funcs[name] = Func(name, ret, list(params), body, fn)
         if self.n_rounds:
             return self._run_rounds(metas)
-        for name in self.funcs:
-            if name.startswith("encode_round"):
-                raise p.error(f"{name} is a round's entry point: declare the rounds with "
-                              "@rounds(k) (or name the function otherwise)",
-                              self.funcs[name].node)
         enc = self.funcs.get("encode")
         if enc is None:
             raise p.error("a CompLL program needs an encode function: void encode(float* "
