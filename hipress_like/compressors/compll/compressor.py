@@ -20,7 +20,9 @@ Execution: float32 CPU tensors run the generated C (``render_c``), built by
 the project's native builder and cached by a hash of the source; float32
 CUDA tensors run the generated CUDA (``render_cuda``) where cupy is
 installed; every other case runs the reference interpreter (``interp``),
-which gives the same bytes.
+which gives the same bytes. Programs of other kinds get subclasses:
+state-array programs ``sparse_compressor.SparseDslCompressor``, round
+programs (``@rounds(k)``, PowerSGD) ``rounds_compressor.RoundsDslCompressor``.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ arrays 1-D tensors (sub-byte arrays hold one int32 code per element until
 once: ``map(g, f)`` binds f's parameter to all of g and each ``if`` becomes
 a mask, so a branch's assignments and returns apply only where its
 condition holds (``torch.where``), the vectorised reading of C's per-element
-semantics. Arithmetic converts both operands to the type the checker gave
+semantics. An entry point's own ``if`` on a scalar branches for real (so
+an array or matrix assigned in one branch only is assigned only then). Arithmetic converts both operands to the type the checker gave
 the expression before applying the operator, as the generated C does, so
 the two agree bit for bit (floating-point contraction is off in both).
 
