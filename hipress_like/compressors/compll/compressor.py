@@ -100,7 +100,7 @@ def compile_program(checked: Checked) -> Any:
 def _capabilities(c: Checked) -> Capabilities:
     decl = dict(c.metas.get("capabilities", {}))
     if c.rounds:  # a round program (rounds_compressor.py): every round summed
-        from .rounds_compressor import round_capabilities
+        from .matrices import round_capabilities
         try:
             return round_capabilities(decl, len(c.rounds))
         except (TypeError, ValueError) as e:

@@ -8,9 +8,10 @@ once: ``map(g, f)`` binds f's parameter to all of g and each ``if`` becomes
 a mask, so a branch's assignments and returns apply only where its
 condition holds (``torch.where``), the vectorised reading of C's per-element
 semantics. An entry point's own ``if`` on a scalar branches for real (so
-an array or matrix assigned in one branch only is assigned only then). Arithmetic converts both operands to the type the checker gave
-the expression before applying the operator, as the generated C does, so
-the two agree bit for bit (floating-point contraction is off in both).
+an array or matrix assigned in one branch only is assigned only then).
+Arithmetic converts both operands to the type the checker gave the
+expression before applying the operator, as the generated C does, so the
+two agree bit for bit (floating-point contraction is off in both).
 
 ``random<float>(a, b)`` inside a mapped function is element i's number of the
 counter-based hash stream (``ops.uniform``'s ``_uniform_from_counter``), keyed

@@ -52,7 +52,8 @@ from .syntax import Node, Type
 
 __all__ = ["matrix_shape", "matmul", "orthogonalize", "check_field", "check_matrix",
            "check_matmul", "check_orthogonalize", "check_map2", "interp_matrix",
-           "interp_matmul", "interp_orthogonalize", "interp_field", "ORTHO_EPS"]
+           "interp_matmul", "interp_orthogonalize", "interp_field", "ORTHO_EPS",
+           "round_capabilities", "first_n"]
 
 MAT = Type("float", True, None, None, True)
 I64 = Type("int64")
@@ -137,6 +138,17 @@ def first_n(m: torch.Tensor, n: int) -> torch.Tensor:
         raise ValueError(f"a {tuple(m.shape)} matrix has fewer than the gradient's {n} "
                          "elements")
     return m.reshape(-1)[:n].clone()
+
+
+def round_capabilities(decl: Dict[str, Any], k: int) -> Any:
+    """The ``Capabilities`` of a k-round program: its ``@capabilities`` plus k summed rounds."""
+    from ..base import Capabilities
+    decl = dict(decl)
+    decl.setdefault("category", "lowrank")
+    decl.update(rounds=k, round_reductions=("sum",) * k, summable=(True,) * k)
+    decl.setdefault("aggregatable", True)
+    decl.setdefault("stateful", True)
+    return Capabilities(**decl)
 
 
 # ---------------------------------------------------------------- checker

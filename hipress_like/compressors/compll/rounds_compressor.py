@@ -36,7 +36,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..base import (
-    Capabilities,
     PayloadError,
     State,
     check_gradient,
@@ -50,17 +49,7 @@ from .compressor import _BASES, DslCompressor, _find_call
 from .interp import Interpreter, layout
 from .matrices import matrix_shape
 
-__all__ = ["RoundsDslCompressor", "round_capabilities"]
-
-
-def round_capabilities(decl: Dict[str, Any], k: int) -> Capabilities:
-    """The capabilities of a k-round program: its ``@capabilities`` plus summed rounds."""
-    decl = dict(decl)
-    decl.setdefault("category", "lowrank")
-    decl.update(rounds=k, round_reductions=("sum",) * k, summable=(True,) * k)
-    decl.setdefault("aggregatable", True)
-    decl.setdefault("stateful", True)
-    return Capabilities(**decl)
+__all__ = ["RoundsDslCompressor"]
 
 
 class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
