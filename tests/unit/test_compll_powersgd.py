@@ -330,3 +330,109 @@ def test_engine_runs_the_program_on_every_rank_alike(strategy):
             for k in dsl[0][step]:
                 assert torch.equal(dsl[r][step][k], dsl[0][step][k])
                 assert _rel(hand[r][step][k], dsl[r][step][k]) < TOL
+
+
+_EMU_SHIM = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <stdlib.h>
+#include <barrier>
+#include <thread>
+#include <vector>
+struct cl_dim_ { unsigned int x; };
+static thread_local cl_dim_ threadIdx;
+static cl_dim_ blockIdx, gridDim, blockDim;
+static std::barrier<>* cl_bar_;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define CL_INLINE static inline
+static inline void __syncthreads() { cl_bar_->arrive_and_wait(); }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+CL_INLINE void cl_memcpy(void* d, const void* s, int k) { memcpy(d, s, k); }
+template <class F, class... A> static void cl_launch(F f, unsigned int block, A... a) {
+    gridDim.x = 1; blockDim.x = block; blockIdx.x = 0;
+    std::barrier<> bar(block);
+    cl_bar_ = &bar;
+    std::vector<std::thread> ts;
+    for (unsigned int t = 0; t < block; ++t)
+        ts.emplace_back([=] { threadIdx.x = t; f(a...); });
+    for (auto& t : ts) t.join();
+}
+"""
+
+
+def _emulated_cuda_runner(checked, tmp_path, threads):
+    """The round program's CUDA kernels compiled for the CPU (each GPU thread a CPU thread,
+    ``__syncthreads`` a barrier, device malloc the host's), behind the C runner's calls."""
+    import ctypes
+    import subprocess
+
+    from hipress_like.compressors.compll.prelude import _HASH, _MATH, CUDA_PRELUDE
+    from hipress_like.compressors.compll.render_cuda import render_cuda
+    from hipress_like.compressors.compll.render_rounds import RoundsNativeProgram
+    r = render_cuda(checked)
+    assert CUDA_PRELUDE in r["source"]
+    src = r["source"].replace(CUDA_PRELUDE, _EMU_SHIM + _HASH + _MATH)
+    args = ("g, n, grows, gcols, params, seed, step, world_size, extra_in, extra_len, "
+            "body_in, body_len, state, extra, outs, arena, n_arena")
+    sig = ("const float* g, int64_t n, int64_t grows, int64_t gcols, const double* params, "
+           "uint32_t seed, int64_t step, int64_t world_size, const uint8_t* extra_in, "
+           "int64_t extra_len, const uint8_t* body_in, int64_t body_len, cl_mat* state, "
+           "uint8_t* extra, cl_mat* outs, void** arena, int64_t* n_arena")
+    for k in r["encode"] + r["decode"]:
+        name = k.split(":")[0]
+        src += (f'extern "C" int emu_{name}({sig}) {{\n    int err = 0;\n'
+                f"    cl_launch({name}, {threads}, {args}, &err);\n    return err;\n}}\n")
+    src += ('extern "C" void cl_free_arena(void** arena, int64_t n) {\n'
+            "    for (int64_t i = 0; i < n; ++i) free(arena[i]);\n}\n")
+    (tmp_path / "emu.cpp").write_text(src)
+    so = tmp_path / "emu.so"
+    p = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
+                        "-ffp-contract=off", "-o", str(so), str(tmp_path / "emu.cpp")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lib = ctypes.CDLL(str(so))
+
+    class _Lib:  # the C runner calls cl_<entry>: hand it the emulated kernels
+        cl_free_arena = lib.cl_free_arena
+
+    pp, i64, u32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32
+    for f in checked.rounds + [checked.decode]:
+        fn = getattr(lib, f"emu_cl_{f.name}")
+        fn.argtypes = [pp, i64, i64, i64, pp, u32, i64, i64, pp, i64, pp, i64, pp, pp, pp, pp,
+                       pp]
+        fn.restype = ctypes.c_int
+        setattr(_Lib, f"cl_{f.name}", fn)
+    lib.cl_free_arena.argtypes = [pp, i64]
+    runner = RoundsNativeProgram.__new__(RoundsNativeProgram)
+    runner.c, runner.lib = checked, _Lib
+    runner.names = [n for n, t in checked.globals.items() if t.array]
+    return runner
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None,
+                    reason="no C++ compiler to emulate the CUDA kernels on the CPU")
+@pytest.mark.parametrize("threads", [1, 7, 64])
+def test_generated_cuda_emulated_on_cpu_equals_the_c(threads, tmp_path):
+    """The CUDA of the round program (never run on a GPU here) gives the C's bits when its
+    kernels run on the CPU, each block thread a CPU thread: the block-cooperative
+    operators keep every element's order of operations."""
+    key = _dsl()
+    ekey = "powersgd_dsl_test_emu"
+    ecls = compll.register_dsl(program_path("powersgd"), name=ekey, replace=True)
+    ecls.native = _emulated_cuda_runner(ecls.checked, tmp_path, threads)
+    for shape in [(37,), (16, 24), (4, 3, 5, 2)]:
+        for rank in (1, 4):
+            grads = _grads(shape, ranks=2, steps=2)
+            a = _steps(hp.compressors.get(key, rank=rank), grads, 2, shape)
+            b = _steps(hp.compressors.get(ekey, rank=rank), grads, 2, shape)
+            for (p0a, p1a, ra, _), (p0b, p1b, rb, _) in zip(a, b):
+                for x, y in zip(p0a + p1a + ra, p0b + p1b + rb):
+                    assert torch.equal(x, y), (shape, rank, threads)

@@ -21,9 +21,10 @@ block-cooperative, a ``__syncthreads`` on either side:
 One block bounds the speed (PowerSGD's products are thin: r <= 8 columns,
 but the sums over the long dimension are sequential per element, as their
 definition requires). The source is compile-checked by ``nvcc -ptx`` in the
-tests; this project has no cupy runner for it, and it has never run on a
-GPU: CUDA tensors of round programs go through the interpreter on a CPU
-copy (``rounds_compressor``).
+tests and run there by a CPU emulation of the kernels (each block thread a
+CPU thread), which must give the C's bits; this project has no cupy runner
+for it, and it has never run on a GPU: CUDA tensors of round programs go
+through the interpreter on a CPU copy (``rounds_compressor``).
 """
 from __future__ import annotations
 
