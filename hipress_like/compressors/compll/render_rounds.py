@@ -495,6 +495,7 @@ class RoundsNativeProgram(NativeRunner):
         f = self.c.decode if rnd is None else self.c.rounds[rnd]
         rows, cols = matrix_shape(shape)
         st = (_Mat * max(len(self.names), 1))()
+        ptrs = [mats[n].data_ptr() if mats[n].numel() else None for n in self.names]
         for j, n in enumerate(self.names):
             t = mats[n]
             t2 = t if t.dim() == 2 else t.reshape(-1, 1)  # a gradient-length array: n x 1
@@ -524,8 +525,14 @@ class RoundsNativeProgram(NativeRunner):
                        7: "matrices of mismatched shapes (matmul's inner sizes, map's "
                        "operands, a matrix view larger than its array)"}.get(rc, f"error {rc}")
                 raise ValueError(f"{self.c.prog.filename}: {f.name}: {msg}")
-            new = {n: _from_mat(st[j]) if self.c.globals[n].matrix else
-                   _from_mat(st[j]).reshape(-1) for j, n in enumerate(self.names)}
+            new = {}
+            for j, n in enumerate(self.names):
+                if st[j].d is not None and st[j].d == ptrs[j] and \
+                        st[j].r * st[j].c == mats[n].numel():
+                    new[n] = mats[n]  # not reassigned: no operator wrote into it, keep it
+                else:
+                    m = _from_mat(st[j])
+                    new[n] = m if self.c.globals[n].matrix else m.reshape(-1)
             if rnd is None:
                 res = _from_mat(outs[0]).reshape(-1)[:g.numel()]
                 return res, new
