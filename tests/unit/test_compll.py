@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 
@@ -590,3 +591,22 @@ def test_threaded_sweeps_give_the_same_bytes(name):
     for p in outs:
         assert torch.equal(p, ref)
     assert torch.equal(dec[0], dec[1]) and torch.equal(dec[0], h.decode(ref))
+
+
+def test_sqrt_in_the_interpreter_is_the_c_sqrtf():
+    """torch.sqrt of float32 is not always correctly rounded; the interpreter's sqrt is
+    (through float64), so it gives the generated C's sqrtf bits."""
+    src = ("float root(float x) { return sqrt(abs(x)); }\n"
+           "void encode(float* gradient, uint8* compressed) {\n"
+           "    float* r = map(gradient, root);\n    compressed = concat(r);\n}\n")
+    c_key = "sqrt_test_c"
+    compll.register_dsl(src, name=c_key, replace=True)
+    i_cls = compll.register_dsl(src, name="sqrt_test_i", replace=True)
+    i_cls.native = False
+    g = torch.rand(20000, generator=torch.Generator().manual_seed(1)) * 100
+    a, b = hp.compressors.get(c_key), hp.compressors.get("sqrt_test_i")
+    assert a._native() is not None
+    pa, pb = a.encode(g, a.init(g))[0], b.encode(g, b.init(g))[0]  # (free wire ids differ)
+    va, vb = (hp.compressors.unpack_payload(p).body.view(torch.float32) for p in (pa, pb))
+    assert torch.equal(va, vb)
+    assert torch.equal(va, torch.from_numpy(np.sqrt(g.numpy())))  # correctly rounded

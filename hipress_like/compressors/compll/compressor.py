@@ -237,8 +237,9 @@ class DslCompressor(Compressor):
                 raise ValueError(f"{self.name}: CUDA encode failed with error {cuda.error()}")
         else:
             extra, arrays = Interpreter(self.checked, self._params).encode(g.cpu(), seed)
-            payload[start:start + len(extra)] = torch.frombuffer(bytearray(extra),
-                                                                 dtype=torch.uint8).to(g.device)
+            if extra:  # (frombuffer refuses an empty buffer: a concat of arrays only)
+                payload[start:start + len(extra)] = torch.frombuffer(
+                    bytearray(extra), dtype=torch.uint8).to(g.device)
             if arrays:
                 body.copy_(torch.cat([a.reshape(-1) for a in arrays]).to(g.device))
         new_state = state

@@ -621,8 +621,9 @@ def _builtin(name: str, vals: List[torch.Tensor], t: Type) -> torch.Tensor:
         return torch.sign(v[0])
     if name == "rint":
         return torch.round(v[0])  # half to even, as rint in the default rounding mode
-    if name == "sqrt":
-        return torch.sqrt(v[0])
+    if name == "sqrt":  # sqrtf's correctly rounded root: torch.sqrt of float32 is not always
+        return torch.sqrt(v[0].double()).to(v[0].dtype) if v[0].dtype == torch.float32 \
+            else torch.sqrt(v[0])
     if name == "exp":
         return torch.exp(v[0])
     if name == "log":
