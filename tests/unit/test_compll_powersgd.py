@@ -6,6 +6,8 @@ PowerSGD, whose products go through BLAS and a lane-parallel C sweep, payloads a
 decodes agree within a float tolerance (docs/compll.md says which sums differ), with
 the headers byte for byte. Ranks always agree bit for bit with each other.
 """
+import pickle
+
 import pytest
 import torch
 
@@ -199,6 +201,8 @@ def test_registered_by_name_and_path():
     assert c.payload_nbytes(1000) == h.payload_nbytes(1000)
     with pytest.raises(TypeError, match="encode_round"):
         c.encode(g, c.init(g))
+    c2 = pickle.loads(pickle.dumps(c))  # re-registers its program where it lands
+    assert isinstance(c2, MultiRoundCompressor) and c2.params() == {"rank": 4}
 
 
 def test_summable_view_is_the_body():
