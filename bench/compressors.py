@@ -32,7 +32,11 @@ of those products in fused kernels (``P = M Q`` in the sweep that forms M;
 ``P Q^T`` as a pointwise sum of outer products, faster than ``torch.mm``
 here); a third ratio, informational, replaces the baseline's ``P Q^T``
 matmul by that faster kernel, so it shows what error feedback and the
-protocol cost on top of the fastest products this library has.
+protocol cost on top of the fastest products this library has. The
+CompLL program (``powersgd.compll``, generated C) runs the same rounds
+in the same run, interleaved: its DSL column (speed ratio to the
+hand-written rounds; its results equal within a float tolerance, not
+bytes: docs/compll.md).
 
 Goals (printed as pass/fail): at 64 MB, onebit/tbq/terngrad encode and
 decode >= 0.30x copy; natural (C_nat) encode and decode >= 0.50x copy;
@@ -187,6 +191,15 @@ def bench_powersgd(repeats: int, rows: int = 4096, cols: int = 4096,
         p1, s = c.encode_round(1, m, s, c.merge([p0]))
         _, st[0] = c.decode_rounds(m, s, c.merge([p1]), out=out)
 
+    # the DSL column: the CompLL program's rounds (generated C) run the same way
+    d = C.get("powersgd.compll", rank=rank)  # compll/__init__.PROGRAMS
+    sd = [d.init(m, seed=0, world_size=1)]
+
+    def dsl_rounds() -> None:
+        p0, s = d.encode_round(0, m, sd[0], None)
+        p1, s = d.encode_round(1, m, s, d.merge([p0]))
+        _, sd[0] = d.decode_rounds(m, s, d.merge([p1]), out=out, average=True)
+
     q0 = torch.randn(cols, rank)
 
     def linalg() -> None:
@@ -206,20 +219,21 @@ def bench_powersgd(repeats: int, rows: int = 4096, cols: int = 4096,
         q = ops.matmul(m.t(), p)
         lowrank.powersgd_lowrank(p, q.t().contiguous(), out)
 
-    fns = (rounds, linalg, linalg_full, linalg_kernel)
+    fns = (rounds, linalg, linalg_full, linalg_kernel, dsl_rounds)
     for f in fns:
         f()
     times: List[List[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for f, t in zip(fns, times):
             t.append(time_once(f))
-    rt, lt, lft, lkt = (median(t) for t in times)
+    rt, lt, lft, lkt, dt = (median(t) for t in times)
     res = {"name": "powersgd", "rank": rank, "shape": [rows, cols], "rounds_s": rt,
            "linalg_s": lt, "linalg_with_decompress_s": lft,
            "linalg_with_kernel_decompress_s": lkt, "repeats": repeats}
     res["x_linalg"] = rt / lt
     res["x_linalg_with_decompress"] = rt / lft
     res["x_linalg_with_kernel_decompress"] = rt / lkt
+    res["dsl_rounds_s"], res["dsl_ratio"] = dt, rt / dt  # DSL speed / hand-written speed
     return res
 
 
@@ -322,6 +336,9 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"(with the P Q^T decompression in the baseline: "
               f"{psgd['x_linalg_with_decompress']:.2f}x as torch.mm, "
               f"{psgd['x_linalg_with_kernel_decompress']:.2f}x as the rounds' pointwise kernel)")
+        print(f"powersgd.compll (CompLL, generated C; equal within 1e-4, not bytes): two rounds "
+              f"{psgd['dsl_rounds_s'] * 1e3:.1f} ms -> {psgd['dsl_ratio']:.2f}x the hand-written "
+              "speed")
     if skipped:
         print(f"not measured (multi-round, no benchmark recipe): {', '.join(skipped)}")
     g = goals(results, psgd)

@@ -2,8 +2,9 @@
 
 Each worker registers the shipped program (``register_dsl``) before training,
 as a user would at start-up; the compressor then runs through the engine with
-error feedback (the biased ones) like a built-in. Ranks must end bitwise
-identical and the accuracy within 1.5 points of uncompressed training.
+error feedback (the biased ones) like a built-in; PowerSGD's program runs its two
+rounds (its own error feedback and warm start). Ranks must end bitwise identical and
+the accuracy within 1.5 points of uncompressed training.
 """
 import functools
 from dataclasses import asdict
@@ -42,7 +43,8 @@ def _accuracy(algorithm, strategy):
 @pytest.mark.parametrize("algorithm,strategy", [("onebit", "ps"), ("tbq", "ring"),
                                                 ("terngrad", "ps"), ("terngrad", "ring"),
                                                 ("dgc", "ps"), ("graddrop", "ps"),
-                                                ("dgc", "ring"), ("graddrop", "ring")])
+                                                ("dgc", "ring"), ("graddrop", "ring"),
+                                                ("powersgd", "ps"), ("powersgd", "ring")])
 def test_digits_accuracy_dsl(algorithm, strategy):
     base = _accuracy(None, strategy)
     acc = _accuracy(algorithm, strategy)

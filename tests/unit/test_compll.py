@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 
@@ -259,7 +260,9 @@ _TOKENS = ["float", "uint2", "uint<bits>", "int32", "double", "void", "encode", 
            "concat", "extract", "gradient", "compressed", "x", "1", "2.5", "random<float>",
            "if", "else", "return", "param", "P", "@wire", "lambda_func", "[&]", "->", "<", ">",
            "float*", "uint8*", "smaller", "greater", "add", "abs", "floor", ".size", "\n",
-           "filter", "topk", "threshold", "gather", "scatter", "int32*", "idx", "[k]", "fma"]
+           "filter", "topk", "threshold", "gather", "scatter", "int32*", "idx", "[k]", "fma",
+           "float**", "matmul", "orthogonalize", "matrix", ".T", ".rows", "@rounds", "q",
+           "encode_round0"]
 
 
 def _check_never_crashes(src, tmp_path, stats):
@@ -286,7 +289,8 @@ def test_fuzz_tokens_and_mutations_never_crash(tmp_path):
     for _ in range(150):
         src = " ".join(rng.choice(_TOKENS) for _ in range(rng.randint(1, 40)))
         _check_never_crashes(src, tmp_path, stats)
-    programs = [program_path(n).read_text() for n in list(SHIPPED) + ["dgc", "graddrop"]]
+    programs = [program_path(n).read_text() for n in list(SHIPPED) + ["dgc", "graddrop",
+                                                                     "powersgd"]]
     for _ in range(450):
         src = rng.choice(programs)
         toks = re.findall(r"\w+|[^\w\s]|\s+", src)
@@ -320,7 +324,7 @@ def test_c_backend_reports_compile_time_and_cache(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed: the "
                     "generated CUDA cannot be compile-checked on this machine")
-@pytest.mark.parametrize("name", sorted(SHIPPED) + ["dgc", "graddrop"])
+@pytest.mark.parametrize("name", sorted(SHIPPED) + ["dgc", "graddrop", "powersgd"])
 def test_generated_cuda_compiles_with_nvcc(name, tmp_path):
     from hipress_like.compressors.compll.render_cuda import render_cuda
     r = render_cuda(load(program_path(name)))
@@ -587,3 +591,22 @@ def test_threaded_sweeps_give_the_same_bytes(name):
     for p in outs:
         assert torch.equal(p, ref)
     assert torch.equal(dec[0], dec[1]) and torch.equal(dec[0], h.decode(ref))
+
+
+def test_sqrt_in_the_interpreter_is_the_c_sqrtf():
+    """torch.sqrt of float32 is not always correctly rounded; the interpreter's sqrt is
+    (through float64), so it gives the generated C's sqrtf bits."""
+    src = ("float root(float x) { return sqrt(abs(x)); }\n"
+           "void encode(float* gradient, uint8* compressed) {\n"
+           "    float* r = map(gradient, root);\n    compressed = concat(r);\n}\n")
+    c_key = "sqrt_test_c"
+    compll.register_dsl(src, name=c_key, replace=True)
+    i_cls = compll.register_dsl(src, name="sqrt_test_i", replace=True)
+    i_cls.native = False
+    g = torch.rand(20000, generator=torch.Generator().manual_seed(1)) * 100
+    a, b = hp.compressors.get(c_key), hp.compressors.get("sqrt_test_i")
+    assert a._native() is not None
+    pa, pb = a.encode(g, a.init(g))[0], b.encode(g, b.init(g))[0]  # (free wire ids differ)
+    va, vb = (hp.compressors.unpack_payload(p).body.view(torch.float32) for p in (pa, pb))
+    assert torch.equal(va, vb)
+    assert torch.equal(va, torch.from_numpy(np.sqrt(g.numpy())))  # correctly rounded

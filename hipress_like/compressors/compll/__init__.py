@@ -14,20 +14,26 @@ code. Pipeline, one module each:
     render_seq.py   C for programs with state arrays / sparse operators
     render_cuda.py  CUDA C for GPUs (cupy.RawModule), compile-checked by nvcc
     render_cuda_seq.py  CUDA for state-array programs (compile-checked; no runner yet)
+    matrices.py  round programs (@rounds(k)): matrix views, matmul, orthogonalize
+    render_rounds.py, render_cuda_rounds.py  C and CUDA for round programs
+    rounds_compressor.py  the MultiRoundCompressor of round programs (PowerSGD)
     compressor.py   DslCompressor and register_dsl
     sparse_compressor.py  the compressor of state-array programs (DGC, GradDrop)
     cli.py       ``hipress-profile compll check|build|show FILE``
 
-Five of the six HiPress algorithms ship as programs beside their hand-written
-versions (onebit/onebit.compll, quantizers/tbq.compll, sparse/dgc.compll, ...);
-``PROGRAMS`` maps their names to paths (PowerSGD is not expressible yet, see
-docs/compll.md). docs/compll.md is the guide.
+The six HiPress algorithms ship as programs beside their hand-written
+versions (onebit/onebit.compll, quantizers/tbq.compll, sparse/dgc.compll,
+powersgd/powersgd.compll, ...); ``PROGRAMS`` maps their names to paths.
+docs/compll.md is the guide.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import sparse_compressor  # noqa: F401  (registers the state-array program class)
+from . import (
+    rounds_compressor,  # noqa: F401  (registers the round program class)
+    sparse_compressor,  # noqa: F401  (registers the state-array program class)
+)
 from .checker import check
 from .compressor import DslCompressor, load, register_dsl
 from .syntax import CompllError, parse
@@ -42,7 +48,8 @@ PROGRAMS = {
     "terngrad": ("quantizers", "terngrad.compll"),
     "dgc": ("sparse", "dgc.compll"),
     "graddrop": ("sparse", "graddrop.compll"),
-}  # PowerSGD has no program: matmul/decomp and its two rounds are not in the language
+    "powersgd": ("powersgd", "powersgd.compll"),
+}
 
 
 def program_path(name: str) -> Path:

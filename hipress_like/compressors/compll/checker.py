@@ -25,10 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import matrices
 from .syntax import Node, Program, Type, find_node
 
 __all__ = ["check", "Checked", "ELEMENTWISE", "OPERATORS", "REDUCTIONS", "VALID_BITS",
-           "ARRAY_OPS", "is_sparse"]
+           "ARRAY_OPS", "MATRIX_OPS", "is_sparse", "is_rounds", "round_name"]
 
 VALID_BITS = (1, 2, 4, 8)
 # elementwise builtins: name -> (min args, max args)
@@ -39,10 +40,13 @@ ELEMENTWISE = {"floor": (1, 1), "ceil": (1, 1), "abs": (1, 1), "fabs": (1, 1), "
 # common operators of HiPress Table 4 understood here; the others are named in errors
 OPERATORS = {"map": (2, 3), "reduce": (2, 3), "concat": (1, 64), "extract": (2, 64),
              "range": (1, 1), "filter": (2, 2), "topk": (3, 3), "threshold": (3, 3),
-             "gather": (2, 2), "scatter": (2, 3)}
+             "gather": (2, 2), "scatter": (2, 3), "matrix": (1, 3), "matmul": (2, 2),
+             "orthogonalize": (1, 1)}
 # the sparsification operators (arrays.py): their arrays have data-dependent lengths
 ARRAY_OPS = ("filter", "topk", "threshold", "gather", "scatter")
-_TABLE4_LATER = ("sort", "decomp", "matmul")
+# the matrix operators of round programs (matrices.py): matrix views, products, Gram-Schmidt
+MATRIX_OPS = ("matrix", "matmul", "orthogonalize")
+_TABLE4_LATER = ("sort", "decomp")
 REDUCTIONS = {"smaller": "min", "min": "min", "greater": "max", "max": "max", "add": "sum",
               "sum": "sum", "maxAbs": "maxabs"}
 _RANK = {"bool": 0, "uint": 1, "int32": 2, "int64": 3, "float": 4, "double": 5}
@@ -74,6 +78,12 @@ class Checked:
     decode: Optional[Func]
     metas: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     uses_random: bool = False
+    rounds: List[Func] = field(default_factory=list)  # encode_round0, 1, ... (@rounds(k))
+
+
+def round_name(i: int) -> str:
+    """The entry point of round ``i`` of a round program (``@rounds(k)``)."""
+    return f"encode_round{i}"
 
 
 def _const(prog: Program, node: Node) -> Any:
@@ -134,10 +144,21 @@ class _Checker:
         metas: Dict[str, Dict[str, Any]] = {}
         for m in p.metas:
             name, args = m.args
-            if name not in ("wire", "capabilities", "state"):
-                raise p.error(f"unknown annotation @{name}; expected @wire(id) or "
+            if name not in ("wire", "capabilities", "state", "rounds"):
+                raise p.error(f"unknown annotation @{name}; expected @wire(id), @rounds(k) or "
                               "@capabilities(category=..., unbiased=...)", m)
             metas[name] = {(k or str(i)): _const(p, v) for i, (k, v) in enumerate(args)}
+        self.n_rounds = 0
+        if "rounds" in metas:
+            k = metas["rounds"].get("0")
+            if isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= 8 or \
+                    set(metas["rounds"]) != {"0"}:
+                raise p.error(f"@rounds takes the number of rounds, 2 to 8: @rounds(2); found "
+                              f"{metas['rounds']}", [m for m in p.metas
+                                                     if m.args[0] == "rounds"][0])
+            self.n_rounds = k
+        entries = ("encode", "decode") + tuple(round_name(i) for i in range(self.n_rounds))
+        self.entries = entries
         if len(p.params) > 1:
             raise p.error("only one param block is allowed; merge them", p.params[1])
         for blk in p.params:
@@ -163,6 +184,9 @@ class _Checker:
             if ty.array and ty.name != "float":
                 raise p.error(f"a global array is per-gradient state (float*, kept between "
                               f"encodes); found {ty}", d)
+            if ty.matrix and not self.n_rounds:
+                raise p.error("matrices (float**) are the state of round programs: declare "
+                              f"the rounds with @rounds(k); found {ty}", d)
             for decl in d.args[1]:
                 if decl.args[1] is not None:
                     raise p.error("globals are computed in encode/decode; declare "
@@ -170,6 +194,9 @@ class _Checker:
                 self.globals.vars[decl.args[0]] = ty
         for name, fn in p.functions.items():
             ret, _, params, body, _lam = fn.args
+            if name.startswith("encode_round") and name not in entries:
+                raise p.error(f"{name} is a round's entry point: declare the rounds with "
+                              "@rounds(k) (or name the function otherwise)", fn)
             if ret is not None:
                 self._check_type(ret, fn)
                 if ret.array or ret.name == "struct":
@@ -177,10 +204,12 @@ class _Checker:
                                   "one element and return a scalar", fn)
             for t, _n in params:
                 self._check_type(t, fn)
-                if name not in ("encode", "decode") and (t.array or t.name == "struct"):
+                if name not in entries and (t.array or t.name == "struct"):
                     raise p.error(f"parameter {_n!r} of {name!r} is {t}: user functions take "
                                   "scalars (one element each)", fn)
             self.funcs[name] = Func(name, ret, list(params), body, fn)
+        if self.n_rounds:
+            return self._run_rounds(metas)
         enc = self.funcs.get("encode")
         if enc is None:
             raise p.error("a CompLL program needs an encode function: void encode(float* "
@@ -202,14 +231,49 @@ class _Checker:
                        self.funcs, enc, dec, metas,
                        any(f.uses_random for f in self.funcs.values()))
 
-    def _check_entry(self, f: Func, kinds: Tuple[str, str], want: str) -> None:
+    def _run_rounds(self, metas: Dict[str, Dict[str, Any]]) -> Checked:
+        """A round program: encode_round0 .. encode_round{k-1} and decode (matrices.py)."""
+        p = self.p
+        if "encode" in self.funcs:
+            raise p.error("a round program (@rounds(k)) has encode_round0, encode_round1, ... "
+                          "instead of encode", self.funcs["encode"].node)
+        rounds = []
+        for i in range(self.n_rounds):
+            f = self.funcs.get(round_name(i))
+            want = (f"{round_name(i)}(float* gradient, uint8* compressed, Params params)" if i == 0
+                    else f"{round_name(i)}(uint8* aggregate, float* gradient, uint8* "
+                    "compressed, Params params)")
+            if f is None:
+                raise p.error(f"@rounds({self.n_rounds}) needs void {want}",
+                              [m for m in p.metas if m.args[0] == "rounds"][0])
+            kinds = ("float", "uint") if i == 0 else ("uint", "float", "uint")
+            self._check_entry(f, kinds, want)
+            rounds.append(f)
+        dec = self.funcs.get("decode")
+        if dec is None:
+            raise p.error("a round program needs void decode(uint8* compressed, float* "
+                          "gradient, Params params): compressed is the last round's merged "
+                          "payload")
+        self._check_entry(dec, ("uint", "float"), "decode(uint8* compressed, float* gradient, "
+                          "Params params)")
+        for f in self.funcs.values():
+            if f.name not in self.entries:
+                self._func(f)
+        for f in rounds + [dec]:
+            self._func(f)
+        return Checked(p, self.params, self.param_struct, dict(self.globals.vars),
+                       self.funcs, rounds[0], dec, metas,
+                       any(f.uses_random for f in self.funcs.values()), rounds)
+
+    def _check_entry(self, f: Func, kinds: Tuple[str, ...], want: str) -> None:
         ps = f.params
-        ok = (len(ps) in (2, 3) and ps[0][0].array and ps[1][0].array
-              and ps[0][0].name == kinds[0] and ps[1][0].name == kinds[1]
-              and (len(ps) == 2 or ps[2][0].name == "struct"))
+        k = len(kinds)
+        ok = (len(ps) in (k, k + 1) and all(
+            t.array and not t.matrix and t.name == want_t for (t, _), want_t in zip(ps, kinds))
+              and (len(ps) == k or ps[k][0].name == "struct"))
         if not ok or f.ret is not None:
             raise self.p.error(f"{f.name} must be declared as void {want}", f.node)
-        if len(ps) == 3 and ps[2][0].struct != self.param_struct:
+        if len(ps) == k + 1 and ps[k][0].struct != self.param_struct:
             raise self.p.error(f"{f.name}'s params are of type {ps[2][0].struct!r}, but the "
                                f"param block is {self.param_struct!r}", f.node)
 
@@ -243,6 +307,9 @@ class _Checker:
         scope = _Scope(self.globals)
         if f.name == "encode" and self._sparse_syntax():
             scope.vars["step"] = I64  # the state's encode counter (arrays.py)
+        if self.n_rounds and f.name in self.entries:
+            scope.vars["step"] = I64  # the state's step counter (matrices.py)
+            scope.vars["world_size"] = I64  # the number of ranks whose payloads are summed
         for t, n in f.params:
             scope.vars[n] = t
         self._block(f.body, scope)
@@ -252,6 +319,8 @@ class _Checker:
 
     def _sparse_syntax(self) -> bool:
         """A program with state arrays or sparse operators (``is_sparse`` before checking)."""
+        if self.n_rounds:
+            return False
         if any(t.array for t in self.globals.vars.values()):
             return True
         return _calls_array_op([f.body for f in self.funcs.values()])
@@ -299,6 +368,10 @@ class _Checker:
                 raise self.p.error(f"unknown name {name!r}; declare it first", lv)
             lv.ty = ty
             et = self._expr(e, scope)
+            if et.matrix and ty.array and not ty.matrix and self.n_rounds and (
+                    name in self.globals.vars or (self.cur is not None and self.cur.name ==
+                                                  "decode" and name == self.cur.params[1][1])):
+                et = et.elem().of_array()  # gradient-length: the matrix's first n elements
             if op != "=":
                 if ty.array:
                     raise self.p.error(f"{op} on an array", lv)
@@ -334,7 +407,8 @@ class _Checker:
             raise self.p.error(f"unexpected statement {k}", s)
 
     def _assignable(self, ty: Type, et: Type, e: Node, what: str) -> None:
-        if ty.array != et.array or ty.name == "struct" or et.name == "struct":
+        if ty.array != et.array or ty.matrix != et.matrix or ty.name == "struct" or \
+                et.name == "struct":
             raise self.p.error(f"type mismatch: {what} is {ty}, the value is {et}", e)
         if ty.array:
             if ty.name != et.name or (ty.name == "uint" and not _same_bits(ty.bits, et.bits)):
@@ -381,13 +455,16 @@ class _Checker:
                 if not ot.array:
                     raise p.error(f".size of a scalar ({ot}); .size applies to arrays", e)
                 return I64
+            if fname in ("rows", "cols", "T") and self.n_rounds:
+                return matrices.check_field(self, e, scope)
             if obj.kind == "var" and (scope.get(obj.args[0]) or Type("")).name == "struct":
                 for pn, pt, _, _ in self.params:
                     if pn == fname:
                         return pt
                 raise p.error(f"param block has no field {fname!r}; fields: "
                               f"{', '.join(x[0] for x in self.params) or '(none)'}", e)
-            raise p.error(f"unknown field .{fname}; only .size and params.<field> exist", e)
+            raise p.error(f"unknown field .{fname}; only .size, params.<field> and, in round "
+                          "programs, .rows, .cols and .T exist", e)
         if k == "index":
             at = self._expr(e.args[0], scope)
             it = self._expr(e.args[1], scope)
@@ -494,6 +571,9 @@ class _Checker:
                 raise p.error(f"{name} cannot be used in {where or 'this place'}: the "
                               "sparsification operators stand in encode's statements (decode "
                               "has scatter(idx, vals))", e)
+        if name in MATRIX_OPS and not self.n_rounds:
+            raise p.error(f"{name} is a matrix operator of round programs: declare the rounds "
+                          "with @rounds(k) (see docs/compll.md, PowerSGD)", e)
         if name in OPERATORS:
             lo, hi = OPERATORS[name]
             if not lo <= n <= hi:
@@ -515,8 +595,7 @@ class _Checker:
                 "selection forms)" if name == "sort" else ""
             raise p.error(f"operator {name!r} (HiPress Table 4) is not available in this CompLL "
                           f"yet{hint}; available: " + ", ".join(sorted(OPERATORS)), e)
-        known = sorted(set(ELEMENTWISE) | set(OPERATORS) | set(self.funcs) - {"encode",
-                                                                               "decode"})
+        known = sorted(set(ELEMENTWISE) | set(OPERATORS) | set(self.funcs) - set(self.entries))
         raise p.error(f"unknown function or operator {name!r}; known: {', '.join(known)}", e)
 
     def _array_arg(self, a: Node, scope: _Scope, what: str) -> Type:
@@ -531,8 +610,19 @@ class _Checker:
             raise self.p.error(f"range needs an integer length, found {t}", args[0])
         return Type("int64", array=True)
 
+    def _op_matrix(self, e: Node, args: List[Node], scope: _Scope) -> Type:
+        return matrices.check_matrix(self, e, args, scope)
+
+    def _op_matmul(self, e: Node, args: List[Node], scope: _Scope) -> Type:
+        return matrices.check_matmul(self, e, args, scope)
+
+    def _op_orthogonalize(self, e: Node, args: List[Node], scope: _Scope) -> Type:
+        return matrices.check_orthogonalize(self, e, args, scope)
+
     def _op_map(self, e: Node, args: List[Node], scope: _Scope) -> Type:
         if len(args) == 3 and args[2].kind == "var" and args[2].args[0] in self.funcs:
+            if self.n_rounds:
+                return matrices.check_map2(self, args, scope)
             return self._map2(args, scope)
         src = self._array_arg(args[0], scope, "map")
         fn = args[1]
@@ -553,7 +643,7 @@ class _Checker:
                                    "byte, a literal", args[2])
         if f.uses_random and self.cur is not None:
             self.cur.uses_random = True
-        return f.ret.of_array()
+        return Type(f.ret.name, True, f.ret.bits, None, src.matrix)
 
     def _map2(self, args: List[Node], scope: _Scope) -> Type:
         """``map(a, b, f)``: f of two elements, a and b of one length (state updates)."""
@@ -698,9 +788,16 @@ def _same_bits(a: Any, b: Any) -> bool:
     return a == b
 
 
+def is_rounds(c: Checked) -> bool:
+    """True for a round program (``@rounds(k)``, matrices.py): encode_round0.. and decode."""
+    return bool(c.rounds)
+
+
 def is_sparse(c: Checked) -> bool:
     """True for a program with state arrays or a sparsification operator (``arrays.py``):
     its payload arrays have data-dependent lengths, and it runs statement by statement."""
+    if c.rounds:
+        return False
     if any(t.array for t in c.globals.values()):
         return True
     return _calls_array_op([f.body for f in c.funcs.values()])

@@ -4,7 +4,9 @@
   or a one-line summary (params, functions, wire id, capabilities).
 - ``build FILE``: generate the C, build it (or take it from the cache), then a
   one-line speed check: encode and decode of a float32 gradient against a
-  memory copy of it (``--mb``, default 16).
+  memory copy of it (``--mb``, default 16). For a round program (PowerSGD)
+  "encode" is all its rounds on one rank (each merged alone, world size 1)
+  and "decode" its decode, on the gradient's near-square matrix view.
 - ``show FILE``: print the generated C (``--target c``, default) or CUDA.
 
 Exit codes: 0 ok, 1 the program has errors, 2 bad command line.
@@ -28,6 +30,28 @@ def _median(fn, repeats: int) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
+def _rounds_pair(c, g, out):
+    """(encode, decode) callables of a round program on one rank: every round (its own
+    payload merged alone) from one state, and the decode of the last round's payload.
+    ``encode()`` returns the payloads; their total size is what a rank sends."""
+    import torch
+    st0 = c.init(g, seed=0, world_size=1)
+    last = {}
+
+    def encode():
+        st, agg, payloads = st0, None, []
+        for r in range(len(c.checked.rounds)):
+            p, st = c.encode_round(r, g, st, agg)
+            agg = c.merge([p])
+            payloads.append(p)
+        last.update(st=st, agg=agg)
+        return [torch.cat(payloads)]
+
+    def decode():
+        return c.decode_rounds(g, last["st"], last["agg"], out=out, average=True)
+    return encode, decode
+
+
 def main(argv: Optional[Sequence[str]] = None, prog: str = "hipress-profile compll") -> int:
     """Run the compll subcommand; returns the exit code."""
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
@@ -48,8 +72,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hipress-profile comp
             wire = checked.metas.get("wire", {}).get("0", "(a free id)")
             params = ", ".join(f"{n}: {t} = {d}" for n, t, d, _ in checked.params) or "none"
             funcs = ", ".join(sorted(checked.funcs))
+            rounds = f"; rounds {len(checked.rounds)} (summed)" if checked.rounds else ""
             print(f"{a.file}: ok; params {params}; functions {funcs}; wire id {wire}; "
-                  f"decode {'yes' if checked.decode else 'no'}")
+                  f"decode {'yes' if checked.decode else 'no'}{rounds}")
             return 0
         if a.action == "show":
             if a.target == "c":
@@ -76,10 +101,16 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hipress-profile comp
         n = int(a.mb * 2**20) // 4
         g = torch.randn(n)
         src, dst, out = torch.randn(n), torch.empty(n), torch.empty(n)
-        st = c.init(g, seed=0)
-        p, _ = c.encode(g, st)
-        enc = _median(lambda: c.encode(g, st), a.repeats)
-        dec = _median(lambda: c.decode(p, out=out), a.repeats) if checked.decode else None
+        if checked.rounds:
+            encode, decode = _rounds_pair(c, g, out)
+            p = encode()[0]
+        else:
+            st = c.init(g, seed=0)
+            p, _ = c.encode(g, st)
+            encode = lambda: c.encode(g, st)  # noqa: E731
+            decode = lambda: c.decode(p, out=out)  # noqa: E731
+        enc = _median(encode, a.repeats)
+        dec = _median(decode, a.repeats) if checked.decode else None
         cp = _median(lambda: dst.copy_(src), a.repeats)
         line = (f"speed @{a.mb:g}MB: copy {cp * 1e3:.2f} ms; encode {enc * 1e3:.2f} ms "
                 f"({cp / enc:.2f}x copy)")

@@ -20,7 +20,9 @@ Execution: float32 CPU tensors run the generated C (``render_c``), built by
 the project's native builder and cached by a hash of the source; float32
 CUDA tensors run the generated CUDA (``render_cuda``) where cupy is
 installed; every other case runs the reference interpreter (``interp``),
-which gives the same bytes.
+which gives the same bytes. Programs of other kinds get subclasses:
+state-array programs ``sparse_compressor.SparseDslCompressor``, round
+programs (``@rounds(k)``, PowerSGD) ``rounds_compressor.RoundsDslCompressor``.
 """
 from __future__ import annotations
 
@@ -83,8 +85,10 @@ def compile_program(checked: Checked) -> Any:
     """The generated-C backend of ``checked`` (built and cached), or None without a compiler."""
     from .checker import is_sparse
     from .render_c import NativeProgram
+    from .render_rounds import RoundsNativeProgram
     from .render_seq import SeqNativeProgram
-    program = SeqNativeProgram if is_sparse(checked) else NativeProgram
+    program = SeqNativeProgram if is_sparse(checked) else (
+        RoundsNativeProgram if checked.rounds else NativeProgram)
     try:
         return program(checked)
     except Exception as e:  # a missing toolchain must not break training: interpret
@@ -95,6 +99,12 @@ def compile_program(checked: Checked) -> Any:
 
 def _capabilities(c: Checked) -> Capabilities:
     decl = dict(c.metas.get("capabilities", {}))
+    if c.rounds:  # a round program (rounds_compressor.py): every round summed
+        from .matrices import round_capabilities
+        try:
+            return round_capabilities(decl, len(c.rounds))
+        except (TypeError, ValueError) as e:
+            raise c.prog.error(f"@capabilities: {e}", c.prog.metas[0]) from None
     enc = c.encode.body
     sub_byte = _has_subbyte(c)
     decl.setdefault("category", "quantization" if sub_byte else "none")
@@ -227,8 +237,9 @@ class DslCompressor(Compressor):
                 raise ValueError(f"{self.name}: CUDA encode failed with error {cuda.error()}")
         else:
             extra, arrays = Interpreter(self.checked, self._params).encode(g.cpu(), seed)
-            payload[start:start + len(extra)] = torch.frombuffer(bytearray(extra),
-                                                                 dtype=torch.uint8).to(g.device)
+            if extra:  # (frombuffer refuses an empty buffer: a concat of arrays only)
+                payload[start:start + len(extra)] = torch.frombuffer(
+                    bytearray(extra), dtype=torch.uint8).to(g.device)
             if arrays:
                 body.copy_(torch.cat([a.reshape(-1) for a in arrays]).to(g.device))
         new_state = state
@@ -351,6 +362,8 @@ def register_dsl(path_or_source: Union[str, Path], name: Optional[str] = None,
     base: type = DslCompressor
     if is_sparse(checked):  # state arrays or data-dependent payloads (sparse_compressor)
         base = _BASES["sparse"]
+    elif checked.rounds:  # @rounds(k): encode_round0.., decode (rounds_compressor)
+        base = _BASES["rounds"]
     cls = type(f"Dsl_{key}", (base,), {
         "name": key, "algo_id": algo_id, "capabilities": caps, "checked": checked,
         "native": None, "cuda": None, "__module__": __name__,
@@ -394,9 +407,14 @@ def get_program(path: str, **params: Any) -> DslCompressor:
         OSError: the file cannot be read.
         ValueError: the stem names another compressor.
     """
-    src = Path(path).read_text()
+    p = Path(path)
+    if not p.exists() and len(p.parts) == 1:  # a shipped program by name: "powersgd.compll"
+        from . import PROGRAMS, program_path
+        if p.stem in PROGRAMS:
+            p = program_path(p.stem)
+    src = p.read_text()
     key = Path(path).stem.strip().lower() + ".compll"
     cls = getattr(_REGISTRY.get(key), "dsl_class", None)
     if cls is None or cls.checked.prog.source != src:
-        cls = register_dsl(Path(path), name=key, replace=cls is not None)
+        cls = register_dsl(p, name=key, replace=cls is not None)
     return cls(**params)

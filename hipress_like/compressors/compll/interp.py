@@ -7,9 +7,11 @@ arrays 1-D tensors (sub-byte arrays hold one int32 code per element until
 once: ``map(g, f)`` binds f's parameter to all of g and each ``if`` becomes
 a mask, so a branch's assignments and returns apply only where its
 condition holds (``torch.where``), the vectorised reading of C's per-element
-semantics. Arithmetic converts both operands to the type the checker gave
-the expression before applying the operator, as the generated C does, so
-the two agree bit for bit (floating-point contraction is off in both).
+semantics. An entry point's own ``if`` on a scalar branches for real (so
+an array or matrix assigned in one branch only is assigned only then).
+Arithmetic converts both operands to the type the checker gave the
+expression before applying the operator, as the generated C does, so the
+two agree bit for bit (floating-point contraction is off in both).
 
 ``random<float>(a, b)`` inside a mapped function is element i's number of the
 counter-based hash stream (``ops.uniform``'s ``_uniform_from_counter``), keyed
@@ -18,13 +20,14 @@ Reductions: min, max and sums (in float64 for floats, int64 for integers).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from ..ops import _as_i32, _uniform_from_counter, packed_nbytes
-from . import arrays
-from .checker import ARRAY_OPS, REDUCTIONS, Checked, Func
+from . import arrays, matrices
+from .checker import ARRAY_OPS, MATRIX_OPS, REDUCTIONS, Checked, Func
 from .syntax import Node, Type
 
 __all__ = ["Interpreter", "dtype_of", "pack_planar", "unpack_planar", "Layout", "layout"]
@@ -182,6 +185,55 @@ class Interpreter:
                              f"{f.params[1][1]} = map(...)")
         return res
 
+    def run_round(self, f: Func, grad: torch.Tensor, shape: Tuple[int, ...],
+                  aggregate: Optional[Tuple[bytes, torch.Tensor]], seed: int, step: int,
+                  world_size: int) -> Any:
+        """Run an entry point of a round program (``matrices.py``).
+
+        Args:
+            f: encode_round<i> or decode.
+            grad: the flat float gradient (its values are read by round 0 only).
+            shape: the gradient's shape (its matrix view).
+            aggregate: (extra bytes, body) of the merged payload the entry reads
+                (round i > 0: round i-1's; decode: the last round's), or None.
+            seed: the mixed key of ``random`` (``ops.mix_seed(shared_seed)``).
+            step, world_size: the values of ``step`` and ``world_size``.
+
+        Returns:
+            (extra bytes, body arrays) for a round; the flat gradient for decode.
+            The state matrices are in ``self.globals`` afterwards.
+        """
+        self.seed = torch.tensor(_as_i32(seed), dtype=torch.int32)
+        self.shape = tuple(int(x) for x in shape)
+        r, c = matrices.matrix_shape(self.shape)
+        self.n, self.dev = r * c, torch.device("cpu")  # extract's bound: the padded matrix
+        if aggregate is not None:
+            self.extra, self.body = aggregate
+        names = [pn for _, pn in f.params if _.name != "struct"]
+        env: Dict[str, Any] = {}
+        g = grad.reshape(-1).to(torch.float32)
+        if f.name == "decode":
+            env = {names[0]: self.body, names[1]: None}
+        elif f.name == "encode_round0":
+            env = {names[0]: g, names[1]: None}
+        else:
+            env = {names[0]: self.body, names[1]: g, names[2]: None}
+        env["step"] = torch.tensor(int(step), dtype=torch.int64)
+        env["world_size"] = torch.tensor(int(world_size), dtype=torch.int64)
+        self.out = None
+        self._run_entry(f, env)
+        if f.name == "decode":
+            res = env[names[1]]
+            if res is None:
+                raise ValueError(f"{self.c.prog.filename}: decode never assigned {names[1]}")
+            return res.reshape(-1)[:math.prod(self.shape)]
+        if self.out is None:
+            raise ValueError(f"{self.c.prog.filename}: {f.name} never assigned "
+                             f"{names[-1]} = concat(...)")
+        return self.out
+
+    shape: Tuple[int, ...] = ()
+
     def _run_entry(self, f: Func, env: Dict[str, Any]) -> None:
         self.entry = f
         self.globals: Dict[str, Any] = {}
@@ -256,12 +308,20 @@ class Interpreter:
             if op != "=":
                 tt = lv.ty
                 val = _binary(op[:-1], convert(old, tt), val, tt)
-            if self.entry is not None and name == self.entry.params[1][1]:
+            if self.entry is not None and name in self._outputs():
                 scope[name] = val  # the output array
                 return
+            if isinstance(val, torch.Tensor) and val.dim() == 2 and lv.ty.array and \
+                    not lv.ty.matrix:  # a matrix into a gradient-length array (matrices.py)
+                val = matrices.first_n(val, math.prod(self.shape))
             self._store(scope, name, val, lv.ty)
         elif k == "if":
             c = self._eval(s.args[0], scopes) != 0
+            if self.fn is None and c.dim() == 0:  # an entry point's statement: branch
+                taken = s.args[1] if bool(c) else s.args[2]  # (array assignments included)
+                if taken is not None:
+                    self._exec(taken, scopes)
+                return
             saved = self.mask
             self.mask = saved & c
             self._exec(s.args[1], scopes)
@@ -277,6 +337,12 @@ class Interpreter:
             self.done = self.done | live
         elif k == "expr_stmt":
             self._eval(s.args[0], scopes)
+
+    def _outputs(self) -> Tuple[str, ...]:
+        """The entry point's output parameter (encode_round<i>>0: its third)."""
+        ps = self.entry.params
+        return (ps[2][1],) if self.entry.name.startswith("encode_round") and \
+            self.entry.name != "encode_round0" else (ps[1][1],)
 
     # ------------------------------------------------------------ functions
     done: Optional[torch.Tensor] = None
@@ -330,6 +396,8 @@ class Interpreter:
             if fname == "size":
                 v = self._eval(obj, scopes)
                 return torch.tensor(self.n if v is None else v.numel(), dtype=torch.int64)
+            if fname in ("rows", "cols", "T") and self.c.rounds:
+                return matrices.interp_field(self, e, scopes)
             return self._param(fname)
         if k == "index":
             a = self._eval(e.args[0], scopes)
@@ -375,6 +443,8 @@ class Interpreter:
             return self._call_user(f, [self._eval(a, scopes) for a in args], None)
         if name in ARRAY_OPS:
             return getattr(arrays, f"interp_{name}")(self, e, args, scopes)
+        if name in MATRIX_OPS:
+            return getattr(matrices, f"interp_{name}")(self, e, args, scopes)
         vals = [self._eval(a, scopes) for a in args] if name not in (
             "map", "reduce", "extract", "concat") else None
         if name == "range":
@@ -386,13 +456,16 @@ class Interpreter:
     def _op_map(self, e: Node, args: List[Node], scopes: List[Dict[str, Any]]) -> torch.Tensor:
         if len(args) == 3 and args[2].kind == "var" and args[2].args[0] in self.c.funcs:
             a, b = self._eval(args[0], scopes), self._eval(args[1], scopes)
-            idx = torch.arange(a.numel(), dtype=torch.int64)
+            if a.shape != b.shape:
+                raise ValueError(f"map(a, b, f) of shapes {tuple(a.shape)} and "
+                                 f"{tuple(b.shape)}: they must be equal")
+            idx = torch.arange(a.numel(), dtype=torch.int64).reshape(a.shape)
             self.last_pad = None
             return self._call_user(self.c.funcs[args[2].args[0]], [a, b], idx)
         src = self._eval(args[0], scopes)
         f = self.c.funcs[args[1].args[0]]
         n = src.numel()
-        idx = torch.arange(n, dtype=torch.int64)
+        idx = torch.arange(n, dtype=torch.int64).reshape(src.shape)
         out = self._call_user(f, [src], idx)
         self.last_pad = None
         if len(args) == 3:  # the padding element, coded in concat once the width is known
@@ -548,8 +621,9 @@ def _builtin(name: str, vals: List[torch.Tensor], t: Type) -> torch.Tensor:
         return torch.sign(v[0])
     if name == "rint":
         return torch.round(v[0])  # half to even, as rint in the default rounding mode
-    if name == "sqrt":
-        return torch.sqrt(v[0])
+    if name == "sqrt":  # sqrtf's correctly rounded root: torch.sqrt of float32 is not always
+        return torch.sqrt(v[0].double()).to(v[0].dtype) if v[0].dtype == torch.float32 \
+            else torch.sqrt(v[0])
     if name == "exp":
         return torch.exp(v[0])
     if name == "log":

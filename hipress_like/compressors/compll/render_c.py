@@ -373,6 +373,9 @@ def render_c(c: Checked) -> str:
     if is_sparse(c):  # state arrays, data-dependent payloads: statement by statement
         from .render_seq import render_seq
         return render_seq(c)
+    if c.rounds:  # @rounds(k): matrices, entry points per round
+        from .render_rounds import render_rounds
+        return render_rounds(c)
     r = _Render(c, "c")
     parts = [PRELUDE, "#include <stdlib.h>", ctx_struct(c)]
     for name, f in c.funcs.items():

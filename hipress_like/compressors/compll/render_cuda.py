@@ -337,6 +337,9 @@ def render_cuda(c: Checked) -> Dict[str, Any]:
     if is_sparse(c):  # state arrays, sparse operators: statement by statement
         from .render_cuda_seq import render_cuda_seq
         return render_cuda_seq(c)
+    if c.rounds:  # @rounds(k): one block-cooperative kernel per entry point
+        from .render_cuda_rounds import render_cuda_rounds
+        return render_cuda_rounds(c)
     r = _Cuda(c)
     funcs = [r.ex.function(f, "CL_INLINE") for name, f in c.funcs.items()
              if name not in ("encode", "decode")]

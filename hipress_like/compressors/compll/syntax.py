@@ -54,7 +54,8 @@ class Node:
 
 @dataclass(frozen=True)
 class Type:
-    """A CompLL type: a scalar name (float, double, int32, uint<k>, bool), or an array of one.
+    """A CompLL type: a scalar name (float, double, int32, uint<k>, bool), or an array of one
+    (``T*``), or a matrix of one (``T**``, ``matrix`` set; a matrix is also an array).
 
     ``bits`` is the element width of unsigned types (an int, or a Node for
     ``uint<params.bitwidth>``); ``struct`` names a param block type.
@@ -64,6 +65,7 @@ class Type:
     array: bool = False
     bits: Any = None
     struct: Optional[str] = None
+    matrix: bool = False  # ``float**``: a row-major matrix (an array with rows and cols)
 
     def elem(self) -> "Type":
         """The element type of an array type."""
@@ -80,7 +82,7 @@ class Type:
             base = f"uint{self.bits}"
         else:
             base = self.struct or self.name
-        return base + ("*" if self.array else "")
+        return base + ("**" if self.matrix else "*" if self.array else "")
 
 
 @dataclass
@@ -178,7 +180,8 @@ class _Build(lark.Transformer):
 
     def type(self, meta, c):
         t = c[0]
-        return Type(t.name, len(c) > 1, t.bits, t.struct)
+        stars = len([x for x in c[1:] if x is not None])
+        return Type(t.name, stars > 0, t.bits, t.struct, stars > 1)
 
     def scalar_type(self, meta, c):
         return scalar(str(c[0]))
