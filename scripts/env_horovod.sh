@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Build Horovod 0.28.1 (PyTorch + gloo + MPI, CPU) into the project's .venv.
 #
-# Usage:  scripts/env_horovod.sh            # one command; ~4-10 min the first time
+# Usage:  scripts/env_horovod.sh            # one command; ~3-10 min the first time,
+#                                           # seconds once its wheel is cached
+#         scripts/env_horovod.sh --test     # ... then run the Horovod tier (extra
+#                                           # arguments go to pytest)
 #         HIPRESS_VENV=/path/venv scripts/env_horovod.sh
+#
+# The wheel cache: the first build leaves its wheel in
+# ${HIPRESS_WHEEL_CACHE:-~/.cache/hipress-like/wheels}/horovod-<version>-<key>/, where
+# <key> hashes what the binary depends on (Horovod's version, Python's, torch's,
+# the C++ compiler's and Open MPI's, the machine); a later run with the same key
+# installs that wheel instead of compiling (CI keeps the folder between runs).
 #
 # Idea: Horovod 0.28.1 (the newest on PyPI) builds against torch 2.x with two
 # build-environment settings and no source change (measured, see
@@ -15,6 +24,8 @@
 # (--no-build-isolation). The script is idempotent: when horovod.torch already
 # imports with gloo, MPI and PyTorch built in, it does nothing.
 set -euo pipefail
+run_tests=0
+if [ "${1:-}" = "--test" ]; then run_tests=1; shift; fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HIPRESS_VENV:-$ROOT/.venv}
 PY=$VENV/bin/python
@@ -31,9 +42,16 @@ assert hvd.gloo_built() and hvd.mpi_built(), "gloo/mpi missing"
 print(horovod.__version__)
 EOF
 }
+run_tier() {
+  [ "$run_tests" = 1 ] || exit 0
+  cd "$ROOT"
+  say "running the Horovod tier: $PY -m pytest -m frameworks tests/frameworks/test_horovodrun.py tests/frameworks/test_horovod_surface.py $*"
+  exec env PATH="$VENV/bin:$PATH" "$PY" -m pytest -m frameworks \
+    tests/frameworks/test_horovodrun.py tests/frameworks/test_horovod_surface.py "$@"
+}
 if [ -x "$PY" ] && have=$(check_built); then
   say "Horovod $have with PyTorch, gloo and MPI already built in $VENV; nothing to do."
-  exit 0
+  run_tier "$@"
 fi
 
 # --- prerequisites ----------------------------------------------------------
@@ -81,13 +99,31 @@ exec "$REAL_CXX" "\${args[@]}"
 EOF
 chmod +x "$WRAPDIR/cxx17"
 
-# --- build ------------------------------------------------------------------
-say "building horovod==$HVD_VERSION (PyTorch, gloo, MPI) into $VENV; this takes several minutes ..."
-CXX=$WRAPDIR/cxx17 CC=$(command -v gcc) MAKEFLAGS=${MAKEFLAGS:--j2} \
-HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
-  "$PY" -m pip install --no-cache-dir --no-build-isolation "horovod==$HVD_VERSION" \
-  || die "the Horovod build failed (see the compiler output above). Check: g++ >= 7, cmake < 4 in $VENV, libopenmpi-dev, and that torch imports in $VENV."
+# --- the wheel: from the cache, or built once into it ------------------------
+CACHE=${HIPRESS_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hipress-like/wheels}
+key=$( { echo "$HVD_VERSION"; "$PY" -c 'import sys, platform, torch; print(sys.version.split()[0], platform.machine(), torch.__version__)';
+         "$REAL_CXX" --version | head -1; mpicxx --showme:version 2>&1 | head -1; } | sha256sum | cut -c1-16)
+SLOT=$CACHE/horovod-$HVD_VERSION-$key
+wheel=$(ls "$SLOT"/horovod-*.whl 2>/dev/null | head -1 || true)
+if [ -z "$wheel" ]; then
+  say "building horovod==$HVD_VERSION (PyTorch, gloo, MPI) into a wheel; this takes several minutes ..."
+  mkdir -p "$CACHE"
+  tmp=$(mktemp -d "$CACHE/.build.XXXXXX")
+  trap 'rm -rf "$tmp"' EXIT
+  CXX=$WRAPDIR/cxx17 CC=$(command -v gcc) MAKEFLAGS=${MAKEFLAGS:--j2} \
+  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+  HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+    "$PY" -m pip wheel --no-cache-dir --no-build-isolation --no-deps -w "$tmp" "horovod==$HVD_VERSION" \
+    || die "the Horovod build failed (see the compiler output above). Check: g++ >= 7, cmake < 4 in $VENV, libopenmpi-dev, and that torch imports in $VENV."
+  # publish the slot whole (a rename), so a build cut short never leaves a wheel behind
+  rm -rf "$SLOT" && mv "$tmp" "$SLOT" && trap - EXIT
+  wheel=$(ls "$SLOT"/horovod-*.whl | head -1)
+else
+  say "installing the cached wheel $wheel (key $key: Horovod, Python, torch, g++ and Open MPI versions)"
+fi
+"$PY" -m pip install -q "$wheel" \
+  || die "could not install $wheel. Fix: delete $SLOT and rerun (it will rebuild)."
 
 have=$(check_built) || die "horovod installed but horovod.torch does not import with gloo and MPI. Fix: rerun with 'pip uninstall -y horovod' first; check the build log above."
 say "done: Horovod $have with PyTorch, gloo and MPI in $VENV (try: $VENV/bin/horovodrun --check-build)"
+run_tier "$@"
