@@ -43,8 +43,9 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-from .base import DEFAULT_TIMEOUT, KeyValueStore, PeerError, Transport, TransportError
+from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
 from .counters import PUBLISHER, settled_counts
+from .torch_dist import RendezvousStoreMixin
 
 __all__ = ["HorovodTransport"]
 
@@ -80,7 +81,7 @@ def _import_horovod():
     return hvd
 
 
-class HorovodTransport(Transport):
+class HorovodTransport(RendezvousStoreMixin, Transport):
     """``Transport`` over horovod.torch's collectives.
 
     Args:
@@ -264,14 +265,6 @@ class HorovodTransport(Transport):
         one = torch.zeros(1)
         self._run("barrier", lambda name: self._hvd.allreduce_async_(
             one, name=name, op=self._hvd.Sum), timeout)
-
-    def store(self, prefix: str) -> "KeyValueStore":
-        """The job's rendezvous store under ``prefix`` (``Transport.store``): the
-        torch.distributed store ``hpt.init()`` sets up under every launcher, hosted
-        by global rank 0 (``torch_dist.rendezvous_store``)."""
-        from .torch_dist import rendezvous_store
-
-        return rendezvous_store(prefix)
 
     def close(self) -> None:
         """Mark the transport closed (Horovod itself is left running)."""

@@ -39,7 +39,8 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .base import DEFAULT_TIMEOUT, KeyValueStore, PeerError, Transport, TransportError
+from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
+from .torch_dist import RendezvousStoreMixin
 
 __all__ = ["MPITransport"]
 
@@ -66,7 +67,7 @@ def _bytes_view(t: torch.Tensor) -> np.ndarray:
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
-class MPITransport(Transport):
+class MPITransport(RendezvousStoreMixin, Transport):
     """``Transport`` over an MPI communicator.
 
     Args:
@@ -238,14 +239,6 @@ class MPITransport(Transport):
     def split(self) -> "MPITransport":
         """An independent channel: new duplicated communicators (collective)."""
         return MPITransport(self._data, diagnose_wait=self._diagnose_wait)
-
-    def store(self, prefix: str) -> "KeyValueStore":
-        """The job's rendezvous store under ``prefix`` (``Transport.store``): the
-        torch.distributed store ``hpt.init()`` sets up under every launcher, hosted
-        by global rank 0 (``torch_dist.rendezvous_store``)."""
-        from .torch_dist import rendezvous_store
-
-        return rendezvous_store(prefix)
 
     def close(self) -> None:
         """Mark the transport closed (the communicators are freed at MPI finalize)."""

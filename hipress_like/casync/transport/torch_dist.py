@@ -52,7 +52,8 @@ import torch.distributed as dist
 
 from .base import DEFAULT_TIMEOUT, KeyValueStore, NoStoreError, PeerError, Transport, TransportError
 
-__all__ = ["TorchDistTransport", "C10dStore", "own_store_client", "rendezvous_store"]
+__all__ = ["TorchDistTransport", "C10dStore", "RendezvousStoreMixin", "own_store_client",
+           "rendezvous_store"]
 
 log = logging.getLogger(__name__)
 
@@ -459,6 +460,16 @@ def rendezvous_store(prefix: str, host_rank: Optional[int] = 0) -> "C10dStore":
             "expected hpt.init() (or dist.init_process_group) to have run first")
     return C10dStore(dist.PrefixStore(prefix, own_store_client()), host_rank=host_rank,
                      where=_store_address())
+
+
+class RendezvousStoreMixin:
+    """``Transport.store`` for transports that are not torch.distributed's (MPI,
+    Horovod): the job's rendezvous store, which ``hpt.init()`` sets up under
+    every launcher, hosted by global rank 0."""
+
+    def store(self, prefix: str) -> "C10dStore":
+        """The job's rendezvous store under ``prefix`` (``rendezvous_store``)."""
+        return rendezvous_store(prefix)
 
 
 class C10dStore(KeyValueStore):
