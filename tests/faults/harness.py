@@ -205,6 +205,8 @@ def run_trial(fault: Fault, timeout: float = TIMEOUT, workdir: Optional[str] = N
     work = Path(tempfile.mkdtemp(prefix="hipress-fault-") if own_tmp else workdir)
     (work / "ckpt").mkdir(parents=True, exist_ok=True)
     mark = work / "mark.jsonl"
+    for old in [mark, *(work / "ckpt").glob("*")]:  # a reused workdir: nothing of the last run
+        old.unlink(missing_ok=True)
     port = free_port()
     n = fault.ranks
     procs, logs = [], []
@@ -387,7 +389,7 @@ _KILLED = r"stopped heartbeating|died|closed their transport or exited|failed in
 _STALLED = r"stopped heartbeating|froze|stalled|never entered"
 _RAISED = (r"error occurred on rank|injected exception|closed their transport or exited|"
            r"failed in an earlier")
-_DAMAGED = r"payload|truncat|corrupt|checksum|length|never arrived|lost"
+_DAMAGED = r"payload|truncat|corrupt|checksum|sent \d+ bytes|never arrived|error occurred on rank"
 CATALOG: Dict[str, Fault] = {f.name: f for f in [
     # default tier: 2 ranks, one of each family
     Fault("kill/forward", rank=1, cause=_KILLED, action="kill", phase="forward"),
