@@ -23,7 +23,16 @@ pytestmark = pytest.mark.faults
 
 # Faults the library does not catch yet (issue 46, item 6, wire safety): kept in the
 # suite, so the table shows them, as strict xfails, so that a fix makes them fail loudly.
-KNOWN_GAPS = {}
+KNOWN_GAPS = {
+    "flip-data/exchange": "a flipped bit in a payload's data is not detected: bulk messages "
+                          "carry no checksum (issue 46, item 6, wire safety); the job trains on",
+    "flip-header/exchange": "the receiver names the cause ('not a hipress-like payload') but "
+                            "not the rank that sent the message: the engine's decode error "
+                            "does not say whose message it was",
+    "drop/exchange": "the receiver names the sender (transport/torch_dist.py), but the sender, "
+                     "waiting in the next round's metadata allgather, finds every peer alive "
+                     "and inside it and names no rank",
+}
 
 
 def _cases():
