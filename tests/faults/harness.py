@@ -233,7 +233,7 @@ def run_trial(fault: Fault, timeout: float = TIMEOUT, workdir: Optional[str] = N
     hung = set()
     fault_t: Optional[float] = None
     # No rank may take longer than start-up + the job + the fault's timeout + margin.
-    hard_deadline = t0 + 3 * timeout + 4 * MARGIN
+    hard_deadline = t0 + 3 * timeout + 6 * MARGIN
     try:
         while True:
             now = time.time()
@@ -307,6 +307,13 @@ def run_trial(fault: Fault, timeout: float = TIMEOUT, workdir: Optional[str] = N
         for s in records:
             s.error = s.error or f"(no error; logs in {trial_dir})"
     return trial
+
+
+def trial_from_dict(d: dict) -> Trial:
+    """A ``Trial`` back from its JSON form (``write_summary``'s ``trials``)."""
+    d = dict(d)
+    d["survivors"] = [Survivor(**s) for s in d["survivors"]]
+    return Trial(**d)
 
 
 def logs_of(trial: Trial) -> str:
