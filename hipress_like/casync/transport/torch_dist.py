@@ -178,10 +178,8 @@ class TorchDistTransport(Transport):
         return [r for r in range(self.size) if r != self.rank
                 and int(self._store.add(f"{_FAILED_PREFIX}/{self._global[r]}", 0))]
 
-    def _diagnose(self, op: str, seq: int, cause: str, unreceived: Sequence[int] = ()
-                  ) -> TransportError:
-        """Find which peers made collective ``seq`` fail; return the error to raise.
-        ``unreceived``: peers whose point-to-point message to this rank never arrived."""
+    def _diagnose(self, op: str, seq: int, cause: str) -> TransportError:
+        """Find which peers made collective ``seq`` fail; return the error to raise."""
         where = f"rank {self.rank}: {op} (call #{seq}) failed ({cause})"
         found: Dict[str, object] = {}
 
@@ -236,11 +234,6 @@ class TorchDistTransport(Transport):
                 parts.append(f"rank(s) {failed} saw the failure too (not blamed)")
             return PeerError(f"{where}: " + "; ".join(parts),
                              ranks=sorted(closed + dead) if closed or dead else behind)
-        lost = [r for r in unreceived if r not in failed]
-        if lost:  # alive and past this call, yet their bytes never came (issue 46's suite)
-            return PeerError(f"{where}: rank(s) {lost} entered this exchange, but their "
-                             "message(s) to this rank never arrived (lost, or never sent)",
-                             ranks=lost)
         if failed:
             return PeerError(f"{where}: rank(s) {failed} failed in an earlier collective and "
                              "left; see their logs for the rank that caused it", ranks=[])
@@ -256,9 +249,8 @@ class TorchDistTransport(Transport):
 
     # -- running one collective --------------------------------------------------
 
-    def _run(self, op: str, start, timeout: float, unreceived=None) -> None:
-        """Issue ``start(seq)`` (async work or a list of them); wait for all with ``timeout``.
-        ``unreceived()``, when given, lists the peers whose message has not arrived."""
+    def _run(self, op: str, start, timeout: float) -> None:
+        """Issue ``start(seq)`` (async work or a list of them); wait for all with ``timeout``."""
         seq = self._begin_call(timeout)
         deadline = time.monotonic() + timeout
         try:
@@ -270,7 +262,7 @@ class TorchDistTransport(Transport):
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             cause = (f"timed out after {timeout:.3g}s" if "timed out" in msg.lower()
                      else f"{type(e).__name__}: {msg[:300]}")
-            err = self._diagnose(op, seq, cause, unreceived() if unreceived else [])
+            err = self._diagnose(op, seq, cause)
             self._broken = f"{op} (call #{seq}) failed: {err}"
             self._post_failed()
             raise err from e
@@ -303,24 +295,16 @@ class TorchDistTransport(Transport):
             if out_splits[p]:
                 received[p] = torch.empty(out_splits[p], dtype=torch.uint8, device=self.device)
 
-        froms = [p for p, t in enumerate(received) if t is not None]
-        recvs: list = []
-
         def start(seq: int) -> list:
             tag = seq % (1 << 30)
             ops = [dist.P2POp(dist.isend, t, self._global[p], self.group, tag)
                    for p, t in sends.items()]
-            ops += [dist.P2POp(dist.irecv, received[p], self._global[p], self.group, tag)
-                    for p in froms]
-            works = dist.batch_isend_irecv(ops) if ops else []
-            recvs.extend(works[len(sends):])  # one work per operation, in order
-            return works
-
-        def unreceived() -> List[int]:  # for the diagnosis: whose message never came
-            return [p for p, w in zip(froms, recvs) if not w.is_completed()]
+            ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group, tag)
+                    for p, t in enumerate(received) if t is not None]
+            return dist.batch_isend_irecv(ops) if ops else []
 
         with self._lock:
-            self._run("alltoallv", start, timeout, unreceived)
+            self._run("alltoallv", start, timeout)
         return received
 
     def _alltoallv_a2a(self, send, in_splits, out_splits, timeout) -> List[Optional[torch.Tensor]]:
