@@ -29,9 +29,10 @@ KNOWN_GAPS = {
     "flip-header/exchange": "the receiver names the cause ('not a hipress-like payload') but "
                             "not the rank that sent the message: the engine's decode error "
                             "does not say whose message it was",
-    "drop/exchange": "the receiver names the sender (transport/torch_dist.py), but the sender, "
-                     "waiting in the next round's metadata allgather, finds every peer alive "
-                     "and inside it and names no rank",
+    "drop/exchange": "the receiver times out finding every peer alive and inside the "
+                     "exchange and names no rank (gloo coalesces the receives into one work, "
+                     "so which message is missing is not known); the sender names the "
+                     "receiver as having failed first",
 }
 
 
