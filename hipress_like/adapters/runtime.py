@@ -198,7 +198,8 @@ def _init_torchrun(launch: Any, timeout: float) -> None:
 def _agree_on_world_size(store: Any, rank: int, size: int, timeout: float, host: bool) -> None:
     """Every rank posts its ``WORLD_SIZE`` and reads its peers' until it has all of
     them or finds one that differs (every rank that has both posted and read finds
-    it; the store's host waits, 3 s at most, until the others have read too).
+    it; the store's host waits, the timeout at most, until as many ranks as the
+    smallest world claimed have found it too).
 
     Raises:
         LaunchError: a peer has another world size (naming the ranks and sizes),
@@ -229,9 +230,13 @@ def _agree_on_world_size(store: Any, rank: int, size: int, timeout: float, host:
     by_size: dict = {}
     for r, n in sorted(seen.items()):
         by_size.setdefault(n, []).append(r)
-    if host:  # keep the store up until every rank that posted has read the difference
-        until = time.monotonic() + 3.0
-        while time.monotonic() < until and int(store.add(f"{prefix}/told", 0)) < len(seen):
+    if host:
+        # Keep the store up until the ranks have read the difference, also those still
+        # starting (a late rank found the store gone and failed naming nothing): as many
+        # as the smallest world claimed, which certainly exist; at most the timeout.
+        want = min(seen.values())
+        until = time.monotonic() + timeout
+        while time.monotonic() < until and int(store.add(f"{prefix}/told", 0)) < want:
             time.sleep(0.01)
     found = "; ".join(f"{n} on rank(s) {rs}" for n, rs in sorted(by_size.items()))
     raise LaunchError(f"rank {rank}: the ranks were started with different world sizes: "
