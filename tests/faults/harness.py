@@ -66,7 +66,6 @@ class Fault:
         mismatch: ``model``/``compressor``/``strategy``/``plan``/``world_size``.
         ranks: how many ranks the job has.
         link: the other end of a damaged message; a survivor may name it too.
-        stalls: whether survivors can only notice by their timeout.
     """
 
     name: str
@@ -79,7 +78,6 @@ class Fault:
     mismatch: Optional[str] = None
     ranks: int = 2
     link: Optional[int] = None
-    stalls: bool = False
 
     def env(self) -> Dict[str, str]:
         """The faulty rank's extra environment."""
@@ -401,7 +399,7 @@ CATALOG: Dict[str, Fault] = {f.name: f for f in [
     # default tier: 2 ranks, one of each family
     Fault("kill/forward", rank=1, cause=_KILLED, action="kill", phase="forward"),
     Fault("raise/encode", rank=1, cause=_RAISED, action="raise", phase="encode"),
-    Fault("stop/exchange", rank=1, cause=_STALLED, transport="stop:call=12", stalls=True),
+    Fault("stop/exchange", rank=1, cause=_STALLED, transport="stop:call=12"),
     Fault("mismatch/world_size", rank=1, cause=r"world sizes", mismatch="world_size"),
     Fault("mismatch/compressor", rank=1, cause=r"compressor", mismatch="compressor"),
     # slow tier
@@ -413,7 +411,7 @@ CATALOG: Dict[str, Fault] = {f.name: f for f in [
     Fault("raise/backward", rank=1, cause=_RAISED, action="raise", phase="backward"),
     Fault("raise/exchange", rank=1, cause=_RAISED, transport="raise:call=12"),
     Fault("raise/save", rank=1, cause=_RAISED, action="raise", phase="save"),
-    Fault("stop/forward", rank=1, cause=_STALLED, action="stop", phase="forward", stalls=True),
+    Fault("stop/forward", rank=1, cause=_STALLED, action="stop", phase="forward"),
     Fault("drop/exchange", rank=1, cause=_DAMAGED, transport="drop:call=12", link=0),
     Fault("truncate/exchange", rank=1, cause=_DAMAGED, transport="truncate:call=12", link=0),
     Fault("flip-header/exchange", rank=1, cause=_DAMAGED, transport="flip:call=12,byte=0",

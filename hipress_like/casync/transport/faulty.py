@@ -117,12 +117,20 @@ class _Counter:
         self.lock = threading.Lock()
 
     def next(self, spec: FaultSpec) -> bool:
+        """Count one exchange; True if the fault fires at it."""
         with self.lock:
             n, self.n = self.n, self.n + 1
             if self.fired or n != spec.call:
                 return False
             self.fired = True
             return True
+
+    def postpone(self) -> None:
+        """The fault found nothing to act on (no message to that peer): fire at the next
+        exchange instead."""
+        with self.lock:
+            self.fired = False
+            self.n -= 1
 
 
 class FaultyTransport(Transport):
@@ -179,8 +187,7 @@ class FaultyTransport(Transport):
         if spec.action == "drop":
             peer = self._target(send)
             if peer is None:  # nothing to drop this time: try the next exchange
-                self._counter.fired = False
-                self._counter.n = spec.call
+                self._counter.postpone()
                 return self.inner.alltoallv(send, recv_nbytes, timeout, tag)
             self._record(f"{desc}: message to rank {peer} ({send[peer].numel()} bytes) not sent")
             send = list(send)
@@ -189,8 +196,7 @@ class FaultyTransport(Transport):
         received = self.inner.alltoallv(send, recv_nbytes, timeout, tag)
         peer = self._target(received)
         if peer is None:
-            self._counter.fired = False
-            self._counter.n = spec.call
+            self._counter.postpone()
             return received
         msg = received[peer].clone()
         if spec.action == "truncate":
