@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import socket
+import time
 import weakref
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -169,6 +170,80 @@ def _init_mpi(timeout: float) -> _Runtime:
     return _Runtime(r, n, lr, ls, "mpirun", True, timeout)
 
 
+def _init_torchrun(launch: Any, timeout: float) -> None:
+    """torchrun's ``env://`` rendezvous, with the ranks' ``WORLD_SIZE`` compared first.
+
+    The store is the one ``env://`` would open (rank 0 hosts it at
+    ``MASTER_ADDR:MASTER_PORT``, or torchrun's agent hosts it), but opened
+    without waiting for ``WORLD_SIZE`` clients: a rank given another world size
+    would otherwise make ``init_process_group`` fail after its whole timeout
+    with a bare ``DistStoreError`` naming no rank (issue 46).
+    """
+    import torch.distributed as dist
+
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:  # env:// names what is missing
+        dist.init_process_group(_backend(), init_method="env://",
+                                timeout=timedelta(seconds=timeout))
+        return
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(addr, int(port), None, launch.rank == 0 and not agent,
+                          timedelta(seconds=timeout), wait_for_workers=False, multi_tenant=True)
+    _agree_on_world_size(store, launch.rank, launch.size, timeout, host=launch.rank == 0 and
+                         not agent)
+    dist.init_process_group(_backend(), store=store, rank=launch.rank, world_size=launch.size,
+                            timeout=timedelta(seconds=timeout))
+
+
+def _agree_on_world_size(store: Any, rank: int, size: int, timeout: float, host: bool) -> None:
+    """Every rank posts its ``WORLD_SIZE`` and reads its peers' until it has all of
+    them or finds one that differs (every rank that has both posted and read finds
+    it; the store's host waits, the timeout at most, until as many ranks as the
+    smallest world claimed have found it too).
+
+    Raises:
+        LaunchError: a peer has another world size (naming the ranks and sizes),
+            or not every rank arrived within ``timeout``.
+    """
+    prefix = f"hipress/world_size/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    store.set(f"{prefix}/{rank}", str(size))
+    seen = {rank: size}
+    deadline = time.monotonic() + timeout
+    while True:
+        # one rank beyond our world too: a rank that exists there has another size
+        for r in range(size + 1):
+            key = f"{prefix}/{r}"
+            if r not in seen and store.check([key]):
+                seen[r] = int(store.get(key))
+        other = {r: n for r, n in seen.items() if n != size}
+        if other:
+            break
+        if len(seen) == size:
+            return
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(size)) - set(seen))
+            raise LaunchError(f"rank {rank}: WORLD_SIZE={size}, but rank(s) {missing} did not "
+                              f"join within {timeout:g}s; start every rank (torchrun "
+                              f"--nproc-per-node {size}), or check that they reach init()")
+        time.sleep(0.01)
+    store.add(f"{prefix}/told", 1)
+    by_size: dict = {}
+    for r, n in sorted(seen.items()):
+        by_size.setdefault(n, []).append(r)
+    if host:
+        # Keep the store up until the ranks have read the difference, also those still
+        # starting (a late rank found the store gone and failed naming nothing): as many
+        # as the smallest world claimed, which certainly exist; at most the timeout.
+        want = min(seen.values())
+        until = time.monotonic() + timeout
+        while time.monotonic() < until and int(store.add(f"{prefix}/told", 0)) < want:
+            time.sleep(0.01)
+    found = "; ".join(f"{n} on rank(s) {rs}" for n, rs in sorted(by_size.items()))
+    raise LaunchError(f"rank {rank}: the ranks were started with different world sizes: "
+                      f"WORLD_SIZE {found}. Expected the same WORLD_SIZE on every rank; start "
+                      "them with one launcher command (torchrun --nproc-per-node N ...)")
+
+
 def _horovodrun_mpi() -> bool:
     """True when Open MPI's ranks were started by ``horovodrun --mpi`` (not plain mpirun)."""
     return all(os.environ.get(k) == v for k, v in _HOROVODRUN_MPI_MARKERS.items())
@@ -215,7 +290,8 @@ def engine_transport(timeout: float) -> Any:
 
     ``HIPRESS_TRANSPORT`` (``torch``, ``mpi``, ``horovod``) chooses when set;
     otherwise jobs started by horovodrun run their engines over Horovod and
-    all others over torch.distributed.
+    all others over torch.distributed. ``HIPRESS_FAULT`` (set only by the fault
+    suite) wraps it in ``transport.faulty.FaultyTransport``.
 
     Raises:
         ValueError: an unknown ``HIPRESS_TRANSPORT``.
@@ -237,7 +313,12 @@ def engine_transport(timeout: float) -> Any:
                 kwargs["store"] = dist.distributed_c10d._get_default_store()
             except Exception:  # noqa: S110 - the store only improves error messages
                 pass
-    return make_transport(backend, timeout=timeout, **kwargs)
+    transport = make_transport(backend, timeout=timeout, **kwargs)
+    if os.environ.get("HIPRESS_FAULT"):  # the fault suite's injected fault (tests/faults)
+        from ..casync.transport.faulty import wrap_from_env
+
+        transport = wrap_from_env(transport)
+    return transport
 
 
 def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = None) -> None:
@@ -289,7 +370,7 @@ def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = 
         return
     launch = detect()  # LaunchError on an incomplete or contradictory environment
     if launch.launcher == "torchrun":
-        dist.init_process_group(_backend(), init_method="env://", timeout=timedelta(seconds=t))
+        _init_torchrun(launch, t)
         n, r = dist.get_world_size(), dist.get_rank()
         _rt = _Runtime(r, n, _env_int("LOCAL_RANK", default=0),
                        _env_int("LOCAL_WORLD_SIZE", default=n), "torchrun", True, t)

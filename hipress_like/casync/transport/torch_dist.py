@@ -224,13 +224,21 @@ class TorchDistTransport(Transport):
             parts.append(f"rank(s) {closed} closed their transport or exited")
         if dead:
             parts.append(f"rank(s) {dead} stopped heartbeating (process died or froze)")
-        if behind:
+        at = [found["seqs"][r] for r in behind]
+        if behind and (closed or dead):
+            # A rank that left explains the failure; the ones behind are most likely held
+            # up by it on another channel (4 ranks, rank 3 raised: ranks 1 and 2 waited for
+            # it in a bulk exchange and rank 0 blamed them too), so they are not blamed.
+            parts.append(f"rank(s) {behind} had not entered this collective yet (at call(s) "
+                         f"{at}; not blamed: likely held up by the rank(s) that left)")
+        elif behind:
             parts.append(f"rank(s) {behind} never entered this collective (stalled; they are "
-                         f"at call(s) {[found['seqs'][r] for r in behind]})")
+                         f"at call(s) {at})")
         if parts:
             if failed:
                 parts.append(f"rank(s) {failed} saw the failure too (not blamed)")
-            return PeerError(f"{where}: " + "; ".join(parts), ranks=sorted(closed + dead + behind))
+            return PeerError(f"{where}: " + "; ".join(parts),
+                             ranks=sorted(closed + dead) if closed or dead else behind)
         if failed:
             return PeerError(f"{where}: rank(s) {failed} failed in an earlier collective and "
                              "left; see their logs for the rank that caused it", ranks=[])

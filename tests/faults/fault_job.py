@@ -1,0 +1,154 @@
+"""The training job the fault suite injects into: digits, a small MLP, ``DistributedOptimizer``.
+
+Run as torchrun runs a script (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``; ``harness.run_trial`` sets them). It reads its fault from
+the environment (set on the faulty rank only):
+
+- ``FAULT_ACTION`` (``kill``, ``stop``, ``raise``) at ``FAULT_STEP`` in
+  ``FAULT_PHASE`` (``forward``, ``backward``, ``encode``, ``save``); faults
+  inside the bulk exchange come from the transport wrapper instead
+  (``HIPRESS_FAULT``, ``casync/transport/faulty.py``);
+- ``FAULT_MISMATCH`` (``model``, ``compressor``, ``strategy``, ``plan``): this
+  rank joins with another setup (``world_size`` is set by the harness in
+  ``WORLD_SIZE`` itself).
+
+Every rank saves its checkpoint every ``SAVE_EVERY`` steps the way the
+reliability guide recommends (write a temporary file, fsync, ``os.replace``),
+so a rank killed while saving leaves the previous checkpoint whole. Before a
+fault the faulty rank appends its time to ``HIPRESS_FAULT_MARK``; a rank that
+catches an error prints one ``RESULT`` JSON line (time, type, message, the
+ranks the error names) and exits non-zero; a rank that finishes prints
+``RESULT`` with ``ok``.
+"""
+import io
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import hipress_like.torch as hpt
+
+
+def _env(name, default=None):
+    return os.environ.get(name, default)
+
+
+ACTION, PHASE = _env("FAULT_ACTION"), _env("FAULT_PHASE")
+FAULT_STEP = int(_env("FAULT_STEP", "-1"))
+MISMATCH = _env("FAULT_MISMATCH")
+STEPS = int(_env("JOB_STEPS", "30"))
+SAVE_EVERY = int(_env("JOB_SAVE_EVERY", "4"))
+CKPT_DIR = _env("JOB_CKPT_DIR", ".")
+MARK = _env("HIPRESS_FAULT_MARK")
+
+
+def fault(where):
+    """Inject this rank's process fault (kill / stop / raise) now."""
+    if MARK:
+        with open(MARK, "a") as f:
+            f.write(json.dumps({"t": time.time(), "rank": int(os.environ["RANK"]),
+                                "fault": f"{ACTION} in {where}"}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    if ACTION == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if ACTION == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    raise RuntimeError(f"injected exception on rank {os.environ['RANK']} in {where}")
+
+
+class _Step:
+    n = 0
+
+
+def armed(phase):
+    return ACTION is not None and PHASE == phase and _Step.n == FAULT_STEP
+
+
+def save_checkpoint(path, state):
+    """Atomic save: a reader sees the old file or the new one, never half of one."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        if armed("save"):
+            fault("checkpoint save")
+        f.write(data[len(data) // 2:])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main():
+    from hipress_like.demo import load_digits_split
+
+    hpt.init(timeout=float(_env("JOB_TIMEOUT", "10")))
+    rank, size = hpt.rank(), hpt.size()
+    compressor = "topk" if MISMATCH == "compressor" else _env("JOB_COMPRESSOR", "onebit")
+    strategy = "ring" if MISMATCH == "strategy" else "ps"
+    hidden = 48 if MISMATCH == "model" else 32
+    # Compress every gradient (the default rule leaves those under 1 MB to the
+    # uncompressed lane, and this model's are all smaller), so encode, decode and
+    # the bulk exchange run; the odd plan cuts gradients into 1 KB partitions.
+    from hipress_like.cost_model.plan import Plan, SizeRule
+    rule = (SizeRule(min_compress_bytes=1, bytes_per_partition=1024) if MISMATCH == "plan"
+            else SizeRule(min_compress_bytes=1))
+    plan = Plan(compressor=compressor, rule=rule)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(hidden, 10))
+    if PHASE == "forward":
+        model.register_forward_pre_hook(lambda m, a: fault("forward") if armed("forward") else None)
+    if PHASE == "backward":
+        model[1].weight.register_hook(lambda g: fault("backward") if armed("backward") else None)
+    if PHASE == "encode" and ACTION:
+        # the engine's one encode site (every wrapper of the compressor runs below it),
+        # called on its compute thread
+        from hipress_like.casync.workflows import CompressorCodec
+        encode = CompressorCodec.encode
+
+        def faulty_encode(self, *a, **k):
+            if armed("encode"):
+                fault("encode")
+            return encode(self, *a, **k)
+
+        CompressorCodec.encode = faulty_encode
+    opt = hpt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(),
+                                   compression=compressor, strategy=strategy, plan=plan)
+    hpt.broadcast_parameters(model.state_dict(), root_rank=0)
+    x, y, _, _ = load_digits_split()
+    x, y = x[rank::size], y[rank::size]
+    gen = torch.Generator().manual_seed(rank)
+    for step in range(STEPS):
+        _Step.n = step
+        idx = torch.randint(0, len(x), (32,), generator=gen)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        if (step + 1) % SAVE_EVERY == 0 or armed("save"):
+            save_checkpoint(os.path.join(CKPT_DIR, f"ckpt-r{rank}.pt"),
+                            {"step": step, "model": model.state_dict(),
+                             "optimizer": opt.state_dict()})
+    return float(loss)
+
+
+if __name__ == "__main__":
+    try:
+        loss = main()
+    except BaseException as e:
+        ranks = [int(r) for r in getattr(e, "ranks", None) or ()]
+        print("RESULT " + json.dumps({"t": time.time(), "ok": False, "type": type(e).__name__,
+                                      "ranks": ranks, "msg": str(e)[:4000]}), flush=True)
+        raise
+    print("RESULT " + json.dumps({"t": time.time(), "ok": True, "loss": loss}), flush=True)
+    hpt.shutdown()
+    sys.exit(0)

@@ -1,0 +1,67 @@
+"""Real ranks given one fault each: every survivor names the cause and the rank, and exits.
+
+Each case runs ``fault_job.py`` (digits, an MLP, ``DistributedOptimizer`` with
+1-bit compression on every gradient, gloo on loopback) through
+``harness.run_trial`` with one fault from ``harness.CATALOG`` and asserts the
+correctness columns of the suite's table only: every survivor raised an error
+naming the cause and the right rank, within the configured timeout plus
+``harness.MARGIN``, and exited non-zero; no process was left behind; no hang;
+no checkpoint failed to load. Timings go to the table (``conftest.py``), never
+into an assertion.
+
+Five faults, two ranks, run in the default tier; the rest (other phases,
+damaged messages, four ranks) are marked slow. ``HIPRESS_FAULT_TRIALS`` sets
+how many times each case runs (default 1; 3 for the four-rank cases, whose
+blame was a race).
+"""
+import os
+
+import pytest
+from harness import CATALOG, DEFAULT_TIER, MARGIN, TIMEOUT, logs_of, run_trial
+
+pytestmark = pytest.mark.faults
+
+# Faults the library does not catch yet (issue 46, item 6, wire safety): kept in the
+# suite, so the table shows them, as strict xfails, so that a fix makes them fail loudly.
+KNOWN_GAPS = {
+    "flip-data/exchange": "a flipped bit in a payload's data is not detected: bulk messages "
+                          "carry no checksum (issue 46, item 6, wire safety); the job trains on",
+    "flip-header/exchange": "the receiver names the cause ('not a hipress-like payload') but "
+                            "not the rank that sent the message: the engine's decode error "
+                            "does not say whose message it was",
+    "drop/exchange": "the receiver times out finding every peer alive and inside the "
+                     "exchange and names no rank (gloo coalesces the receives into one work, "
+                     "so which message is missing is not known); the sender names the "
+                     "receiver as having failed first",
+}
+
+
+def _cases():
+    for name, fault in CATALOG.items():
+        marks = [] if name in DEFAULT_TIER else [pytest.mark.slow]
+        if name in KNOWN_GAPS:
+            marks.append(pytest.mark.xfail(reason=KNOWN_GAPS[name], strict=True))
+        yield pytest.param(fault, id=name, marks=marks)
+
+
+def _trials(fault):
+    default = 3 if fault.ranks > 2 else 1
+    return int(os.environ.get("HIPRESS_FAULT_TRIALS", default))
+
+
+@pytest.mark.parametrize("fault", list(_cases()))
+def test_every_survivor_names_the_fault_and_exits(fault, fault_trials):
+    for _ in range(_trials(fault)):
+        trial = run_trial(fault)
+        fault_trials.append(trial)
+        assert trial.fault_seen, "the fault never fired:\n" + logs_of(trial)
+        assert trial.hangs == 0, logs_of(trial)
+        assert trial.left_behind == 0, logs_of(trial)
+        assert trial.corrupted == 0, logs_of(trial)
+        for s in trial.survivors:
+            assert s.error_s is not None, f"rank {s.rank} raised nothing:\n" + logs_of(trial)
+            assert s.rc not in (0, None), logs_of(trial)
+            assert s.names_rank, f"rank {s.rank} named {s.named}:\n" + logs_of(trial)
+            assert s.names_cause, f"rank {s.rank}: {s.error}"
+            if not fault.mismatch:  # a mismatch is timed from the launch, start-up included
+                assert s.error_s <= TIMEOUT + MARGIN, logs_of(trial)
