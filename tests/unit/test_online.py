@@ -195,3 +195,29 @@ def test_engine_switch_back_resets_the_compressor_state_it_cannot_carry():
     assert h[2]["gain"] > 0.1
     assert sorted(h[1]["reset"]) == ["b", "w1", "w2"]  # compressed on the slow link, no more
     assert states[4] == ["b", "w1", "w2"] and states[5] == []  # reset at the switch (step 6)
+
+
+def test_set_plan_refuses_inside_a_step_and_different_plans_on_different_ranks():
+    from hipress_like.casync.errors import ConfigMismatchError
+
+    prof = _profile()
+
+    def run(t):
+        plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps")
+        eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+        eng.submit("b", torch.ones(SIZES["b"] // 4))
+        with pytest.raises(RuntimeError, match="inside a step"):
+            eng.set_plan(plan)
+        for n in ("w1", "w2"):
+            eng.submit(n, torch.ones(SIZES[n] // 4))
+        eng.synchronize()
+        mine = profile_plan(prof.with_link(SLOW if t.rank else FAST), ["onebit"], SIZES,
+                            t.size, "ps")
+        with pytest.raises(ConfigMismatchError, match=r"ranks \[1\]"):
+            eng.set_plan(mine)
+        assert eng.plan is plan  # nothing changed
+        eng.close()
+        return True
+
+    assert run_threads(run, 2) == [True, True]
