@@ -14,12 +14,18 @@ training runs:
 2. Every ``check_every`` steps the ranks agree on one estimate: an allgather
    of the local estimates over the engine's transport, of which every rank
    takes the same median (``agree``), so every rank decides from the same
-   numbers.
-3. The cost model prices the current plan and the best plan it can make
-   (``cost_model.Planner``, per gradient over the candidates the profile
-   holds) on the agreed link (``Profile.with_link``). The plan switches
-   only when the best one is predicted faster by more than ``margin``
-   (hysteresis: noise does not flap the plan) and fewer than
+   numbers. The first agreed estimate is the *reference*: the network the
+   profile was measured on. Later estimates move the profile's link fits
+   by their change from it (``OnlinePlanner.calibrated``: latency shifted,
+   bandwidth scaled), since what the rounds measure includes costs a bare
+   link timing does not.
+3. The cost model (``cost_model.Planner``, per gradient over the
+   candidates the profile holds) prices the current plan on the moved
+   profile and makes its best plan there. The plan switches only when both
+   (a) the current plan's predicted time moved by more than ``margin``
+   since the link it was decided on, and (b) the best plan is predicted
+   faster than it by more than ``margin`` (hysteresis on the input and on
+   the gain: noise does not flap the plan), and fewer than
    ``max_switches`` switches happened (``should_switch``).
 4. A switch is ``Engine.set_plan`` on every rank at the same step boundary,
    which carries compressor state where a gradient's compressor and
@@ -46,6 +52,7 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -307,6 +314,10 @@ class OnlinePlanner:
         self.estimator = LinkEstimator(settings.gain)
         self.history: List[Dict[str, Any]] = []
         self.switches = 0
+        self.reference: Optional[Link] = None  # the first agreed estimate
+        self.decided_on: Optional[Link] = None  # the estimate of the last decision
+        self._reference_planners = _planners(profile, self.labels, n, strategy,
+                                             self.raw_collective)
 
     @classmethod
     def for_engine(cls, engine: Any, settings: Adaptive) -> Optional["OnlinePlanner"]:
@@ -334,9 +345,48 @@ class OnlinePlanner:
         return cls(settings, profile, labels, sizes, engine.size, cfg.strategy,
                    raw_collective=cfg.raw_collective, timeout=cfg.timeout)
 
+    def calibrated(self, link: Link) -> Profile:
+        """The profile moved to an agreed estimate ``link``, relative to the reference.
+
+        The first agreed estimate is the reference: the network the profile
+        was measured on. What the engine's rounds measure includes costs a
+        bare link timing does not (coordination, copies), so the estimate
+        is used as a change, not as a value: every link fit of the profile
+        (all links, one link, the allreduce, the timed lane) gets the
+        latency's difference added and its bandwidth scaled by the
+        bandwidths' ratio. The compressor curves are CPU work and stay.
+        """
+        ref = self.reference
+        if ref is None:
+            raise RuntimeError("no reference estimate yet (the first check sets it)")
+        d_lat, r_bw = link.latency - ref.latency, link.bandwidth / ref.bandwidth
+
+        def move(x: Optional[Link]) -> Optional[Link]:
+            return None if x is None else Link(max(0.0, x.latency + d_lat), x.bandwidth * r_bw)
+
+        p = self.profile
+        return dataclasses.replace(p, link=move(p.link), link_one=move(p.link_one),
+                                   allreduce=move(p.allreduce), lane=move(p.lane))
+
+    def planners(self, link: Link) -> List[Planner]:
+        """One planner per candidate on the profile moved to ``link``. Each keeps the
+        engine's cost beyond Eq. 2 fitted on the reference network (refitting the
+        timings taken there against another link would cancel the link's change)."""
+        ps = _planners(self.calibrated(link), self.labels, self.n, self.strategy,
+                       self.raw_collective)
+        for p, r in zip(ps, self._reference_planners):
+            p.engine_term = r.engine_term
+        return ps
+
     def after_step(self, engine: Any) -> Optional[Plan]:
         """Update the estimate from the step just synchronised; on a check step, agree
         and maybe switch (collective on check steps: every rank, same step).
+
+        A check switches when both hold: the current plan's predicted time
+        moved by more than ``margin`` since the link the plan was last
+        decided on (the first check, or the last switch), and the best plan
+        is predicted faster than the current one by more than ``margin``
+        (``should_switch``). The first check only records the reference.
 
         Returns:
             The new plan when this call switched, else None.
@@ -357,26 +407,39 @@ class OnlinePlanner:
         if link is None:
             _log.info("plan='adaptive' step %d: no link estimate on some rank yet", step)
             return None
-        profile = self.profile.with_link(link)
-        planners = _planners(profile, self.labels, self.n, self.strategy, self.raw_collective)
+        rec: Dict[str, Any] = {"step": step, "latency_s": link.latency,
+                               "bandwidth_Bps": link.bandwidth, "switched": False}
+        if self.reference is None:
+            self.reference = self.decided_on = link
+            rec["reference"] = True
+            self.history.append(rec)
+            _log.info("plan='adaptive' step %d: reference link %.3g ms + %.3g Gbit/s (agreed "
+                      "across ranks)", step, 1e3 * link.latency, 8e-9 * link.bandwidth)
+            return None
+        planners = self.planners(link)
         current = price_plan(engine.plan, planners, self.sizes, self.n)
+        before = price_plan(engine.plan, self.planners(self.decided_on), self.sizes, self.n)
         meta = {"adaptive": {"step": step, "latency": link.latency,
                              "bandwidth": link.bandwidth},
                 "profile": self.profile.to_dict(), "candidates": self.labels}
         best = plan_per_gradient(planners, self.sizes, meta=meta) if len(planners) > 1 \
             else planners[0].plan(self.sizes, meta=meta)
         best_s = price_plan(best, planners, self.sizes, self.n)
-        rec: Dict[str, Any] = {"step": step, "latency_s": link.latency,
-                               "bandwidth_Bps": link.bandwidth, "current_s": current,
-                               "best_s": best_s, "switched": False}
-        if current is not None and best_s is not None:
-            rec["gain"] = (current - best_s) / current if current > 0 else 0.0
+        rec.update(current_s=current, best_s=best_s, before_s=before)
         s = self.settings
-        if current is not None and best_s is not None and should_switch(
+        if current is None or best_s is None or before is None:
+            _log.warning("plan='adaptive' step %d: the current plan names a compressor the "
+                         "profile has no curves for; the plan stays", step)
+            self.history.append(rec)
+            return None
+        rec["gain"] = (current - best_s) / current if current > 0 else 0.0
+        rec["moved"] = abs(current - before) / before if before > 0 else 0.0
+        if rec["moved"] > s.margin and should_switch(
                 current, best_s, margin=s.margin, switches=self.switches,
                 max_switches=s.max_switches):
             states = engine.set_plan(best)
             self.switches += 1
+            self.decided_on = link
             rec.update(switched=True, **states)
             _log.warning("plan='adaptive' switched the plan at step %d (switch %d of at most "
                          "%d): link %.3g ms + %.3g Gbit/s agreed across ranks; predicted "
@@ -391,9 +454,11 @@ class OnlinePlanner:
             engine.timeline.add(Event("plan_switch", "", self.switches, t0,
                                       time.perf_counter(), 0, "compute", step))
         else:
-            _log.info("plan='adaptive' step %d: keep the plan (link %.3g ms + %.3g Gbit/s, "
-                      "predicted %s -> %s s, %d switch(es) made)", step, 1e3 * link.latency,
-                      8e-9 * link.bandwidth, current, best_s, self.switches)
+            _log.info("plan='adaptive' step %d: keep the plan (link %.3g ms + %.3g Gbit/s; "
+                      "current plan %.2f ms, moved %.0f %%; best %.2f ms, gain %.0f %%; %d "
+                      "switch(es) made)", step, 1e3 * link.latency, 8e-9 * link.bandwidth,
+                      1e3 * current, 100 * rec["moved"], 1e3 * best_s, 100 * rec["gain"],
+                      self.switches)
         self.history.append(rec)
         return best if rec["switched"] else None
 

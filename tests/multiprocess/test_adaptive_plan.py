@@ -7,7 +7,8 @@ step, before and after each switch, the replayed schedule of the uncompressed
 plan is dropped while the compressed one runs and recorded again after, and
 the compressor state is reset on the way back (logged). With estimates that
 jitter around a link where another plan is predicted only a few percent
-faster, nothing switches (the margin).
+faster, nothing switches (the margin). The first check's estimate is the
+reference: the link the profile was measured on.
 
 The compressor's curves are measured here (``profile_compressor``) and
 shared with every rank through a profile file, as ``Adaptive(profile=...)``
@@ -75,7 +76,9 @@ def switch_worker(ctx, profile_path):
 
 
 def noise_worker(ctx, profile_path, latency, bandwidth):
-    def jitter(step, rank):  # +-2 % on each rank and step, deterministic
+    def jitter(step, rank):  # the profile's link (the reference), then bandwidth +-2 %
+        if step < 3:
+            return Link(*FAST)
         return Link(latency, bandwidth * (1 + 0.02 * math.sin(7 * step + 3 * rank)))
 
     settings = hpt.Adaptive(check_every=3, margin=0.1, profile=profile_path, estimate=jitter)
@@ -145,5 +148,8 @@ def test_estimates_jittering_within_the_margin_do_not_switch(tmp_path):
         assert not any(h["switched"] for h in r["history"]), r["history"]
         assert r["switch_events"] == []
         assert len(set(r["plans"])) == 1
-        # another plan was predicted faster, by less than the margin: hysteresis held
-        assert all(0.0 < h["gain"] < 0.1 for h in r["history"]), r["history"]
+        # the link moved, and another plan was predicted faster by less than the
+        # margin: hysteresis held
+        assert r["history"][0]["reference"]
+        assert all(h["moved"] > 0.1 and 0.0 < h["gain"] < 0.1 for h in r["history"][1:]), \
+            r["history"]

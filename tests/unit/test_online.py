@@ -1,6 +1,7 @@
 """plan="adaptive" (tuning/online.py): the estimator, the agreement, the decision rule,
 the pricing of plans on a changed link, and the engine's switch at a step boundary.
 """
+import dataclasses
 import math
 
 import pytest
@@ -221,3 +222,46 @@ def test_set_plan_refuses_inside_a_step_and_different_plans_on_different_ranks()
         return True
 
     assert run_threads(run, 2) == [True, True]
+
+
+def test_calibrated_profile_moves_every_link_fit_by_the_change_from_the_reference():
+    prof = dataclasses.replace(_profile(), link_one=Link(1e-5, 25e9), lane=Link(5e-5, 5e9))
+    online = OnlinePlanner(Adaptive(), prof, ["onebit"], SIZES, 2, "ps")
+    online.reference = Link(1e-4, 1e9)  # what the rounds measured at the first check
+    same = online.calibrated(Link(1e-4, 1e9))
+    assert (same.link, same.link_one, same.lane, same.allreduce) == (
+        prof.link, prof.link_one, prof.lane, None)
+    moved = online.calibrated(Link(3e-4, 2.5e8))  # +200 us, a quarter of the bandwidth
+    assert math.isclose(moved.link.latency, 2e-6 + 2e-4)
+    assert math.isclose(moved.link.bandwidth, 12.5e9 / 4)
+    assert math.isclose(moved.lane.bandwidth, 5e9 / 4)
+    assert math.isclose(moved.link_one.latency, 1e-5 + 2e-4)
+    assert moved.compressors == prof.compressors
+
+
+def test_a_plan_the_model_would_not_pick_stays_while_the_link_does_not_move():
+    """The first check is the reference; without a change of link beyond the margin a
+    plan stays, even one the model prices above its own best (trials may keep one)."""
+    prof = _profile()
+    every = Plan(compressor="onebit", strategy="ps", rule=SizeRule(min_compress_bytes=0))
+
+    def run(t, schedule):
+        eng = Engine(t, EngineConfig(compressor="onebit", plan=dataclasses.replace(
+            every, meta={"profile": prof.to_dict()}), threads=False))
+        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=2,
+                                                        estimate=lambda s, r: schedule(s)))
+        for _ in range(8):
+            for n, nb in SIZES.items():
+                eng.submit(n, torch.ones(nb // 4))
+            eng.synchronize()
+            online.after_step(eng)
+        eng.close()
+        return online.history
+
+    h = run_threads(lambda t: run(t, lambda s: FAST), 2)[0]
+    assert h[0]["reference"] and not any(r["switched"] for r in h)
+    assert all(r["gain"] > 0.5 and r["moved"] == 0 for r in h[1:])  # tempting, not moved
+    h = run_threads(lambda t: run(t, lambda s: SLOW if s >= 4 else FAST), 2)[0]
+    assert [r["switched"] for r in h] == [False, False, True, False]  # once the link moved
+    assert h[1]["moved"] == 0 and h[2]["moved"] > 0.1 and h[2]["gain"] > 0.1
