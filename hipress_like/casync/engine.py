@@ -49,6 +49,11 @@ An error anywhere (``_fail``) is reported to every peer in the next round
 (or replayed status words), so every rank raises, naming the failing rank;
 a dead peer becomes a ``PeerError`` from the transport's timeout.
 
+Between steps (``OPEN``, nothing submitted) ``set_plan`` may replace the
+plan: the layout is rebuilt as ``register`` built it, the replay schedule
+dropped, and compressor states kept only for gradients whose compressor and
+partitions did not change (``plan="adaptive"``, ``tuning/online.py``).
+
 Threads: the caller's (submit, synchronize), the computing executor (passed
 in, or built from the config), the communication thread, and the round
 executor (with a data channel).
