@@ -74,6 +74,8 @@ __all__ = ["Adaptive", "LinkEstimator", "OnlinePlanner", "agree", "should_switch
 _log = logging.getLogger(__name__)
 
 EstimateFn = Callable[[int, int], Optional[Link]]
+# steps timed after a switch (and before it) for its report
+AFTER_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -296,7 +298,9 @@ class OnlinePlanner:
     Attributes:
         history: one dict per check: step, agreed link, predicted seconds of
             the current and the best plan, the predicted gain, and whether it
-            switched (with the gradients whose state was kept or reset).
+            switched (with the gradients whose state was kept or reset, and the
+            median wall time of a step before the switch and of the first
+            ``AFTER_STEPS`` after it: ``step_s_before``, ``step_s_after``).
         switches: switches made.
     """
 
@@ -315,6 +319,9 @@ class OnlinePlanner:
         self.history: List[Dict[str, Any]] = []
         self.switches = 0
         self.reference: Optional[Link] = None  # the first agreed estimate
+        self._steps_s: List[float] = []  # wall seconds of the last steps (``_time_step``)
+        self._last_t: Optional[float] = None
+        self._after_switch: Optional[Dict[str, Any]] = None
         self.decided_on: Optional[Link] = None  # the estimate of the last decision
         self._reference_planners = _planners(profile, self.labels, n, strategy,
                                              self.raw_collective)
@@ -344,6 +351,27 @@ class OnlinePlanner:
         sizes = engine.gradient_sizes
         return cls(settings, profile, labels, sizes, engine.size, cfg.strategy,
                    raw_collective=cfg.raw_collective, timeout=cfg.timeout)
+
+    def _time_step(self, step: int) -> None:
+        """Record the wall time of the step just done (from the previous call); once
+        ``AFTER_STEPS`` steps ran after a switch, report their median beside the one
+        before it (the switch's ``history`` entry gets ``step_s_after``)."""
+        now = time.perf_counter()
+        if self._last_t is not None:
+            self._steps_s.append(now - self._last_t)
+            del self._steps_s[:-max(AFTER_STEPS, self.settings.check_every)]
+        self._last_t = now
+        rec = self._after_switch
+        if rec is not None and len(self._steps_s) >= AFTER_STEPS:
+            rec["step_s_after"] = self._median_step()
+            self._after_switch = None
+            _log.info("plan='adaptive': the %d steps after the switch at step %d took %.2f ms "
+                      "each (median), %.2f ms before it", AFTER_STEPS, rec["step"],
+                      1e3 * rec["step_s_after"], 1e3 * (rec["step_s_before"] or math.nan))
+
+    def _median_step(self) -> Optional[float]:
+        xs = sorted(self._steps_s[-AFTER_STEPS:])
+        return xs[len(xs) // 2] if xs else None
 
     def calibrated(self, link: Link) -> Profile:
         """The profile moved to an agreed estimate ``link``, relative to the reference.
@@ -392,6 +420,7 @@ class OnlinePlanner:
             The new plan when this call switched, else None.
         """
         step = engine.step  # completed steps; the last one's index is step - 1
+        self._time_step(step)
         est = self.settings.estimate
         if est is not None:
             link = est(step - 1, engine.rank)
@@ -441,6 +470,9 @@ class OnlinePlanner:
             self.switches += 1
             self.decided_on = link
             rec.update(switched=True, **states)
+            rec["step_s_before"] = self._median_step()
+            self._after_switch = rec
+            self._steps_s.clear()
             _log.warning("plan='adaptive' switched the plan at step %d (switch %d of at most "
                          "%d): link %.3g ms + %.3g Gbit/s agreed across ranks; predicted "
                          "sync %.2f ms -> %.2f ms (gain %.0f %%, margin %.0f %%); %d of %d "
