@@ -12,7 +12,9 @@ reference: the link the profile was measured on.
 
 The compressor's curves are measured here (``profile_compressor``) and
 shared with every rank through a profile file, as ``Adaptive(profile=...)``
-takes one.
+takes one. The default path (profiled at start as ``plan="auto"``, estimates
+measured from the engine's timeline) runs too: whatever it decides, every
+rank decides it alike from the agreed numbers.
 """
 import hashlib
 import json
@@ -83,6 +85,11 @@ def noise_worker(ctx, profile_path, latency, bandwidth):
 
     settings = hpt.Adaptive(check_every=3, margin=0.1, profile=profile_path, estimate=jitter)
     return _run(ctx, settings, 15)
+
+
+def measured_worker(ctx):
+    # the default path: profiled at start (as plan="auto"), estimates from the timeline
+    return _run(ctx, hpt.Adaptive(check_every=3), 9)
 
 
 def _decisions(history):
@@ -160,3 +167,15 @@ def test_estimates_jittering_within_the_margin_do_not_switch(tmp_path):
         assert r["history"][0]["reference"]
         assert all(h["moved"] > 0.1 and 0.0 < h["gain"] < 0.1 for h in r["history"][1:]), \
             r["history"]
+
+
+def test_measured_estimates_are_agreed_and_decided_alike_on_every_rank():
+    res = run_workers(measured_worker, N, timeout=300)
+    r0 = res[0]
+    assert [h["step"] for h in r0["history"]] == [3, 6, 9]
+    assert r0["history"][0]["reference"] and r0["history"][0]["bandwidth_Bps"] > 0
+    assert all(h["current_s"] > 0 and "gain" in h for h in r0["history"][1:])
+    for r in res[1:]:
+        assert r["digests"] == r0["digests"] and r["plans"] == r0["plans"]
+        assert _decisions(r["history"]) == _decisions(r0["history"])
+        assert r["switch_events"] == r0["switch_events"]

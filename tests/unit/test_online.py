@@ -269,3 +269,28 @@ def test_a_plan_the_model_would_not_pick_stays_while_the_link_does_not_move():
     h = run_threads(lambda t: run(t, lambda s: SLOW if s >= 4 else FAST), 2)[0]
     assert [r["switched"] for r in h] == [False, False, True, False]  # once the link moved
     assert h[1]["moved"] == 0 and h[2]["moved"] > 0.1 and h[2]["gain"] > 0.1
+
+
+def test_front_end_option_off_runs_nothing_and_one_rank_has_nothing_to_adapt():
+    import hipress_like.torch as hpt
+
+    hpt.init()
+    try:
+        def wrap(**kw):
+            m = torch.nn.Linear(6, 3)
+            return hpt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                            named_parameters=m.named_parameters(), **kw)
+
+        for plan in (None, "auto"):
+            opt = wrap(compression="onebit", plan=plan)
+            assert opt.online is None
+            opt.close()
+        opt = wrap(compression="onebit", plan=hpt.Adaptive(check_every=2))
+        assert opt.online is None  # one rank: the plan stays fixed (logged)
+        opt.close()
+        with pytest.raises(ValueError, match="compression_back"):
+            wrap(compression="onebit", compression_back="onebit", plan="adaptive")
+        with pytest.raises(TypeError, match="'adaptive'"):
+            wrap(compression="onebit", plan=3)
+    finally:
+        hpt.shutdown()
