@@ -79,7 +79,8 @@ def adaptive_settings(plan: Any) -> Any:
 def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                  compression: Any, strategy: str, plan: Any, nonfinite: str,
                  timeout: Optional[float], seed: int, compression_back: Any = None,
-                 collective: Optional[str] = None, joining: Any = None) -> Any:
+                 collective: Optional[str] = None, joining: Any = None,
+                 online: bool = False) -> Any:
     """Open a transport, build an engine and register ``specs`` (collective).
 
     Args:
@@ -106,6 +107,9 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         joining: the construction's ``Joining`` (``joining.py``): its
             ``ready()`` is called once every local check passed, just before
             the transport opens. None: no meeting.
+        online: the caller re-plans online (``tuning.online.OnlinePlanner``
+            after each step), so ``plan="adaptive"`` is accepted; the faces
+            that do not are refused it rather than left on a fixed plan.
 
     Returns:
         The registered engine.
@@ -120,6 +124,10 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                          f"gradients, as in DDP), 'skip' or 'raise', found {nonfinite!r}")
     plan = resolve_plan(plan)
     adaptive = adaptive_settings(plan)
+    if adaptive is not None and not online:
+        raise ValueError("plan='adaptive' re-plans at step boundaries, which only "
+                         "hpt.DistributedOptimizer does yet; use plan='auto' here, or "
+                         "hpt.DistributedOptimizer(..., plan='adaptive')")
     if adaptive is not None and compression_back is not None:
         raise ValueError("plan='adaptive' re-plans with one compressor each way; "
                          "compression_back is not supported with it yet: drop "

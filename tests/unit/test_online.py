@@ -292,5 +292,8 @@ def test_front_end_option_off_runs_nothing_and_one_rank_has_nothing_to_adapt():
             wrap(compression="onebit", compression_back="onebit", plan="adaptive")
         with pytest.raises(TypeError, match="'adaptive'"):
             wrap(compression="onebit", plan=3)
+        # a face that does not re-plan refuses it instead of keeping the first plan
+        with pytest.raises(ValueError, match="only hpt.DistributedOptimizer"):
+            hpt.CaSyncHookState(torch.nn.Linear(6, 3), compression="onebit", plan="adaptive")
     finally:
         hpt.shutdown()

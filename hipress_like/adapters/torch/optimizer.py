@@ -111,7 +111,8 @@ class _DistributedOptimizerMixin(EngineHolder):
         self._hp_engine = build_engine(specs, compression=compression, strategy=strategy,
                                        plan=plan, nonfinite=nonfinite, timeout=timeout,
                                        seed=seed, compression_back=compression_back,
-                                       collective=collective, joining=joining)
+                                       collective=collective, joining=joining,
+                                       online=True)
         settings = adaptive_settings(resolve_plan(plan))
         self._hp_online = None  # plan="adaptive": re-plans at step boundaries (tuning/online)
         if settings is not None:
