@@ -263,7 +263,9 @@ def profile_plan(profile: Profile, labels: Sequence[str], sizes: Mapping[str, in
 def price_plan(plan: Plan, planners: Sequence[Planner], sizes: Mapping[str, int], n: int
                ) -> Optional[float]:
     """Predicted seconds of one synchronisation of every gradient under ``plan``: per
-    gradient, the planner of its compressor's ``t_cpr`` at its K, or ``t_orig``.
+    gradient, the planner of its compressor's ``t_cpr`` at its K, or ``t_orig``
+    (the strategy's workflow: a top-k entry's named collective is priced as PS
+    or Ring, alike for the plans compared).
 
     Returns:
         The sum, or None when a gradient's compressor is not among the planners.
@@ -289,7 +291,8 @@ class OnlinePlanner:
 
     Args:
         settings: the ``Adaptive`` knobs.
-        profile: compressor curves (its link is replaced by each agreed estimate).
+        profile: compressor curves and link fits (moved by each agreed estimate's
+            change from the reference, ``calibrated``).
         labels: the profile's compressors to choose from per gradient.
         sizes: {gradient: bytes}, as registered.
         n: world size; strategy, raw_collective: the engine's.
