@@ -20,7 +20,7 @@ from .compression import is_auto, resolve_compression
 from .runtime import _require, check_timeout, default_timeout, engine_transport
 
 __all__ = ["build_engine", "close_engine", "EngineHolder", "wire_dtype", "resolve_plan",
-           "STRATEGIES"]
+           "adaptive_settings", "STRATEGIES"]
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +52,35 @@ def resolve_plan(plan: Any) -> Any:
         TypeError: anything else.
     """
     from ..cost_model import Plan
+    from ..tuning.online import Adaptive
 
     if plan is None or plan == "auto" or isinstance(plan, Plan):
         return plan
+    if plan == "adaptive":
+        return Adaptive()
+    if isinstance(plan, Adaptive):
+        return plan
     if isinstance(plan, (str, os.PathLike)):
         return Plan.load(plan)
-    raise TypeError(f"plan must be 'auto', None, a Plan or a path to a plan file, "
-                    f"found {type(plan).__name__}")
+    raise TypeError(f"plan must be 'auto', 'adaptive', hpt.Adaptive(...), None, a Plan or a "
+                    f"path to a plan file, found {type(plan).__name__}")
+
+
+def adaptive_settings(plan: Any) -> Any:
+    """The ``Adaptive`` settings of a ``plan=`` argument ("adaptive" or an instance),
+    else None (the option is off: nothing of ``tuning/online.py`` runs)."""
+    from ..tuning.online import Adaptive
+
+    if isinstance(plan, Adaptive):
+        return plan
+    return Adaptive() if isinstance(plan, str) and plan == "adaptive" else None
 
 
 def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                  compression: Any, strategy: str, plan: Any, nonfinite: str,
                  timeout: Optional[float], seed: int, compression_back: Any = None,
-                 collective: Optional[str] = None, joining: Any = None) -> Any:
+                 collective: Optional[str] = None, joining: Any = None,
+                 online: bool = False) -> Any:
     """Open a transport, build an engine and register ``specs`` (collective).
 
     Args:
@@ -76,7 +92,9 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
             compressor per gradient among ``tuning.auto.DEFAULT_CANDIDATES``
             and none.
         strategy: "ps" or "ring".
-        plan: "auto", None, a ``Plan`` or a path.
+        plan: "auto", "adaptive" or an ``Adaptive`` (planned like "auto" at
+            ``register``, or from ``Adaptive.profile``; the front end then
+            re-plans online, ``tuning/online.py``), None, a ``Plan`` or a path.
         nonfinite: "propagate", "skip" or "raise" (``EngineConfig.nonfinite``).
         timeout: seconds for any wait (default: ``init``'s timeout).
         seed: compressor RNG seed (identical on every rank).
@@ -89,6 +107,9 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         joining: the construction's ``Joining`` (``joining.py``): its
             ``ready()`` is called once every local check passed, just before
             the transport opens. None: no meeting.
+        online: the caller re-plans online (``tuning.online.OnlinePlanner``
+            after each step), so ``plan="adaptive"`` is accepted; the faces
+            that do not are refused it rather than left on a fixed plan.
 
     Returns:
         The registered engine.
@@ -102,10 +123,19 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         raise ValueError(f"nonfinite must be 'propagate' (NaN/Inf reach every rank's "
                          f"gradients, as in DDP), 'skip' or 'raise', found {nonfinite!r}")
     plan = resolve_plan(plan)
+    adaptive = adaptive_settings(plan)
+    if adaptive is not None and not online:
+        raise ValueError("plan='adaptive' re-plans at step boundaries, which only "
+                         "hpt.DistributedOptimizer does yet; use plan='auto' here, or "
+                         "hpt.DistributedOptimizer(..., plan='adaptive')")
+    if adaptive is not None and compression_back is not None:
+        raise ValueError("plan='adaptive' re-plans with one compressor each way; "
+                         "compression_back is not supported with it yet: drop "
+                         "compression_back, or use plan='auto'")
     candidates = None
     if is_auto(compression):
         # a compressor per gradient, chosen by the cost model among the defaults
-        if plan != "auto":
+        if plan != "auto" and adaptive is None:
             raise ValueError("compression='auto' chooses a compressor per gradient by "
                              "profiling, which needs plan='auto'; pass a compressor name with "
                              "a fixed plan, or plan='auto'")
@@ -136,6 +166,10 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         from ..tuning.auto import auto_plan
 
         plan = auto_plan(candidates=candidates)  # profiles inside register()
+    elif adaptive is not None:
+        from ..tuning.online import source_for
+
+        plan = source_for(adaptive, candidates)  # plans inside register()
     # collective="auto" (from the argument or a plan entry) measures links in register()
     from ..tuning.link import collective_links
 

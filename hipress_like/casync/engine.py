@@ -49,17 +49,23 @@ An error anywhere (``_fail``) is reported to every peer in the next round
 (or replayed status words), so every rank raises, naming the failing rank;
 a dead peer becomes a ``PeerError`` from the transport's timeout.
 
+Between steps (``OPEN``, nothing submitted) ``set_plan`` may replace the
+plan: the layout is rebuilt as ``register`` built it, the replay schedule
+dropped, and compressor states kept only for gradients whose compressor and
+partitions did not change (``plan="adaptive"``, ``tuning/online.py``).
+
 Threads: the caller's (submit, synchronize), the computing executor (passed
 in, or built from the config), the communication thread, and the round
 executor (with a data channel).
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import zlib
 from dataclasses import replace
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import msgpack
 import torch
@@ -131,6 +137,7 @@ class Engine:
         self._states: Dict[str, Dict[str, Any]] = {}
         self._undo = StateUndo() if config.nonfinite in ("propagate", "skip") else None
         self._layout = Layout()
+        self._specs: List[Tuple[str, Tuple[int, ...], torch.dtype]] = []
         self._lane_of: Dict[int, LaneBucket] = {}
         self._step = 0
         data = None
@@ -185,7 +192,15 @@ class Engine:
         sizes = {n: numel_of(s) * d.itemsize for n, s, d in specs}
         self._choice.fix_plan(self.transport, sizes, {n: s for n, s, _ in specs})
         self._choice.measure(self.transport)
+        self._specs = specs
+        self._build_layout()
+
+    def _build_layout(self) -> None:
+        """Lay out the registered gradients under the current plan (``register``,
+        ``set_plan``); a recorded replay schedule is dropped (it was the old layout's)."""
+        specs = self._specs
         if self.plan is not None:  # the same plan on every rank (fingerprint): same error
+            sizes = {n: numel_of(s) * d.itemsize for n, s, d in specs}
             self.plan.check(sizes, strategy=self.config.strategy, world_size=self.size)
         layout = build_layout(specs, self._choice.decide, self._choice.compressor_for,
                               size=self.size, strategy=self.config.strategy,
@@ -202,6 +217,69 @@ class Engine:
             and layout.replayable()
         self._comm.schedule = None
         _log.debug("rank %d: layout for %d gradients", self.rank, len(layout.grads))
+
+    def set_plan(self, plan: Plan) -> Dict[str, List[str]]:
+        """Switch to ``plan`` at a step boundary (collective; every rank, same plan).
+
+        Called between ``synchronize`` and the next ``submit`` (``plan="adaptive"``,
+        ``tuning/online.py``). The layout is rebuilt under ``plan`` and the
+        recorded replay schedule dropped. A gradient whose compressor (with its
+        master compressor), workflow and partitions are unchanged keeps its
+        compressor states (error feedback, PowerSGD's Q, DGC's momentum: they
+        mean the same thing); every other gradient's states are reset, and the
+        reset ones are logged by name.
+
+        Returns:
+            {"kept": gradients whose states were carried, "reset": gradients whose
+            states were dropped}.
+
+        Raises:
+            RuntimeError: called inside a step (gradients submitted, not synchronised).
+            ConfigMismatchError: on every rank, if the ranks passed different plans.
+            ValueError: the plan does not fit the registered gradients.
+        """
+        self._raise_if_failed()
+        with self._ctx.cv:
+            if self._ctx.life is not Life.OPEN or self._ctx.st.submitted:
+                raise RuntimeError("set_plan() inside a step: call it after synchronize() "
+                                   "and before the next submit()")
+        mine = zlib.crc32(json.dumps(plan.to_dict(), sort_keys=True).encode())
+        theirs = [msgpack.unpackb(t) for t in self.transport.allgather_bytes(
+            msgpack.packb(mine), self.config.timeout)]
+        if len(set(theirs)) > 1:
+            odd = [r for r, h in enumerate(theirs) if h != theirs[0]]
+            raise ConfigMismatchError(f"set_plan: ranks {odd} passed another plan than rank "
+                                      "0; every rank must switch to the same plan (decide "
+                                      "from numbers agreed across ranks)")
+        old, old_plan = self._layout, self._choice.plan
+        self._choice.plan = plan
+        try:
+            self._build_layout()
+        except BaseException:
+            self._choice.plan = old_plan
+            self._build_layout()
+            raise
+        kept, reset = [], []
+        for name, g in self._layout.grads.items():
+            o = old.grads[name]
+            same = (repr(o.compressor), repr(o.back), o.workflow, o.parts, o.collective) == \
+                (repr(g.compressor), repr(g.back), g.workflow, g.parts, g.collective)
+            mine_keys = [k for k in self._states if k.startswith(f"{name}|")]
+            if not mine_keys:
+                continue
+            if same:
+                kept.append(name)
+            else:
+                reset.append(name)
+                for k in mine_keys:
+                    del self._states[k]
+        if reset:
+            _log.warning("rank %d: plan switch at step %d reset the compressor state of %d "
+                         "gradient(s) whose compressor or partitions changed: %s", self.rank,
+                         self._step, len(reset), ", ".join(reset))
+        _log.info("rank %d: plan switched at step %d; compressor state carried for %d "
+                  "gradient(s), reset for %d", self.rank, self._step, len(kept), len(reset))
+        return {"kept": kept, "reset": reset}
 
     # -- submission ----------------------------------------------------------
     def submit(self, name: str, tensor: torch.Tensor) -> Handle:
@@ -396,6 +474,11 @@ class Engine:
     def collectives(self) -> Dict[str, str]:
         """``Layout.collectives``: gradient -> its named collective ("auto" resolved)."""
         return self._layout.collectives()
+
+    @property
+    def gradient_sizes(self) -> Dict[str, int]:
+        """Registered gradient -> its bytes, in registration order."""
+        return {n: numel_of(s) * d.itemsize for n, s, d in self._specs}
 
     @property
     def step(self) -> int:

@@ -31,6 +31,7 @@ PyTorch's own (autograd hooks, optimizers), in this package:
   ``DistributedDataParallel.register_comm_hook``.
 """
 from ...partial import Quorum
+from ...tuning.online import Adaptive
 from ..basics import *  # noqa: F403 (init, rank, size, Compression, ...: every face's)
 from ..basics import __all__ as _BASICS
 from ..collectives import (
@@ -60,5 +61,5 @@ __all__ = [
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
     "broadcast_parameters", "grouped_allreduce", "poll", "synchronize",
     "CaSyncHookState", "casync_hook",
-    "DistributedOptimizer", "OrderingError", "Quorum",
+    "DistributedOptimizer", "OrderingError", "Quorum", "Adaptive",
 ] + _BASICS

@@ -45,7 +45,7 @@ import torch
 
 from .. import checkpoint
 from ..collectives import Average, Sum
-from ..engine_builder import EngineHolder, build_engine, specs_of
+from ..engine_builder import EngineHolder, adaptive_settings, build_engine, resolve_plan, specs_of
 from ..joining import Joining
 from ..ordering import OrderingError
 from ..runtime import _require, _track, check_timeout
@@ -111,7 +111,14 @@ class _DistributedOptimizerMixin(EngineHolder):
         self._hp_engine = build_engine(specs, compression=compression, strategy=strategy,
                                        plan=plan, nonfinite=nonfinite, timeout=timeout,
                                        seed=seed, compression_back=compression_back,
-                                       collective=collective, joining=joining)
+                                       collective=collective, joining=joining,
+                                       online=True)
+        settings = adaptive_settings(resolve_plan(plan))
+        self._hp_online = None  # plan="adaptive": re-plans at step boundaries (tuning/online)
+        if settings is not None:
+            from ...tuning.online import OnlinePlanner
+
+            self._hp_online = OnlinePlanner.for_engine(self._hp_engine, settings)
         self._hp_ensure_hooks()
         _track(self)
 
@@ -259,6 +266,10 @@ class _DistributedOptimizerMixin(EngineHolder):
         else:
             loss = super().step(closure)
         self._hp_steps_taken += 1
+        online = self._hp_online
+        if online is not None and self._hp_engine.step != getattr(self, "_hp_online_at", -1):
+            self._hp_online_at = self._hp_engine.step  # once per synchronised step
+            online.after_step(self._hp_engine)
         if self._hp_check_every and self._hp_steps_taken % self._hp_check_every == 0:
             self.check_consistency()
         return loss
@@ -305,6 +316,12 @@ class _DistributedOptimizerMixin(EngineHolder):
         for k in self._hp_delay:  # accumulated gradients are discarded: start counting anew
             self._hp_delay[k] = self._hp_bpps
         return super().zero_grad(set_to_none=set_to_none)
+
+    @property
+    def online(self) -> Any:
+        """The ``tuning.online.OnlinePlanner`` of ``plan="adaptive"`` (None otherwise, or
+        when there is nothing to adapt)."""
+        return getattr(self, "_hp_online", None)
 
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self, all_ranks: bool = False) -> Dict[str, Any]:
@@ -435,7 +452,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             gradients from 1 MB up are compressed, partitioned by size).
             With ``Compression.none`` (the default) there is nothing to
             decide: every gradient takes the engine's allreduce lane and
-            "auto" profiles nothing.
+            "auto" profiles nothing. "adaptive" or ``hpt.Adaptive(check_every=20,
+            margin=0.1, max_switches=4, profile=None)``: planned as "auto"
+            (or from the given profile), then re-planned while training runs:
+            every ``check_every`` steps the ranks agree on the link the engine
+            measured and switch, all at the same step, to the cost model's
+            best plan when it is predicted faster by more than ``margin``
+            (``tuning/online.py``; ``opt.online.history`` lists every check).
         nonfinite: what a step does when some rank's gradient holds NaN/Inf.
             "propagate" (default, as DDP and Horovod): the averaged
             gradients are non-finite on every rank (compressed ones NaN,

@@ -1,0 +1,537 @@
+"""``plan="adaptive"``: re-plan at step boundaries as the measured link changes.
+
+``plan="auto"`` (``auto.py``) fixes the plan once, from a start-up profile,
+as HiPress plans once (Sec. 3.3). Here the plan follows the link while
+training runs:
+
+1. After every step each rank reads what its engine measured in that step
+   (``casync.timeline``: every bulk round's bytes and seconds, every fused
+   allreduce bucket's) and updates a running estimate of the link's latency
+   and bandwidth (``LinkEstimator``: a relative-error least-squares fit of
+   ``t = alpha + m beta`` over the step's samples, ``cost_model.fit_link``,
+   smoothed by an exponentially weighted moving average, the smoothing TCP
+   uses for its round-trip time, RFC 6298 Sec. 2).
+2. Every ``check_every`` steps the ranks agree on one estimate: an allgather
+   of the local estimates over the engine's transport, of which every rank
+   takes the same median (``agree``), so every rank decides from the same
+   numbers. The first agreed estimate is the *reference*: the network the
+   profile was measured on. Later estimates move the profile's link fits
+   by their change from it (``OnlinePlanner.calibrated``: latency shifted,
+   bandwidth scaled), since what the rounds measure includes costs a bare
+   link timing does not.
+3. The cost model (``cost_model.Planner``, per gradient over the
+   candidates the profile holds) prices the current plan on the moved
+   profile and makes its best plan there. The plan switches only when both
+   (a) the current plan's predicted time moved by more than ``margin``
+   since the link it was decided on, and (b) the best plan is predicted
+   faster than it by more than ``margin`` (hysteresis on the input and on
+   the gain: noise does not flap the plan), and fewer than
+   ``max_switches`` switches happened (``should_switch``).
+4. A switch is ``Engine.set_plan`` on every rank at the same step boundary,
+   which carries compressor state where a gradient's compressor and
+   partitions stay the same and resets (and logs) it elsewhere. The switch
+   is logged with its numbers and added to the engine's timeline as a
+   ``plan_switch`` event; ``OnlinePlanner.history`` keeps every check.
+
+The compressor curves come from a ``Profile``: the one ``plan="auto"``
+measured at ``register`` (kept in the plan's ``meta["profile"]``), or one
+given as ``Adaptive(profile=...)`` (a ``hipress-profile profile`` file),
+which also plans the first plan without profiling.
+
+``Adaptive(estimate=...)`` replaces the timeline's measurement by a
+callable ``estimate(step, rank) -> Link | None``: for tests (a link that
+changes on a schedule, without root or ``tc``) and what-if runs. The
+agreement and the decision run as they do on measured numbers.
+
+Example:
+    >>> from hipress_like.tuning.online import Adaptive, should_switch
+    >>> Adaptive(check_every=10, margin=0.2).check_every
+    10
+    >>> should_switch(1.0, 0.85, margin=0.1, switches=0, max_switches=3)
+    True
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..cost_model.model import Link, fit_link
+from ..cost_model.plan import Plan
+from ..cost_model.planner import Planner, plan_per_gradient
+from ..cost_model.profile import Profile
+
+__all__ = ["Adaptive", "LinkEstimator", "OnlinePlanner", "agree", "should_switch",
+           "timeline_samples", "price_plan", "profile_plan"]
+
+_log = logging.getLogger(__name__)
+
+EstimateFn = Callable[[int, int], Optional[Link]]
+# steps timed after a switch (and before it) for its report
+AFTER_STEPS = 5
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """What ``plan="adaptive"`` does (``DistributedOptimizer(plan=hpt.Adaptive(...))``).
+
+    Attributes:
+        check_every: steps between checks (each check is one small allgather).
+        margin: the predicted sync time must improve by more than this
+            fraction for a switch (hysteresis).
+        max_switches: switches allowed in the whole run.
+        gain: the moving average's weight of a new step's estimate (0, 1].
+        profile: a ``Profile`` or a path to a profile JSON; None takes the
+            profile ``plan="auto"`` measures at start-up.
+        estimate: for tests and what-if runs: ``estimate(step, rank) ->
+            Link | None`` replaces the timeline's measurement (None: no
+            estimate this step).
+
+    Raises:
+        ValueError: a knob out of range.
+    """
+
+    check_every: int = 20
+    margin: float = 0.10
+    max_switches: int = 4
+    gain: float = 0.25
+    profile: Any = None
+    estimate: Optional[EstimateFn] = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.check_every, bool) or not isinstance(self.check_every, int) \
+                or self.check_every < 1:
+            raise ValueError(f"check_every must be an int >= 1 (steps between checks), found "
+                             f"{self.check_every!r}")
+        if not (isinstance(self.margin, (int, float)) and 0 <= self.margin < 1):
+            raise ValueError(f"margin must be a fraction in [0, 1) (0.1: a switch needs a "
+                             f"predicted gain over 10 %), found {self.margin!r}")
+        if isinstance(self.max_switches, bool) or not isinstance(self.max_switches, int) \
+                or self.max_switches < 0:
+            raise ValueError(f"max_switches must be an int >= 0, found {self.max_switches!r}")
+        if not (isinstance(self.gain, (int, float)) and 0 < self.gain <= 1):
+            raise ValueError(f"gain must be in (0, 1], found {self.gain!r}")
+        if self.estimate is not None and not callable(self.estimate):
+            raise ValueError(f"estimate must be a callable (step, rank) -> Link or None, "
+                             f"found {self.estimate!r}")
+
+    def load_profile(self) -> Optional[Profile]:
+        """The given profile (loaded from its path), or None."""
+        if self.profile is None or isinstance(self.profile, Profile):
+            return self.profile
+        if isinstance(self.profile, (str, os.PathLike)):
+            return Profile.load(self.profile)
+        raise TypeError(f"Adaptive(profile=...) takes a Profile or a path to a profile JSON, "
+                        f"found {type(self.profile).__name__}")
+
+
+def should_switch(current_s: float, best_s: float, *, margin: float, switches: int,
+                  max_switches: int) -> bool:
+    """The decision rule: switch when the best plan is predicted faster by more than
+    ``margin`` (relative to the current plan's time) and the cap is not reached.
+
+    Example:
+        >>> should_switch(1.0, 0.95, margin=0.1, switches=0, max_switches=3)
+        False
+        >>> should_switch(1.0, 0.5, margin=0.1, switches=3, max_switches=3)
+        False
+    """
+    if switches >= max_switches or not (current_s > 0 and math.isfinite(current_s)):
+        return False
+    return (current_s - best_s) / current_s > margin
+
+
+class LinkEstimator:
+    """A running estimate of the link's ``alpha + m beta`` from per-step samples.
+
+    Each step's samples (wire bytes, seconds) are fitted by ``fit_link``
+    (least squares on relative error) when they span two sizes; otherwise
+    the latency is kept and the bandwidth is the bytes over the time left
+    after it. Each step's fit moves the estimate by ``gain`` (an
+    exponentially weighted moving average, RFC 6298 Sec. 2's smoothing;
+    latency and the time per byte are averaged, so slow and fast steps
+    weigh as the time they cost).
+
+    Args:
+        gain: weight of a new step's fit, in (0, 1].
+    """
+
+    def __init__(self, gain: float = 0.25) -> None:
+        self.gain = gain
+        self.alpha: Optional[float] = None  # seconds
+        self.beta: Optional[float] = None  # seconds per byte
+        self.steps = 0
+
+    @property
+    def link(self) -> Optional[Link]:
+        """The estimate, or None before any sample."""
+        if self.alpha is None or self.beta is None:
+            return None
+        return Link(self.alpha, 1.0 / self.beta)
+
+    def update(self, samples: Sequence[Tuple[float, float]]) -> Optional[Link]:
+        """Fold one step's (bytes, seconds) samples into the estimate; returns it."""
+        pts = [(float(m), float(t)) for m, t in samples if m > 0 and t > 0]
+        if not pts:
+            return self.link
+        if len({m for m, _ in pts}) >= 2:
+            fit = fit_link([m for m, _ in pts], [t for _, t in pts])
+            a, b = fit.latency, 1.0 / fit.bandwidth
+        else:
+            a = self.alpha or 0.0
+            m = sum(x for x, _ in pts)
+            t = sum(y for _, y in pts)
+            busy = t - a * len(pts)
+            b = (busy if busy > 0 else t) / m
+        if self.alpha is None:
+            self.alpha, self.beta = a, b
+        else:
+            g = self.gain
+            self.alpha += g * (a - self.alpha)
+            self.beta += g * (b - self.beta)
+        self.steps += 1
+        return self.link
+
+
+def timeline_samples(events: Sequence[Any], step: int, world_size: int
+                     ) -> List[Tuple[float, float]]:
+    """(bytes one way on this rank's link, seconds) of one step's timeline events.
+
+    A bulk ``round`` records the bytes sent plus received: half go each way
+    on a full-duplex link. A fused allreduce ``bucket`` of m bytes moves
+    ``2 (N-1) / N m`` bytes each way in a ring allreduce (the
+    flexible-communication paper, Table I, Ring-AR), the formula the cost
+    model prices uncompressed gradients with.
+    """
+    n = max(2, world_size)
+    out = []
+    for e in events:
+        if e.step != step or e.nbytes <= 0 or e.end <= e.start:
+            continue
+        if e.kind == "round":
+            out.append((e.nbytes / 2.0, e.end - e.start))
+        elif e.kind == "bucket":
+            out.append((2.0 * (n - 1) / n * e.nbytes, e.end - e.start))
+    return out
+
+
+def agree(transport: Any, link: Optional[Link], timeout: float) -> Optional[Link]:
+    """One estimate every rank holds: the median over ranks of latency and of the
+    time per byte (the lower middle for an even count). Collective.
+
+    Returns:
+        The agreed link, or None when some rank has no estimate yet.
+    """
+    mine = torch.tensor([math.nan, math.nan] if link is None else
+                        [link.latency, 1.0 / link.bandwidth], dtype=torch.float64)
+    rows = [t.tolist() for t in transport.allgather(mine, timeout)]
+    if any(math.isnan(v) for r in rows for v in r):
+        return None
+    mid = (len(rows) - 1) // 2
+    lat = sorted(r[0] for r in rows)[mid]
+    beta = sorted(r[1] for r in rows)[mid]
+    return Link(max(0.0, lat), 1.0 / beta)
+
+
+def _key(name: str, params: Mapping[str, Any]) -> Tuple[str, str]:
+    return name, json.dumps(dict(params), sort_keys=True)
+
+
+def _planners(profile: Profile, labels: Sequence[str], n: int, strategy: str,
+              raw_collective: bool) -> List[Planner]:
+    return [Planner(profile, c, n, strategy, raw_collective=raw_collective) for c in labels]
+
+
+def profile_plan(profile: Profile, labels: Sequence[str], sizes: Mapping[str, int], n: int,
+                 strategy: str, raw_collective: bool = True,
+                 meta: Optional[Mapping[str, Any]] = None) -> Plan:
+    """The cost model's best plan for ``sizes`` on ``profile`` (its link as it is),
+    per gradient over the compressors ``labels`` (``plan_per_gradient``)."""
+    planners = _planners(profile, labels, n, strategy, raw_collective)
+    if len(planners) == 1:
+        return planners[0].plan(dict(sizes), meta=meta)
+    return plan_per_gradient(planners, dict(sizes), meta=meta)
+
+
+def price_plan(plan: Plan, planners: Sequence[Planner], sizes: Mapping[str, int], n: int
+               ) -> Optional[float]:
+    """Predicted seconds of one synchronisation of every gradient under ``plan``: per
+    gradient, the planner of its compressor's ``t_cpr`` at its K, or ``t_orig``
+    (the strategy's workflow: a top-k entry's named collective is priced as PS
+    or Ring, alike for the plans compared).
+
+    Returns:
+        The sum, or None when a gradient's compressor is not among the planners.
+    """
+    by_key = {_key(p.cp.name, p.cp.params): p for p in planners}
+    total = 0.0
+    for name, nbytes in sizes.items():
+        dec = plan.decide(name, nbytes, n)
+        k = max(1, int(dec.partitions))
+        if not dec.compress:
+            total += planners[0].t_orig(float(nbytes), k)
+            continue
+        comp, params = plan.compressor_of(dec)
+        p = by_key.get(_key(comp, params))
+        if p is None:
+            return None
+        total += p.t_cpr(float(nbytes), k)
+    return total
+
+
+class OnlinePlanner:
+    """Watches an engine after every step and switches its plan when it pays.
+
+    Args:
+        settings: the ``Adaptive`` knobs.
+        profile: compressor curves and link fits (moved by each agreed estimate's
+            change from the reference, ``calibrated``).
+        labels: the profile's compressors to choose from per gradient.
+        sizes: {gradient: bytes}, as registered.
+        n: world size; strategy, raw_collective: the engine's.
+        timeout: seconds for the agreement's allgather.
+
+    Attributes:
+        history: one dict per check: step, agreed link, predicted seconds of
+            the current and the best plan, the predicted gain, and whether it
+            switched (with the gradients whose state was kept or reset, and the
+            median wall time of a step before the switch and of the first
+            ``AFTER_STEPS`` after it: ``step_s_before``, ``step_s_after``).
+        switches: switches made.
+    """
+
+    def __init__(self, settings: Adaptive, profile: Profile, labels: Sequence[str],
+                 sizes: Mapping[str, int], n: int, strategy: str, *,
+                 raw_collective: bool = True, timeout: float = 300.0) -> None:
+        if not labels:
+            raise ValueError("plan='adaptive' needs at least one compressor to choose from")
+        self.settings = settings
+        self.profile = profile
+        self.labels = list(labels)
+        self.sizes = dict(sizes)
+        self.n, self.strategy, self.raw_collective = n, strategy, bool(raw_collective)
+        self.timeout = timeout
+        self.estimator = LinkEstimator(settings.gain)
+        self.history: List[Dict[str, Any]] = []
+        self.switches = 0
+        self.reference: Optional[Link] = None  # the first agreed estimate
+        self._steps_s: List[float] = []  # wall seconds of the last steps (``_time_step``)
+        self._last_t: Optional[float] = None
+        self._after_switch: Optional[Dict[str, Any]] = None
+        self.decided_on: Optional[Link] = None  # the estimate of the last decision
+        self._reference_planners = _planners(profile, self.labels, n, strategy,
+                                             self.raw_collective)
+
+    @classmethod
+    def for_engine(cls, engine: Any, settings: Adaptive) -> Optional["OnlinePlanner"]:
+        """The online planner of a registered engine, or None (logged) when there is
+        nothing to adapt: one rank, or no plan or profile (nothing is compressed)."""
+        plan = engine.plan
+        profile = settings.load_profile()
+        if profile is None and plan is not None and "profile" in plan.meta:
+            profile = Profile.from_dict(plan.meta["profile"])
+        if engine.size < 2 or plan is None or profile is None:
+            _log.info("plan='adaptive': nothing to adapt (%s); the plan stays fixed",
+                      "one rank" if engine.size < 2 else "no profiled plan: nothing to "
+                      "compress")
+            return None
+        labels = list(plan.meta.get("candidates") or [])
+        if not labels:
+            labels = [k for k, c in profile.compressors.items()
+                      if _key(c.name, c.params) == _key(plan.compressor, plan.params)][:1]
+        if not labels:
+            raise ValueError(f"plan='adaptive': the profile has no curves for the plan's "
+                             f"compressor {plan.compressor!r} (it has "
+                             f"{sorted(profile.compressors)}); profile that compressor")
+        cfg = engine.config
+        sizes = engine.gradient_sizes
+        return cls(settings, profile, labels, sizes, engine.size, cfg.strategy,
+                   raw_collective=cfg.raw_collective, timeout=cfg.timeout)
+
+    def _time_step(self, step: int) -> None:
+        """Record the wall time of the step just done (from the previous call); once
+        ``AFTER_STEPS`` steps ran after a switch, report their median beside the one
+        before it (the switch's ``history`` entry gets ``step_s_after``)."""
+        now = time.perf_counter()
+        if self._last_t is not None:
+            self._steps_s.append(now - self._last_t)
+            del self._steps_s[:-max(AFTER_STEPS, self.settings.check_every)]
+        self._last_t = now
+        rec = self._after_switch
+        if rec is not None and len(self._steps_s) >= AFTER_STEPS:
+            rec["step_s_after"] = self._median_step()
+            self._after_switch = None
+            _log.info("plan='adaptive': the %d steps after the switch at step %d took %.2f ms "
+                      "each (median), %.2f ms before it", AFTER_STEPS, rec["step"],
+                      1e3 * rec["step_s_after"], 1e3 * (rec["step_s_before"] or math.nan))
+
+    def _median_step(self) -> Optional[float]:
+        xs = sorted(self._steps_s[-AFTER_STEPS:])
+        return xs[len(xs) // 2] if xs else None
+
+    def calibrated(self, link: Link) -> Profile:
+        """The profile moved to an agreed estimate ``link``, relative to the reference.
+
+        The first agreed estimate is the reference: the network the profile
+        was measured on. What the engine's rounds measure includes costs a
+        bare link timing does not (coordination, copies), so the estimate
+        is used as a change, not as a value: every link fit of the profile
+        (all links, one link, the allreduce, the timed lane) gets the
+        latency's difference added and its bandwidth scaled by the
+        bandwidths' ratio. The compressor curves are CPU work and stay.
+        """
+        ref = self.reference
+        if ref is None:
+            raise RuntimeError("no reference estimate yet (the first check sets it)")
+        d_lat, r_bw = link.latency - ref.latency, link.bandwidth / ref.bandwidth
+
+        def move(x: Optional[Link]) -> Optional[Link]:
+            return None if x is None else Link(max(0.0, x.latency + d_lat), x.bandwidth * r_bw)
+
+        p = self.profile
+        return dataclasses.replace(p, link=move(p.link), link_one=move(p.link_one),
+                                   allreduce=move(p.allreduce), lane=move(p.lane))
+
+    def planners(self, link: Link) -> List[Planner]:
+        """One planner per candidate on the profile moved to ``link``. Each keeps the
+        engine's cost beyond Eq. 2 fitted on the reference network (refitting the
+        timings taken there against another link would cancel the link's change)."""
+        ps = _planners(self.calibrated(link), self.labels, self.n, self.strategy,
+                       self.raw_collective)
+        for p, r in zip(ps, self._reference_planners):
+            p.engine_term = r.engine_term
+        return ps
+
+    def after_step(self, engine: Any) -> Optional[Plan]:
+        """Update the estimate from the step just synchronised; on a check step, agree
+        and maybe switch (collective on check steps: every rank, same step).
+
+        A check switches when both hold: the current plan's predicted time
+        moved by more than ``margin`` since the link the plan was last
+        decided on (the first check, or the last switch), and the best plan
+        is predicted faster than the current one by more than ``margin``
+        (``should_switch``). The first check only records the reference.
+
+        Returns:
+            The new plan when this call switched, else None.
+        """
+        step = engine.step  # completed steps; the last one's index is step - 1
+        self._time_step(step)
+        est = self.settings.estimate
+        if est is not None:
+            link = est(step - 1, engine.rank)
+            if link is not None:
+                self.estimator.alpha, self.estimator.beta = link.latency, 1.0 / link.bandwidth
+        else:
+            self.estimator.update(timeline_samples(engine.timeline.events, step - 1,
+                                                   engine.size))
+        if step % self.settings.check_every:
+            return None
+        t0 = time.perf_counter()
+        link = agree(engine.transport, self.estimator.link, self.timeout)
+        if link is None:
+            _log.info("plan='adaptive' step %d: no link estimate on some rank yet", step)
+            return None
+        rec: Dict[str, Any] = {"step": step, "latency_s": link.latency,
+                               "bandwidth_Bps": link.bandwidth, "switched": False}
+        if self.reference is None:
+            self.reference = self.decided_on = link
+            rec["reference"] = True
+            self.history.append(rec)
+            _log.info("plan='adaptive' step %d: reference link %.3g ms + %.3g Gbit/s (agreed "
+                      "across ranks)", step, 1e3 * link.latency, 8e-9 * link.bandwidth)
+            return None
+        planners = self.planners(link)
+        current = price_plan(engine.plan, planners, self.sizes, self.n)
+        before = price_plan(engine.plan, self.planners(self.decided_on), self.sizes, self.n)
+        meta = {"adaptive": {"step": step, "latency": link.latency,
+                             "bandwidth": link.bandwidth},
+                "profile": self.profile.to_dict(), "candidates": self.labels}
+        best = plan_per_gradient(planners, self.sizes, meta=meta) if len(planners) > 1 \
+            else planners[0].plan(self.sizes, meta=meta)
+        best_s = price_plan(best, planners, self.sizes, self.n)
+        rec.update(current_s=current, best_s=best_s, before_s=before)
+        s = self.settings
+        if current is None or best_s is None or before is None:
+            _log.warning("plan='adaptive' step %d: the current plan names a compressor the "
+                         "profile has no curves for; the plan stays", step)
+            self.history.append(rec)
+            return None
+        rec["gain"] = (current - best_s) / current if current > 0 else 0.0
+        rec["moved"] = abs(current - before) / before if before > 0 else 0.0
+        if rec["moved"] > s.margin and should_switch(
+                current, best_s, margin=s.margin, switches=self.switches,
+                max_switches=s.max_switches):
+            states = engine.set_plan(best)
+            self.switches += 1
+            self.decided_on = link
+            rec.update(switched=True, **states)
+            rec["step_s_before"] = self._median_step()
+            self._after_switch = rec
+            self._steps_s.clear()
+            _log.warning("plan='adaptive' switched the plan at step %d (switch %d of at most "
+                         "%d): link %.3g ms + %.3g Gbit/s agreed across ranks; predicted "
+                         "sync %.2f ms -> %.2f ms (gain %.0f %%, margin %.0f %%); %d of %d "
+                         "gradients compressed", step, self.switches, s.max_switches,
+                         1e3 * link.latency, 8e-9 * link.bandwidth, 1e3 * current,
+                         1e3 * best_s, 100 * rec["gain"], 100 * s.margin,
+                         sum(g.compress for g in best.gradients.values()),
+                         len(best.gradients))
+            from ..casync.timeline import Event
+
+            engine.timeline.add(Event("plan_switch", "", self.switches, t0,
+                                      time.perf_counter(), 0, "compute", step))
+        else:
+            _log.info("plan='adaptive' step %d: keep the plan (link %.3g ms + %.3g Gbit/s; "
+                      "current plan %.2f ms, moved %.0f %%; best %.2f ms, gain %.0f %%; %d "
+                      "switch(es) made)", step, 1e3 * link.latency, 8e-9 * link.bandwidth,
+                      1e3 * current, 100 * rec["moved"], 1e3 * best_s, 100 * rec["gain"],
+                      self.switches)
+        self.history.append(rec)
+        return best if rec["switched"] else None
+
+
+class adaptive_plan:  # noqa: N801 - a callable used like a function, as auto_plan
+    """The plan source of ``plan="adaptive"`` with a given profile: the cost model's
+    best plan on the profile's own link, planned inside ``register`` without
+    profiling (every rank plans from the same file, so every rank gets the same
+    plan; the engine checks it). Without a profile the front ends use
+    ``auto_plan``, whose measured profile the online planner then reuses.
+
+    Args:
+        profile: the ``Profile``.
+        labels: compressors to choose from per gradient (default: all the
+            profile's).
+    """
+
+    def __init__(self, profile: Profile, labels: Optional[Sequence[str]] = None) -> None:
+        self.profile = profile
+        self.labels = list(labels) if labels else sorted(profile.compressors)
+
+    def __call__(self, transport: Any, sizes: Mapping[str, int], config: Any) -> Plan:
+        return profile_plan(self.profile, self.labels, sizes, transport.size, config.strategy,
+                            config.raw_collective,
+                            meta={"adaptive": "start", "candidates": self.labels,
+                                  "profile": self.profile.to_dict()})
+
+    def __repr__(self) -> str:
+        return f"adaptive_plan(labels={self.labels!r})"
+
+
+def source_for(settings: Union[Adaptive, str], candidates: Any = None) -> Any:
+    """The plan source ``register`` calls for ``plan="adaptive"``: ``adaptive_plan``
+    on a given profile, else ``auto_plan`` (profiles at start-up)."""
+    settings = Adaptive() if isinstance(settings, str) else settings
+    profile = settings.load_profile()
+    if profile is not None:
+        return adaptive_plan(profile, list(candidates) if candidates else None)
+    from .auto import auto_plan
+
+    return auto_plan(candidates=candidates)

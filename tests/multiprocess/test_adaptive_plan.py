@@ -1,0 +1,181 @@
+"""plan="adaptive" on real ranks (gloo on loopback, run_workers), without root.
+
+The link estimate is injected (``Adaptive(estimate=...)``, the documented test
+source) on a schedule: fast, then slow, then fast again. Every rank switches
+at the same step to the same plan, replicas stay bitwise identical at every
+step, before and after each switch, the replayed schedule of the uncompressed
+plan is dropped while the compressed one runs and recorded again after, and
+the compressor state is reset on the way back (logged). With estimates that
+jitter around a link where another plan is predicted only a few percent
+faster, nothing switches (the margin). The first check's estimate is the
+reference: the link the profile was measured on.
+
+The compressor's curves are measured here (``profile_compressor``) and
+shared with every rank through a profile file, as ``Adaptive(profile=...)``
+takes one. The default path (profiled at start as ``plan="auto"``, estimates
+measured from the engine's timeline) runs too: whatever it decides, every
+rank decides it alike from the agreed numbers.
+"""
+import hashlib
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+from test_torch_optimizer import _batch, _digest, _model  # the same model and batches
+
+import hipress_like.torch as hpt
+from hipress_like.cost_model import Link, Planner, Profile
+from hipress_like.launch.launch import run_workers
+from hipress_like.tuning.online import price_plan, profile_plan
+from hipress_like.tuning.profiler import profile_compressor
+
+FAST = (2e-6, 12.5e9)  # 2 us + 100 Gbit/s
+SLOW = (1e-3, 1.25e6)  # 1 ms + 10 Mbit/s
+N = 2
+
+
+def _fast_slow_fast(step, rank):
+    """The injected link: fast before step 8, slow for steps 8-15, fast again."""
+    return Link(*SLOW) if 8 <= step < 16 else Link(*FAST)
+
+
+def _plan_digest(plan):
+    return hashlib.sha256(json.dumps({n: g.to_dict() for n, g in plan.gradients.items()},
+                                     sort_keys=True).encode()).hexdigest()
+
+
+def _run(ctx, settings, steps):
+    hpt.init()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = hpt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression="onebit", plan=settings)
+    init = _digest(model)
+    out = {"digests": [], "plans": [], "replayed": [], "compressed": []}
+    for step in range(steps):
+        x, y = _batch(ctx.rank, step)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        out["digests"].append(_digest(model))
+        out["plans"].append(_plan_digest(opt.engine.plan))
+        out["replayed"].append(opt.engine.replayed_steps)
+        out["compressed"].append(sorted(n for n, d in opt.engine.layout().items()
+                                        if d["compress"]))
+    assert out["digests"][-1] != init, "nothing was learned"
+    out["history"] = opt.online.history
+    out["switch_events"] = [e.step for e in opt.engine.timeline.events
+                            if e.kind == "plan_switch"]
+    opt.close()
+    return out
+
+
+def switch_worker(ctx, profile_path):
+    settings = hpt.Adaptive(check_every=5, margin=0.1, max_switches=4, profile=profile_path,
+                            estimate=_fast_slow_fast)
+    return _run(ctx, settings, 24)
+
+
+def noise_worker(ctx, profile_path, latency, bandwidth):
+    def jitter(step, rank):  # the profile's link (the reference), then bandwidth +-2 %
+        if step < 3:
+            return Link(*FAST)
+        return Link(latency, bandwidth * (1 + 0.02 * math.sin(7 * step + 3 * rank)))
+
+    settings = hpt.Adaptive(check_every=3, margin=0.1, profile=profile_path, estimate=jitter)
+    return _run(ctx, settings, 15)
+
+
+def measured_worker(ctx):
+    # the default path: profiled at start (as plan="auto"), estimates from the timeline
+    return _run(ctx, hpt.Adaptive(check_every=3), 9)
+
+
+def _decisions(history):
+    """A history without its wall-clock step times (each rank's own)."""
+    return [{k: v for k, v in h.items() if not k.startswith("step_s")} for h in history]
+
+
+def _profile(tmp_path):
+    cp = profile_compressor("onebit", sizes=[4096, 16384, 65536], repeats=3, min_time=0.0)
+    prof = Profile(link=Link(*FAST), compressors={"onebit": cp}, meta={"ranks": N})
+    path = tmp_path / "profile.json"
+    prof.save(path)
+    return prof, str(path)
+
+
+def _sizes():
+    return {n: p.numel() * 4 for n, p in _model().named_parameters()}
+
+
+def test_every_rank_switches_at_the_same_step_with_identical_replicas(tmp_path):
+    _, path = _profile(tmp_path)
+    res = run_workers(switch_worker, N, args=(path,), timeout=240)
+    r0 = res[0]
+    for r in res[1:]:  # the same parameters and plan on every rank, at every step
+        assert r["digests"] == r0["digests"]
+        assert r["plans"] == r0["plans"]
+        assert _decisions(r["history"]) == _decisions(r0["history"])
+        assert r["switch_events"] == r0["switch_events"]
+    assert [h["step"] for h in r0["history"]] == [5, 10, 15, 20]
+    assert [h["switched"] for h in r0["history"]] == [False, True, False, True]
+    assert r0["switch_events"] == [10, 20]
+    # the plan changed exactly at the switches (entry i is after engine step i + 1)
+    changes = [i + 1 for i in range(1, len(r0["plans"]))
+               if r0["plans"][i] != r0["plans"][i - 1]]
+    assert changes == [10, 20]
+    assert r0["compressed"][8] == [] and r0["compressed"][9], "slow link: nothing compressed"
+    assert r0["compressed"][18] == r0["compressed"][9] and r0["compressed"][19] == []
+    assert sorted(r0["history"][3]["reset"]) == r0["compressed"][9]  # EF memories dropped
+    assert r0["history"][1]["gain"] > 0.1 and r0["history"][3]["gain"] > 0.1
+    # the steps around the first switch were timed and reported
+    assert r0["history"][1]["step_s_before"] > 0 and r0["history"][1]["step_s_after"] > 0
+    # replay: the uncompressed plan replays, the compressed one cannot, then again
+    rep = r0["replayed"]
+    assert rep[8] > 0 and rep[18] == rep[9] and rep[23] > rep[19]
+
+
+def test_estimates_jittering_within_the_margin_do_not_switch(tmp_path):
+    prof, path = _profile(tmp_path)
+    sizes = _sizes()
+    current = profile_plan(prof, ["onebit"], sizes, N, "ps")
+
+    def gain(bw):
+        p = prof.with_link(Link(FAST[0], bw))
+        planners = [Planner(p, "onebit", N, "ps")]
+        now = price_plan(current, planners, sizes, N)
+        return (now - price_plan(profile_plan(p, ["onebit"], sizes, N, "ps"), planners,
+                                 sizes, N)) / now
+
+    hi, lo = FAST[1], SLOW[1]  # gain(hi) = 0, gain(lo) > 0.1: bisect to a gain near 5 %
+    assert gain(hi) <= 0.0 < 0.1 < gain(lo)
+    for _ in range(60):
+        mid = math.sqrt(hi * lo)
+        hi, lo = (mid, lo) if gain(mid) < 0.05 else (hi, mid)
+    bw = math.sqrt(hi * lo)
+    assert 0.03 < gain(bw) < 0.07
+    res = run_workers(noise_worker, N, args=(path, FAST[0], bw), timeout=240)
+    for r in res:
+        assert r["digests"] == res[0]["digests"]
+        assert [h["step"] for h in r["history"]] == [3, 6, 9, 12, 15]
+        assert not any(h["switched"] for h in r["history"]), r["history"]
+        assert r["switch_events"] == []
+        assert len(set(r["plans"])) == 1
+        # the link moved, and another plan was predicted faster by less than the
+        # margin: hysteresis held
+        assert r["history"][0]["reference"]
+        assert all(h["moved"] > 0.1 and 0.0 < h["gain"] < 0.1 for h in r["history"][1:]), \
+            r["history"]
+
+
+def test_measured_estimates_are_agreed_and_decided_alike_on_every_rank():
+    res = run_workers(measured_worker, N, timeout=300)
+    r0 = res[0]
+    assert [h["step"] for h in r0["history"]] == [3, 6, 9]
+    assert r0["history"][0]["reference"] and r0["history"][0]["bandwidth_Bps"] > 0
+    assert all(h["current_s"] > 0 and "gain" in h for h in r0["history"][1:])
+    for r in res[1:]:
+        assert r["digests"] == r0["digests"] and r["plans"] == r0["plans"]
+        assert _decisions(r["history"]) == _decisions(r0["history"])
+        assert r["switch_events"] == r0["switch_events"]

@@ -1,0 +1,299 @@
+"""plan="adaptive" (tuning/online.py): the estimator, the agreement, the decision rule,
+the pricing of plans on a changed link, and the engine's switch at a step boundary.
+"""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from hipress_like.casync.engine import Engine, EngineConfig
+from hipress_like.casync.timeline import Event
+from hipress_like.casync.transport.inproc import run_threads
+from hipress_like.cost_model import CompressorProfile, Curve, Link, Plan, Profile, SizeRule
+from hipress_like.cost_model.planner import NEVER, Planner
+from hipress_like.tuning.online import (
+    Adaptive,
+    LinkEstimator,
+    OnlinePlanner,
+    agree,
+    price_plan,
+    profile_plan,
+    should_switch,
+    timeline_samples,
+)
+
+FAST = Link(2e-6, 12.5e9)  # 2 us + 100 Gbit/s
+SLOW = Link(1e-3, 1.25e6)  # 1 ms + 10 Mbit/s
+SIZES = {"w1": 256 << 10, "w2": 64 << 10, "b": 512}
+
+
+def _profile(link=FAST):
+    pts = [float(4 << e) for e in range(8, 26, 2)]
+    cp = CompressorProfile(name="onebit", category="quantization", ratio=1 / 32,
+                           header_bytes=8, encode=Curve.linear(2e-5, 1e-9, pts),
+                           decode=Curve.linear(1e-5, 5e-10, pts))
+    return Profile(link=link, compressors={"onebit": cp}, meta={"ranks": 2})
+
+
+# -- the decision rule -------------------------------------------------------------------
+
+def test_should_switch_needs_more_than_the_margin():
+    assert should_switch(1.0, 0.8, margin=0.1, switches=0, max_switches=4)
+    assert not should_switch(1.0, 0.9, margin=0.1, switches=0, max_switches=4)  # exactly 10 %
+    assert not should_switch(1.0, 0.95, margin=0.1, switches=0, max_switches=4)
+    assert should_switch(1.0, 0.95, margin=0.0, switches=0, max_switches=4)
+    assert not should_switch(1.0, 1.2, margin=0.0, switches=0, max_switches=4)  # slower
+
+
+def test_should_switch_stops_at_the_cap():
+    assert should_switch(1.0, 0.1, margin=0.1, switches=1, max_switches=2)
+    assert not should_switch(1.0, 0.1, margin=0.1, switches=2, max_switches=2)
+    assert not should_switch(1.0, 0.1, margin=0.1, switches=0, max_switches=0)
+    assert not should_switch(0.0, 0.0, margin=0.1, switches=0, max_switches=2)
+
+
+@pytest.mark.parametrize("kw", [{"check_every": 0}, {"margin": 1.0}, {"margin": -0.1},
+                                {"max_switches": -1}, {"gain": 0.0}, {"estimate": 3},
+                                {"check_every": True}])
+def test_adaptive_rejects_bad_knobs(kw):
+    with pytest.raises(ValueError):
+        Adaptive(**kw)
+
+
+# -- the estimator -------------------------------------------------------------------------
+
+def test_estimator_fits_alpha_and_beta_from_two_sizes():
+    est = LinkEstimator(gain=1.0)
+    link = est.update([(m, SLOW(m)) for m in (1e3, 1e4, 1e5)])
+    assert math.isclose(link.latency, SLOW.latency, rel_tol=1e-6)
+    assert math.isclose(link.bandwidth, SLOW.bandwidth, rel_tol=1e-6)
+
+
+def test_estimator_moves_by_its_gain_toward_a_new_link():
+    est = LinkEstimator(gain=0.25)
+    est.update([(m, FAST(m)) for m in (1e3, 1e5)])
+    est.update([(m, SLOW(m)) for m in (1e3, 1e5)])
+    beta = 1 / FAST.bandwidth + 0.25 * (1 / SLOW.bandwidth - 1 / FAST.bandwidth)
+    assert math.isclose(1 / est.link.bandwidth, beta, rel_tol=1e-6)
+    for _ in range(60):  # converges to the new link
+        est.update([(m, SLOW(m)) for m in (1e3, 1e5)])
+    assert math.isclose(est.link.bandwidth, SLOW.bandwidth, rel_tol=1e-3)
+    assert est.steps == 62
+
+
+def test_estimator_with_one_size_keeps_the_latency():
+    est = LinkEstimator(gain=1.0)
+    est.update([(m, SLOW(m)) for m in (1e3, 1e5)])
+    link = est.update([(5e4, SLOW(5e4)), (5e4, SLOW(5e4))])
+    assert math.isclose(link.bandwidth, SLOW.bandwidth, rel_tol=1e-6)
+    assert est.update([]) == link  # a step without samples changes nothing
+
+
+def test_timeline_samples_convert_rounds_and_buckets_to_one_way_bytes():
+    evs = [Event("round", "", 2, 0.0, 0.5, 1000, "comm", 3),
+           Event("bucket", "", 4, 1.0, 1.25, 400, "comm", 3),
+           Event("encode", "w", 0, 0.0, 0.1, 400, "compute", 3),
+           Event("round", "", 2, 0.0, 0.5, 1000, "comm", 2),  # another step
+           Event("round", "", 2, 0.0, 0.5, 0, "comm", 3)]  # metadata only
+    assert timeline_samples(evs, 3, 4) == [(500.0, 0.5), (600.0, 0.25)]
+
+
+def test_agree_takes_the_same_median_on_every_rank():
+    links = [Link(1e-3, 1e6), Link(3e-3, 4e6), Link(2e-3, 2e6)]
+
+    def body(t):
+        return agree(t, links[t.rank], 10.0)
+
+    got = run_threads(body, 3)
+    assert got[0] == got[1] == got[2] == Link(2e-3, 2e6)
+    assert run_threads(lambda t: agree(t, None if t.rank else Link(1, 1), 10.0), 2) == [None,
+                                                                                     None]
+
+
+# -- plans on a changed link ----------------------------------------------------------------
+
+def test_best_plan_follows_the_link_and_prices_below_the_current_one():
+    prof = _profile()
+    fast = profile_plan(prof, ["onebit"], SIZES, 2, "ps")
+    slow_prof = prof.with_link(SLOW)
+    slow = profile_plan(slow_prof, ["onebit"], SIZES, 2, "ps")
+    assert not any(g.compress for g in fast.gradients.values())
+    assert slow.gradients["w1"].compress and slow.gradients["w2"].compress
+    planners = [Planner(slow_prof, "onebit", 2, "ps")]
+    now, best = price_plan(fast, planners, SIZES, 2), price_plan(slow, planners, SIZES, 2)
+    assert best < 0.5 * now
+    # a plan naming a compressor the profile lacks cannot be priced
+    other = Plan(compressor="topk", strategy="ps", rule=SizeRule(min_compress_bytes=0))
+    assert price_plan(other, planners, SIZES, 2) is None
+    never = Plan(compressor="onebit", strategy="ps", rule=SizeRule(min_compress_bytes=NEVER))
+    assert math.isclose(price_plan(never, planners, SIZES, 2), now, rel_tol=1e-9)
+
+
+# -- the switch, on an in-process engine -------------------------------------------------------
+
+def _engine_run(t, schedule, settings_kw):
+    prof = _profile()
+    plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps", meta={"profile": prof.to_dict()})
+    eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+    eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+    settings = Adaptive(estimate=lambda step, rank: schedule(step), **settings_kw)
+    online = OnlinePlanner.for_engine(eng, settings)
+    g = torch.Generator().manual_seed(t.rank)
+    out = []
+    for _ in range(13):  # 5 steps after the switch at step 8: timed
+        grads = {n: torch.randn(nb // 4, generator=g) for n, nb in SIZES.items()}
+        for n, x in grads.items():
+            eng.submit(n, x)
+        eng.synchronize()
+        out.append(torch.cat(list(grads.values())).clone())
+        online.after_step(eng)
+    layout = {n: d["compress"] for n, d in eng.layout().items()}
+    eng.close()
+    return online.history, out, layout, [e.step for e in eng.timeline.events
+                                         if e.kind == "plan_switch"]
+
+
+def test_engine_switches_at_the_same_step_and_keeps_results_identical():
+    def schedule(step):
+        return FAST if step < 5 else SLOW
+
+    res = run_threads(lambda t: _engine_run(t, schedule, {"check_every": 4}), 2)
+    (h0, out0, lay0, ev0), (h1, out1, lay1, ev1) = res
+    assert [r["switched"] for r in h0] == [False, True, False]  # checks at steps 4, 8, 12
+    def decisions(h):  # without the wall-clock step times, each rank's own
+        return [{k: v for k, v in r.items() if not k.startswith("step_s")} for r in h]
+
+    assert decisions(h0) == decisions(h1) and ev0 == ev1 == [8]
+    assert h0[1]["step_s_before"] > 0 and h0[1]["step_s_after"] > 0  # timed, reported
+    assert lay0 == lay1 and lay0["w1"] and lay0["w2"]
+    for a, b in zip(out0, out1):
+        assert torch.equal(a, b)
+    assert h0[1]["gain"] > 0.1 and h0[1]["reset"] == []
+
+
+def test_engine_switch_back_resets_the_compressor_state_it_cannot_carry():
+    def schedule(step):  # slow, fast, slow again: the third change meets the cap
+        return FAST if 5 <= step < 8 else SLOW
+
+    prof = _profile(SLOW)
+
+    def run(t):
+        plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps",
+                            meta={"profile": prof.to_dict()})
+        eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=3, max_switches=1,
+                                                        estimate=lambda s, r: schedule(s)))
+        states = []
+        for _ in range(9):
+            for n, nb in SIZES.items():
+                eng.submit(n, torch.ones(nb // 4) * (t.rank + 1))
+            eng.synchronize()
+            online.after_step(eng)
+            states.append(sorted({k.split("|")[0] for k in eng.state_dict()["states"]}))
+        eng.close()
+        return online.history, states
+
+    (h, states), _ = run_threads(run, 2)
+    assert [r["switched"] for r in h] == [False, True, False]  # at step 9: the cap (1)
+    assert h[2]["gain"] > 0.1
+    assert sorted(h[1]["reset"]) == ["b", "w1", "w2"]  # compressed on the slow link, no more
+    assert states[4] == ["b", "w1", "w2"] and states[5] == []  # reset at the switch (step 6)
+
+
+def test_set_plan_refuses_inside_a_step_and_different_plans_on_different_ranks():
+    from hipress_like.casync.errors import ConfigMismatchError
+
+    prof = _profile()
+
+    def run(t):
+        plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps")
+        eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+        eng.submit("b", torch.ones(SIZES["b"] // 4))
+        with pytest.raises(RuntimeError, match="inside a step"):
+            eng.set_plan(plan)
+        for n in ("w1", "w2"):
+            eng.submit(n, torch.ones(SIZES[n] // 4))
+        eng.synchronize()
+        mine = profile_plan(prof.with_link(SLOW if t.rank else FAST), ["onebit"], SIZES,
+                            t.size, "ps")
+        with pytest.raises(ConfigMismatchError, match=r"ranks \[1\]"):
+            eng.set_plan(mine)
+        assert eng.plan is plan  # nothing changed
+        eng.close()
+        return True
+
+    assert run_threads(run, 2) == [True, True]
+
+
+def test_calibrated_profile_moves_every_link_fit_by_the_change_from_the_reference():
+    prof = dataclasses.replace(_profile(), link_one=Link(1e-5, 25e9), lane=Link(5e-5, 5e9))
+    online = OnlinePlanner(Adaptive(), prof, ["onebit"], SIZES, 2, "ps")
+    online.reference = Link(1e-4, 1e9)  # what the rounds measured at the first check
+    same = online.calibrated(Link(1e-4, 1e9))
+    assert (same.link, same.link_one, same.lane, same.allreduce) == (
+        prof.link, prof.link_one, prof.lane, None)
+    moved = online.calibrated(Link(3e-4, 2.5e8))  # +200 us, a quarter of the bandwidth
+    assert math.isclose(moved.link.latency, 2e-6 + 2e-4)
+    assert math.isclose(moved.link.bandwidth, 12.5e9 / 4)
+    assert math.isclose(moved.lane.bandwidth, 5e9 / 4)
+    assert math.isclose(moved.link_one.latency, 1e-5 + 2e-4)
+    assert moved.compressors == prof.compressors
+
+
+def test_a_plan_the_model_would_not_pick_stays_while_the_link_does_not_move():
+    """The first check is the reference; without a change of link beyond the margin a
+    plan stays, even one the model prices above its own best (trials may keep one)."""
+    prof = _profile()
+    every = Plan(compressor="onebit", strategy="ps", rule=SizeRule(min_compress_bytes=0))
+
+    def run(t, schedule):
+        eng = Engine(t, EngineConfig(compressor="onebit", plan=dataclasses.replace(
+            every, meta={"profile": prof.to_dict()}), threads=False))
+        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=2,
+                                                        estimate=lambda s, r: schedule(s)))
+        for _ in range(8):
+            for n, nb in SIZES.items():
+                eng.submit(n, torch.ones(nb // 4))
+            eng.synchronize()
+            online.after_step(eng)
+        eng.close()
+        return online.history
+
+    h = run_threads(lambda t: run(t, lambda s: FAST), 2)[0]
+    assert h[0]["reference"] and not any(r["switched"] for r in h)
+    assert all(r["gain"] > 0.5 and r["moved"] == 0 for r in h[1:])  # tempting, not moved
+    h = run_threads(lambda t: run(t, lambda s: SLOW if s >= 4 else FAST), 2)[0]
+    assert [r["switched"] for r in h] == [False, False, True, False]  # once the link moved
+    assert h[1]["moved"] == 0 and h[2]["moved"] > 0.1 and h[2]["gain"] > 0.1
+
+
+def test_front_end_option_off_runs_nothing_and_one_rank_has_nothing_to_adapt():
+    import hipress_like.torch as hpt
+
+    hpt.init()
+    try:
+        def wrap(**kw):
+            m = torch.nn.Linear(6, 3)
+            return hpt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                            named_parameters=m.named_parameters(), **kw)
+
+        for plan in (None, "auto"):
+            opt = wrap(compression="onebit", plan=plan)
+            assert opt.online is None
+            opt.close()
+        opt = wrap(compression="onebit", plan=hpt.Adaptive(check_every=2))
+        assert opt.online is None  # one rank: the plan stays fixed (logged)
+        opt.close()
+        with pytest.raises(ValueError, match="compression_back"):
+            wrap(compression="onebit", compression_back="onebit", plan="adaptive")
+        with pytest.raises(TypeError, match="'adaptive'"):
+            wrap(compression="onebit", plan=3)
+        # a face that does not re-plan refuses it instead of keeping the first plan
+        with pytest.raises(ValueError, match="only hpt.DistributedOptimizer"):
+            hpt.CaSyncHookState(torch.nn.Linear(6, 3), compression="onebit", plan="adaptive")
+    finally:
+        hpt.shutdown()
