@@ -59,6 +59,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..compressors.base import mix_seed
+from ..errors import HipressError
 
 __all__ = ["FORMAT", "VERSION", "CompressorStateReset", "pack", "check_format", "unpack",
            "restore", "layout_of", "reshard"]
@@ -74,7 +75,7 @@ _SHARED = frozenset({"q", "shared_seed", "step_seed", "step"})
 _SYMMETRIC_SITES = frozenset({"rounds"})
 
 
-class CompressorStateReset(UserWarning):
+class CompressorStateReset(HipressError, UserWarning):
     """Compressor state could not be carried over (another world size) and starts fresh."""
 
 
@@ -221,7 +222,7 @@ def reshard(engines: Sequence[Dict[str, Any]], old_layout: Dict[str, Any],
     return new, reset
 
 
-class _Cannot(Exception):
+class _Cannot(HipressError):
     """A field that cannot be resharded (the message says why)."""
 
 

@@ -33,6 +33,8 @@ import os
 import struct
 from typing import Callable, Optional
 
+from ..errors import HipressError
+
 __all__ = ["MAGIC", "END", "FOOTER", "CheckpointError", "write_atomic", "read_verified",
            "temp_path"]
 
@@ -43,7 +45,7 @@ FOOTER = struct.calcsize(_FMT)  # 56 bytes
 _CHUNK = 1 << 20  # write (and report progress) a MiB at a time
 
 
-class CheckpointError(ValueError):
+class CheckpointError(HipressError, ValueError):
     """A checkpoint file is incomplete, corrupted or not a checkpoint."""
 
 

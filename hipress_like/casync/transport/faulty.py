@@ -41,6 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from ...errors import HipressError
 from .base import DEFAULT_TIMEOUT, Transport, TransportError
 
 __all__ = ["FaultSpec", "FaultyTransport", "InjectedFault", "parse_fault", "wrap_from_env",
@@ -54,7 +55,7 @@ ACTIONS = ("drop", "truncate", "flip", "kill", "stop", "raise")
 _MESSAGE_ACTIONS = ("drop", "truncate", "flip")
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(HipressError, RuntimeError):
     """The exception the ``raise`` action throws (a stand-in for a bug on one rank)."""
 
 
