@@ -273,8 +273,12 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
     """
     wire_to = _Wire()
     _check_tensor(tensor, "allreduce")
-    _no_process_set(process_set)
     what = f"allreduce {name!r}" if name else "allreduce"
+    hvd = _foreign_set(wire_to, process_set)
+    if hvd is not None:
+        return _handed(hvd, hvd.allreduce_async_(
+            tensor, name=name, op=_hop(hvd, op, average), prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, process_set=process_set), what)
     op = _resolve_op(op, average)
     spec = _spec(compression)
     if spec.name not in ("identity", "fp16"):
@@ -352,7 +356,15 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     """
     spec = _spec(compression)
     _check_tensor(tensor, "allreduce")
+    hvd = _foreign_set(_Wire(), process_set)
+    if hvd is not None:  # Horovod's own, autograd included
+        return hvd.allreduce(tensor, name=name, op=_hop(hvd, op, average),
+                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                             process_set=process_set)
     if spec.name in ("identity", "fp16"):
+        if tensor.requires_grad and torch.is_grad_enabled():
+            return _AllreduceGrad.apply(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, spec)
         return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
                                process_set, spec).wait()
     op = _resolve_op(op, average)
@@ -388,8 +400,42 @@ def grouped_allreduce(tensors: List[torch.Tensor], average: Optional[bool] = Non
 
 
 def _no_process_set(process_set: Any) -> None:
+    """Refuse a process set other than the global one (callers that cannot hand it off)."""
     if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise ValueError("process sets are not supported; operations span all ranks")
+        raise ValueError("process sets are not supported here; operations span all ranks")
+
+
+def _foreign_set(wire: _Wire, process_set: Any) -> Any:
+    """``horovod.torch`` when ``process_set`` is a set other than the global one.
+
+    Process sets are Horovod's: under horovodrun a call on one is handed to
+    Horovod whole (returns the module); on the global set (or None) it stays
+    here (returns None).
+
+    Raises:
+        NotImplementedError: a process set outside a horovodrun job.
+    """
+    if process_set is None or getattr(process_set, "process_set_id", 0) == 0:
+        return None
+    if wire.hvd is None:
+        raise NotImplementedError(
+            f"process set {process_set!r} needs Horovod's runtime, and this job runs "
+            "without it; launch with horovodrun (Horovod installed with PyTorch: "
+            "scripts/env_horovod.sh), or leave process_set out (all ranks)")
+    return wire.hvd
+
+
+def _hop(hvd: Any, op: Optional[str], average: Optional[bool] = None) -> Any:
+    """This module's reduction op (a name) as Horovod's constant."""
+    op = _resolve_op(op, average) if op != Adasum else op
+    return {Average: hvd.Average, Sum: hvd.Sum, Adasum: hvd.Adasum, Min: hvd.Min,
+            Max: hvd.Max, Product: hvd.Product}[op]
+
+
+def _handed(hvd: Any, handle: Any, what: str) -> _Handle:
+    """A Horovod handle as this module's (polled, so a stalled peer times out)."""
+    work = _HorovodWork(hvd, handle)
+    return _Handle([work], lambda: work.result, what)
 
 
 def _allgather_uint8(data: torch.Tensor, what: str) -> List[torch.Tensor]:
@@ -412,8 +458,11 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     """Start an allgather; ``synchronize(handle)`` returns the concatenation."""
     wire = _Wire()
     _check_tensor(tensor, "allgather")
-    _no_process_set(process_set)
     what = f"allgather {name!r}" if name else "allgather"
+    hvd = _foreign_set(wire, process_set)
+    if hvd is not None:
+        return _handed(hvd, hvd.allgather_async(tensor, name=name, process_set=process_set),
+                       what)
     t = tensor.detach()
     if t.dim() == 0:
         t = t.reshape(1)
@@ -453,6 +502,11 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None,
         >>> hpt.allgather(torch.tensor([hpt.rank()]))   # 4 ranks
         tensor([0, 1, 2, 3])
     """
+    hvd = _foreign_set(_Wire(), process_set)
+    if hvd is not None:  # Horovod's own, autograd included
+        return hvd.allgather(tensor, name=name, process_set=process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _AllgatherGrad.apply(tensor, name)
     return allgather_async(tensor, name, process_set).wait()
 
 
@@ -461,7 +515,10 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
     """Start an in-place broadcast from ``root_rank``."""
     wire_to = _Wire()
     _check_tensor(tensor, "broadcast")
-    _no_process_set(process_set)
+    hvd = _foreign_set(wire_to, process_set)
+    if hvd is not None:
+        return _handed(hvd, hvd.broadcast_async_(tensor, root_rank, name=name,
+                                                 process_set=process_set), "broadcast")
     n = wire_to.size
     if not 0 <= root_rank < n:
         raise ValueError(f"root_rank must be in [0, {n}), found {root_rank}")
@@ -497,4 +554,65 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: Any = None) -> torch.Tensor:
     """Return a new tensor holding ``root_rank``'s value of ``tensor``."""
+    hvd = _foreign_set(_Wire(), process_set)
+    if hvd is not None:  # Horovod's own, autograd included
+        return hvd.broadcast(tensor, root_rank, name=name, process_set=process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _BroadcastGrad.apply(tensor, root_rank, name)
     return broadcast_async(tensor, root_rank, name, process_set).wait()
+
+
+# Gradients of the blocking collectives: Horovod's (horovod/torch/mpi_ops.py,
+# HorovodAllreduce / HorovodAllgather / HorovodBroadcast .backward).
+
+
+class _AllreduceGrad(torch.autograd.Function):
+    """allreduce's gradient is the same allreduce of the output's gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, spec):
+        ctx.args = (average, op, prescale_factor, postscale_factor, spec)
+        return allreduce_async(tensor.detach(), average, name, op, prescale_factor,
+                               postscale_factor, None, spec).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        average, op, pre, post, spec = ctx.args
+        return (allreduce(grad.contiguous(), average, None, spec, op, pre, post),
+                None, None, None, None, None, None)
+
+
+class _AllgatherGrad(torch.autograd.Function):
+    """allgather's gradient: this rank's rows of the averaged output gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.rows = tensor.shape[0] if tensor.dim() else 1
+        return allgather_async(tensor.detach(), name, None).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        from .runtime import rank
+
+        reduced = allreduce(grad.contiguous(), op=Average)
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64))
+        start = int(rows[:rank()].sum())
+        return reduced.narrow(0, start, ctx.rows), None
+
+
+class _BroadcastGrad(torch.autograd.Function):
+    """broadcast's gradient: the averaged output gradient on the root, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root = root_rank
+        return broadcast_async(tensor.detach(), root_rank, name, None).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        from .runtime import rank
+
+        reduced = allreduce(grad.contiguous(), op=Average)
+        if rank() != ctx.root:
+            reduced = reduced * 0
+        return reduced, None, None
