@@ -189,20 +189,21 @@ def _logs(workdir: Path, np: int) -> list:
 
 
 def run(launcher: str, np: int, tests, workdir: Path, test_timeout: float = 120,
-        start_timeout: float = 600) -> tuple:
+        start_timeout: float = 600, retries: int = 1) -> tuple:
     """Run ``tests`` on ``np`` ranks; a hung test costs ``test_timeout`` seconds.
 
     Returns:
         ({test: status}, {test: first failure message}); status is "passed" (on
         every rank), "failed" (on any rank), "skipped", "timeout" (a rank did not
-        finish it: hang or death), or "n/a" (see TORCHRUN_NOT_APPLICABLE).
+        finish it: hang or death, after ``retries`` more tries in a fresh job), or
+        "n/a" (see TORCHRUN_NOT_APPLICABLE).
     """
     skipped = [t for t in tests if launcher == "torchrun" and t in TORCHRUN_NOT_APPLICABLE]
     status = {t: "n/a" for t in skipped}
     why = {}
     remaining = [t for t in tests if t not in skipped]
     env = _env(test_timeout)
-    retried = set()
+    tries = {}
     out_path = workdir / f"out-{launcher}.txt"
     out_path.write_text("")
     while remaining:
@@ -248,17 +249,16 @@ def run(launcher: str, np: int, tests, workdir: Path, test_timeout: float = 120,
             break
         if culprit is None:
             break
-        if culprit not in retried:
-            # once more in a fresh job: real Horovod's own re-init (every test's tearDown
+        tries[culprit] = tries.get(culprit, 0) + 1
+        if tries[culprit] <= retries:
+            # again in a fresh job: real Horovod's own re-init (every test's tearDown
             # shuts Horovod down under gloo) can hang on a loaded host
-            retried.add(culprit)
             print(f"[{launcher}] {culprit}: {'timeout' if killed else 'a rank ended'}; "
                   "running it again in a fresh job", flush=True)
             remaining = remaining[remaining.index(culprit):]
             continue
         status[culprit] = "timeout"
         tail = out_path.read_text()[-1500:]
-        retried.discard(culprit)
         why.setdefault(culprit, ("stopped after the per-test timeout" if killed else
                                  f"launcher exited {proc.returncode}") +
                        f" with ranks {len(done.get(culprit, []))} of {np} done; "
@@ -303,6 +303,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tests", default="default", help="default, all, or name,name,...")
     ap.add_argument("--test-timeout", type=float, default=120,
                     help="seconds one test may take before it is stopped as hung")
+    ap.add_argument("--retries", type=int, default=1,
+                    help="fresh jobs a hung test gets before it counts as 'timeout'")
     ap.add_argument("--out", "--json", dest="out", default=None,
                     help="write the results here as JSON")
     ns = ap.parse_args(argv)
@@ -319,7 +321,7 @@ def main(argv=None) -> int:
             name = f"{side}/{launcher}"
             t0 = time.monotonic()
             columns[name], reasons[name] = run(launcher, ns.np, tests, workdir,
-                                               ns.test_timeout)
+                                               ns.test_timeout, retries=ns.retries)
             print(f"[{name}] {time.monotonic() - t0:.0f}s", flush=True)
     if ns.reference_from:  # read now: it may have been written while this ran
         earlier = json.loads(ns.reference_from.read_text())
