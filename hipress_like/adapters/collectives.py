@@ -254,6 +254,15 @@ def _spec(compression: Any) -> CompressionSpec:
     raise TypeError(f"compression must be a Compression.<name> spec, found {compression!r}")
 
 
+def _scaled(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """``t * factor`` in Horovod's arithmetic: float64 for integers (then truncated
+    back, as its integer average), float32 for half types, the dtype's own otherwise."""
+    if t.dtype in (torch.float32, torch.float64):
+        return t.mul_(factor)
+    wide = torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else torch.float64
+    return (t.to(wide) * factor).to(t.dtype)
+
+
 def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
                      name: Optional[str] = None, op: Optional[str] = None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -295,7 +304,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
                             "integer type); cast it to torch.int64 first")
         wire = wire.to(_WIDER[wire.dtype])  # exact; finish() casts back into tensor
     if prescale_factor != 1.0:
-        wire.mul_(prescale_factor)
+        wire.copy_(_scaled(wire, prescale_factor))
     work = wire_to.all_reduce(wire, op)
     n = wire_to.size
 
@@ -304,10 +313,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
         scale = postscale_factor / n if op == Average else postscale_factor
         with torch.no_grad():
             if scale != 1.0:
-                if out.dtype.is_floating_point:
-                    out.mul_(scale)
-                else:  # Horovod averages integers by truncating division
-                    out = (out.double() * scale).to(out.dtype)
+                out = _scaled(out, scale)
             if out is not tensor:
                 tensor.copy_(out)
         return tensor
