@@ -399,7 +399,15 @@ def grouped_allreduce(tensors: List[torch.Tensor], average: Optional[bool] = Non
                       op: Optional[str] = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, process_set: Any = None
                       ) -> List[torch.Tensor]:
-    """Allreduce a list of tensors (all in flight together); returns new tensors."""
+    """Allreduce a list of tensors (all in flight together); returns new tensors.
+
+    Tensors that require grad go one by one through ``allreduce``, whose
+    gradient is Horovod's (the same allreduce of the output's gradient).
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return [allreduce(t, average, f"{name}.{i}" if name else None, compression, op,
+                          prescale_factor, postscale_factor, process_set)
+                for i, t in enumerate(tensors)]
     handles = [allreduce_async(t, average, name, op, prescale_factor, postscale_factor,
                                process_set, compression) for t in tensors]
     return [h.wait() for h in handles]
