@@ -14,8 +14,12 @@ Every rank runs pytest on the chosen tests and appends each test's start and
 outcome to its own log as it happens, so a test that hangs (ranks waiting in
 different collectives, a rank dead) costs one per-test timeout: the watchdog
 stops the job (every process the launcher started), records the test as
-``timeout`` and starts the launcher again on the tests after it. Inside the
-ranks pytest-timeout (when installed) ends a hung test first.
+``timeout`` and starts the launcher again on the tests after it (after
+``--retries`` fresh tries of the test itself). A test that fails on any rank
+also ends the job, and the tests after it start in a fresh one: one rank's
+failure leaves the ranks in different collectives, which would otherwise fail
+every later test (Horovod's own tearDown resynchronizes only under gloo).
+Inside the ranks pytest-timeout (when installed) ends a hung test first.
 
 Per launcher it prints both pass sets side by side, the tests only one side
 passes and the ratio "this project passes X of the Y tests real Horovod
@@ -189,14 +193,16 @@ def _logs(workdir: Path, np: int) -> list:
 
 
 def run(launcher: str, np: int, tests, workdir: Path, test_timeout: float = 120,
-        start_timeout: float = 600, retries: int = 1) -> tuple:
+        start_timeout: float = 600, retries: int = 1, isolate: bool = True) -> tuple:
     """Run ``tests`` on ``np`` ranks; a hung test costs ``test_timeout`` seconds.
 
     Returns:
         ({test: status}, {test: first failure message}); status is "passed" (on
         every rank), "failed" (on any rank), "skipped", "timeout" (a rank did not
         finish it: hang or death, after ``retries`` more tries in a fresh job), or
-        "n/a" (see TORCHRUN_NOT_APPLICABLE).
+        "n/a" (see TORCHRUN_NOT_APPLICABLE). With ``isolate``, a test that fails
+        on any rank ends the job and the tests after it run in a fresh one, so
+        ranks left in different collectives by one failure fail no other test.
     """
     skipped = [t for t in tests if launcher == "torchrun" and t in TORCHRUN_NOT_APPLICABLE]
     status = {t: "n/a" for t in skipped}
@@ -226,9 +232,11 @@ def run(launcher: str, np: int, tests, workdir: Path, test_timeout: float = 120,
                     # stuck: its last line is a test's start, unchanged for the timeout
                     first = since.setdefault((r, len(log)), now)
                     stuck |= "start" in log[-1] and now - first > test_timeout + 30
-                if stuck:
+                failed = isolate and any(rec.get("outcome") == "failed"
+                                         for log in _logs(workdir, np) for rec in log)
+                if stuck or failed:
                     _stop(proc)
-                    killed = True
+                    killed = stuck
         logs = _logs(workdir, np)
         done = {}
         for log in logs:
@@ -237,8 +245,16 @@ def run(launcher: str, np: int, tests, workdir: Path, test_timeout: float = 120,
                     done.setdefault(rec["test"], []).append(rec)
                     if rec["outcome"] == "failed":
                         why.setdefault(rec["test"], rec["msg"])
+        first_failed = next((t for t in remaining if any(
+            r["outcome"] == "failed" for r in done.get(t, []))), None)
         culprit = None
         for t in remaining:
+            if t == first_failed:
+                # a test failed on some rank: the ranks may now wait in different
+                # collectives, so the tests after it start again in a fresh job
+                status[t] = "failed"
+                culprit = t
+                break
             recs = done.get(t, [])
             if len(recs) >= np:
                 outs = [r["outcome"] for r in recs]
@@ -249,6 +265,9 @@ def run(launcher: str, np: int, tests, workdir: Path, test_timeout: float = 120,
             break
         if culprit is None:
             break
+        if culprit == first_failed:
+            remaining = remaining[remaining.index(culprit) + 1:]
+            continue
         tries[culprit] = tries.get(culprit, 0) + 1
         if tries[culprit] <= retries:
             # again in a fresh job: real Horovod's own re-init (every test's tearDown
@@ -267,7 +286,6 @@ def run(launcher: str, np: int, tests, workdir: Path, test_timeout: float = 120,
               "restarting on the tests after it", flush=True)
         remaining = remaining[remaining.index(culprit) + 1:]
     return status, why
-
 
 
 def summarize(tests, columns: dict, reference: str = None) -> dict:

@@ -228,7 +228,7 @@ def synchronize(handle: Any) -> Any:
     """Wait for an ``*_async`` operation (this project's or one handed to Horovod)."""
     if isinstance(handle, C._Handle):
         return handle.wait()
-    if callable(handle):  # Horovod's sparse allreduce handle
+    if callable(handle):  # a sparse allreduce handle (Horovod's or ours)
         return handle()
     hvd = _horovod()
     if hvd is None:
@@ -526,8 +526,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Optional[str],
                            process_set: Any = None) -> Any:
     """Allreduce a sparse COO tensor as Horovod does: allgather its indices and values.
 
-    ``synchronize(handle)`` returns the (uncoalesced) sparse sum, or average
-    with ``op=Average``.
+    ``synchronize(handle)`` (or ``handle()``, as with Horovod) returns the
+    (uncoalesced) sparse sum, or average with ``op=Average``.
     """
     hvd = _horovod()
     if hvd is not None:
@@ -546,4 +546,4 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Optional[str],
     def finish() -> torch.Tensor:
         return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
 
-    return C._Handle([], finish, f"sparse_allreduce {name!r}")
+    return finish  # Horovod's sparse handle is a callable too (scripts call it)
