@@ -323,6 +323,9 @@ def main(argv=None) -> int:
                     help="seconds one test may take before it is stopped as hung")
     ap.add_argument("--retries", type=int, default=1,
                     help="fresh jobs a hung test gets before it counts as 'timeout'")
+    ap.add_argument("--update", type=Path, default=None,
+                    help="an earlier --out JSON: rerun only --tests and replace their results "
+                         "in it (then summarize all of its tests)")
     ap.add_argument("--out", "--json", dest="out", default=None,
                     help="write the results here as JSON")
     ns = ap.parse_args(argv)
@@ -341,6 +344,15 @@ def main(argv=None) -> int:
             columns[name], reasons[name] = run(launcher, ns.np, tests, workdir,
                                                ns.test_timeout, retries=ns.retries)
             print(f"[{name}] {time.monotonic() - t0:.0f}s", flush=True)
+    if ns.update:  # the earlier results, with the rerun tests replaced
+        earlier = json.loads(ns.update.read_text())
+        for name, res in columns.items():
+            earlier["results"].setdefault(name, {}).update(res)
+            kept = {t: m for t, m in earlier["reasons"].get(name, {}).items() if t not in res}
+            earlier["reasons"][name] = {**kept, **reasons[name]}
+        tests = tuple(earlier["tests"])
+        columns = {n: r for n, r in earlier["results"].items() if n != "horovod/horovodrun"}
+        reasons = earlier["reasons"]
     if ns.reference_from:  # read now: it may have been written while this ran
         earlier = json.loads(ns.reference_from.read_text())
         columns = {"horovod/horovodrun": {t: earlier["results"]["horovod/horovodrun"].get(

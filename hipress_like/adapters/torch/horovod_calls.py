@@ -159,15 +159,22 @@ def remove_process_set(process_set: Any) -> bool:
     return hvd.remove_process_set(process_set)
 
 
+def _horovod_if_initialized() -> Any:
+    """``_horovod()`` once ``init()`` ran, else None (for queries Horovod answers before init)."""
+    from ..runtime import is_initialized
+
+    return _horovod() if is_initialized() else None
+
+
 def ccl_built() -> bool:
     """False: this project does not use oneCCL (Horovod's answer under horovodrun)."""
-    hvd = _horovod()
+    hvd = _horovod_if_initialized()
     return bool(hvd.ccl_built()) if hvd is not None else False
 
 
 def ddl_built() -> bool:
     """False: this project does not use IBM DDL (Horovod's answer under horovodrun)."""
-    hvd = _horovod()
+    hvd = _horovod_if_initialized()
     return bool(hvd.ddl_built()) if hvd is not None else False
 
 
@@ -330,9 +337,14 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None,
                                        process_set=_set(process_set, hvd),
                                        prescale_factor=prescale_factor,
                                        postscale_factor=postscale_factor)
-    out = reducescatter(tensor.detach(), name, None, op, process_set, prescale_factor,
-                        postscale_factor)
-    return C._Handle([], lambda: out, f"reducescatter {name!r}" if name else "reducescatter")
+    _global_only(process_set, "reducescatter_async(process_set=...)")
+    _check_scatterable(tensor, "reducescatter")
+    full = C.allreduce_async(tensor.detach(), None, name, C._resolve_op(op, None),
+                             prescale_factor, postscale_factor)
+    rows = _scatter_rows(tensor.shape[0], C._Wire().size)
+    start = sum(rows[:_rank()])
+    return C._Handle(full._works, lambda: full.wait()[start:start + rows[_rank()]].clone(),
+                     f"reducescatter {name!r}" if name else "reducescatter")
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
