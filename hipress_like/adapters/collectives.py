@@ -137,16 +137,23 @@ class _HorovodWork:
 
 class _Wire:
     """Where this process's user-facing collectives go: torch.distributed's
-    default group, or Horovod in a horovodrun job (``runtime`` decided at init)."""
+    default group, or Horovod in a horovodrun job (``runtime`` decided at init).
 
-    def __init__(self) -> None:
+    ``process_set``: a process set made outside horovodrun
+    (``adapters/torch/horovod_calls.ProcessSet``, which holds a torch.distributed
+    group): the collectives then span its ranks only.
+    """
+
+    def __init__(self, process_set: Any = None) -> None:
         self.dist = _dist()
         self.hvd = None
         if _require().transport == "horovod":
             import horovod.torch as hvd
 
             self.hvd = hvd
-        self.size = self.hvd.size() if self.hvd else self.dist.get_world_size()
+        self.group = getattr(process_set, "_group", None)
+        self.size = (process_set.size() if self.group is not None else
+                     self.hvd.size() if self.hvd else self.dist.get_world_size())
 
     def all_reduce(self, wire: torch.Tensor, op: str) -> Any:
         """Start an in-place reduction of ``wire`` (op: Sum/Min/Max/Product; Average sums)."""
@@ -157,7 +164,7 @@ class _Wire:
         rop = self.dist.ReduceOp
         reduce_op = {Average: rop.SUM, Sum: rop.SUM, Min: rop.MIN, Max: rop.MAX,
                      Product: rop.PRODUCT}[op]
-        return self.dist.all_reduce(wire, op=reduce_op, async_op=True)
+        return self.dist.all_reduce(wire, op=reduce_op, group=self.group, async_op=True)
 
     def all_gather(self, outs: List[torch.Tensor], t: torch.Tensor) -> Any:
         """Start gathering equal-shaped ``t`` from every rank into ``outs`` (rank order)."""
@@ -174,13 +181,13 @@ class _Wire:
                         o.copy_(part)
 
             return _Into()
-        return self.dist.all_gather(outs, t, async_op=True)
+        return self.dist.all_gather(outs, t, group=self.group, async_op=True)
 
     def broadcast(self, t: torch.Tensor, root: int) -> Any:
         """Start an in-place broadcast of ``t`` from rank ``root``."""
         if self.hvd:
             return _HorovodWork(self.hvd, self.hvd.broadcast_async_(t, root_rank=root))
-        return self.dist.broadcast(t, src=root, async_op=True)
+        return self.dist.broadcast(t, src=root, group=self.group, async_op=True)
 
 
 def _gather_records(wire: _Wire, what: str, fields: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -280,7 +287,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
         compression: ``Compression.none`` or ``Compression.fp16`` (the wire
             type); other compressors are for gradients, see ``allreduce``.
     """
-    wire_to = _Wire()
+    wire_to = _Wire(process_set)
     _check_tensor(tensor, "allreduce")
     what = f"allreduce {name!r}" if name else "allreduce"
     hvd = _foreign_set(wire_to, process_set)
@@ -370,7 +377,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     if spec.name in ("identity", "fp16"):
         if tensor.requires_grad and torch.is_grad_enabled():
             return _AllreduceGrad.apply(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, spec)
+                                        postscale_factor, spec, process_set)
         return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
                                process_set, spec).wait()
     op = _resolve_op(op, average)
@@ -429,7 +436,8 @@ def _foreign_set(wire: _Wire, process_set: Any) -> Any:
     Raises:
         NotImplementedError: a process set outside a horovodrun job.
     """
-    if process_set is None or getattr(process_set, "process_set_id", 0) == 0:
+    if (process_set is None or getattr(process_set, "process_set_id", 0) == 0
+            or hasattr(process_set, "_group")):  # global, or a torch.distributed group's
         return None
     if wire.hvd is None:
         raise NotImplementedError(
@@ -470,7 +478,7 @@ def _allgather_uint8(data: torch.Tensor, what: str) -> List[torch.Tensor]:
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: Any = None) -> _Handle:
     """Start an allgather; ``synchronize(handle)`` returns the concatenation."""
-    wire = _Wire()
+    wire = _Wire(process_set)
     _check_tensor(tensor, "allgather")
     what = f"allgather {name!r}" if name else "allgather"
     hvd = _foreign_set(wire, process_set)
@@ -520,21 +528,25 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None,
     if hvd is not None:  # Horovod's own, autograd included
         return hvd.allgather(tensor, name=name, process_set=process_set)
     if tensor.requires_grad and torch.is_grad_enabled():
-        return _AllgatherGrad.apply(tensor, name)
+        return _AllgatherGrad.apply(tensor, name, process_set)
     return allgather_async(tensor, name, process_set).wait()
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: Any = None) -> _Handle:
     """Start an in-place broadcast from ``root_rank``."""
-    wire_to = _Wire()
+    wire_to = _Wire(process_set)
     _check_tensor(tensor, "broadcast")
     hvd = _foreign_set(wire_to, process_set)
     if hvd is not None:
         return _handed(hvd, hvd.broadcast_async_(tensor, root_rank, name=name,
                                                  process_set=process_set), "broadcast")
     n = wire_to.size
-    if not 0 <= root_rank < n:
+    if wire_to.group is not None:
+        if root_rank not in process_set.ranks:
+            raise ValueError(f"root_rank must be one of {process_set!r}'s ranks "
+                             f"{process_set.ranks}, found {root_rank}")
+    elif not 0 <= root_rank < n:
         raise ValueError(f"root_rank must be in [0, {n}), found {root_rank}")
     what = f"broadcast {name!r}" if name else "broadcast"
     _agree(wire_to, what, collective="broadcast", name=name, dtype=str(tensor.dtype),
@@ -572,7 +584,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
     if hvd is not None:  # Horovod's own, autograd included
         return hvd.broadcast(tensor, root_rank, name=name, process_set=process_set)
     if tensor.requires_grad and torch.is_grad_enabled():
-        return _BroadcastGrad.apply(tensor, root_rank, name)
+        return _BroadcastGrad.apply(tensor, root_rank, name, process_set)
     return broadcast_async(tensor, root_rank, name, process_set).wait()
 
 
@@ -584,49 +596,58 @@ class _AllreduceGrad(torch.autograd.Function):
     """allreduce's gradient is the same allreduce of the output's gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, spec):
-        ctx.args = (average, op, prescale_factor, postscale_factor, spec)
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, spec,
+                process_set):
+        ctx.args = (average, op, prescale_factor, postscale_factor, spec, process_set)
         return allreduce_async(tensor.detach(), average, name, op, prescale_factor,
-                               postscale_factor, None, spec).wait()
+                               postscale_factor, process_set, spec).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        average, op, pre, post, spec = ctx.args
-        return (allreduce(grad.contiguous(), average, None, spec, op, pre, post),
-                None, None, None, None, None, None)
+        average, op, pre, post, spec, ps = ctx.args
+        return (allreduce(grad.contiguous(), average, None, spec, op, pre, post, ps),
+                None, None, None, None, None, None, None)
 
 
 class _AllgatherGrad(torch.autograd.Function):
     """allgather's gradient: this rank's rows of the averaged output gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx, tensor, name, process_set):
         ctx.rows = tensor.shape[0] if tensor.dim() else 1
-        return allgather_async(tensor.detach(), name, None).wait()
+        ctx.ps = process_set
+        return allgather_async(tensor.detach(), name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        from .runtime import rank
-
-        reduced = allreduce(grad.contiguous(), op=Average)
-        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64))
-        start = int(rows[:rank()].sum())
-        return reduced.narrow(0, start, ctx.rows), None
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.ps)
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), process_set=ctx.ps)
+        start = int(rows[:_rank_in(ctx.ps)].sum())
+        return reduced.narrow(0, start, ctx.rows), None, None
 
 
 class _BroadcastGrad(torch.autograd.Function):
     """broadcast's gradient: the averaged output gradient on the root, zero elsewhere."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root = root_rank
-        return broadcast_async(tensor.detach(), root_rank, name, None).wait()
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root, ctx.ps = root_rank, process_set
+        return broadcast_async(tensor.detach(), root_rank, name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
         from .runtime import rank
 
-        reduced = allreduce(grad.contiguous(), op=Average)
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.ps)
         if rank() != ctx.root:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
+
+
+def _rank_in(process_set: Any) -> int:
+    """This process's rank within ``process_set`` (its global rank for the global set)."""
+    if process_set is not None and hasattr(process_set, "_group"):
+        return process_set.rank()
+    from .runtime import rank
+
+    return rank()

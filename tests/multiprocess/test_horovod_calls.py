@@ -5,8 +5,10 @@ Outside horovodrun, ``hipress_like.torch`` runs ``reducescatter``,
 (``adapters/torch/horovod_calls.py``), with Horovod's semantics: the split of
 rows (the first ``rows % size`` ranks get one more), the received splits,
 any dtype, and the gradients Horovod defines (also for allreduce, allgather
-and broadcast). The calls only Horovod's runtime provides (join, process
-sets, the timeline, SyncBatchNorm) raise an error naming how to get them.
+and broadcast). The calls only Horovod's runtime provides (join, the
+timeline, SyncBatchNorm) raise an error naming how to get them; process
+sets are torch.distributed groups, and one that differs across ranks is an
+error on every rank.
 3 ranks, so splits are uneven.
 """
 import torch
@@ -71,7 +73,7 @@ def calls_worker(ctx):
         .tolist()
     # the Horovod-only calls name what to do
     refused = {}
-    for call, fn in (("join", hpt.join), ("add_process_set", lambda: hpt.add_process_set([0])),
+    for call, fn in (("join", hpt.join),
                      ("start_timeline", lambda: hpt.start_timeline("/tmp/x.json")),
                      ("SyncBatchNorm", lambda: hpt.SyncBatchNorm(4))):
         try:
@@ -81,6 +83,25 @@ def calls_worker(ctx):
             refused[call] = str(e)
     out["refused"] = refused
     out["ccl"] = (hpt.ccl_built(), hpt.global_process_set.size())
+    # a process set (a torch.distributed group): ranks 0 and 2
+    ps = hpt.add_process_set([0, 2])
+    out["ps"] = (ps.included(), ps.size(), ps.rank())
+    if ps.included():
+        out["ps_sum"] = hpt.allreduce(torch.tensor([float(r)]), op=hpt.Sum,
+                                      process_set=ps).tolist()
+        out["ps_gather"] = hpt.allgather(torch.tensor([r]), process_set=ps).tolist()
+        out["ps_bcast"] = hpt.broadcast(torch.tensor([r]), root_rank=2, process_set=ps).tolist()
+        out["ps_rs"] = hpt.reducescatter(torch.arange(4.), op=hpt.Sum, process_set=ps).tolist()
+        out["ps_a2a"] = hpt.alltoall(torch.tensor([10 * r, 10 * r + 1]), process_set=ps).tolist()
+        out["ps_obj"] = hpt.broadcast_object({"from": r} if r == 0 else None, root_rank=0,
+                                             process_set=ps)
+        hpt.barrier(process_set=ps)
+    try:
+        hpt.add_process_set([2, 0])
+        out["ps_dup"] = "no error"
+    except ValueError as e:
+        out["ps_dup"] = str(e)
+    out["ps_removed"] = (hpt.remove_process_set(ps), hpt.remove_process_set(ps))
     hpt.barrier(process_set=hpt.global_process_set)
     return out
 
@@ -119,6 +140,28 @@ def test_horovod_calls_over_torch_distributed():
         for call, msg in out["refused"].items():
             assert f"hvd.{call}" in msg and "horovodrun" in msg and "install" in msg, msg
         assert out["ccl"] == (False, n)
+        assert out["ps"] == ((True, 2, r // 2) if r != 1 else (False, 2, -1))
+        if r != 1:  # the set's collectives span ranks 0 and 2 only
+            assert out["ps_sum"] == [2.0] and out["ps_gather"] == [0, 2]
+            assert out["ps_bcast"] == [2] and out["ps_obj"] == {"from": 0}
+            assert out["ps_rs"] == ([0.0, 2.0] if r == 0 else [4.0, 6.0])
+            assert out["ps_a2a"] == ([0, 20] if r == 0 else [1, 21])
+        assert "duplicate process set" in out["ps_dup"]
+        assert out["ps_removed"] == (True, False)
+
+
+def ps_mismatch_worker(ctx):
+    hpt.init()
+    try:
+        hpt.add_process_set([0] if hpt.rank() == 0 else [1])
+    except ValueError as e:  # CollectiveMismatchError, on every rank
+        return str(e)
+    return "no error"
+
+
+def test_a_process_set_that_differs_across_ranks_is_an_error_not_a_hang():
+    for msg in run_workers(ps_mismatch_worker, 2, timeout=120):
+        assert "add_process_set" in msg and "ranks" in msg, msg
 
 
 def mismatch_worker(ctx):

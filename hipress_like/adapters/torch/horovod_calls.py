@@ -100,30 +100,39 @@ def _hcompression(hvd: Any, compression: Any) -> Any:
 
 
 class ProcessSet:
-    """The global process set outside horovodrun (all ranks); Horovod's own inside."""
+    """A set of ranks outside horovodrun: a torch.distributed group (Horovod's own inside).
 
-    process_set_id = 0
-    ranks = None
+    ``ProcessSet()`` is the global set (all ranks, id 0); ``add_process_set``
+    makes the others, on every rank, in the same order (as Horovod requires).
+    The collectives of ``hipress_like.torch`` take it as ``process_set=``.
+    """
+
+    def __init__(self, ranks: Optional[Sequence[int]] = None) -> None:
+        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+        self.process_set_id = 0 if ranks is None else None  # set by add_process_set
+        self._group = None  # the torch.distributed group, once added
 
     def size(self) -> int:
-        """Number of ranks in the set (all of them)."""
-        return C._Wire().size
+        """Number of ranks in the set."""
+        return C._Wire().size if self.ranks is None else len(self.ranks)
 
     def rank(self) -> int:
-        """This process's rank in the set."""
-        from ..runtime import rank
-
-        return rank()
+        """This process's rank within the set (-1 when not in it)."""
+        r = _rank()
+        if self.ranks is None:
+            return r
+        return self.ranks.index(r) if r in self.ranks else -1
 
     def included(self) -> bool:
-        """Always True: every rank is in the global set."""
-        return True
+        """True when this process is one of the set's ranks."""
+        return self.ranks is None or _rank() in self.ranks
 
     def __repr__(self) -> str:
-        return "ProcessSet(process_set_id=0, ranks=all)"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks or 'all'})"
 
 
 global_process_set = ProcessSet()
+_SETS: dict = {}  # id -> ProcessSet, the sets added outside horovodrun
 
 
 def _set(process_set: Any, hvd: Any) -> Any:
@@ -134,29 +143,72 @@ def _set(process_set: Any, hvd: Any) -> Any:
 
 
 def _global_only(process_set: Any, call: str) -> None:
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0 \
+            and not isinstance(process_set, ProcessSet):
         raise _required(call, "a process set other than the global one")
+
+
+def _set_size(process_set: Any) -> int:
+    return process_set.size() if isinstance(process_set, ProcessSet) else C._Wire().size
+
+
+def _set_rank(process_set: Any) -> int:
+    return process_set.rank() if isinstance(process_set, ProcessSet) else _rank()
 
 
 def add_process_set(process_set: Any) -> Any:
     """Register a process set on every rank (collective); Horovod's, under horovodrun.
 
+    Outside horovodrun the set is a torch.distributed group. Every rank must
+    add the same sets in the same order (a set that differs across ranks is a
+    ``CollectiveMismatchError`` on every rank, not a hang).
+
+    Args:
+        process_set: a list of global ranks, or a ``ProcessSet``.
+
     Raises:
-        HorovodRequiredError: outside horovodrun (torch.distributed groups are
-            not wired into this project's collectives).
+        ValueError: a rank out of range, or a set already added.
+        CollectiveMismatchError: ranks passed different sets.
     """
     hvd = _horovod()
-    if hvd is None:
-        raise _required("add_process_set", "process sets are Horovod's")
-    return hvd.add_process_set(process_set)
+    if hvd is not None:
+        return hvd.add_process_set(process_set)
+    ranks = process_set.ranks if isinstance(process_set, ProcessSet) else process_set
+    ps = ProcessSet(ranks)
+    n = C._Wire().size
+    if not ps.ranks or len(set(ps.ranks)) != len(ps.ranks) or not all(
+            0 <= r < n for r in ps.ranks):
+        raise ValueError(f"add_process_set expects distinct ranks in [0, {n}), found {ranks}")
+    C._agree(C._Wire(), "add_process_set", collective="add_process_set", ranks=ps.ranks)
+    if ps.ranks == list(range(n)) or any(s.ranks == ps.ranks for s in _SETS.values()):
+        raise ValueError(f"Attempted to add a duplicate process set: {ps.ranks}; "
+                         "reuse the set added before")
+    import torch.distributed as dist
+
+    ps._group = dist.new_group(ps.ranks)  # collective over all ranks, as Horovod's
+    ps.process_set_id = max(_SETS, default=0) + 1
+    _SETS[ps.process_set_id] = ps
+    if isinstance(process_set, ProcessSet):
+        process_set.__dict__.update(ps.__dict__)
+        _SETS[ps.process_set_id] = process_set
+        return process_set
+    return ps
 
 
 def remove_process_set(process_set: Any) -> bool:
-    """Deregister a process set added by ``add_process_set`` (Horovod's call)."""
+    """Deregister a process set added by ``add_process_set`` (on every rank).
+
+    Returns:
+        True when the set was registered (and is now removed).
+    """
     hvd = _horovod()
-    if hvd is None:
-        raise _required("remove_process_set", "process sets are Horovod's")
-    return hvd.remove_process_set(process_set)
+    if hvd is not None:
+        return hvd.remove_process_set(process_set)
+    found = _SETS.pop(getattr(process_set, "process_set_id", None), None)
+    if found is None:
+        return False
+    found.process_set_id = None  # its torch group is left to torch.distributed's teardown
+    return True
 
 
 def _horovod_if_initialized() -> Any:
@@ -184,9 +236,18 @@ def barrier(process_set: Any = None) -> None:
     if hvd is not None:
         return hvd.barrier(process_set=_set(process_set, hvd))
     _global_only(process_set, "barrier(process_set=...)")
-    from ..runtime import barrier as all_ranks_barrier
+    group = getattr(process_set, "_group", None)
+    if group is None:
+        from ..runtime import barrier as all_ranks_barrier
 
-    return all_ranks_barrier()
+        return all_ranks_barrier()
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ..runtime import default_timeout
+
+    dist.barrier(group=group, async_op=True).wait(timeout=timedelta(seconds=default_timeout()))
 
 
 def join(device: int = -1) -> int:
@@ -264,22 +325,23 @@ def _scatter_rows(n: int, size: int) -> List[int]:
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.op, ctx.pre, ctx.post = op, prescale_factor, postscale_factor
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op, ctx.pre, ctx.post, ctx.ps = op, prescale_factor, postscale_factor, process_set
         full = C.allreduce(tensor.detach(), name=name, op=op, prescale_factor=prescale_factor,
-                           postscale_factor=postscale_factor)
-        rows = _scatter_rows(tensor.shape[0], C._Wire().size)
-        start = sum(rows[:_rank()])
-        return full[start:start + rows[_rank()]].clone()
+                           postscale_factor=postscale_factor, process_set=process_set)
+        rows = _scatter_rows(tensor.shape[0], _set_size(process_set))
+        me = _set_rank(process_set)
+        start = sum(rows[:me])
+        return full[start:start + rows[me]].clone()
 
     @staticmethod
     def backward(ctx, grad):
         # horovod/torch/mpi_ops.py HorovodReducescatter.backward
         grad = grad.clone()
         if ctx.op == C.Sum:
-            grad *= C._Wire().size
+            grad *= _set_size(ctx.ps)
         grad *= ctx.pre * ctx.post
-        return C.allgather(grad), None, None, None, None
+        return C.allgather(grad, process_set=ctx.ps), None, None, None, None, None
 
 
 def _check_scatterable(tensor: torch.Tensor, call: str) -> None:
@@ -323,7 +385,7 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression:
     op = C._resolve_op(op, None)
     spec = C._spec(compression)
     wire, ctx = spec.compress(tensor) if spec.name == "fp16" else (tensor, None)
-    out = _Reducescatter.apply(wire, name, op, prescale_factor, postscale_factor)
+    out = _Reducescatter.apply(wire, name, op, prescale_factor, postscale_factor, process_set)
     return spec.decompress(out, ctx) if ctx is not None else out
 
 
@@ -340,10 +402,11 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None,
     _global_only(process_set, "reducescatter_async(process_set=...)")
     _check_scatterable(tensor, "reducescatter")
     full = C.allreduce_async(tensor.detach(), None, name, C._resolve_op(op, None),
-                             prescale_factor, postscale_factor)
-    rows = _scatter_rows(tensor.shape[0], C._Wire().size)
-    start = sum(rows[:_rank()])
-    return C._Handle(full._works, lambda: full.wait()[start:start + rows[_rank()]].clone(),
+                             prescale_factor, postscale_factor, process_set)
+    rows = _scatter_rows(tensor.shape[0], _set_size(process_set))
+    me = _set_rank(process_set)
+    start = sum(rows[:me])
+    return C._Handle(full._works, lambda: full.wait()[start:start + rows[me]].clone(),
                      f"reducescatter {name!r}" if name else "reducescatter")
 
 
@@ -380,9 +443,10 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
 # ----------------------------------------------------------------------- alltoall
 
 
-def _alltoall_rows(tensor: torch.Tensor, splits: Optional[torch.Tensor], name: Optional[str]):
+def _alltoall_rows(tensor: torch.Tensor, splits: Optional[torch.Tensor], name: Optional[str],
+                   process_set: Any = None):
     """(output, received splits): rows of ``tensor`` sent to each rank per ``splits``."""
-    wire = C._Wire()
+    wire = C._Wire(process_set)
     n = wire.size
     what = f"alltoall {name!r}" if name else "alltoall"
     C._check_tensor(tensor, "alltoall")
@@ -406,15 +470,16 @@ def _alltoall_rows(tensor: torch.Tensor, splits: Optional[torch.Tensor], name: O
     rest = tuple(tensor.shape[1:])
     C._agree(wire, what, collective="alltoall", name=name, dtype=str(tensor.dtype),
              trailing_shape=list(rest))
-    matrix = C.allgather(torch.tensor([send], dtype=torch.int64))  # row r: what r sends
-    recv = [int(v) for v in matrix[:, _rank()].tolist()]
+    # row r: what the set's rank r sends
+    matrix = C.allgather(torch.tensor([send], dtype=torch.int64), process_set=process_set)
+    recv = [int(v) for v in matrix[:, _set_rank(process_set)].tolist()]
     # rows travel as their bytes: exact for every dtype, gloo's or not
     row_bytes = tensor.element_size() * math.prod(rest)
     src = tensor.detach().contiguous().reshape(-1).view(torch.uint8).reshape(rows, row_bytes)
     out = torch.empty(sum(recv), row_bytes, dtype=torch.uint8)
     import torch.distributed as dist
 
-    work = dist.all_to_all_single(out, src, recv, send, async_op=True)
+    work = dist.all_to_all_single(out, src, recv, send, group=wire.group, async_op=True)
     C._Handle([work], lambda: out, what).wait()
     result = out.reshape(-1).view(tensor.dtype).reshape((sum(recv),) + rest)
     return result, torch.tensor(recv, dtype=torch.int32)
@@ -422,17 +487,17 @@ def _alltoall_rows(tensor: torch.Tensor, splits: Optional[torch.Tensor], name: O
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        out, recv = _alltoall_rows(tensor, splits, name)
-        ctx.recv = recv
+    def forward(ctx, tensor, splits, name, process_set):
+        out, recv = _alltoall_rows(tensor, splits, name, process_set)
+        ctx.recv, ctx.ps = recv, process_set
         ctx.mark_non_differentiable(recv)
         return out, recv
 
     @staticmethod
     def backward(ctx, grad, _dead):
         # horovod/torch/mpi_ops.py HorovodAlltoall.backward: back along the received splits
-        back, _ = _alltoall_rows(grad.contiguous(), ctx.recv, None)
-        return back, None, None
+        back, _ = _alltoall_rows(grad.contiguous(), ctx.recv, None, ctx.ps)
+        return back, None, None, None
 
 
 def alltoall(tensor: torch.Tensor, splits: Optional[torch.Tensor] = None,
@@ -459,7 +524,7 @@ def alltoall(tensor: torch.Tensor, splits: Optional[torch.Tensor] = None,
         return hvd.alltoall(tensor, splits=splits, name=name,
                             process_set=_set(process_set, hvd))
     _global_only(process_set, "alltoall(process_set=...)")
-    out, recv = _Alltoall.apply(tensor, splits, name)
+    out, recv = _Alltoall.apply(tensor, splits, name, process_set)
     return out if splits is None else (out, recv)
 
 
@@ -471,7 +536,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Optional[torch.Tensor] = None,
         return hvd.alltoall_async(tensor, splits=splits, name=name,
                                   process_set=_set(process_set, hvd))
     _global_only(process_set, "alltoall_async(process_set=...)")
-    res = _alltoall_rows(tensor, splits, name)
+    res = _alltoall_rows(tensor, splits, name, process_set)
     return C._Handle([], lambda: res, f"alltoall {name!r}" if name else "alltoall")
 
 
@@ -486,7 +551,8 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = Non
         return hvd.grouped_allgather(list(tensors), name=name,
                                      process_set=_set(process_set, hvd))
     _global_only(process_set, "grouped_allgather(process_set=...)")
-    return [C.allgather(t, f"{name}.{i}" if name else None) for i, t in enumerate(tensors)]
+    return [C.allgather(t, f"{name}.{i}" if name else None, process_set)
+            for i, t in enumerate(tensors)]
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
@@ -550,10 +616,11 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Optional[str],
         raise TypeError(f"sparse_allreduce_async expects a sparse tensor, found layout "
                         f"{tensor.layout}; use allreduce for dense tensors")
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
-    indices = C.allgather(t.indices().transpose(0, 1).contiguous(), name=f"{name}.indices")
-    values = C.allgather(t.values(), name=f"{name}.values")
+    indices = C.allgather(t.indices().transpose(0, 1).contiguous(), name=f"{name}.indices",
+                          process_set=process_set)
+    values = C.allgather(t.values(), name=f"{name}.values", process_set=process_set)
     if op in (None, C.Average):
-        values = values / C._Wire().size
+        values = values / _set_size(process_set)
 
     def finish() -> torch.Tensor:
         return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
