@@ -17,9 +17,10 @@ runtime's wire (``collectives._Wire``):
   allreduce, then the rows this rank owns, split as Horovod splits them),
   ``alltoall`` (``all_to_all_single`` on the rows' bytes, so any dtype), the
   grouped forms (one call per tensor, all in flight), sparse allreduce (an
-  allgather of indices and values, as Horovod does it). The calls that need
-  Horovod's background runtime (``join``, process sets other than the global
-  one, ``SyncBatchNorm``, the timeline) raise ``HorovodRequiredError``
+  allgather of indices and values, as Horovod does it), process sets (a
+  torch.distributed group each, which every collective here takes as
+  ``process_set=``). The calls that need Horovod's background runtime
+  (``join``, ``SyncBatchNorm``, the timeline) raise ``HorovodRequiredError``
   naming the call and how to get it (install Horovod, launch with horovodrun).
 
 Gradients: ``reducescatter``'s and ``alltoall``'s backward passes are
@@ -372,7 +373,6 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression:
 
     Raises:
         ValueError: a scalar tensor, or Adasum (not supported by reducescatter).
-        HorovodRequiredError: a process set other than the global one outside horovodrun.
     """
     hvd = _horovod()
     if hvd is not None:
