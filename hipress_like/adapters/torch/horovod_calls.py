@@ -136,6 +136,26 @@ global_process_set = ProcessSet()
 _SETS: dict = {}  # id -> ProcessSet, the sets added outside horovodrun
 
 
+class _ForgetAtShutdown:
+    """Removes a set added through this face when ``shutdown()`` runs, as Horovod's
+    shutdown forgets its process sets (a script that re-inits may add it again)."""
+
+    def __init__(self, process_set: Any) -> None:
+        self.process_set = process_set
+        _KEEP.append(self)  # runtime tracks weakly
+
+    def close(self) -> None:
+        if self in _KEEP:
+            _KEEP.remove(self)
+        try:
+            remove_process_set(self.process_set)
+        except Exception as e:  # noqa: BLE001 (shutting down: report, keep going)
+            log.debug("forgetting %r at shutdown: %s", self.process_set, e)
+
+
+_KEEP: list = []
+
+
 def _set(process_set: Any, hvd: Any) -> Any:
     """Horovod's process set for ``process_set`` (ours stands for Horovod's global one)."""
     if process_set is None or isinstance(process_set, ProcessSet):
@@ -171,9 +191,13 @@ def add_process_set(process_set: Any) -> Any:
         ValueError: a rank out of range, or a set already added.
         CollectiveMismatchError: ranks passed different sets.
     """
+    from ..runtime import _track
+
     hvd = _horovod()
     if hvd is not None:
-        return hvd.add_process_set(process_set)
+        added = hvd.add_process_set(process_set)
+        _track(_ForgetAtShutdown(added))
+        return added
     ranks = process_set.ranks if isinstance(process_set, ProcessSet) else process_set
     ps = ProcessSet(ranks)
     n = C._Wire().size
@@ -191,8 +215,8 @@ def add_process_set(process_set: Any) -> Any:
     _SETS[ps.process_set_id] = ps
     if isinstance(process_set, ProcessSet):
         process_set.__dict__.update(ps.__dict__)
-        _SETS[ps.process_set_id] = process_set
-        return process_set
+        _SETS[ps.process_set_id] = ps = process_set
+    _track(_ForgetAtShutdown(ps))
     return ps
 
 
