@@ -137,23 +137,26 @@ _SETS: dict = {}  # id -> ProcessSet, the sets added outside horovodrun
 
 
 class _ForgetAtShutdown:
-    """Removes a set added through this face when ``shutdown()`` runs, as Horovod's
-    shutdown forgets its process sets (a script that re-inits may add it again)."""
+    """Removes the sets added through this face when ``shutdown()`` runs, as Horovod's
+    shutdown forgets its process sets (a script that re-inits may add them again).
 
-    def __init__(self, process_set: Any) -> None:
-        self.process_set = process_set
-        _KEEP.append(self)  # runtime tracks weakly
+    One object for all sets, removing them in the order they were added: Horovod's
+    removal is collective, so every rank must remove the same sets in the same order.
+    """
+
+    def __init__(self) -> None:
+        self.added: list = []
 
     def close(self) -> None:
-        if self in _KEEP:
-            _KEEP.remove(self)
-        try:
-            remove_process_set(self.process_set)
-        except Exception as e:  # noqa: BLE001 (shutting down: report, keep going)
-            log.debug("forgetting %r at shutdown: %s", self.process_set, e)
+        added, self.added = self.added, []
+        for ps in added:
+            try:
+                remove_process_set(ps)
+            except Exception as e:  # noqa: BLE001 (shutting down: report, keep going)
+                log.debug("forgetting %r at shutdown: %s", ps, e)
 
 
-_KEEP: list = []
+_FORGET = _ForgetAtShutdown()
 
 
 def _set(process_set: Any, hvd: Any) -> Any:
@@ -196,7 +199,8 @@ def add_process_set(process_set: Any) -> Any:
     hvd = _horovod()
     if hvd is not None:
         added = hvd.add_process_set(process_set)
-        _track(_ForgetAtShutdown(added))
+        _FORGET.added.append(added)
+        _track(_FORGET)
         return added
     ranks = process_set.ranks if isinstance(process_set, ProcessSet) else process_set
     ps = ProcessSet(ranks)
@@ -216,7 +220,8 @@ def add_process_set(process_set: Any) -> Any:
     if isinstance(process_set, ProcessSet):
         process_set.__dict__.update(ps.__dict__)
         _SETS[ps.process_set_id] = ps = process_set
-    _track(_ForgetAtShutdown(ps))
+    _FORGET.added.append(ps)
+    _track(_FORGET)
     return ps
 
 
