@@ -36,8 +36,11 @@ RECORD_BYTES = 256
 _LEN = 2  # bytes of the little-endian length prefix
 
 
-class CollectiveMismatchError(HipressError, ValueError):
+class CollectiveMismatchError(HipressError, ValueError, RuntimeError):
     """Ranks called a collective with different arguments; raised on every rank.
+
+    Also a RuntimeError, the class Horovod raises for the same mismatch (its
+    scripts and tests catch that).
 
     Attributes:
         fields: the names of the fields that differ (``dtype``, ``shape``, ...).

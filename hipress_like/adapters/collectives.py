@@ -137,16 +137,23 @@ class _HorovodWork:
 
 class _Wire:
     """Where this process's user-facing collectives go: torch.distributed's
-    default group, or Horovod in a horovodrun job (``runtime`` decided at init)."""
+    default group, or Horovod in a horovodrun job (``runtime`` decided at init).
 
-    def __init__(self) -> None:
+    ``process_set``: a process set made outside horovodrun
+    (``adapters/torch/horovod_calls.ProcessSet``, which holds a torch.distributed
+    group): the collectives then span its ranks only.
+    """
+
+    def __init__(self, process_set: Any = None) -> None:
         self.dist = _dist()
         self.hvd = None
         if _require().transport == "horovod":
             import horovod.torch as hvd
 
             self.hvd = hvd
-        self.size = self.hvd.size() if self.hvd else self.dist.get_world_size()
+        self.group = getattr(process_set, "_group", None)
+        self.size = (process_set.size() if self.group is not None else
+                     self.hvd.size() if self.hvd else self.dist.get_world_size())
 
     def all_reduce(self, wire: torch.Tensor, op: str) -> Any:
         """Start an in-place reduction of ``wire`` (op: Sum/Min/Max/Product; Average sums)."""
@@ -157,7 +164,7 @@ class _Wire:
         rop = self.dist.ReduceOp
         reduce_op = {Average: rop.SUM, Sum: rop.SUM, Min: rop.MIN, Max: rop.MAX,
                      Product: rop.PRODUCT}[op]
-        return self.dist.all_reduce(wire, op=reduce_op, async_op=True)
+        return self.dist.all_reduce(wire, op=reduce_op, group=self.group, async_op=True)
 
     def all_gather(self, outs: List[torch.Tensor], t: torch.Tensor) -> Any:
         """Start gathering equal-shaped ``t`` from every rank into ``outs`` (rank order)."""
@@ -174,13 +181,13 @@ class _Wire:
                         o.copy_(part)
 
             return _Into()
-        return self.dist.all_gather(outs, t, async_op=True)
+        return self.dist.all_gather(outs, t, group=self.group, async_op=True)
 
     def broadcast(self, t: torch.Tensor, root: int) -> Any:
         """Start an in-place broadcast of ``t`` from rank ``root``."""
         if self.hvd:
             return _HorovodWork(self.hvd, self.hvd.broadcast_async_(t, root_rank=root))
-        return self.dist.broadcast(t, src=root, async_op=True)
+        return self.dist.broadcast(t, src=root, group=self.group, async_op=True)
 
 
 def _gather_records(wire: _Wire, what: str, fields: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -254,6 +261,15 @@ def _spec(compression: Any) -> CompressionSpec:
     raise TypeError(f"compression must be a Compression.<name> spec, found {compression!r}")
 
 
+def _scaled(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """``t * factor`` in Horovod's arithmetic: float64 for integers (then truncated
+    back, as its integer average), float32 for half types, the dtype's own otherwise."""
+    if t.dtype in (torch.float32, torch.float64):
+        return t.mul_(factor)
+    wide = torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else torch.float64
+    return (t.to(wide) * factor).to(t.dtype)
+
+
 def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
                      name: Optional[str] = None, op: Optional[str] = None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -271,10 +287,14 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
         compression: ``Compression.none`` or ``Compression.fp16`` (the wire
             type); other compressors are for gradients, see ``allreduce``.
     """
-    wire_to = _Wire()
+    wire_to = _Wire(process_set)
     _check_tensor(tensor, "allreduce")
-    _no_process_set(process_set)
     what = f"allreduce {name!r}" if name else "allreduce"
+    hvd = _foreign_set(wire_to, process_set)
+    if hvd is not None:
+        return _handed(hvd, hvd.allreduce_async_(
+            tensor, name=name, op=_hop(hvd, op, average), prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, process_set=process_set), what)
     op = _resolve_op(op, average)
     spec = _spec(compression)
     if spec.name not in ("identity", "fp16"):
@@ -291,7 +311,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
                             "integer type); cast it to torch.int64 first")
         wire = wire.to(_WIDER[wire.dtype])  # exact; finish() casts back into tensor
     if prescale_factor != 1.0:
-        wire.mul_(prescale_factor)
+        wire.copy_(_scaled(wire, prescale_factor))
     work = wire_to.all_reduce(wire, op)
     n = wire_to.size
 
@@ -300,10 +320,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
         scale = postscale_factor / n if op == Average else postscale_factor
         with torch.no_grad():
             if scale != 1.0:
-                if out.dtype.is_floating_point:
-                    out.mul_(scale)
-                else:  # Horovod averages integers by truncating division
-                    out = (out.double() * scale).to(out.dtype)
+                out = _scaled(out, scale)
             if out is not tensor:
                 tensor.copy_(out)
         return tensor
@@ -352,7 +369,15 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     """
     spec = _spec(compression)
     _check_tensor(tensor, "allreduce")
+    hvd = _foreign_set(_Wire(), process_set)
+    if hvd is not None:  # Horovod's own, autograd included
+        return hvd.allreduce(tensor, name=name, op=_hop(hvd, op, average),
+                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                             process_set=process_set)
     if spec.name in ("identity", "fp16"):
+        if tensor.requires_grad and torch.is_grad_enabled():
+            return _AllreduceGrad.apply(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, spec, process_set)
         return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
                                process_set, spec).wait()
     op = _resolve_op(op, average)
@@ -381,15 +406,58 @@ def grouped_allreduce(tensors: List[torch.Tensor], average: Optional[bool] = Non
                       op: Optional[str] = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, process_set: Any = None
                       ) -> List[torch.Tensor]:
-    """Allreduce a list of tensors (all in flight together); returns new tensors."""
+    """Allreduce a list of tensors (all in flight together); returns new tensors.
+
+    Tensors that require grad go one by one through ``allreduce``, whose
+    gradient is Horovod's (the same allreduce of the output's gradient).
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return [allreduce(t, average, f"{name}.{i}" if name else None, compression, op,
+                          prescale_factor, postscale_factor, process_set)
+                for i, t in enumerate(tensors)]
     handles = [allreduce_async(t, average, name, op, prescale_factor, postscale_factor,
                                process_set, compression) for t in tensors]
     return [h.wait() for h in handles]
 
 
 def _no_process_set(process_set: Any) -> None:
+    """Refuse a process set other than the global one (callers that cannot hand it off)."""
     if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise ValueError("process sets are not supported; operations span all ranks")
+        raise ValueError("process sets are not supported here; operations span all ranks")
+
+
+def _foreign_set(wire: _Wire, process_set: Any) -> Any:
+    """``horovod.torch`` when ``process_set`` is a set other than the global one.
+
+    Process sets are Horovod's: under horovodrun a call on one is handed to
+    Horovod whole (returns the module); on the global set (or None) it stays
+    here (returns None).
+
+    Raises:
+        NotImplementedError: a process set outside a horovodrun job.
+    """
+    if (process_set is None or getattr(process_set, "process_set_id", 0) == 0
+            or hasattr(process_set, "_group")):  # global, or a torch.distributed group's
+        return None
+    if wire.hvd is None:
+        raise NotImplementedError(
+            f"process set {process_set!r} needs Horovod's runtime, and this job runs "
+            "without it; launch with horovodrun (Horovod installed with PyTorch: "
+            "scripts/env_horovod.sh), or leave process_set out (all ranks)")
+    return wire.hvd
+
+
+def _hop(hvd: Any, op: Optional[str], average: Optional[bool] = None) -> Any:
+    """This module's reduction op (a name) as Horovod's constant."""
+    op = _resolve_op(op, average) if op != Adasum else op
+    return {Average: hvd.Average, Sum: hvd.Sum, Adasum: hvd.Adasum, Min: hvd.Min,
+            Max: hvd.Max, Product: hvd.Product}[op]
+
+
+def _handed(hvd: Any, handle: Any, what: str) -> _Handle:
+    """A Horovod handle as this module's (polled, so a stalled peer times out)."""
+    work = _HorovodWork(hvd, handle)
+    return _Handle([work], lambda: work.result, what)
 
 
 def _allgather_uint8(data: torch.Tensor, what: str) -> List[torch.Tensor]:
@@ -410,10 +478,13 @@ def _allgather_uint8(data: torch.Tensor, what: str) -> List[torch.Tensor]:
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: Any = None) -> _Handle:
     """Start an allgather; ``synchronize(handle)`` returns the concatenation."""
-    wire = _Wire()
+    wire = _Wire(process_set)
     _check_tensor(tensor, "allgather")
-    _no_process_set(process_set)
     what = f"allgather {name!r}" if name else "allgather"
+    hvd = _foreign_set(wire, process_set)
+    if hvd is not None:
+        return _handed(hvd, hvd.allgather_async(tensor, name=name, process_set=process_set),
+                       what)
     t = tensor.detach()
     if t.dim() == 0:
         t = t.reshape(1)
@@ -453,17 +524,29 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None,
         >>> hpt.allgather(torch.tensor([hpt.rank()]))   # 4 ranks
         tensor([0, 1, 2, 3])
     """
+    hvd = _foreign_set(_Wire(), process_set)
+    if hvd is not None:  # Horovod's own, autograd included
+        return hvd.allgather(tensor, name=name, process_set=process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _AllgatherGrad.apply(tensor, name, process_set)
     return allgather_async(tensor, name, process_set).wait()
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: Any = None) -> _Handle:
     """Start an in-place broadcast from ``root_rank``."""
-    wire_to = _Wire()
+    wire_to = _Wire(process_set)
     _check_tensor(tensor, "broadcast")
-    _no_process_set(process_set)
+    hvd = _foreign_set(wire_to, process_set)
+    if hvd is not None:
+        return _handed(hvd, hvd.broadcast_async_(tensor, root_rank, name=name,
+                                                 process_set=process_set), "broadcast")
     n = wire_to.size
-    if not 0 <= root_rank < n:
+    if wire_to.group is not None:
+        if root_rank not in process_set.ranks:
+            raise ValueError(f"root_rank must be one of {process_set!r}'s ranks "
+                             f"{process_set.ranks}, found {root_rank}")
+    elif not 0 <= root_rank < n:
         raise ValueError(f"root_rank must be in [0, {n}), found {root_rank}")
     what = f"broadcast {name!r}" if name else "broadcast"
     _agree(wire_to, what, collective="broadcast", name=name, dtype=str(tensor.dtype),
@@ -497,4 +580,74 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: Any = None) -> torch.Tensor:
     """Return a new tensor holding ``root_rank``'s value of ``tensor``."""
+    hvd = _foreign_set(_Wire(), process_set)
+    if hvd is not None:  # Horovod's own, autograd included
+        return hvd.broadcast(tensor, root_rank, name=name, process_set=process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _BroadcastGrad.apply(tensor, root_rank, name, process_set)
     return broadcast_async(tensor, root_rank, name, process_set).wait()
+
+
+# Gradients of the blocking collectives: Horovod's (horovod/torch/mpi_ops.py,
+# HorovodAllreduce / HorovodAllgather / HorovodBroadcast .backward).
+
+
+class _AllreduceGrad(torch.autograd.Function):
+    """allreduce's gradient is the same allreduce of the output's gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, spec,
+                process_set):
+        ctx.args = (average, op, prescale_factor, postscale_factor, spec, process_set)
+        return allreduce_async(tensor.detach(), average, name, op, prescale_factor,
+                               postscale_factor, process_set, spec).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        average, op, pre, post, spec, ps = ctx.args
+        return (allreduce(grad.contiguous(), average, None, spec, op, pre, post, ps),
+                None, None, None, None, None, None, None)
+
+
+class _AllgatherGrad(torch.autograd.Function):
+    """allgather's gradient: this rank's rows of the averaged output gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.rows = tensor.shape[0] if tensor.dim() else 1
+        ctx.ps = process_set
+        return allgather_async(tensor.detach(), name, process_set).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.ps)
+        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64), process_set=ctx.ps)
+        start = int(rows[:_rank_in(ctx.ps)].sum())
+        return reduced.narrow(0, start, ctx.rows), None, None
+
+
+class _BroadcastGrad(torch.autograd.Function):
+    """broadcast's gradient: the averaged output gradient on the root, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root, ctx.ps = root_rank, process_set
+        return broadcast_async(tensor.detach(), root_rank, name, process_set).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        from .runtime import rank
+
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.ps)
+        if rank() != ctx.root:
+            reduced = reduced * 0
+        return reduced, None, None, None
+
+
+def _rank_in(process_set: Any) -> int:
+    """This process's rank within ``process_set`` (its global rank for the global set)."""
+    if process_set is not None and hasattr(process_set, "_group"):
+        return process_set.rank()
+    from .runtime import rank
+
+    return rank()

@@ -17,7 +17,16 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from .collectives import Sum, _allgather_uint8, _dist, _no_process_set, allreduce_, broadcast_
+from .collectives import (
+    Sum,
+    _allgather_uint8,
+    _dist,
+    _foreign_set,
+    _no_process_set,
+    _Wire,
+    allreduce_,
+    broadcast_,
+)
 
 __all__ = ["broadcast_object", "allgather_object", "broadcast_parameters"]
 
@@ -60,7 +69,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
             strings, None, lists, tuples and dicts.
     """
     dist = _dist()
-    _no_process_set(process_set)
+    _foreign_set(_Wire(), process_set)  # a Horovod process set under horovodrun, else refused
     what = f"broadcast_object {name!r}" if name else "broadcast_object"
     error: Optional[BaseException] = None
     if dist.get_rank() == root_rank:
@@ -71,12 +80,12 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
         length = torch.tensor([-len(data) - 1 if error else len(data)], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, what)
+    broadcast_(length, root_rank, what, process_set)
     n = int(length.item())
     buf = torch.empty(max(abs(n) - (1 if n < 0 else 0), 1), dtype=torch.uint8)
     if dist.get_rank() == root_rank:
         buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    broadcast_(buf, root_rank, what)
+    broadcast_(buf, root_rank, what, process_set)
     if n < 0:
         if error is not None:
             raise error

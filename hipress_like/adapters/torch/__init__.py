@@ -29,6 +29,11 @@ PyTorch's own (autograd hooks, optimizers), in this package:
   aggregation over ``hipress_like.partial``'s lane.
 - ``ddp``: ``CaSyncHookState`` + ``casync_hook`` for
   ``DistributedDataParallel.register_comm_hook``.
+- ``horovod_calls``: the rest of ``horovod.torch``'s surface (reducescatter,
+  alltoall, grouped forms, join, process sets, barrier, SyncBatchNorm, the
+  timeline, sparse allreduce): handed to Horovod under horovodrun, run over
+  torch.distributed where simple otherwise, else an error naming how to get it.
+  Its ``synchronize``/``poll`` take either kind of handle.
 """
 from ...partial import Quorum
 from ...tuning.online import Adaptive
@@ -46,12 +51,12 @@ from ..collectives import (
     broadcast_async,
     broadcast_async_,
     grouped_allreduce,
-    poll,
-    synchronize,
 )
 from ..objects import allgather_object, broadcast_object, broadcast_parameters
 from ..ordering import OrderingError
 from .ddp import CaSyncHookState, casync_hook
+from .horovod_calls import *  # noqa: F403 (reducescatter, alltoall, join, process sets, ...)
+from .horovod_calls import __all__ as _HOROVOD_CALLS
 from .objects import broadcast_optimizer_state
 from .optimizer import DistributedOptimizer
 
@@ -59,7 +64,7 @@ __all__ = [
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
-    "broadcast_parameters", "grouped_allreduce", "poll", "synchronize",
+    "broadcast_parameters", "grouped_allreduce",
     "CaSyncHookState", "casync_hook",
     "DistributedOptimizer", "OrderingError", "Quorum", "Adaptive",
-] + _BASICS
+] + _BASICS + _HOROVOD_CALLS  # "barrier" is in both: horovod_calls' (imported last) is the one
