@@ -11,14 +11,10 @@ These pass on an idle 2-core host without the store host's linger as well
 (the front end's shutdown keeps rank 0 up while it waits for its peers'
 closed keys); they guard the behaviour, the race itself needs a loaded host.
 """
-import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from env_ranks import result, run_env_ranks
 
 pytestmark = pytest.mark.faults
 
@@ -49,48 +45,14 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_env_ranks(script, n, timeout=180):
-    port = _free_port()
-    procs = []
-    for r in range(n):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return [p.returncode for p in procs], outs
-
-
-def _result(out):
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    assert lines, out[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 @pytest.mark.parametrize("late", [0.0, 3.5])
 def test_survivors_blame_the_dead_rank_not_the_store_host(late):
     # late: rank 1 reaches the failed step this many seconds after ranks 0 and 2,
     # which have noticed rank 3's death by then; rank 0 must not take the store away
-    rcs, outs = _run_env_ranks(f"LATE = {late}\n" + _SCRIPT, 4)
+    rcs, outs = run_env_ranks(f"LATE = {late}\n" + _SCRIPT, 4)
     assert rcs[3] == 9
     for r in (0, 1, 2):
-        got = _result(outs[r])
+        got = result(outs[r])
         assert rcs[r] != 0, (r, outs[r][-2000:])
         assert "store is unreachable" not in got["msg"], (r, got)
         if not late:

@@ -8,14 +8,10 @@ nor the store. Ranks are started as torchrun starts them (env://) and run a
 plain training loop on ``hipress_like.torch`` with ``stragglers=Quorum(...)``;
 rank 0 exits without any teardown once a few steps are applied.
 """
-import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from env_ranks import result, run_env_ranks
 
 pytestmark = pytest.mark.faults
 
@@ -51,47 +47,11 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_env_ranks(script, n, timeout):
-    """Start ``n`` ranks of ``script`` as torchrun would (env://); their exit codes and
-    outputs (every rank is killed once ``timeout`` seconds have passed)."""
-    port = _free_port()
-    procs = []
-    for r in range(n):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return [p.returncode for p in procs], outs
-
-
-def _result(out):
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    assert lines, out[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def test_every_survivor_of_the_store_hosts_death_names_rank_0_and_the_store():
-    rcs, outs = _run_env_ranks(f"TIMEOUT = {TIMEOUT}\n" + _SCRIPT, 3, timeout=180)
+    rcs, outs = run_env_ranks(f"TIMEOUT = {TIMEOUT}\n" + _SCRIPT, 3, timeout=180)
     assert rcs[0] == 9, outs[0][-3000:]
     for r in (1, 2):
-        got = _result(outs[r])
+        got = result(outs[r])
         assert rcs[r] != 0, (r, outs[r][-3000:])
         assert got["type"] == "QuorumError", (r, got)
         assert got["steps"] >= 5, (r, got)  # it trained with rank 0 before
