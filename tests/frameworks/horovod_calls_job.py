@@ -9,9 +9,9 @@ ranks run them in the same order). argv[1]: a directory for the timeline.
 import json
 import os
 import sys
-import traceback
 
 import torch
+from check_runner import run_checks
 
 import hipress_like.torch as hvd
 
@@ -73,17 +73,7 @@ def process_sets_are_horovods():
 
 
 def main():
-    hvd.init()
-    for fn in CHECKS:
-        try:
-            fn()
-            print(f"CHECK {fn.__name__} ok", flush=True)
-        except Exception as e:  # report and go on: the next check is collective too
-            why = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
-            print(f"CHECK {fn.__name__} FAIL {why}", flush=True)
-            traceback.print_exc()
-        hvd.barrier()
-    hvd.shutdown()
+    run_checks(hvd, CHECKS)
 
 
 if __name__ == "__main__":

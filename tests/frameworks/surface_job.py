@@ -6,11 +6,11 @@ Each check exercises one behaviour a Horovod script relies on, through
 (every check is collective, so all ranks run them in the same order).
 """
 import itertools
-import traceback
 import warnings
 
 import torch
 import torch.nn.functional as F
+from check_runner import run_checks
 
 import hipress_like.torch as hvd
 
@@ -181,17 +181,7 @@ def collectives_ride_horovod():
 
 
 def main():
-    hvd.init()
-    for fn in CHECKS:
-        try:
-            fn()
-            print(f"CHECK {fn.__name__} ok", flush=True)
-        except Exception as e:  # report and go on: the next check is collective too
-            why = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
-            print(f"CHECK {fn.__name__} FAIL {why}", flush=True)
-            traceback.print_exc()
-        hvd.barrier()
-    hvd.shutdown()
+    run_checks(hvd, CHECKS)
 
 
 if __name__ == "__main__":
