@@ -49,6 +49,20 @@ class MultiRoundCompressor(Compressor):
         raise TypeError(f"{self.name} has {self.capabilities.rounds} rounds: decode with "
                         "decode_rounds")
 
+    def _world_size(self, state: State) -> int:
+        """``state["world_size"]``: how many ranks' payloads the summed rounds add up.
+
+        Raises:
+            ValueError: it is missing or not an int >= 1 (the engine sets it).
+        """
+        ws = state.get("world_size") if isinstance(state, dict) else None
+        if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
+            raise ValueError(
+                f"{self.name}: state['world_size'] must be the number of ranks whose payloads "
+                f"are summed (an int >= 1), found {ws!r}; the engine sets it (init(grad, "
+                "world_size=N) or state['world_size'] = N) before the first round")
+        return ws
+
     def encode_round(self, r: int, grad: torch.Tensor, state: State,
                      aggregate: Optional[torch.Tensor]) -> Tuple[torch.Tensor, State]:
         """Payload of round ``r`` and the new state; ``aggregate`` is round r-1's merged

@@ -71,15 +71,6 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
         st.update(step=0, seed=int(seed), shared_seed=int(shared_seed), world_size=world_size)
         return st
 
-    def _world_size(self, state: State) -> int:
-        ws = state.get("world_size") if isinstance(state, dict) else None
-        if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
-            raise ValueError(
-                f"{self.name}: state['world_size'] must be the number of ranks whose payloads "
-                f"are summed (an int >= 1), found {ws!r}; the engine sets it (init(grad, "
-                "world_size=N) or state['world_size'] = N) before the first round")
-        return ws
-
     def _state_matrices(self, state: State, grad: torch.Tensor) -> Dict[str, torch.Tensor]:
         out = {}
         for n in self._matrices():

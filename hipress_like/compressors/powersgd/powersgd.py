@@ -350,16 +350,6 @@ class PowerSGD(MultiRoundCompressor):
                              "gradient shape changed: create a new state with init()")
         return orthogonalize_(q.to(dtype).clone())
 
-    @staticmethod
-    def _world_size(state: State) -> int:
-        ws = state.get("world_size")
-        if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
-            raise ValueError(
-                f"powersgd: state['world_size'] must be the number of ranks whose payloads are "
-                f"summed (an int >= 1), found {ws!r}; the engine sets it (init(grad, "
-                "world_size=N) or state['world_size'] = N) before the first round")
-        return ws
-
     # -- payloads ------------------------------------------------------------
     def _pack(self, rnd: int, grad: torch.Tensor, rows: int, cols: int, r: int,
               mats: Sequence[torch.Tensor]) -> torch.Tensor:
