@@ -45,8 +45,13 @@ _EXTRA = struct.Struct("<B7xdd")  # bitwidth, min, max
 
 
 def _gap(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> torch.Tensor:
-    """Fig. 5 line 13, ``(max - min) / (2**b - 1)``; 1 when max == min (all codes are 0)."""
-    gap = (hi - lo) / float((1 << bits) - 1)
+    """Fig. 5 line 13, ``(max - min) / (2**b - 1)``; 1 when max == min (all codes are 0).
+
+    The divisor is a tensor on ``lo``'s device: a Python float would let torch's CUDA
+    kernel multiply by its reciprocal instead of dividing, a gap an ulp away from the
+    CPU's (and the generated C's and CUDA's), so other codes on a GPU."""
+    levels = torch.full((), float((1 << bits) - 1), dtype=lo.dtype, device=lo.device)
+    gap = (hi - lo) / levels
     return torch.where(gap > 0, gap, torch.ones_like(gap))
 
 
