@@ -326,8 +326,12 @@ def test_c_backend_reports_compile_time_and_cache(monkeypatch):
                     "generated CUDA cannot be compile-checked on this machine")
 @pytest.mark.parametrize("name", sorted(SHIPPED) + ["dgc", "graddrop", "powersgd"])
 def test_generated_cuda_compiles_with_nvcc(name, tmp_path):
+    """What a GPU runs compiles: the fused sweeps' kernels, and for the state-array and
+    round programs the source their cupy runners load (their own kernels appended)."""
+    from hipress_like.compressors.compll.cuda_runners import runner_source
     from hipress_like.compressors.compll.render_cuda import render_cuda
-    r = render_cuda(load(program_path(name)))
+    c = load(program_path(name))
+    r = runner_source(c) if name in ("dgc", "graddrop", "powersgd") else render_cuda(c)
     assert r["encode"] and r["decode"]
     cu = tmp_path / f"{name}.cu"
     cu.write_text(r["source"])
@@ -336,7 +340,7 @@ def test_generated_cuda_compiles_with_nvcc(name, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     ptx = (tmp_path / f"{name}.ptx").read_text()
-    for k in r["encode"] + r["decode"]:
+    for k in r["encode"] + r["decode"] + r.get("helpers", []):
         assert k.split(":")[0] in ptx
 
 
@@ -610,3 +614,23 @@ def test_sqrt_in_the_interpreter_is_the_c_sqrtf():
     va, vb = (hp.compressors.unpack_payload(p).body.view(torch.float32) for p in (pa, pb))
     assert torch.equal(va, vb)
     assert torch.equal(va, torch.from_numpy(np.sqrt(g.numpy())))  # correctly rounded
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the generated "
+                    "CUDA runs where one exists (bench/gpu_check.py, the results page)")
+def test_gpu_check_runs_the_six_programs_on_a_gpu(tmp_path):
+    """On a GPU: the six programs' generated CUDA against the hand-written compressors
+    (equal bytes; PowerSGD's C bits), small sizes, by the bench script itself."""
+    import json
+    import os
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run([sys.executable, os.path.join(root, "bench", "gpu_check.py"),
+                        "--sizes", "1", "--repeats", "1"], capture_output=True, text=True,
+                       timeout=900, cwd=root, env=dict(os.environ, OUT=str(tmp_path),
+                                                       PYTHONPATH=root))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert not res["failures"]
+    assert {r["algorithm"].split()[0] for r in res["rows"]} == {
+        "onebit", "tbq", "terngrad", "dgc", "graddrop", "powersgd"}

@@ -425,8 +425,8 @@ def _emulated_cuda_runner(checked, tmp_path, threads):
                     reason="no C++ compiler to emulate the CUDA kernels on the CPU")
 @pytest.mark.parametrize("threads", [1, 7, 64])
 def test_generated_cuda_emulated_on_cpu_equals_the_c(threads, tmp_path):
-    """The CUDA of the round program (never run on a GPU here) gives the C's bits when its
-    kernels run on the CPU, each block thread a CPU thread: the block-cooperative
+    """The CUDA of the round program (bench/gpu_check.py runs it on a GPU) gives the C's
+    bits when its kernels run on the CPU, each block thread a CPU thread: the block-cooperative
     operators keep every element's order of operations."""
     key = _dsl()
     ekey = "powersgd_dsl_test_emu"

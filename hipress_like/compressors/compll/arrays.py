@@ -60,7 +60,8 @@ def assemble_body(arrays: List[torch.Tensor]) -> torch.Tensor:
     for j, a in enumerate(arrays):
         a = a.reshape(-1)
         if j and pos % 8:
-            parts.append(torch.zeros((pos + 7) // 8 * 8 - pos, dtype=torch.uint8))
+            parts.append(torch.zeros((pos + 7) // 8 * 8 - pos, dtype=torch.uint8,
+                                     device=a.device))
             pos = (pos + 7) // 8 * 8
         parts.append(a)
         pos += a.numel()

@@ -294,13 +294,17 @@ class DslCompressor(Compressor):
             with _lock:
                 if cls.cuda is None:
                     try:
-                        from .render_cuda import CudaProgram
-                        cls.cuda = CudaProgram(self.checked)
+                        cls.cuda = self._make_cuda()
                     except Exception as e:  # no cupy / no GPU: the interpreter runs
                         _log.info("CompLL: no CUDA backend for %s (%s: %s)",
                                   self.checked.prog.filename, type(e).__name__, e)
                         cls.cuda = False
         return cls.cuda or None
+
+    def _make_cuda(self) -> Any:
+        """The program's cupy runner (``render_cuda.CudaProgram`` for fused sweeps)."""
+        from .render_cuda import CudaProgram
+        return CudaProgram(self.checked)
 
     def _native(self) -> Any:
         cls = type(self)

@@ -22,9 +22,9 @@ One block bounds the speed (PowerSGD's products are thin: r <= 8 columns,
 but the sums over the long dimension are sequential per element, as their
 definition requires). The source is compile-checked by ``nvcc -ptx`` in the
 tests and run there by a CPU emulation of the kernels (each block thread a
-CPU thread), which must give the C's bits; this project has no cupy runner
-for it, and it has never run on a GPU: CUDA tensors of round programs go
-through the interpreter on a CPU copy (``rounds_compressor``).
+CPU thread), which must give the C's bits; on a GPU
+``cuda_runners.RoundsCudaProgram`` runs it (``bench/gpu_check.py`` checks
+it gives the C's bits there).
 """
 from __future__ import annotations
 

@@ -28,9 +28,9 @@ Local arrays and the selection's keys live in one scratch buffer, region j
 at ``j * (n + 1) * 8`` bytes (``scratch_regions`` says how many). The
 generated source is compile-checked by ``nvcc -ptx`` in the tests, and run
 there by a CPU emulation (each GPU thread a CPU thread, barriers for
-``__syncthreads``) that must give the hand-written bytes; this project has
-no cupy runner for it yet, and it has never run on a GPU: CUDA tensors of
-these programs go through the interpreter (``sparse_compressor``).
+``__syncthreads``) that must give the hand-written bytes; on a GPU
+``cuda_runners.SeqCudaProgram`` runs it (``bench/gpu_check.py`` checks its
+bytes against the hand-written compressor there).
 """
 from __future__ import annotations
 

@@ -25,9 +25,11 @@ the hand-written PowerSGD (``powersgd.py``'s module docstring):
 * ``merge`` sums same-round payloads' float32 bodies in the given order
   (``capabilities.summable``): the hand-written PowerSGD's merge.
 
-float32 CPU gradients run the generated C (``render_rounds``); every other
-case runs the interpreter, with the same bits (the matrix operators' sums
-have one fixed order). The body is float32 whatever the gradient's dtype.
+float32 CPU gradients run the generated C (``render_rounds``), float32 CUDA
+gradients its CUDA (``render_cuda_rounds``, run by
+``cuda_runners.RoundsCudaProgram``) where cupy loads it; every other case
+runs the interpreter, with the same bits (the matrix operators' sums have
+one fixed order). The body is float32 whatever the gradient's dtype.
 """
 from __future__ import annotations
 
@@ -71,7 +73,8 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
         st.update(step=0, seed=int(seed), shared_seed=int(shared_seed), world_size=world_size)
         return st
 
-    def _state_matrices(self, state: State, grad: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def _state_matrices(self, state: State, grad: torch.Tensor,
+                        device: Any = "cpu") -> Dict[str, torch.Tensor]:
         out = {}
         for n in self._matrices():
             t = state.get(n) if isinstance(state, dict) else None
@@ -81,14 +84,14 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
                         f"{self.name}: state[{n!r}] must be a tensor of shape "
                         f"{tuple(grad.shape)}, found {getattr(t, 'shape', type(t).__name__)}; "
                         "create the state with init(grad) for this gradient")
-                out[n] = t.detach().to("cpu", torch.float32).reshape(-1).contiguous()
+                out[n] = t.detach().to(device, torch.float32).reshape(-1).contiguous()
                 continue
             if not isinstance(t, torch.Tensor) or t.dim() != 2:
                 raise ValueError(f"{self.name}: state[{n!r}] must be a matrix (a 2-D tensor; "
                                  f"empty before the first step), found "
                                  f"{getattr(t, 'shape', type(t).__name__)}; create the state "
                                  "with init(grad)")
-            out[n] = t.detach().to("cpu", torch.float32).contiguous()
+            out[n] = t.detach().to(device, torch.float32).contiguous()
         return out
 
     # -- payloads ----------------------------------------------------------
@@ -108,7 +111,7 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
         if (tuple(h.shape), h.dtype) != (tuple(grad.shape), grad.dtype):
             raise PayloadError(f"{self.name} payload is for shape {tuple(h.shape)} {h.dtype}, "
                                f"expected {tuple(grad.shape)} {grad.dtype}")
-        return bytes(h.extra), h.body.detach().cpu()
+        return bytes(h.extra), h.body.detach()
 
     def payload_nbytes(self, numel: int, ndim: int = 1) -> int:
         """Bytes of all rounds' payloads for float32, with the near-square matrix view of
@@ -155,12 +158,19 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
     # -- rounds ------------------------------------------------------------
     def _run(self, rnd: Optional[int], grad: torch.Tensor, state: State,
              aggregate: Optional[Tuple[bytes, torch.Tensor]]) -> Tuple[Any, Dict[str, Any]]:
-        """Run round ``rnd`` (None: decode) by the C or the interpreter."""
-        mats = self._state_matrices(state, grad)
+        """Run round ``rnd`` (None: decode) by the CUDA, the C or the interpreter."""
         ws = self._world_size(state)
         step = int(state.get("step", 0))
         seed = mix_seed(int(state.get("shared_seed", 0)))
         g = grad.detach().reshape(-1)
+        cuda = self._cuda() if grad.dtype == torch.float32 and grad.is_cuda else None
+        if cuda is not None:
+            return cuda.run(rnd, g.contiguous(), tuple(grad.shape), aggregate,
+                            self._state_matrices(state, grad, grad.device), self._params,
+                            seed, step, ws)
+        mats = self._state_matrices(state, grad)
+        if aggregate is not None:
+            aggregate = (aggregate[0], aggregate[1].cpu())
         native = self._native() if grad.dtype == torch.float32 else None
         if native is not None:
             return native.run(rnd, g.to("cpu").contiguous(), tuple(grad.shape), aggregate,
@@ -169,6 +179,11 @@ class RoundsDslCompressor(MultiRoundCompressor, DslCompressor):
         f = self.checked.decode if rnd is None else self.checked.rounds[rnd]
         res = it.run_round(f, g.cpu(), tuple(grad.shape), aggregate, seed, step, ws)
         return res, {n: it.globals[n] for n in self._matrices()}
+
+    def _make_cuda(self) -> Any:
+        """The round program's cupy runner (``cuda_runners.RoundsCudaProgram``)."""
+        from .cuda_runners import RoundsCudaProgram
+        return RoundsCudaProgram(self.checked)
 
     def encode_round(self, r: int, grad: torch.Tensor, state: State,
                      aggregate: Optional[torch.Tensor]) -> Tuple[torch.Tensor, State]:

@@ -16,10 +16,9 @@ differs from ``DslCompressor`` in three places:
 - ``payload_nbytes`` is an upper bound (every array as long as the gradient)
   unless the program's capabilities say otherwise.
 
-float32 CPU gradients run the generated C (``render_seq``); everything else
-runs the interpreter. The CUDA form is generated and compile-checked
-(``render_cuda_seq``) but not yet wired to run here: CUDA tensors go through
-the interpreter on their device's copy on the CPU.
+float32 CPU gradients run the generated C (``render_seq``), float32 CUDA
+gradients its CUDA (``render_cuda_seq``, run by ``cuda_runners.SeqCudaProgram``)
+where cupy loads it; everything else runs the interpreter.
 """
 from __future__ import annotations
 
@@ -81,15 +80,17 @@ class SparseDslCompressor(DslCompressor):
             TypeError: non-tensor or non-float input.
             ValueError: empty input, NaN/Inf in it, or a state of another shape.
         """
-        native = self._native() if grad.dtype == torch.float32 and grad.device.type == "cpu" \
-            else None
-        check_gradient(grad, nonfinite="ignore" if native is not None else "raise")
+        f32 = grad.dtype == torch.float32
+        native = self._native() if f32 and grad.device.type == "cpu" else None
+        cuda = self._cuda() if f32 and grad.device.type == "cuda" else None
+        fast = native if native is not None else cuda
+        check_gradient(grad, nonfinite="ignore" if fast is not None else "raise")
         arrays = self._check_state(grad, state)
         step, seed = int(state.get("step", 0)), int(state.get("seed", 0))
         g = grad.detach().contiguous().reshape(-1)
         flat = {k: v.view(-1) for k, v in arrays.items()}
-        if native is not None:
-            extra, body = native.encode_arrays(g, flat, self._params, seed, step,
+        if fast is not None:  # the generated C, or its CUDA on a CUDA gradient
+            extra, body = fast.encode_arrays(g, flat, self._params, seed, step,
                                                seed=self._seed(state))
         else:
             dev = g.device
@@ -110,11 +111,13 @@ class SparseDslCompressor(DslCompressor):
     def _extra_nbytes(self) -> int:
         """Bytes of the extra fields: the layout of ``concat``'s leading scalars (the
         arrays after them are the body). ``DslCompressor.decode`` does the rest; with
-        no CUDA program (``_cuda``) it runs the C library or the interpreter."""
+        no CUDA runner (``_cuda``) it runs the C library or the interpreter."""
         return layout(self._concat().args[1]).extra_nbytes
 
-    def _cuda(self) -> Any:
-        return None
+    def _make_cuda(self) -> Any:
+        """The state-array program's cupy runner (``cuda_runners.SeqCudaProgram``)."""
+        from .cuda_runners import SeqCudaProgram
+        return SeqCudaProgram(self.checked)
 
 
 _BASES["sparse"] = SparseDslCompressor  # register_dsl builds state-array programs on it
