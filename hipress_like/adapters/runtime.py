@@ -118,7 +118,17 @@ def _backend() -> str:
     import torch
 
     # gloo carries the CPU tensors (all our metadata); NCCL the CUDA ones.
-    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    if not torch.cuda.is_available():
+        return "gloo"
+    local = _env_int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                     default=1)
+    gpus = torch.cuda.device_count()
+    if local > gpus:  # NCCL refuses two ranks on one GPU ("Duplicate GPU detected")
+        log.warning("%d local ranks share %d GPU(s): NCCL needs a GPU per rank, so gloo "
+                    "carries every tensor (CUDA ones included); set HIPRESS_BACKEND to "
+                    "choose another backend", local, gpus)
+        return "gloo"
+    return "cpu:gloo,cuda:nccl"
 
 
 def _env_int(*names: str, default: Optional[int] = None) -> Optional[int]:
