@@ -55,10 +55,14 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def exchange(tr: Transport, sends: Dict[int, torch.Tensor], recv_nbytes: Dict[int, int],
-             timeout: float) -> Dict[int, torch.Tensor]:
+             timeout: float, device: Optional[torch.device] = None) -> Dict[int, torch.Tensor]:
     """One communication step: send ``sends[p]`` (uint8) to each ``p``, receive
     ``recv_nbytes[p]`` bytes from each ``p``. Collective: every rank calls it,
     possibly with nothing to send or receive.
+
+    Args:
+        device: where the received bytes go (the transport's device, e.g. the CPU of
+            gloo, may differ from the data's, e.g. a GPU); None: left where they arrive.
 
     Returns:
         The received bytes by source rank (empty messages are left out).
@@ -71,7 +75,8 @@ def exchange(tr: Transport, sends: Dict[int, torch.Tensor], recv_nbytes: Dict[in
     for p, n in recv_nbytes.items():
         sizes[p] = int(n)
     got = tr.alltoallv(send, sizes, timeout)
-    return {p: got[p] for p in recv_nbytes if recv_nbytes[p] and got[p] is not None}
+    return {p: got[p] if device is None else got[p].to(device)
+            for p in recv_nbytes if recv_nbytes[p] and got[p] is not None}
 
 
 def ring_allreduce(tr: Transport, tensor: torch.Tensor,
@@ -101,13 +106,15 @@ def ring_allreduce(tr: Transport, tensor: torch.Tensor,
     for s in range(n - 1):
         cs, ce = parts[(me - s) % n]
         rs, re_ = parts[(me - s - 1) % n]
-        got = exchange(tr, {nxt: _bytes(flat[cs:ce])}, {prv: (re_ - rs) * isz}, timeout)
+        got = exchange(tr, {nxt: _bytes(flat[cs:ce])}, {prv: (re_ - rs) * isz}, timeout,
+                       flat.device)
         if prv in got:
             flat[rs:re_].add_(got[prv].view(flat.dtype))
     for s in range(n - 1):
         cs, ce = parts[(me + 1 - s) % n]
         rs, re_ = parts[(me - s) % n]
-        got = exchange(tr, {nxt: _bytes(flat[cs:ce])}, {prv: (re_ - rs) * isz}, timeout)
+        got = exchange(tr, {nxt: _bytes(flat[cs:ce])}, {prv: (re_ - rs) * isz}, timeout,
+                       flat.device)
         if prv in got:
             flat[rs:re_].copy_(got[prv].view(flat.dtype))
     return tensor
@@ -143,7 +150,7 @@ def tree_allreduce(tr: Transport, tensor: torch.Tensor,
             sends[me - mask] = _bytes(flat)
         elif me % (2 * mask) == 0 and me + mask < n:
             recvs[me + mask] = nbytes
-        got = exchange(tr, sends, recvs, timeout)
+        got = exchange(tr, sends, recvs, timeout, flat.device)
         for b in got.values():
             flat.add_(b.view(flat.dtype))
         mask *= 2
@@ -178,7 +185,7 @@ def tree_broadcast(tr: Transport, tensor: torch.Tensor, root: int,
             sends[(v + mask + root) % n] = _bytes(flat)
         elif v % (2 * mask) == mask:
             recvs[(v - mask + root) % n] = nbytes
-        got = exchange(tr, sends, recvs, timeout)
+        got = exchange(tr, sends, recvs, timeout, flat.device)
         for b in got.values():
             flat.copy_(b.view(flat.dtype))
         mask //= 2
@@ -202,7 +209,7 @@ def bruck_allgather(tr: Transport, tensor: torch.Tensor,
         cnt = min(step, n - step)  # blocks the partner still lacks
         payload = torch.cat(blocks[:cnt]) if cnt > 1 else blocks[0]
         got = exchange(tr, {(me - step) % n: payload}, {(me + step) % n: cnt * mine.numel()},
-                       timeout)
+                       timeout, tensor.device)
         recv = got[(me + step) % n]
         blocks.extend(recv[i * mine.numel():(i + 1) * mine.numel()] for i in range(cnt))
         step *= 2

@@ -414,6 +414,8 @@ class Rounds:
             if buf is None or buf.numel() != recv_nbytes[src]:
                 raise EngineError(f"rank {src} sent {0 if buf is None else buf.numel()} bytes, "
                                   f"expected {recv_nbytes[src]}", ranks=[src])
+            if buf.device != c.device:  # gloo receives on the CPU; the gradients' device
+                buf = buf.to(c.device)
             for key, nb in msgs:
                 c.deliver(key, buf[off: off + nb])
                 off += pad8(nb)
