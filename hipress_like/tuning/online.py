@@ -32,6 +32,12 @@ training runs:
    partitions stay the same and resets (and logs) it elsewhere. The switch
    is logged with its numbers and added to the engine's timeline as a
    ``plan_switch`` event; ``OnlinePlanner.history`` keeps every check.
+5. A checkpoint holds the active plan and the controller (``state_dict``:
+   plan, profile, candidates, reference, the link of the last decision,
+   switches, estimate, history; the PyTorch optimizer saves it under
+   ``"hipress_adaptive"``). Loading switches to that plan before the
+   compressor state is restored, so a job resumed after a switch goes on
+   with the switched plan and its state, as if it had not stopped.
 
 The compressor curves come from a ``Profile``: the one ``plan="auto"``
 measured at ``register`` (kept in the plan's ``meta["profile"]``), or one

@@ -60,7 +60,7 @@ class Fault:
         rank: the faulty rank.
         cause: a regular expression the survivors' error text must match.
         action, phase, step: a process fault (``kill``/``stop``/``raise`` in
-            ``forward``/``backward``/``encode``/``save`` at that step).
+            ``forward``/``backward``/``encode``/``save``/``switch`` at that step).
         transport: a ``HIPRESS_FAULT`` spec for the faulty rank (faults inside
             the bulk exchange: ``casync/transport/faulty.py``).
         mismatch: ``model``/``compressor``/``strategy``/``plan``/``world_size``.
