@@ -20,7 +20,7 @@ from .compression import is_auto, resolve_compression
 from .runtime import _require, check_timeout, default_timeout, engine_transport
 
 __all__ = ["build_engine", "close_engine", "EngineHolder", "wire_dtype", "resolve_plan",
-           "adaptive_settings", "STRATEGIES"]
+           "adaptive_settings", "refuse_adaptive", "STRATEGIES"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,32 @@ def adaptive_settings(plan: Any) -> Any:
     return Adaptive() if isinstance(plan, str) and plan == "adaptive" else None
 
 
+def refuse_adaptive(plan: Any, face: str,
+                    expected: str = "plan='auto', None, a Plan or a plan file",
+                    use: str = "plan='auto' (planned once at start) on this face") -> None:
+    """Refuse ``plan="adaptive"`` (or an ``Adaptive``) on a face that does not re-plan.
+
+    Only ``hipress_like.torch.DistributedOptimizer`` runs the online planner
+    after each step (``tuning/online.py``); a face that took the option and
+    kept its first plan would silently not adapt, so it is refused where the
+    face is built, before any transport opens.
+
+    Args:
+        plan: the face's ``plan=`` argument.
+        face: the face's name, for the message.
+        expected: the plans the face takes; use: what to pass there instead.
+
+    Raises:
+        ValueError: naming the face, what it takes, what was found and what to use.
+    """
+    if adaptive_settings(plan) is None:
+        return
+    raise ValueError(f"{face}: plan='adaptive' re-plans at step boundaries, which only "
+                     f"hpt.DistributedOptimizer (hipress_like.torch) does yet; expected "
+                     f"{expected} here, found {plan!r}; use {use}, or "
+                     f"hipress_like.torch.DistributedOptimizer(..., plan='adaptive')")
+
+
 def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                  compression: Any, strategy: str, plan: Any, nonfinite: str,
                  timeout: Optional[float], seed: int, compression_back: Any = None,
@@ -124,10 +150,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                          f"gradients, as in DDP), 'skip' or 'raise', found {nonfinite!r}")
     plan = resolve_plan(plan)
     adaptive = adaptive_settings(plan)
-    if adaptive is not None and not online:
-        raise ValueError("plan='adaptive' re-plans at step boundaries, which only "
-                         "hpt.DistributedOptimizer does yet; use plan='auto' here, or "
-                         "hpt.DistributedOptimizer(..., plan='adaptive')")
+    if not online:  # the faces refuse it when built; this guards any other caller
+        refuse_adaptive(plan, "this front end")
     if adaptive is not None and compression_back is not None:
         raise ValueError("plan='adaptive' re-plans with one compressor each way; "
                          "compression_back is not supported with it yet: drop "

@@ -245,7 +245,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          compression_params: Optional[Mapping[str, Any]] = None,
                          pre_scale_factor: float = 1.0, post_scale_factor: float = 1.0,
                          strategy: str = "ps", nonfinite: str = "propagate",
-                         timeout: Optional[float] = None) -> torch.optim.Optimizer:
+                         timeout: Optional[float] = None, plan: Any = None
+                         ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged by CaSync.
 
     Args:
@@ -266,10 +267,24 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         nonfinite: "propagate" (default, as BytePS and DDP), "skip" or "raise";
             see ``hipress_like.torch.DistributedOptimizer``.
         timeout: seconds before a stalled or dead peer becomes an error.
+        plan: None only: BytePS's knobs plan (the size rule, ``Knobs``); the
+            argument exists to refuse ``plan="adaptive"`` and other plans
+            with a message rather than Python's unexpected-keyword error.
 
     Raises:
-        ValueError: bad ``compression_params``, ``staleness``, or scale factors.
+        ValueError: bad ``compression_params``, ``staleness``, or scale factors,
+            or a ``plan`` (``"adaptive"`` included).
     """
+    if plan is not None:
+        from ..adapters.engine_builder import refuse_adaptive
+
+        refuse_adaptive(plan, "hipress_like.byteps.torch.DistributedOptimizer",
+                        expected="plan=None (BytePS's knobs plan)",
+                        use="the knobs (BYTEPS_MIN_COMPRESS_BYTES, BYTEPS_PARTITION_BYTES)")
+        raise ValueError(f"hipress_like.byteps.torch.DistributedOptimizer plans from BytePS's "
+                         f"knobs (BYTEPS_MIN_COMPRESS_BYTES, BYTEPS_PARTITION_BYTES); expected "
+                         f"plan=None, found {plan!r}; set the knobs, or use "
+                         f"hipress_like.torch.DistributedOptimizer(..., plan=...)")
     if staleness != 0:
         raise ValueError(f"staleness={staleness!r}: BytePS's pipelined SGD is not implemented "
                          "by hipress-like; pass staleness=0")

@@ -38,7 +38,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from ..errors import HipressError
 from .procs import own_process_group  # a group, not a session
 
-__all__ = ["SUBNET", "MASTER_ADDR", "up", "down", "status", "run_in_namespaces",
+__all__ = ["SUBNET", "MASTER_ADDR", "up", "down", "status", "set_rate", "run_in_namespaces",
            "host_address", "rate_bits", "NetemError"]
 
 log = logging.getLogger(__name__)
@@ -256,6 +256,26 @@ def down(n: Optional[int] = None, *, force: bool = False) -> None:
             _ip("netns", "del", ns, check=False)
     finally:
         _release_session()
+
+
+def set_rate(n: int, rate: str) -> None:
+    """Change every link of a running emulated network to ``rate`` (both directions),
+    as ``up`` shapes them; the ranks' connections stay open (``tc qdisc replace``),
+    so a running job sees its link change (``bench/adaptive.py``).
+
+    Raises:
+        NetemError: a namespace is missing (``up(n)`` first) or ``tc`` failed.
+    """
+    _require_root()
+    rate_bits(rate)
+    missing = [f"h{i}" for i in range(n) if f"h{i}" not in _namespaces()]
+    if missing:
+        raise NetemError(f"namespaces {missing} do not exist; bring them up first "
+                         f"(netem.up({n}, ...))")
+    for i in range(n):
+        _tbf(SWITCH, f"p{i}", rate)  # switch -> host
+        _tbf(f"h{i}", "eth0", rate)  # host -> switch (replaces up()'s delay, if any)
+    log.info("netem: every link of h0..h%d now at %s", n - 1, rate)
 
 
 def status() -> str:

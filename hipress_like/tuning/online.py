@@ -32,6 +32,12 @@ training runs:
    partitions stay the same and resets (and logs) it elsewhere. The switch
    is logged with its numbers and added to the engine's timeline as a
    ``plan_switch`` event; ``OnlinePlanner.history`` keeps every check.
+5. A checkpoint holds the active plan and the controller (``state_dict``:
+   plan, profile, candidates, reference, the link of the last decision,
+   switches, estimate, history; the PyTorch optimizer saves it under
+   ``"hipress_adaptive"``). Loading switches to that plan before the
+   compressor state is restored, so a job resumed after a switch goes on
+   with the switched plan and its state, as if it had not stopped.
 
 The compressor curves come from a ``Profile``: the one ``plan="auto"``
 measured at ``register`` (kept in the plan's ``meta["profile"]``), or one
@@ -76,6 +82,8 @@ _log = logging.getLogger(__name__)
 EstimateFn = Callable[[int, int], Optional[Link]]
 # steps timed after a switch (and before it) for its report
 AFTER_STEPS = 5
+# the controller's entry in a checkpoint (``OnlinePlanner.state_dict``)
+STATE_FORMAT, STATE_VERSION = "hipress-like-adaptive", 1
 
 
 @dataclass(frozen=True)
@@ -408,6 +416,83 @@ class OnlinePlanner:
         for p, r in zip(ps, self._reference_planners):
             p.engine_term = r.engine_term
         return ps
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state_dict(self, engine: Any) -> Dict[str, Any]:
+        """What a resumed job needs to go on as this one would: the active plan, the
+        profile and candidates it is priced on, the reference link and the link of the
+        last decision, the switches made, the running estimate and the history.
+
+        Plans, profiles and the history travel as JSON strings, so the dict holds
+        only strings, numbers and lists (``torch.load(weights_only=True)`` reads it).
+        The agreed fields are equal on every rank; the running estimate is this
+        rank's (a resumed rank starts from the saving rank's, and the next check's
+        median agrees again).
+        """
+        def link(x: Optional[Link]) -> Optional[List[float]]:
+            return None if x is None else [x.latency, x.bandwidth]
+
+        est = self.estimator
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "world_size": self.n,
+                "plan": json.dumps(engine.plan.to_dict(), sort_keys=True),
+                "profile": json.dumps(self.profile.to_dict(), sort_keys=True),
+                "labels": list(self.labels), "switches": self.switches,
+                "reference": link(self.reference), "decided_on": link(self.decided_on),
+                "estimate": None if est.alpha is None else [est.alpha, est.beta, est.steps],
+                "history": json.dumps(self.history, sort_keys=True, default=str)}
+
+    def load_state_dict(self, engine: Any, d: Mapping[str, Any]) -> bool:
+        """Resume from ``state_dict``: switch ``engine`` to the saved plan (a collective,
+        ``Engine.set_plan``, when it differs from the engine's: every rank loads the
+        same state) and restore the controller, so checks go on from the saved
+        reference, decision link and switch count. Call it before the compressor
+        state is restored (the switch resets the state of gradients it re-plans).
+
+        Returns:
+            True when restored; False (logged) when the state was saved with another
+            world size: the plan and the controller then stay as planned at start.
+
+        Raises:
+            ValueError: ``d`` is not an adaptive-plan state of this version, or its
+                plan does not fit the registered gradients.
+        """
+        if not isinstance(d, Mapping) or d.get("format") != STATE_FORMAT \
+                or d.get("version") != STATE_VERSION:
+            found = (d.get("format"), d.get("version")) if isinstance(d, Mapping) else \
+                type(d).__name__
+            raise ValueError(f"not a plan='adaptive' state: expected format {STATE_FORMAT!r} "
+                             f"version {STATE_VERSION}, found {found!r}; pass what "
+                             "optimizer.state_dict() saved under 'hipress_adaptive'")
+        if int(d["world_size"]) != self.n:
+            _log.warning("plan='adaptive': the checkpoint's plan was made for %d ranks, this "
+                         "job has %d; the plan chosen at start stays and re-planning starts "
+                         "afresh", int(d["world_size"]), self.n)
+            return False
+        plan = Plan.from_dict(json.loads(d["plan"]))
+        if engine.plan is None or json.dumps(engine.plan.to_dict(), sort_keys=True) != \
+                json.dumps(plan.to_dict(), sort_keys=True):
+            engine.set_plan(plan)
+
+        def link(x: Any) -> Optional[Link]:
+            return None if x is None else Link(float(x[0]), float(x[1]))
+
+        self.profile = Profile.from_dict(json.loads(d["profile"]))
+        self.labels = [str(x) for x in d["labels"]]
+        self._reference_planners = _planners(self.profile, self.labels, self.n, self.strategy,
+                                             self.raw_collective)
+        self.switches = int(d["switches"])
+        self.reference, self.decided_on = link(d["reference"]), link(d["decided_on"])
+        est = d.get("estimate")
+        self.estimator = LinkEstimator(self.settings.gain)
+        if est is not None:
+            self.estimator.alpha, self.estimator.beta = float(est[0]), float(est[1])
+            self.estimator.steps = int(est[2])
+        self.history = json.loads(d["history"])
+        self._steps_s.clear()
+        self._last_t, self._after_switch = None, None
+        _log.info("plan='adaptive': resumed with the checkpoint's plan (%d switch(es) made, "
+                  "reference link %s)", self.switches, self.reference)
+        return True
 
     def after_step(self, engine: Any) -> Optional[Plan]:
         """Update the estimate from the step just synchronised; on a check step, agree

@@ -5,12 +5,18 @@ Run as torchrun runs a script (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 the environment (set on the faulty rank only):
 
 - ``FAULT_ACTION`` (``kill``, ``stop``, ``raise``) at ``FAULT_STEP`` in
-  ``FAULT_PHASE`` (``forward``, ``backward``, ``encode``, ``save``); faults
+  ``FAULT_PHASE`` (``forward``, ``backward``, ``encode``, ``save``, ``switch``:
+  entering ``Engine.set_plan``, with ``JOB_PLAN=adaptive``); faults
   inside the bulk exchange come from the transport wrapper instead
   (``HIPRESS_FAULT``, ``casync/transport/faulty.py``);
 - ``FAULT_MISMATCH`` (``model``, ``compressor``, ``strategy``, ``plan``): this
   rank joins with another setup (``world_size`` is set by the harness in
   ``WORLD_SIZE`` itself).
+
+``JOB_PLAN=adaptive`` (every rank) trains with ``plan=hpt.Adaptive`` on a
+profile made here and an injected link estimate that drops from 100 Gbit/s
+to 10 Mbit/s after step 3, so every rank switches the plan at the check
+after step 5 (``SWITCH_STEP``; step 3 saved a checkpoint before it).
 
 Every rank saves its checkpoint every ``SAVE_EVERY`` steps the way the
 reliability guide recommends (write a temporary file, fsync, ``os.replace``),
@@ -43,6 +49,8 @@ STEPS = int(_env("JOB_STEPS", "30"))
 SAVE_EVERY = int(_env("JOB_SAVE_EVERY", "4"))
 CKPT_DIR = _env("JOB_CKPT_DIR", ".")
 MARK = _env("HIPRESS_FAULT_MARK")
+JOB_PLAN = _env("JOB_PLAN")
+SWITCH_STEP = 5  # JOB_PLAN=adaptive: the loop step whose opt.step() switches the plan
 
 
 def fault(where):
@@ -86,6 +94,24 @@ def save_checkpoint(path, state):
     os.replace(tmp, path)
 
 
+def adaptive_plan():
+    """``hpt.Adaptive`` that switches at the check after loop step ``SWITCH_STEP``:
+    a profile with 1-bit's curves on a fast link (the first plan sends every
+    gradient uncompressed), then an estimate of a slow link (checks every 2 steps;
+    the first, after step 1, is the reference; the one after step 3 still sees the
+    fast link)."""
+    from hipress_like.cost_model import CompressorProfile, Curve, Link, Profile
+
+    fast, slow = Link(2e-6, 12.5e9), Link(1e-3, 1.25e6)
+    pts = [float(4 << e) for e in range(8, 26, 2)]
+    cp = CompressorProfile(name="onebit", category="quantization", ratio=1 / 32,
+                           header_bytes=8, encode=Curve.linear(2e-5, 1e-9, pts),
+                           decode=Curve.linear(1e-5, 5e-10, pts))
+    profile = Profile(link=fast, compressors={"onebit": cp}, meta={"ranks": 2})
+    return hpt.Adaptive(check_every=2, margin=0.1, profile=profile,
+                        estimate=lambda step, rank: slow if step >= SWITCH_STEP - 1 else fast)
+
+
 def main():
     from hipress_like.demo import load_digits_split
 
@@ -120,6 +146,19 @@ def main():
             return encode(self, *a, **k)
 
         CompressorCodec.encode = faulty_encode
+    if PHASE == "switch" and ACTION:
+        # the engine's one switch site, entered on every rank at the same step boundary
+        from hipress_like.casync.engine import Engine
+        set_plan = Engine.set_plan
+
+        def faulty_set_plan(self, *a, **k):
+            if armed("switch"):
+                fault("plan switch")
+            return set_plan(self, *a, **k)
+
+        Engine.set_plan = faulty_set_plan
+    if JOB_PLAN == "adaptive":
+        plan = adaptive_plan()
     opt = hpt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters(),
                                    compression=compressor, strategy=strategy, plan=plan)

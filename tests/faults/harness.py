@@ -60,12 +60,14 @@ class Fault:
         rank: the faulty rank.
         cause: a regular expression the survivors' error text must match.
         action, phase, step: a process fault (``kill``/``stop``/``raise`` in
-            ``forward``/``backward``/``encode``/``save`` at that step).
+            ``forward``/``backward``/``encode``/``save``/``switch`` at that step).
         transport: a ``HIPRESS_FAULT`` spec for the faulty rank (faults inside
             the bulk exchange: ``casync/transport/faulty.py``).
         mismatch: ``model``/``compressor``/``strategy``/``plan``/``world_size``.
         ranks: how many ranks the job has.
         link: the other end of a damaged message; a survivor may name it too.
+        plan: the job's ``JOB_PLAN`` on every rank (``adaptive``: ``plan=hpt.Adaptive``,
+            switching after step 5; the ``switch`` phase needs it).
     """
 
     name: str
@@ -78,6 +80,7 @@ class Fault:
     mismatch: Optional[str] = None
     ranks: int = 2
     link: Optional[int] = None
+    plan: Optional[str] = None
 
     def env(self) -> Dict[str, str]:
         """The faulty rank's extra environment."""
@@ -217,8 +220,10 @@ def run_trial(fault: Fault, timeout: float = TIMEOUT, workdir: Optional[str] = N
                    JOB_CKPT_DIR=str(work / "ckpt"), HIPRESS_FAULT_MARK=str(mark),
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         for k in ("HIPRESS_FAULT", "FAULT_ACTION", "FAULT_PHASE", "FAULT_STEP",
-                  "FAULT_MISMATCH"):
+                  "FAULT_MISMATCH", "JOB_PLAN"):
             env.pop(k, None)
+        if fault.plan:
+            env["JOB_PLAN"] = fault.plan
         if r == fault.rank:
             env.update(fault.env())
         log = open(work / f"rank{r}.log", "w")
@@ -428,6 +433,9 @@ CATALOG: Dict[str, Fault] = {f.name: f for f in [
     Fault("kill/exchange@4", rank=3, cause=_KILLED, transport="kill:call=12", ranks=4),
     Fault("raise/backward@4", rank=3, cause=_RAISED, action="raise", phase="backward",
           ranks=4),
+    # plan="adaptive": a rank killed as every rank enters the plan switch
+    Fault("kill/switch@3", rank=1, cause=_KILLED, action="kill", phase="switch", ranks=3,
+          plan="adaptive"),
     Fault("kill/forward rank 0@4", rank=0, cause=_KILLED + "|unreachable", action="kill",
           phase="forward", ranks=4),
 ]}

@@ -2,6 +2,7 @@
 the pricing of plans on a changed link, and the engine's switch at a step boundary.
 """
 import dataclasses
+import io
 import math
 
 import pytest
@@ -297,3 +298,64 @@ def test_front_end_option_off_runs_nothing_and_one_rank_has_nothing_to_adapt():
             hpt.CaSyncHookState(torch.nn.Linear(6, 3), compression="onebit", plan="adaptive")
     finally:
         hpt.shutdown()
+
+
+def test_controller_state_round_trips_the_switched_plan_and_refuses_what_is_not_it():
+    """``OnlinePlanner.state_dict`` after a switch, loaded into a fresh engine on the
+    first plan: the switched plan, the reference and the switch count come back;
+    another world size keeps the first plan; a foreign dict is refused."""
+    prof = _profile()
+
+    def build(t):
+        plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps",
+                            meta={"profile": prof.to_dict()})
+        eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+        return eng, OnlinePlanner.for_engine(
+            eng, Adaptive(check_every=2, estimate=lambda s, r: SLOW if s >= 2 else FAST))
+
+    def run(t):
+        eng, online = build(t)
+        for _ in range(4):
+            for n, nb in SIZES.items():
+                eng.submit(n, torch.ones(nb // 4))
+            eng.synchronize()
+            online.after_step(eng)
+        sd = online.state_dict(eng)
+        switched = eng.plan.to_dict()
+        eng.close()
+        fresh, again = build(t)
+        first = fresh.plan.to_dict()
+        assert not again.load_state_dict(fresh, dict(sd, world_size=t.size + 1))
+        assert fresh.plan.to_dict() == first  # another world size: the first plan stays
+        assert again.load_state_dict(fresh, sd)
+        loaded = fresh.plan.to_dict()
+        with pytest.raises(ValueError, match="not a plan='adaptive' state"):
+            again.load_state_dict(fresh, {"format": "hipress-like-engine"})
+        fresh.close()
+        return switched, first, loaded, again.switches, again.reference, again.history
+
+    for switched, first, loaded, switches, ref, hist in run_threads(run, 2):
+        assert switched != first and loaded == switched
+        assert switches == 1 and ref == FAST
+        assert [h["switched"] for h in hist] == [False, True]
+    sd = run_threads(lambda t: _state_only(t, prof), 2)[0]
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    assert torch.load(buf, weights_only=True) == sd
+
+
+def _state_only(t, prof):
+    plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps", meta={"profile": prof.to_dict()})
+    eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+    eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+    online = OnlinePlanner.for_engine(eng, Adaptive(check_every=1,
+                                                    estimate=lambda s, r: FAST))
+    for n, nb in SIZES.items():
+        eng.submit(n, torch.ones(nb // 4))
+    eng.synchronize()
+    online.after_step(eng)
+    sd = online.state_dict(eng)
+    eng.close()
+    return sd

@@ -53,7 +53,14 @@ from ...cost_model.plan import check_collective_name
 from .. import checkpoint
 from ..collectives import _no_process_set
 from ..compression import resolve_compression
-from ..engine_builder import STRATEGIES, EngineHolder, build_engine, resolve_plan, wire_dtype
+from ..engine_builder import (
+    STRATEGIES,
+    EngineHolder,
+    build_engine,
+    refuse_adaptive,
+    resolve_plan,
+    wire_dtype,
+)
 from ..objects import allgather_object
 from ..ordering import OrderingError
 from ..runtime import _require, _track, barrier
@@ -146,6 +153,7 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
             resolve_compression(compression)  # an unknown name lists the known ones
         if compression_back is not None:
             resolve_compression(compression_back)
+        refuse_adaptive(plan, "hipress_like.mxnet.DistributedTrainer")
         resolve_plan(plan)
         if collective is not None:
             check_collective_name(collective)

@@ -53,6 +53,7 @@ from ..engine_builder import (
     STRATEGIES,
     build_engine,
     close_engine,
+    refuse_adaptive,
     wire_dtype,
 )
 from ..runtime import _require, _track
@@ -137,6 +138,7 @@ class GradientSync:
             resolve_compression(compression_back)
         if collective is not None:
             check_collective_name(collective)
+        refuse_adaptive(plan, f"hipress_like.tensorflow.{what}")
         self.options = dict(compression=compression, strategy=strategy, plan=plan,
                             nonfinite=nonfinite, timeout=timeout, seed=int(seed),
                             compression_back=compression_back, collective=collective)

@@ -10,6 +10,12 @@ What is saved, in one ``torch.save`` payload::
      "model": model.state_dict(), "optimizer": optimizer.state_dict(...),
      "extra": {...}}                      # the keyword arguments (epoch, step, ...)
 
+With ``plan="adaptive"`` the optimizer's state dict also holds the active
+plan and its controller (``"hipress_adaptive"``, ``tuning.online``), and
+``load_checkpoint`` switches to that plan before the compressor state is
+restored: a job resumed from a checkpoint taken after a switch goes on with
+the switched plan.
+
 Who writes:
 
 * ``DistributedOptimizer`` (and a plain optimizer, or none): the optimizer's

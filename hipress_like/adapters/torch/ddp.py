@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..engine_builder import build_engine, close_engine, specs_of, wire_dtype
+from ..engine_builder import build_engine, close_engine, refuse_adaptive, specs_of, wire_dtype
 from ..runtime import _track
 
 __all__ = ["CaSyncHookState", "casync_hook"]
@@ -64,6 +64,7 @@ class CaSyncHookState:
     def __init__(self, model: torch.nn.Module, compression: Any = None, strategy: str = "ps",
                  plan: Any = "auto", nonfinite: str = "raise", timeout: Optional[float] = None,
                  seed: int = 0, compression_back: Any = None):
+        refuse_adaptive(plan, "hpt.CaSyncHookState (the DDP comm hook)")
         module = getattr(model, "module", model)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.names: Dict[int, str] = {id(p): n for n, p in named}

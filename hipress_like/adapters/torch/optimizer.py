@@ -349,6 +349,8 @@ class _DistributedOptimizerMixin(EngineHolder):
             else None
         hip = checkpoint.pack(local, self._hp_rank, self._hp_size, engines, layout)
         sd["hipress"] = hip
+        if self.online is not None:  # plan="adaptive": the active plan and its controller
+            sd["hipress_adaptive"] = self.online.state_dict(self._hp_engine)
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -361,7 +363,9 @@ class _DistributedOptimizerMixin(EngineHolder):
         ``CompressorStateReset`` warning naming it; one rank's state saved
         with another world size starts fresh, with that warning. State saved
         by one rank and loaded on another is refused (it would resume with the
-        wrong residuals).
+        wrong residuals). With ``plan="adaptive"``, the plan active when the state
+        was saved (``"hipress_adaptive"``) is switched to first (a collective when it
+        differs: every rank loads), so the compressor state fits it.
 
         Raises:
             ValueError: the state dict holds another rank's compressor state;
@@ -370,7 +374,10 @@ class _DistributedOptimizerMixin(EngineHolder):
         """
         state_dict = dict(state_dict)
         hip = state_dict.pop("hipress", None)
+        adaptive = state_dict.pop("hipress_adaptive", None)
         super().load_state_dict(state_dict)
+        if adaptive is not None and self.online is not None:  # the plan the state was saved with
+            self.online.load_state_dict(self._hp_engine, adaptive)
         if hip is None or self._hp_engine is None:
             return
         saved = checkpoint.unpack(

@@ -1,0 +1,260 @@
+"""plan="adaptive" while the link changes under a running job: adaptive against fixed plans.
+
+Issue 49, item 4. Ranks train digits (``hipress_like.demo``'s ``DigitsNet``,
+the hidden width set by ``--hidden``) over an emulated network
+(``hipress_like.launch.netem``: one namespace per rank, every link shaped
+with ``tc tbf``; root needed). The job runs in phases of ``--steps`` steps;
+between phases the bench changes the rate of every link (``netem.set_rate``,
+default 1 Gbit/s -> 100 Mbit/s -> 1 Gbit/s) while the ranks wait at the
+boundary (rank 0 says it is there with a flag file; every rank goes on once
+the bench's flag says the rate changed), so each phase runs wholly at its
+rate. Configurations, each a whole job, run in the same run and alternated
+(repeat 1 of every configuration, then repeat 2, ...), so that a drifting
+load on a shared host falls on all of them alike:
+
+    adaptive  plan=hpt.Adaptive(check_every, margin): profiled at start as
+              plan="auto", then re-planned from the engine's own timings
+    start     plan="auto": the plan chosen at start, kept
+    none      nothing compressed (Compression.none)
+    onebit    1-bit on every gradient of 64 KB or more (a fixed plan)
+
+Every step's wall time is recorded on every rank (the loop iteration:
+forward, backward, ``opt.step()``; the wait at a phase boundary is not in
+it). A phase's time is rank 0's sum over the phase; its *settled* time
+leaves out the first ``check_every + AFTER_STEPS`` steps, in which the
+adaptive job has yet to notice the change and switch. Printed: the table of
+phase times, the adaptive job's switches, and the ratios issue 49 asks for:
+
+    total      start's total time / adaptive's total time (goal >= 1.3)
+    phase k    adaptive's settled time / the best fixed plan's (goal <= 1.10)
+
+and every job checks that its ranks end bitwise identical. Written as JSON
+(``--out``), with every step's time and wall clock for a plot.
+
+    sudo python bench/adaptive.py                               # 4 ranks, 40 steps a phase
+    sudo python bench/adaptive.py --ranks 2 --steps 12 --hidden 256 --repeats 1   # smoke
+
+Not here yet (issue 49): a compute slowdown (a CPU hog beside one rank);
+the plot itself (the JSON has the series).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+CONFIGS = ("adaptive", "start", "none", "onebit")
+FIXED = ("start", "none", "onebit")
+
+
+def _wait_file(path: str, timeout: float, alive=None) -> bool:
+    """Wait for ``path``; False when ``alive()`` turns false or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline or (alive is not None and not alive()):
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def adaptive_job(ctx, cfg):
+    """One rank of one configuration's job (``run_workers(..., netns=True)``)."""
+    import hashlib
+
+    import torch
+    import torch.nn.functional as F
+
+    import hipress_like.torch as hpt
+    from hipress_like.cost_model import Plan, SizeRule
+    from hipress_like.demo.cli_digits import setup_worker
+    from hipress_like.tuning.online import AFTER_STEPS
+
+    t0 = time.time()
+    rank, size, (xtr, ytr, _, _), model, opt = setup_worker(cfg["hidden"], cfg["lr"], 0)
+    name = cfg["config"]
+    compression, plan = "onebit", None
+    if name == "adaptive":
+        plan = hpt.Adaptive(check_every=cfg["check_every"], margin=cfg["margin"])
+    elif name == "start":
+        plan = "auto"
+    elif name == "none":
+        compression = "none"
+    elif name == "onebit":
+        plan = Plan(compressor="onebit", rule=SizeRule(min_compress_bytes=1 << 16))
+    else:
+        raise ValueError(f"unknown configuration {name!r}; expected one of {CONFIGS}")
+    opt = hpt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=compression, plan=plan)
+    start_s = time.time() - t0  # init, data, profiling (auto, adaptive)
+    gen = torch.Generator().manual_seed(rank)
+    phases, walls, layouts = [], [], []
+    step = 0
+    for k, n in enumerate(cfg["phases"]):
+        if k > 0:  # the bench changes the link between phases
+            if rank == 0:
+                open(os.path.join(cfg["flags"], f"ready-{k}"), "w").close()
+            if not _wait_file(os.path.join(cfg["flags"], f"rate-{k}"), cfg["wait_s"]):
+                raise TimeoutError(f"rank {rank}: the bench did not change the link for "
+                                   f"phase {k} within {cfg['wait_s']} s")
+        times = []
+        for _ in range(n):
+            idx = torch.randint(0, len(xtr), (cfg["batch"],), generator=gen)
+            t = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
+            opt.step()
+            times.append(time.perf_counter() - t)
+            walls.append(time.time())
+            step += 1
+        phases.append(times)
+        layouts.append(sorted(g for g, d in opt.engine.layout().items() if d["compress"]))
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    online = opt.online
+    history = [{k: v for k, v in h.items() if k in ("step", "switched", "gain", "current_s",
+                                                     "best_s", "bandwidth_Bps", "latency_s")}
+               for h in (online.history if online is not None else [])]
+    out = {"phases": phases, "wall": walls, "start_s": start_s, "compressed": layouts,
+           "history": history, "after_steps": AFTER_STEPS,
+           "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest()}
+    opt.close()
+    return out
+
+
+def run_job(config: str, a: argparse.Namespace, rates) -> dict:
+    """One configuration's job over the emulated network, the link changed between
+    phases; rank 0's step times, the switches, whether the ranks agree."""
+    from hipress_like.launch import netem
+    from hipress_like.launch.launch import run_workers
+
+    netem.set_rate(a.ranks, rates[0])
+    flags = tempfile.mkdtemp(prefix="hipress-adaptive-")
+    cfg = {"config": config, "hidden": a.hidden, "lr": 0.05, "batch": a.batch,
+           "check_every": a.check_every, "margin": a.margin, "flags": flags,
+           "phases": [a.steps] * len(rates), "wait_s": a.timeout}
+    box: dict = {}
+
+    def go():
+        try:
+            box["res"] = run_workers(adaptive_job, a.ranks, args=(cfg,), timeout=a.timeout,
+                                     netns=True)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            box["err"] = e
+
+    th = threading.Thread(target=go)
+    t0 = time.time()
+    th.start()
+    try:
+        for k in range(1, len(rates)):
+            if not _wait_file(os.path.join(flags, f"ready-{k}"), a.timeout, th.is_alive):
+                break
+            netem.set_rate(a.ranks, rates[k])
+            open(os.path.join(flags, f"rate-{k}"), "w").close()
+        th.join()
+    finally:
+        shutil.rmtree(flags, ignore_errors=True)
+    if "err" in box:
+        raise box["err"]
+    res = box["res"]
+    r0 = res[0]
+    settle = a.check_every + r0["after_steps"]
+    return {"phase_s": [sum(p) for p in r0["phases"]],
+            "settled_s": [sum(p[settle:]) for p in r0["phases"]],
+            "total_s": sum(sum(p) for p in r0["phases"]),
+            "start_s": r0["start_s"], "job_s": time.time() - t0,
+            "switches": [h["step"] for h in r0["history"] if h.get("switched")],
+            "history": r0["history"], "compressed": r0["compressed"],
+            "identical": len({r["digest"] for r in res}) == 1,
+            "steps_s": r0["phases"], "wall": r0["wall"]}
+
+
+def main(argv=None) -> int:
+    """Run every configuration through the link changes; print the ratios; write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--rates", default="1gbit,100mbit,1gbit",
+                    help="the link's rate in each phase, comma-separated (tc syntax)")
+    ap.add_argument("--steps", type=int, default=40, help="steps per phase")
+    ap.add_argument("--hidden", type=int, default=512, help="DigitsNet's hidden width")
+    ap.add_argument("--batch", type=int, default=16, help="images per rank per step")
+    ap.add_argument("--check-every", type=int, default=5, help="Adaptive(check_every=...)")
+    ap.add_argument("--margin", type=float, default=0.1, help="Adaptive(margin=...)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
+    ap.add_argument("--out", default="results/adaptive.json")
+    a = ap.parse_args(argv)
+    rates = [r.strip() for r in a.rates.split(",") if r.strip()]
+    configs = [c.strip() for c in a.configs.split(",") if c.strip()]
+    if os.geteuid() != 0 or shutil.which("tc") is None:
+        print("bench/adaptive.py needs root and iproute2's tc (network namespaces shaped with "
+              "tc tbf): run it as root on a host with iproute2", file=sys.stderr)
+        return 2
+    unknown = sorted(set(configs) - set(CONFIGS))
+    if unknown or "adaptive" not in configs:
+        ap.error(f"--configs takes 'adaptive' and any of {FIXED}, found {configs}")
+    from hipress_like.launch import netem
+
+    rows: dict = {c: [] for c in configs}
+    netem.up(a.ranks, rates[0])
+    try:
+        for rep in range(a.repeats):
+            for c in configs:
+                r = run_job(c, a, rates)
+                rows[c].append(r)
+                print(f"[{rep + 1}/{a.repeats}] {c:8s} phases "
+                      + " ".join(f"{s:7.2f}" for s in r["phase_s"])
+                      + f"  total {r['total_s']:7.2f} s  start-up {r['start_s']:5.1f} s  "
+                      f"switches at {r['switches']}  identical {r['identical']}", flush=True)
+    finally:
+        netem.down()
+
+    def med(c, key, k=None):
+        vals = [r[key] if k is None else r[key][k] for r in rows[c]]
+        return statistics.median(vals)
+
+    print(f"\n{a.ranks} ranks, {a.steps} steps a phase at {' -> '.join(rates)}, "
+          f"DigitsNet(hidden={a.hidden}); seconds (median of {a.repeats}):")
+    head = "config    " + "".join(f"  phase {k + 1} ({rates[k]})" for k in range(len(rates)))
+    print(head + "      total")
+    for c in configs:
+        print(f"{c:8s}  " + "".join(f"  {med(c, 'phase_s', k):18.2f}" for k in range(len(rates)))
+              + f"  {med(c, 'total_s'):9.2f}")
+    goals = []
+    if "start" in rows:
+        ratio = med("start", "total_s") / med("adaptive", "total_s")
+        goals.append(("total: start / adaptive", ratio, ">= 1.3", ratio >= 1.3))
+    fixed = [c for c in configs if c in FIXED]
+    for k in range(len(rates)):
+        if not fixed:
+            break
+        best = min(fixed, key=lambda c: med(c, "settled_s", k))
+        ratio = med("adaptive", "settled_s", k) / max(med(best, "settled_s", k), 1e-9)
+        goals.append((f"phase {k + 1} settled: adaptive / best fixed ({best})", ratio,
+                      "<= 1.10", ratio <= 1.10))
+    identical = all(r["identical"] for v in rows.values() for r in v)
+    goals.append(("ranks bitwise identical", identical, "True", identical))
+    print("\nratios (issue 49's goals):")
+    for name, value, target, ok in goals:
+        shown = f"{value:.2f}" if isinstance(value, float) else str(value)
+        print(f"  {name:48s} {shown:>6s}  goal {target:7s} {'met' if ok else 'NOT met'}")
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"args": vars(a), "rates": rates, "rows": rows,
+                   "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                   "goals": [dict(zip(("name", "value", "target", "pass"), g)) for g in goals]},
+                  f, indent=1)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
