@@ -227,14 +227,16 @@ def _simulate(timeline: ComputeTimeline, jobs: List[_Job], cpu_share: float) -> 
         if main:
             done = min(work, done + dt * rate)
         waiting, queues["wait"] = queues["wait"], []  # those that waited through dt
-        for res, speed in (("cpu", rate), ("link", lrate), ("local", 1.0)):
-            if queues[res]:
-                head = queues[res][0]
-                head.phases[0][1] -= dt * speed
-                if head.phases[0][1] <= eps:
-                    queues[res].pop(0)
-                    head.phases.pop(0)
-                    route(head)
+        # the jobs each server ran through dt, taken before any moves on: a job that
+        # finishes a phase here starts its next one after dt, not within it
+        heads = [(res, speed, queues[res][0]) for res, speed in
+                 (("cpu", rate), ("link", lrate), ("local", 1.0)) if queues[res]]
+        for res, speed, head in heads:
+            head.phases[0][1] -= dt * speed
+            if head.phases[0][1] <= eps:
+                queues[res].pop(0)
+                head.phases.pop(0)
+                route(head)
         for job in waiting:  # every wait runs at once: it occupies nothing
             job.phases[0][1] -= dt
             if job.phases[0][1] <= eps:
