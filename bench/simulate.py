@@ -11,7 +11,7 @@ Sec. 6.5) and the compression speeds the paper reports, it predicts:
 1. Gradients: the published layer shapes of VGG19 (torchvision's layout) and
    BERT-large (24 layers, hidden 1024, 16 heads, FFN 4096, vocabulary 30522,
    a 2-class head), float32; each layer's forward FLOPs set when its
-   gradients are final in backward (``timeline``).
+   gradients are final in backward (``simulate_models``).
 2. Workers: up to 8 GPUs share one node and its NVLink, so for N <= 8 the
    workers are the GPUs and the link is NVLink; beyond, each node is one
    worker of the model (``N / 8`` of them) over the network link, its GPUs
@@ -54,6 +54,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from simulate_models import (  # noqa: E402
+    MODELS,
+    bert_large_layers,
+    flop_timeline,
+    powersgd_ratio,
+    sizes_of,
+)
+
 from hipress_like.cost_model import Planner, Profile  # noqa: E402
 from hipress_like.cost_model.model import Curve, Link  # noqa: E402
 from hipress_like.cost_model.plan import GradientPlan, Plan  # noqa: E402
@@ -69,9 +77,9 @@ FIGURE = os.path.join(RESULTS, "img", "simulation.png")
 COMMAND = "python bench/simulate.py --publish"
 SOURCE = "simulated by the step model from the paper's figures and stated assumptions; not measured"
 
-F32 = 4
 WORKERS = (2, 4, 8, 16, 32, 64, 128)
 CONFIGS = ("none", "ring-onebit", "ps-onebit", "ring-powersgd")
+
 # ---------------------------------------------------------------- the inputs
 
 #: Every number the simulation assumes: key -> (value, unit, source). The docs page
@@ -164,81 +172,6 @@ PAPER: List[Dict[str, Any]] = [
 # ---------------------------------------------------------------- the models
 
 
-@dataclass(frozen=True)
-class Layer:
-    """One parameter tensor: its name (the framework's), shape, and the forward FLOPs
-    per sample of the layer it belongs to (charged to the layer's first tensor)."""
-
-    name: str
-    shape: Tuple[int, ...]
-    flops: float
-
-    @property
-    def nbytes(self) -> int:
-        """float32 bytes."""
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * F32
-
-
-def vgg19_layers() -> List[Layer]:
-    """VGG19 (configuration E of Simonyan and Zisserman 2015) in torchvision's layout.
-
-    ``features.i`` counts ReLU and max-pool modules too, as torchvision does;
-    a 3x3 convolution costs ``2 * 9 * cin * cout * H * W`` FLOPs per image on
-    its H x W output (224 halving after each pool), a linear layer
-    ``2 * in * out``.
-    """
-    out: List[Layer] = []
-    cin, idx, side = 3, 0, 224
-    for ch, reps in [(64, 2), (128, 2), (256, 4), (512, 4), (512, 4)]:
-        for _ in range(reps):
-            out.append(Layer(f"features.{idx}.weight", (ch, cin, 3, 3),
-                             2.0 * 9 * cin * ch * side * side))
-            out.append(Layer(f"features.{idx}.bias", (ch,), 0.0))
-            cin, idx = ch, idx + 2  # the conv and its ReLU
-        idx += 1  # the max-pool
-        side //= 2
-    for j, (fin, fout) in zip((0, 3, 6), [(512 * 7 * 7, 4096), (4096, 4096), (4096, 1000)]):
-        out.append(Layer(f"classifier.{j}.weight", (fout, fin), 2.0 * fin * fout))
-        out.append(Layer(f"classifier.{j}.bias", (fout,), 0.0))
-    return out
-
-
-def bert_large_layers(seq: int = 128, vocab: int = 30522, hidden: int = 1024,
-                      layers: int = 24, ffn: int = 4096, classes: int = 2) -> List[Layer]:
-    """BERT-large (Devlin et al. 2019, Sec. 3: L=24, H=1024, A=16) with a classifier head.
-
-    Per token, a matrix of ``a x b`` costs ``2ab`` FLOPs forward; attention's
-    scores and weighted sum ``4 * seq * hidden`` per token and layer (the 16
-    heads split ``hidden``, so their number does not change the count);
-    embedding lookups cost nothing. Names follow the preset
-    ``cost_model.presets`` (``bert-large``).
-    """
-    h = hidden
-    out = [Layer("embeddings.word.weight", (vocab, h), 0.0),
-           Layer("embeddings.position.weight", (512, h), 0.0),
-           Layer("embeddings.token_type.weight", (2, h), 0.0),
-           Layer("embeddings.ln.gamma", (h,), 0.0), Layer("embeddings.ln.beta", (h,), 0.0)]
-    for i in range(layers):
-        p = f"encoder.{i}."
-        for m in ("query", "key", "value", "attn_out"):
-            extra = 4.0 * seq * h if m == "attn_out" else 0.0  # scores and weighted sum
-            out += [Layer(p + m + ".weight", (h, h), 2.0 * h * h + extra),
-                    Layer(p + m + ".bias", (h,), 0.0)]
-        out += [Layer(p + "attn_ln.gamma", (h,), 0.0), Layer(p + "attn_ln.beta", (h,), 0.0),
-                Layer(p + "ffn1.weight", (ffn, h), 2.0 * ffn * h),
-                Layer(p + "ffn1.bias", (ffn,), 0.0),
-                Layer(p + "ffn2.weight", (h, ffn), 2.0 * h * ffn),
-                Layer(p + "ffn2.bias", (h,), 0.0),
-                Layer(p + "ffn_ln.gamma", (h,), 0.0), Layer(p + "ffn_ln.beta", (h,), 0.0)]
-    out += [Layer("pooler.weight", (h, h), 2.0 * h * h), Layer("pooler.bias", (h,), 0.0),
-            Layer("classifier.weight", (classes, h), 2.0 * classes * h),
-            Layer("classifier.bias", (classes,), 0.0)]
-    return out
-
-
 def compute_seconds(model: str) -> float:
     """One GPU's forward and backward seconds per step (``ASSUMPTIONS``).
 
@@ -254,60 +187,11 @@ def compute_seconds(model: str) -> float:
     raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
 
 
-MODELS = {"vgg19": vgg19_layers, "bert-large": bert_large_layers}
-
-
-def sizes_of(model: str) -> List[Tuple[str, int]]:
-    """(name, bytes) in registration order."""
-    return [(x.name, x.nbytes) for x in MODELS[model]()]
-
-
 def timeline(model: str, compute_s: Optional[float] = None) -> ComputeTimeline:
-    """The compute timeline of one step: forward a third, backward two thirds of
-    ``compute_s``; backward runs the layers in reverse, each taking its share of
-    the FLOPs, and a layer's tensors are final when its backward ends (where
-    ``ComputeTimeline.spread`` would spread by bytes, which puts VGG19's 392 MB
-    fc6 weight, 0.3% of its FLOPs, at 70% of backward)."""
-    layers = MODELS[model]()
+    """The model's compute timeline (``simulate_models.flop_timeline``) for ``compute_s``
+    seconds of compute (default ``compute_seconds``) and the assumed update."""
     total = compute_s if compute_s is not None else compute_seconds(model)
-    fwd, bwd = total / 3, total * 2 / 3
-    flops = sum(x.flops for x in layers) or 1.0
-    ready, done = {}, 0.0
-    # a layer's FLOPs sit on its first tensor; going backwards, its later tensors
-    # (bias, beta) are final together with it
-    pending: List[str] = []
-    for x in reversed(layers):
-        pending.append(x.name)
-        if x.flops > 0 or x is layers[0]:
-            done += x.flops
-            for name in pending:
-                ready[name] = bwd * done / flops
-            pending = []
-    for name in pending:
-        ready[name] = bwd
-    return ComputeTimeline(fwd, bwd, ready, _a("update_ms") / 1e3, f"{total * 1e3:.0f} ms, "
-                           "spread by FLOPs")
-
-
-def powersgd_ratio(model: str, rank: Optional[int] = None) -> float:
-    """PowerSGD's payload bytes per gradient byte over the model's matrices.
-
-    A gradient of ``a x b`` (a convolution's reshaped to ``out x in*k*k``)
-    sends P (``a x r``) and Q (``b x r``): ``r (a + b) / (a b)`` of it
-    (HiPress Sec. 2.4); weighted by bytes over every tensor of two or more
-    dimensions (vectors are not compressed; the planner leaves them
-    uncompressed anyway, being small).
-    """
-    r = int(rank if rank is not None else _a("powersgd_rank"))
-    num = den = 0.0
-    for x in MODELS[model]():
-        if len(x.shape) < 2:
-            continue
-        a = x.shape[0]
-        b = x.nbytes // F32 // a
-        num += min(r * (a + b), a * b)
-        den += a * b
-    return num / den
+    return flop_timeline(model, total, _a("update_ms") / 1e3)
 
 
 # ---------------------------------------------------------------- the hardware
@@ -386,7 +270,7 @@ def profile(model: str, link: Link, gpus: int) -> Profile:
         return enc, dec
 
     one_enc, one_dec = curves(1 / 32, 8, q)
-    r = powersgd_ratio(model)
+    r = powersgd_ratio(model, int(_a("powersgd_rank")))
     p_enc, p_dec = curves(r, 0, q / _a("powersgd_passes"))
     comps = {
         "onebit": CompressorProfile("onebit", "quantization", 1 / 32, 8, one_enc, one_dec,
@@ -524,12 +408,13 @@ def run() -> Dict[str, Any]:
                 p = predict(model, beds["fast"], config, 128, base * factor)
                 sens.append({"model": model, "compute_factor": factor, "config": config,
                              "efficiency": round(p["efficiency"], 4)})
+    rank = int(_a("powersgd_rank"))
     return {"assumptions": {k: {"value": v[0], "unit": v[1], "source": v[2]}
                             for k, v in ASSUMPTIONS.items()},
             "models": {m: {"gradients": len(sizes_of(m)),
                            "bytes": sum(b for _, b in sizes_of(m)),
                            "compute_ms": round(compute_seconds(m) * 1e3, 3),
-                           "powersgd_ratio": round(powersgd_ratio(m), 6)} for m in MODELS},
+                           "powersgd_ratio": round(powersgd_ratio(m, rank), 6)} for m in MODELS},
             "testbeds": {k: {"name": b.name, "gpus": b.size} for k, b in beds.items()},
             "pairs": [list(p) for p in PAIRS], "workers": list(WORKERS),
             "configs": list(CONFIGS), "rows": rows, "paper": paper, "sensitivity": sens,

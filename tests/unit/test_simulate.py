@@ -28,6 +28,7 @@ from hipress_like.tuning.step_model import LocalStage, predict_step
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import simulate  # noqa: E402
+import simulate_models  # noqa: E402
 
 MB = 1_000_000
 
@@ -201,21 +202,21 @@ def test_a_node_is_one_worker_beyond_eight_gpus():
 
 
 def test_gradient_lists_are_the_published_models():
-    vgg = simulate.MODELS["vgg19"]()
+    vgg = simulate_models.vgg19_layers()
     assert len(vgg) == 38  # HiPress Table 6
     assert sum(x.nbytes for x in vgg) // 4 == 143_667_240  # torchvision's vgg19
     assert max(x.nbytes for x in vgg) == 392 << 20  # Table 6: the 392 MB fc6 weight
-    assert [b for _, b in simulate.sizes_of("vgg19")] == [b for _, b in preset("vgg19")]
-    bert = simulate.MODELS["bert-large"]()
+    assert [b for _, b in simulate_models.sizes_of("vgg19")] == [b for _, b in preset("vgg19")]
+    bert = simulate_models.bert_large_layers()
     # BERT-large with its pooler (335,141,888 parameters) and a 2-class head
     assert sum(x.nbytes for x in bert) // 4 == 335_141_888 + 2 * 1024 + 2
-    assert simulate.sizes_of("bert-large") == preset("bert-large")
+    assert simulate_models.sizes_of("bert-large") == preset("bert-large")
 
 
 def test_gradient_list_matches_torchvision_when_installed():
     tv = pytest.importorskip("torchvision")
     model = tv.models.vgg19(weights=None)
-    ours = [(x.name, x.shape) for x in simulate.vgg19_layers()]
+    ours = [(x.name, x.shape) for x in simulate_models.vgg19_layers()]
     assert ours == [(n, tuple(p.shape)) for n, p in model.named_parameters()]
 
 
@@ -230,11 +231,13 @@ def test_backward_releases_gradients_by_flops():
 
 
 def test_powersgd_ratio_grows_with_rank():
-    one = simulate.powersgd_ratio("vgg19", 1)
-    assert simulate.powersgd_ratio("vgg19", 4) == pytest.approx(4 * one)
+    one = simulate_models.powersgd_ratio("vgg19", 1)
+    assert simulate_models.powersgd_ratio("vgg19", 4) == pytest.approx(4 * one)
     # fc6, 4096 x 25088 at rank 4, is most of the bytes: its ratio dominates
     fc6 = 4 * (4096 + 25088) / (4096 * 25088)
-    assert fc6 < simulate.powersgd_ratio("vgg19", 4) < 10 * fc6
+    assert fc6 < simulate_models.powersgd_ratio("vgg19", 4) < 10 * fc6
+    with pytest.raises(ValueError, match="rank must be an integer >= 1, found 0"):
+        simulate_models.powersgd_ratio("vgg19", 0)
 
 
 def test_every_paper_row_has_a_prediction():
