@@ -32,7 +32,7 @@ Every input is in ``ASSUMPTIONS`` (with its source) and in the JSON; the
 paper's reported figures are in ``PAPER`` and printed beside the
 predictions. Run:
 
-    python bench/simulate.py                 # print, write results/simulate.json
+    python bench/simulate.py                 # print; results/simulate.json and .png
     python bench/simulate.py --publish       # also its record, page and figure in docs/results
     python bench/simulate.py --check         # the committed record and page are current
 
@@ -400,6 +400,10 @@ def run() -> Dict[str, Any]:
         eff = {c: predict("bert-large", bed, c, 128) for c in CONFIGS}
         calibrated["efficiency"] = {c: round(p["efficiency"], 4) for c, p in eff.items()}
         calibrated["ps_over_ring"] = round(eff["none"]["step_s"] / eff["ps-onebit"]["step_s"], 4)
+        calibrated["rows"] = [
+            {"config": c, "n": n, "efficiency": round(
+                predict("bert-large", bed, c, n)["efficiency"], 6)}
+            for c in ("none", "ps-onebit") for n in WORKERS]
     sens = []
     for model in MODELS:
         base = compute_seconds(model)
@@ -451,18 +455,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 1
         print("the simulation record and page match the code")
         return 0
+    date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
+    png = os.path.splitext(a.out)[0] + ".png"
+    plot({"date": date, "data": data}, png)
     for row in data["paper"]:
         print(f"{row['claim']}: paper {row['paper']:g}, model {row['predicted']:.3f} "
               f"({row['ratio']:.2f}x)")
-    print(f"wrote {a.out}")
+    print(f"wrote {a.out} and {png}")
     if a.publish:
         rec = report.make_record(
-            "simulation", data, command=COMMAND,
-            date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+            "simulation", data, command=COMMAND, date=date,
             machine=report.machine_info("none: simulated (the testbeds are in the data)"),
             source=SOURCE, title="Scaling past this machine (simulated)", headline=False,
             notes="Predictions of the step model for HiPress's testbeds, beside the paper's "

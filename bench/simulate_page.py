@@ -244,6 +244,14 @@ def plot(rec: Mapping[str, Any], path: str) -> None:
             who = "Ring" if r["model"][3] == "none" else "HiPress"
             ax.annotate(f"paper, {who}: {r['paper']:g}", (r["model"][2], r["paper"]),
                         textcoords="offset points", xytext=(-95, -4), fontsize=7)
+        cal = data.get("calibrated", {})
+        if (model, bed) == (cal.get("model"), "fast") and cal.get("rows"):
+            for c, color in (("none", "C0"), ("ps-onebit", "C2")):
+                rs = [r for r in cal["rows"] if r["config"] == c]
+                ax.plot([r["n"] for r in rs], [r["efficiency"] for r in rs], ls="--",
+                        color=color, lw=1, label=f"{LABELS[c]}, network at {cal['gbit']:g} "
+                                                  "Gbit/s (fitted)")
+            ax.legend(fontsize=6, loc="lower left")
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 1.05)
         ax.set_title(f"{MODEL_NAMES[model]}, {data['testbeds'][bed]['name']}", fontsize=8)
