@@ -60,7 +60,18 @@ The step-time model of one configuration:
    then takes about its rank's CPU time times ranks over cores, which the
    three servers alone under-predict; docs/design.md has the numbers).
 
-Steps 1, 3 and 4 and the lane buckets are not in HiPress, which measures
+5. Aggregation inside a node (``LocalStage``), for machines of several
+   GPUs each (HiPress's testbed: 8 V100s per node). The node's GPUs first
+   reduce-scatter a gradient over the node's own links (NVLink), the node
+   synchronises it with the other nodes as one worker of the model above,
+   and the GPUs then all-gather the result: each a ring over the node's G
+   GPUs, ``(G-1)`` steps of ``m/G`` bytes (Patarasuk and Yuan, "Bandwidth
+   optimal all-reduce algorithms for clusters of workstations", JPDC 2009,
+   Sec. 3; together ``2(G-1)/G m`` bytes, the ring's volume law). The two
+   rings occupy a fourth server, the node's local link, in arrival order
+   (HiPress's "local aggregation", Sec. 6.2.1).
+
+Steps 1, 3, 4 and 5 and the lane buckets are not in HiPress, which measures
 throughput rather than predicting it.
 """
 from __future__ import annotations
@@ -74,7 +85,7 @@ from ..cost_model.planner import Planner
 from ..cost_model.profile import ProfileError
 from .compute import ComputeTimeline
 
-__all__ = ["predict_step", "host_bound", "cpu_share_of"]
+__all__ = ["predict_step", "host_bound", "cpu_share_of", "LocalStage"]
 
 Sizes = Sequence[Tuple[str, int]]
 
@@ -93,11 +104,45 @@ def _lane_buckets(sizes: Sizes, lane: Sequence[str], fusion_bytes: int) -> List[
     return buckets + ([cur] if cur else [])
 
 
+@dataclass(frozen=True)
+class LocalStage:
+    """Aggregation among the GPUs of one node around the network synchronisation
+    (module doc, step 5).
+
+    Attributes:
+        gpus: GPUs per node G (>= 1; 1: no local stage).
+        link: the node's local link (``Link``: latency per ring step, bytes per
+            second each GPU sends to its ring neighbour).
+
+    Example:
+        >>> st = LocalStage(4, Link(0.0, 1e9))
+        >>> [round(t, 6) for t in st.times(8e6)]  # 3 steps of 2 MB each way
+        [0.006, 0.006]
+    """
+
+    gpus: int
+    link: Link
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 1:
+            raise ValueError(f"gpus per node must be an integer >= 1, found {self.gpus!r}")
+
+    def times(self, nbytes: float) -> Tuple[float, float]:
+        """Seconds of the reduce-scatter before and the all-gather after the network
+        synchronisation of ``nbytes``: each ``(G-1) (latency + nbytes/G / bandwidth)``."""
+        g = self.gpus
+        if g == 1 or nbytes <= 0:
+            return 0.0, 0.0
+        each = (g - 1) * (self.link.latency + nbytes / g / self.link.bandwidth)
+        return each, each
+
+
 @dataclass
 class _Job:
     """One synchronisation in the step simulation: released when its gradients are
     final (``ready``: seconds of forward and backward work), then its phases in
-    order, each on the engine's compute thread ("cpu") or the link ("link")."""
+    order, each on the engine's compute thread ("cpu"), the link ("link"), the
+    node's local link ("local", ``LocalStage``) or none ("wait")."""
 
     ready: float
     phases: List[List[Any]]  # [resource, seconds left]
@@ -133,21 +178,23 @@ def _lane_phases(planner: Planner, nbytes: int) -> List[List[Any]]:
 def _simulate(timeline: ComputeTimeline, jobs: List[_Job], cpu_share: float) -> float:
     """Seconds until backward and every job are done (the update not included).
 
-    A fluid simulation of three servers: the caller's thread runs forward
-    and backward (releasing jobs as it passes their ready points), the
-    engine's one compute thread runs CPU phases in arrival order, the link
-    runs link phases in arrival order; wait phases (latency, rounds) run all
-    at once. While the caller's thread and the compute thread both have
-    work, each runs at ``cpu_share`` of its speed alone (0.5: they split one
-    rank's CPU; 1.0: a core each). While the caller's thread computes, the
-    link too moves bytes at ``cpu_share``: the transport's threads copy and
-    reduce them on the same cores (4 ranks on 2 cores, 1 Gbit/s: a 40 MB
-    lane synchronisation took 581 ms alone, a matmul load 544 ms alone, and
+    A fluid simulation of servers: the caller's thread runs forward and
+    backward (releasing jobs as it passes their ready points), the engine's
+    one compute thread runs CPU phases in arrival order, the link runs link
+    phases in arrival order, and the node's local link (``LocalStage``; at
+    full speed, GPU copies need no CPU) runs local phases in arrival order;
+    wait phases (latency, rounds) run all at once. While the caller's thread
+    and the compute thread both have work, each runs at ``cpu_share`` of its
+    speed alone (0.5: they split one rank's CPU; 1.0: a core each). While
+    the caller's thread computes, the link too moves bytes at ``cpu_share``:
+    the transport's threads copy and reduce them on the same cores (4 ranks
+    on 2 cores, 1 Gbit/s: a 40 MB lane synchronisation took 581 ms alone, a
+    matmul load 544 ms alone, and
     both started together 1108 ms).
     """
     work = timeline.forward_s + timeline.backward_s
     pending = sorted(jobs, key=lambda j: j.ready)
-    queues: Dict[str, List[_Job]] = {"cpu": [], "link": [], "wait": []}
+    queues: Dict[str, List[_Job]] = {"cpu": [], "link": [], "local": [], "wait": []}
     t, done, eps = 0.0, 0.0, 1e-12
 
     def route(job: _Job) -> None:
@@ -160,7 +207,7 @@ def _simulate(timeline: ComputeTimeline, jobs: List[_Job], cpu_share: float) -> 
         while pending and pending[0].ready <= done + eps:
             route(pending.pop(0))
         main = done < work - eps
-        if not (main or queues["cpu"] or queues["link"] or queues["wait"] or pending):
+        if not (main or pending or any(queues.values())):
             return t
         rate = cpu_share if main and queues["cpu"] else 1.0
         lrate = cpu_share if main else 1.0
@@ -172,20 +219,24 @@ def _simulate(timeline: ComputeTimeline, jobs: List[_Job], cpu_share: float) -> 
             steps.append(queues["cpu"][0].phases[0][1] / rate)
         if queues["link"]:
             steps.append(queues["link"][0].phases[0][1] / lrate)
+        if queues["local"]:
+            steps.append(queues["local"][0].phases[0][1])
         steps.extend(j.phases[0][1] for j in queues["wait"])
         dt = max(0.0, min(steps))
         t += dt
         if main:
             done = min(work, done + dt * rate)
         waiting, queues["wait"] = queues["wait"], []  # those that waited through dt
-        for res, speed in (("cpu", rate), ("link", lrate)):
-            if queues[res]:
-                head = queues[res][0]
-                head.phases[0][1] -= dt * speed
-                if head.phases[0][1] <= eps:
-                    queues[res].pop(0)
-                    head.phases.pop(0)
-                    route(head)
+        # the jobs each server ran through dt, taken before any moves on: a job that
+        # finishes a phase here starts its next one after dt, not within it
+        heads = [(res, speed, queues[res][0]) for res, speed in
+                 (("cpu", rate), ("link", lrate), ("local", 1.0)) if queues[res]]
+        for res, speed, head in heads:
+            head.phases[0][1] -= dt * speed
+            if head.phases[0][1] <= eps:
+                queues[res].pop(0)
+                head.phases.pop(0)
+                route(head)
         for job in waiting:  # every wait runs at once: it occupies nothing
             job.phases[0][1] -= dt
             if job.phases[0][1] <= eps:
@@ -217,7 +268,8 @@ def host_bound(timeline: ComputeTimeline, sync_cpu: float, cores_per_rank: float
 def predict_step(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planner],
                  timeline: ComputeTimeline, *, fusion_bytes: int = 25 << 20,
                  cpu_share: Optional[float] = None,
-                 cores_per_rank: Optional[float] = None) -> Tuple[float, float]:
+                 cores_per_rank: Optional[float] = None,
+                 local: Optional[LocalStage] = None) -> Tuple[float, float]:
     """Predict (synchronisation seconds, step seconds) of one plan (see the module doc).
 
     Args:
@@ -234,23 +286,27 @@ def predict_step(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planne
         cores_per_rank: cores each rank may use; with it the step is at least
             ``host_bound`` of the synchronisation's CPU seconds (when the
             profile recorded them). None: the host's cores are not modelled.
+        local: aggregation inside each node around every synchronisation
+            (module doc, step 5); ``n`` then counts nodes, each one worker of
+            the model. None: one GPU (or process) per worker.
 
     Raises:
         ProfileError: the plan compresses with a compressor not in ``planners``.
     """
     sync, step, _ = _predict(plan, sizes, n, planners, timeline, fusion_bytes, cpu_share,
-                             cores_per_rank)
+                             cores_per_rank, local)
     return sync, step
 
 
 def _predict(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planner],
              timeline: ComputeTimeline, fusion_bytes: int, cpu_share: Optional[float],
-             cores_per_rank: Optional[float]) -> Tuple[float, float, Optional[float]]:
+             cores_per_rank: Optional[float], local: Optional[LocalStage] = None
+             ) -> Tuple[float, float, Optional[float]]:
     """``predict_step`` and the synchronisation's CPU seconds per rank (None when
     the profile lacks them for some part of the plan)."""
     if cpu_share is None:
         cpu_share = 1.0 if cores_per_rank is None else cpu_share_of(cores_per_rank)
-    if n == 1 or not sizes:
+    if (n == 1 and (local is None or local.gpus == 1)) or not sizes:
         return 0.0, timeline.floor_s, 0.0
     if not 0 < cpu_share <= 1:
         raise ValueError(f"cpu_share must be in (0, 1], found {cpu_share!r}")
@@ -260,6 +316,7 @@ def _predict(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planner],
     fixed: List[float] = []  # each used CPU fit's cost per synchronisation
     size_of = dict(sizes)
     jobs: List[_Job] = []
+    job_bytes: List[int] = []  # each job's gradient bytes (the local stage moves them)
     lane, fast = [], {}
     any_planner = next(iter(planners.values()))
     for name, nbytes in reversed(list(sizes)):
@@ -279,6 +336,7 @@ def _predict(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planner],
                                  model_strategy=pl.model_strategy, back=pl.back and pl.back.name)
         jobs.append(_Job(timeline.ready(name),
                          _job_phases(pl, fast[comp], nbytes, dec.partitions)))
+        job_bytes.append(nbytes)
         cpus.append(pl.cpu_cpr(nbytes, dec.partitions))
         if pl.cpu_term is not None:
             fixed.append(pl.cpu_term.fixed)
@@ -286,9 +344,14 @@ def _predict(plan: Plan, sizes: Sizes, n: int, planners: Mapping[str, Planner],
         held = sum(size_of[g] for g in bucket)
         jobs.append(_Job(max(timeline.ready(g) for g in bucket),
                          _lane_phases(any_planner, held)))
+        job_bytes.append(held)
         cpus.append(any_planner.cpu_orig(held))
         if any_planner.lane_cpu_term is not None:
             fixed.append(any_planner.lane_cpu_term.fixed)
+    if local is not None and local.gpus > 1:
+        for job, held in zip(jobs, job_bytes):
+            before, after = local.times(held)
+            job.phases = [["local", before]] + job.phases + [["local", after]]
     sync = sum(p[1] for j in jobs for p in j.phases)
     step = _simulate(timeline, jobs, cpu_share) + timeline.update_s
     cpu = None
