@@ -117,7 +117,7 @@ def measure_link(
         ValueError: a single rank (no link to measure), fewer than two sizes,
             repeats or steps < 1, or an unknown pattern.
 
-    Example:
+    Examples:
         >>> from hipress_like.casync.transport.inproc import run_threads
         >>> res = run_threads(lambda t: measure_link(t, [1024, 65536], repeats=1), 2)
         >>> res[0][0] == res[1][0]
