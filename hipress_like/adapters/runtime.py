@@ -189,6 +189,9 @@ def _init_torchrun(launch: Any, timeout: float) -> None:
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     store = dist.TCPStore(addr, int(port), None, launch.rank == 0 and not agent,
                           timedelta(seconds=timeout), wait_for_workers=False, multi_tenant=True)
+    if agent:  # the agent's store outlives a restart: keep the dead group's keys apart
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"hipress/attempt_{attempt}", store)
     _agree_on_world_size(store, launch.rank, launch.size, timeout, host=launch.rank == 0 and
                          not agent)
     dist.init_process_group(_backend(), store=store, rank=launch.rank, world_size=launch.size,
