@@ -12,9 +12,11 @@ Environment (besides torchrun's and ``HIPRESS_ELASTIC_CHECKPOINT``):
 - ``JOB_STEPS``, ``JOB_COMMIT_EVERY``, ``JOB_COMPRESSOR``.
 - ``JOB_KILL``: ``"<step>:<rank>:<what>"``: at that step (on the first
   start only) that rank records the time and kills ``worker`` (itself) or
-  ``node`` (its torchrun agent, then itself) with SIGKILL.
+  ``node`` (its torchrun agent, then itself) with SIGKILL; ``<rank>`` may be
+  ``agent<pid>``: the rank whose torchrun agent has that pid.
 - ``JOB_WAIT_AT``: ``"<step>:<file>"``: every rank of the first start waits
-  at that step until ``file`` exists (the test starts a joining host).
+  at that step until ``file`` exists, two minutes at most (the test starts
+  a joining host meanwhile).
 """
 import hashlib
 import json
@@ -86,15 +88,17 @@ def main():
                 first = False
             if state.step % every == 0:
                 state.commit()
-            if wait_at and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            # faults and waits on the first start only: a resumed process read a checkpoint
+            if wait_at and state.restored_from is None:
                 at, flag = wait_at.split(":", 1)
                 if state.step == int(at):
                     _event(out, what="waiting", rank=r, step=state.step)
-                    while not os.path.exists(flag):
+                    until = time.monotonic() + 120  # the test fails on the world size then
+                    while not os.path.exists(flag) and time.monotonic() < until:
                         time.sleep(0.05)
-            if kill and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            if kill and state.restored_from is None:
                 at, who, what = kill.split(":")
-                if state.step == int(at) and r == int(who):
+                if state.step == int(at) and who in ("any", str(r)):
                     _event(out, what="kill", rank=r, step=state.step, target=what)
                     if what == "node":
                         os.kill(os.getppid(), signal.SIGKILL)
