@@ -208,7 +208,9 @@ def _agree_on_world_size(store: Any, rank: int, size: int, timeout: float, host:
         LaunchError: a peer has another world size (naming the ranks and sizes),
             or not every rank arrived within ``timeout``.
     """
-    prefix = f"hipress/world_size/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    # a store that outlives a torchrun restart is already prefixed by the attempt
+    # (_init_torchrun); the restart count itself differs on a host that joined later
+    prefix = "hipress/world_size"
     store.set(f"{prefix}/{rank}", str(size))
     seen = {rank: size}
     deadline = time.monotonic() + timeout
