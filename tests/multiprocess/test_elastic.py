@@ -56,9 +56,10 @@ def _agent(out, nnodes, nproc, restarts, port, extra_env=None):
            "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
            "--rdzv-id", f"elastic{port}", "--monitor-interval", "0.1",
-           # a dead host leaves the rendezvous after 2 missed 1 s heartbeats, and a
-           # round closes 1 s after it has its minimum (defaults: 15 s and 30 s)
-           "--rdzv-conf", "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2",
+           # a dead host leaves the rendezvous after 3 missed 2 s heartbeats, and a
+           # round closes 1 s after it has its minimum (defaults: 15 s and 30 s); shorter
+           # heartbeats drop live hosts whose agents a loaded machine delays
+           "--rdzv-conf", "last_call_timeout=1,keep_alive_interval=2,keep_alive_max_attempt=3",
            JOB]
     log = open(os.path.join(out, f"agent{time.monotonic_ns()}.log"), "w")
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -177,3 +178,35 @@ def test_killed_host_shrinks_world_and_reaches_same_accuracy(tmp_path):
     _check_identical(ends, 2)
     _check_identical(ref_ends, 3)
     assert abs(ends[0]["acc"] - ref_ends[0]["acc"]) <= 0.5, (ends[0]["acc"], ref_ends[0]["acc"])
+
+
+@pytest.mark.slow
+def test_new_host_joins_and_world_grows(tmp_path):
+    """2 hosts train; a third arrives while they wait at a commit: torchrun restarts the
+    group, which re-forms with 3 (compressor state resharded 2 -> 3) and resumes there."""
+    steps, wait_at = 150, 40
+    run = str(tmp_path / "elastic")
+    port = _free_port()
+    env = {"JOB_STEPS": str(steps), "JOB_WAIT_AT": f"{wait_at}:{tmp_path / 'never'}"}
+    procs = [_agent(run, "2:3", 1, 2, port, env)]
+    time.sleep(2)
+    procs.append(_agent(run, "2:3", 1, 2, port, env))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (
+            os.path.exists(os.path.join(run, "events.jsonl"))
+            and sum(e["what"] == "waiting" for e in _events(run)) == 2):
+        assert all(p.poll() is None for p in procs), _logs(run)
+        time.sleep(0.2)
+    joined_at = time.time()
+    procs.append(_agent(run, "2:3", 1, 2, port, env))
+    codes = _wait(procs)
+    assert codes == [0, 0, 0], f"exit codes {codes}\n{_logs(run)}"
+    ev = _events(run)
+    firsts = [e for e in ev if e["what"] == "first_step" and e["resumed_from"]]
+    assert {e["size"] for e in firsts} == {3} and len(firsts) == 3, firsts
+    assert {e["step"] - 1 for e in firsts} == {wait_at}  # resumed at the commit: none lost
+    print("elastic 2->3: seconds from the join to the first step of the world of 3:",
+          round(max(e["t"] for e in firsts) - joined_at, 2))
+    ends = _ends(run)
+    _check_identical(ends, 3)
+    assert all(e["step"] == steps for e in ends)
