@@ -199,6 +199,9 @@ def _init_torchrun(launch: Any, timeout: float) -> None:
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     store = dist.TCPStore(addr, int(port), None, launch.rank == 0 and not agent,
                           timedelta(seconds=timeout), wait_for_workers=False, multi_tenant=True)
+    if agent:  # the agent's store outlives a restart: keep the dead group's keys apart
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"hipress/attempt_{attempt}", store)
     _agree_on_world_size(store, launch.rank, launch.size, timeout, host=launch.rank == 0 and
                          not agent)
     dist.init_process_group(_backend(), store=store, rank=launch.rank, world_size=launch.size,
@@ -215,7 +218,9 @@ def _agree_on_world_size(store: Any, rank: int, size: int, timeout: float, host:
         LaunchError: a peer has another world size (naming the ranks and sizes),
             or not every rank arrived within ``timeout``.
     """
-    prefix = f"hipress/world_size/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    # a store that outlives a torchrun restart is already prefixed by the attempt
+    # (_init_torchrun); the restart count itself differs on a host that joined later
+    prefix = "hipress/world_size"
     store.set(f"{prefix}/{rank}", str(size))
     seen = {rank: size}
     deadline = time.monotonic() + timeout
