@@ -275,7 +275,7 @@ def piece(grad, pieces: int):
     return grad.reshape(-1)[: max(1, grad.numel() // pieces)]
 
 
-def _time_calls(comp, x, fans: Dict[Tuple[str, int], int], n: int, kw: Dict[str, Any],
+def time_calls(comp, x, fans: Dict[Tuple[str, int], int], n: int, kw: Dict[str, Any],
                 repeats: int) -> Dict[Tuple[str, int], List[float]]:
     """Seconds of each (kind, round) call on piece ``x``, ``repeats`` times after a warm-up."""
     import torch
@@ -346,7 +346,7 @@ def time_ops(comp, grad, ops: Sequence[Op], n: int, repeats: int) -> Dict[str, f
     for pieces, group in by_pieces.items():
         x = piece(grad, pieces).contiguous()
         fans = {(o.kind, o.round): o.fan_in for o in group}
-        times = _time_calls(comp, x, fans, n, kw, repeats)
+        times = time_calls(comp, x, fans, n, kw, repeats)
         for op in group:
             ts = times.get((op.kind, op.round))
             if ts:

@@ -149,3 +149,26 @@ def test_time_ops_times_each_operation(bound, name, params, aggregatable, rounds
     kinds = {o.kind for o in ops}
     assert all(got[k] > 0 for k in kinds)
     assert all(got[k] == 0 for k in set(bound.KINDS) - kinds)
+
+
+def test_train_headline_ratios_are_paired_medians_with_their_spread(bound, capsys):
+    spec = importlib.util.spec_from_file_location("bench_train_b",
+                                                  os.path.join(ROOT, "bench", "train.py"))
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    row = {"params_m": 26.6, "accuracy": 50.0}
+    rows = [dict(row, config="floor", ms_per_step=100.0, runs_ms=[100.0, 90.0, 120.0]),
+            dict(row, config="ddp", ms_per_step=900.0, runs_ms=[900.0, 900.0, 900.0]),
+            dict(row, config="ddp-powersgd1", ms_per_step=400.0, runs_ms=[400.0, 360.0, 300.0]),
+            dict(row, config="hp-ps-powersgd1", ms_per_step=200.0, runs_ms=[200.0, 180.0, 100.0],
+                 ms_spread=[100.0, 200.0], bound_ms=150.0)]
+    headline = train._report("vgg", rows, "test", None)
+    out = capsys.readouterr().out
+    by = {h["goal"]: h for h in headline}
+    # run by run 400/200, 360/180, 300/100: median 2.0, spread 2.0-3.0
+    hook = by["vs best DDP hook >= 1.3x"]
+    assert (hook["value"], hook["spread"]) == (2.0, [2.0, 3.0])
+    assert "(runs 2.00-3.00)" in out
+    assert by["best row within 1.10x of its bound"]["value"] == pytest.approx(200 / 150)
+    line = next(x for x in out.splitlines() if x.startswith("hp-ps-powersgd1"))
+    assert "100-200" in line and "1.33" in line and "0.50" in line  # spread, step/bound, eff.
