@@ -356,6 +356,9 @@ def _floor_and_auto_goals(by, best_hp, floor, rows, headline=None):
     if best_hp.get("bound_ms"):
         goals.append(("best row within 1.10x of its bound", best_hp["ms_per_step"] /
                       best_hp["bound_ms"], 1.10, False))
+    if best_hp.get("bound"):  # the default non-finite mode's scans, timed with the bound
+        b = best_hp["bound"]
+        goals.append(("NaN/Inf scan / floor < 0.01", b["scan"] / b["floor_ms"], 0.01, False))
     f_cpu, b_cpu = by["floor"].get("cpu_ms_per_step"), best_hp.get("cpu_ms_per_step")
     if f_cpu and b_cpu:
         goals.append(("CPU/rank within 1.3x of floor's", b_cpu / f_cpu, 1.3, False))
