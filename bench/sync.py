@@ -337,6 +337,24 @@ def _goals(rows):
     return out
 
 
+def rank_memory(lists) -> int:
+    """Bytes one rank needs, roughly: the largest list's gradients and pristine copy, the
+    engine's buffers and payloads (about 6 copies in all) and 400 MB of interpreter and torch."""
+    biggest = max(sum(4 * math.prod(s) for _, s in list_shapes(x)) for x in lists)
+    return 6 * biggest + (400 << 20)
+
+
+def _available_memory():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 # --------------------------------------------------------------------------- the cost model
 def link_of(rate: str, latency: float = 1e-4):
     """The alpha-beta ``Link`` of an emulated link: the tc rate's bytes per second and a
@@ -575,6 +593,12 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for n in sizes:
+        need = n * rank_memory(a.lists)
+        free = _available_memory()
+        if free is not None and need > free:
+            print(f"== skipping N={n}: about {need / 2**30:.1f} GB needed ({n} ranks), "
+                  f"{free / 2**30:.1f} GB available", flush=True)
+            continue
         for net in nets:
             fd, res = tempfile.mkstemp(suffix=".json")
             os.close(fd)

@@ -172,3 +172,36 @@ def test_train_headline_ratios_are_paired_medians_with_their_spread(bound, capsy
     assert by["best row within 1.10x of its bound"]["value"] == pytest.approx(200 / 150)
     line = next(x for x in out.splitlines() if x.startswith("hp-ps-powersgd1"))
     assert "100-200" in line and "1.33" in line and "0.50" in line  # spread, step/bound, eff.
+
+
+@pytest.fixture(scope="module")
+def sync(bound):
+    spec = importlib.util.spec_from_file_location("bench_sync",
+                                                  os.path.join(ROOT, "bench", "sync.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sync_prediction_of_ddp_buckets_and_model_error(sync):
+    from hipress_like.cost_model.collectives import ring_allreduce
+
+    link = sync.link_of("1gbit")
+    assert link.bandwidth == 125e6
+    # reverse order: 16 MB + 12 MB close a 25 MB bucket, 8 MB is the last one
+    shapes = [("a", (2 << 20,)), ("b", (3 << 20,)), ("c", (4 << 20,))]
+    want = (ring_allreduce(28 << 20, 4, link.alpha, link.beta)
+            + ring_allreduce(8 << 20, 4, link.alpha, link.beta))
+    assert sync.predict_allreduce(shapes, 4, link) == pytest.approx(want)
+    rows = [{"nprocs": 2, "model_error": e, "model_error_host": 2 * e}
+            for e in (0.1, -0.3, 0.2)] + [{"nprocs": 4, "seconds": 1.0}]
+    assert sync.model_errors(rows) == {2: (pytest.approx(0.2), pytest.approx(0.4), 3)}
+
+
+def test_sync_prediction_slows_compression_when_ranks_outnumber_cores(sync):
+    link = sync.link_of("1gbit")
+    shapes = [("w", (512, 2048))]  # 4 MB: compressed by the default plan, one partition
+    ded, host = sync.predict_sync(shapes, "ps", "onebit", {}, 4, link, cores=2)
+    assert host > ded > 0
+    ded8, host8 = sync.predict_sync(shapes, "ps", "onebit", {}, 4, link, cores=8)
+    assert host8 == pytest.approx(ded8)  # a core per rank: nothing shared
