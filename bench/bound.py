@@ -103,7 +103,12 @@ def rank_ops(strategy: str, n: int, k: int, *, aggregatable: bool = False, round
     each partition (Ring).
 
     Args:
-        strategy: "ps" (co-located CaSync-PS) or "ring" (CaSync-Ring).
+        strategy: "ps" (co-located CaSync-PS), "ring" (CaSync-Ring) or
+            "allreduce": a multi-round compressor whose rounds sum on the
+            collective lane (``Workflow.ROUNDS_ALLREDUCE``, what the engine
+            runs for PowerSGD under either strategy by default): the whole
+            gradient (K = 1) encoded each round, the payload summed by a ring
+            allreduce ((N-1)/N of it added per rank), decoded once.
         n: world size N (>= 2).
         k: partitions K of the gradient (>= 1).
         aggregatable: payloads merge without decoding (PowerSGD, THC, identity).
@@ -126,8 +131,8 @@ def rank_ops(strategy: str, n: int, k: int, *, aggregatable: bool = False, round
         >>> [(o.kind, o.pieces, o.calls) for o in rank_ops("ring", 2, 1)]
         [('encode', 2, 2), ('decode_add', 2, 1), ('decode', 2, 2)]
     """
-    if strategy not in ("ps", "ring"):
-        raise ValueError(f"strategy: expected 'ps' or 'ring', found {strategy!r}")
+    if strategy not in ("ps", "ring", "allreduce"):
+        raise ValueError(f"strategy: expected 'ps', 'ring' or 'allreduce', found {strategy!r}")
     if not isinstance(n, int) or n < 2:
         raise ValueError(f"n: expected an integer world size >= 2, found {n!r} "
                          "(one rank synchronises nothing: its bound is the floor)")
@@ -137,6 +142,14 @@ def rank_ops(strategy: str, n: int, k: int, *, aggregatable: bool = False, round
         raise ValueError(f"{rounds} rounds of non-aggregatable payloads: CaSync runs "
                          "multi-round compressors only when their payloads merge; "
                          "pass aggregatable=True")
+    if strategy == "allreduce":
+        if rounds < 2 or not aggregatable:
+            raise ValueError("strategy 'allreduce' is the lane of multi-round aggregatable "
+                             f"compressors; found rounds={rounds}, aggregatable={aggregatable}")
+        ops = []
+        for r in range(rounds):
+            ops += [Op("encode", 1, 1, r), Op("merge", 1, (n - 1) / n, r, 2)]
+        return ops + [Op("decode", 1, 1, rounds - 1)]
     share = k / n  # partitions one rank aggregates (PS), byte-balanced
     if strategy == "ps":
         pieces, encodes, decodes = k, k, k
@@ -460,11 +473,14 @@ class Bounds:
                 continue
             caps = comp.capabilities
             back = spec.back is not None
-            ops = rank_ops(spec.strategy, n, d.partitions, aggregatable=caps.aggregatable,
-                           rounds=caps.rounds, back=back)
+            strategy, k = spec.strategy, d.partitions
+            if lane_rounds(comp):
+                strategy, k = "allreduce", 1  # as casync.layout lays it out
+            ops = rank_ops(strategy, n, k, aggregatable=caps.aggregatable, rounds=caps.rounds,
+                           back=back)
             for kind, ms in time_ops(comp, g, ops, n, self.repeats).items():
                 per[kind] += ms
-            compressed[name] = d.partitions
+            compressed[name] = k
             ops_of[name] = [asdict(o) for o in ops]
         per["lane"] = self._lane(lane, n)
         per["scan"] = self.scan_ms
@@ -474,6 +490,14 @@ class Bounds:
                     bound_x_floor=bound / self.floor_ms,
                     bound_no_scan_x_floor=(self.floor_ms + arith) / self.floor_ms,
                     compressed=compressed, ops=ops_of, lane_gradients=lane)
+
+
+def lane_rounds(comp) -> bool:
+    """True when the engine (raw_collective=True, its default, N > 1) sums this compressor's
+    rounds on the collective lane (``casync.layout``: ``Workflow.ROUNDS_ALLREDUCE``)."""
+    from hipress_like.casync.layout import _lane_rounds
+
+    return comp.capabilities.rounds > 1 and _lane_rounds(comp)
 
 
 def default_configs() -> List[str]:

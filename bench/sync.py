@@ -438,9 +438,12 @@ def predict_sync(shapes, strategy, comp_name, params, n, link, cores=None):
 
     Each gradient as the engine's default plan decides (``SizeRule``): compressed
     ones by HiPress Eq. 2 (``t_sync_cpr``; alpha/beta/gamma of Table 3 / Sec. 6.1
-    for the strategy and the compressor's category), the rest by one ring allreduce
-    of their bytes (the engine's fused lane; Table I); gradients one after another
-    (they share the link). ``cores``: the host's cores; with more ranks than cores
+    for the strategy and the compressor's category), except a multi-round
+    compressor the engine sums on its collective lane (PowerSGD, whatever the
+    strategy): Table I's ring allreduce of its payloads plus one encode and one
+    decode of the whole gradient (Table 3's low-rank beta = gamma = 1); the rest by
+    one ring allreduce of their bytes (the engine's fused lane; Table I); gradients
+    one after another (they share the link). ``cores``: the host's cores; with more ranks than cores
     every encode and decode takes N / cores times as long (the second value).
     """
     import bound
@@ -460,6 +463,13 @@ def predict_sync(shapes, strategy, comp_name, params, n, link, cores=None):
         d = rule.decide(m, n)
         if comp is None or not d.compress:
             lane += m
+            continue
+        if bound.lane_rounds(comp):  # PowerSGD: every round summed by one ring allreduce
+            enc, dec, pay = piece_costs(comp_name, params, torch.randn(shape), n)
+            rounds = comp.capabilities.rounds
+            t = (ring_allreduce(pay, n, link.alpha, link.beta)
+                 + (rounds - 1) * 2 * (n - 1) * link.alpha)  # Table I, the rounds' payloads
+            ded, host = ded + t + enc + dec, host + t + slow * (enc + dec)
             continue
         sp = sync_params("ps-colocated" if strategy == "ps" else "ring",
                          comp.capabilities.category)

@@ -205,3 +205,20 @@ def test_sync_prediction_slows_compression_when_ranks_outnumber_cores(sync):
     assert host > ded > 0
     ded8, host8 = sync.predict_sync(shapes, "ps", "onebit", {}, 4, link, cores=8)
     assert host8 == pytest.approx(ded8)  # a core per rank: nothing shared
+
+
+def test_lane_rounds_sum_the_payload_by_allreduce(bound):
+    ops = bound.rank_ops("allreduce", 4, 1, aggregatable=True, rounds=2)
+    assert {o.pieces for o in ops} == {1}
+    assert _fraction(ops, "encode") == pytest.approx(2.0)
+    assert _fraction(ops, "merge") == pytest.approx(2 * 3 / 4)  # (N-1)/N added per round
+    assert _fraction(ops, "decode") == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="multi-round"):
+        bound.rank_ops("allreduce", 4, 1)
+
+
+def test_powersgd_takes_the_lane_as_the_engine_lays_it_out(bound):
+    from hipress_like.casync.choice import build_compressor
+
+    assert bound.lane_rounds(build_compressor("powersgd", {"rank": 1}, "auto"))
+    assert not bound.lane_rounds(build_compressor("onebit", {}, "auto"))
