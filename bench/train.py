@@ -46,7 +46,7 @@ Links: loopback by default; ``--netem`` runs rank i inside network namespace
 ``h<i>`` over emulated 1 Gbit/s links (bench/netem.py; created and removed
 by this script unless they already exist; needs root).
 
-    python bench/train.py --model vgg --netem            # the headline run
+    python bench/train.py --model vgg --netem --repeats 5   # the headline run
     python bench/train.py --model resnet18 --steps 20 --configs floor,ddp,hp-ps-onebit \\
         --acc-steps 0                                    # timing only
     python bench/train.py --model vgg --netem --configs hp-ring-powersgd1,hvd-hp-ring-powersgd1 \\
@@ -58,9 +58,9 @@ scans, timed on one thread in this process after the runs and scaled to this
 run's floor row), ``step/bound`` and the scaling efficiency ``floor / step``
 (HiPress's measure: throughput on N workers over N times one worker's, with
 the floor as the one worker). The headline ratios are medians over the
-``--repeats`` alternated runs (5 by default), paired run by run, with their
-spread (min-max) printed and in the JSON (``headline``; each row's
-``ms_spread``).
+``--repeats`` alternated runs (pass 5 for figures to judge), paired run by
+run, with their spread (min-max) printed and in the JSON (``headline``; each
+row's ``ms_spread``). The bounds are timed when the floor row runs.
 
 Writes results/train_<model>.json. Timing lives here, never in tests.
 """
@@ -562,12 +562,12 @@ def main(argv=None):
     ap.add_argument("--netem", nargs="?", const="1gbit", default=None,
                     help="run in namespaces h0..h{N-1} over emulated links (default 1gbit)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per configuration")
-    ap.add_argument("--repeat", "--repeats", dest="repeat", type=int, default=5,
+    ap.add_argument("--repeat", "--repeats", dest="repeat", type=int, default=1,
                     help="run the list this many times, alternating, and report each "
                     "configuration's median run and the headline ratios' median and spread "
-                    "(a shared host's load drifts; default 5)")
+                    "(a shared host's load drifts; issue 50 judges the ratios on 5)")
     ap.add_argument("--no-bound", action="store_true", help="skip timing each row's bound "
-                    "(bench/bound.py) after the runs")
+                    "(bench/bound.py) after the runs (timed only when the floor row runs)")
     ap.add_argument("--plan", action="append", default=[], metavar="STRATEGY=PATH",
                     help="a plan file for the hp-<strategy>-plan row (repeatable: ps=..., "
                     "ring=...)")
@@ -620,11 +620,14 @@ def main(argv=None):
 
             nm.down(ns.nprocs)
     acc_rows = _accuracy_runs(ns, rows) if rows and ns.acc_steps > 0 else []
-    if rows and not ns.no_bound:
-        add_bounds(rows, ns.model, ns.nprocs, ns.batch)
+    if rows and not ns.no_bound and any(r["config"] == "floor" for r in rows):
+        add_bounds(rows, ns.model, ns.nprocs, ns.batch)  # scaled to this run's floor row
     headline = []
     if rows:
         headline = _report(ns.model, rows, budget, acc_rows)
+        if ns.repeat < 5:
+            print(f"\n(headline ratios from {ns.repeat} run(s) per configuration; a single "
+                  "run moves by 15-20% on a shared host: --repeats 5 for ratios to judge)")
         import _horovod_rows
 
         _horovod_rows.report(rows)
