@@ -19,6 +19,21 @@ shared machine drifts over both alike), on loopback and on emulated
     python bench/sync.py                       # loopback and 1gbit, all configs
     python bench/sync.py --nets loopback --quick
     python bench/sync.py --out results/sync.json
+    python bench/sync.py --nprocs 2,4,8 --reps 3      # scaling (issue 50), see below
+
+Scaling (issue 50, item 4; ``--nprocs`` with several world sizes, or
+``--scaling``): for each N, the VGG-style model's gradient list
+(``examples/models.py``'s ``vgg``, 106 MB, the model of bench/train.py) over
+emulated 1 Gbit/s links, DDP-style bucketed allreduce and PS / Ring x
+{onebit, PowerSGD}, each beside the cost model's predicted time
+(``predict_sync``: HiPress Eq. 1-2 per gradient with the engine's default
+plan, Table I's ring allreduce for the uncompressed bytes, encode and decode
+times measured on one thread in this process). Two predictions: with a core
+per rank (HiPress's assumption) and with the host's cores shared by the N
+ranks (compression times x N / cores once N exceeds them), the second being
+where this machine's two cores, not the algorithm, bend the curve. Prints
+the model's median error per N, writes JSON and a plot of sync time vs N
+(``<out stem>_scaling.png``).
 
 Goals (issue 3): engine overhead (identity vs all_reduce, loopback) <= 1.15x;
 at 1 Gbit/s CaSync-PS + onebit <= 0.15x of all_reduce on the VGG-like list;
@@ -28,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -37,6 +53,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)  # bound.py, netem.py, _figures.py
 
 COMPRESSORS = {
     "identity": ("identity", {}),
@@ -67,7 +84,26 @@ NAMED = {"topk_ag": "allgather", "star_ring": "ring", "star_tree": "tree",
          "star_select": "auto"}
 # configurations whose aggregates go back by a master compressor (compression_back)
 BACK = {"natural2": ("natural", {})}
-LISTS = {"resnet50": ("resnet50", 1.0), "vgg19": ("vgg19", 0.25)}
+LISTS = {"resnet50": ("resnet50", 1.0), "vgg19": ("vgg19", 0.25),
+         "vggstyle": ("vggstyle", 1.0)}  # bench/train.py's VGG-style model (examples/models.py)
+# the scaling run's defaults (issue 50, item 4)
+SCALING_ONLY = ("ps+onebit", "ring+onebit", "ps+powersgd", "ring+powersgd")
+ALLREDUCE = "allreduce (DDP buckets 25MB)"
+
+
+def list_shapes(lname: str):
+    """(gradient name, shape) of a list: the VGG-style model's parameters, or a preset's
+    sizes as flat float32 vectors."""
+    if lname == "vggstyle":
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+        from models import MODELS
+
+        net = MODELS["vgg"](num_classes=10, in_channels=1)
+        return [(n, tuple(p.shape)) for n, p in net.named_parameters()]
+    from hipress_like.cost_model.presets import preset
+
+    pname, scale = LISTS[lname]
+    return [(n, (max(1, nb // 4),)) for n, nb in preset(pname, scale)]
 
 
 def _registered(name: str) -> bool:
@@ -128,7 +164,6 @@ def worker(args) -> None:
     from hipress_like.casync.engine import Engine, EngineConfig
     from hipress_like.casync.transport.torch_dist import TorchDistTransport
     from hipress_like.cost_model.plan import Plan, SizeRule
-    from hipress_like.cost_model.presets import preset
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -166,10 +201,8 @@ def worker(args) -> None:
         return statistics.median(ts), ts, statistics.median(bs)
 
     for lname in args.lists:
-        pname, scale = LISTS[lname]
-        sizes = preset(pname, scale)
         gen = torch.Generator().manual_seed(rank)
-        pristine = {name: torch.randn(max(1, nb // 4), generator=gen) for name, nb in sizes}
+        pristine = {name: torch.randn(shape, generator=gen) for name, shape in list_shapes(lname)}
         # Every call (engine or baseline) averages or sums in place; without a restore
         # the next configuration would compress the previous one's averages (top-k
         # of a 99%-zero tensor is all ties, and took 2-5x as long) or sums grown by
@@ -183,12 +216,14 @@ def worker(args) -> None:
         total = sum(v.numel() * 4 for v in grads.values())
         log(f"{lname}: {len(names)} gradients, {total / 2**20:.1f} MB")
         med, ts = timed(lambda g=grads, ns=names: _bucketed_allreduce(dist, g, ns), args.reps)
-        results.append({"list": lname, "config": "allreduce (DDP buckets 25MB)",
+        results.append({"list": lname, "config": ALLREDUCE,
                         "seconds": med, "all": ts, "ratio": 1.0})
         log(f"  allreduce: {med * 1e3:.1f} ms")
         for cfg in _configs(args.quick):
             if args.only and f"{cfg['strategy']}+{cfg['comp']}" not in args.only:
                 continue
+            if args.scaling and not (cfg["coordinator"] and cfg.get("raw_collective", True)):
+                continue  # the scaling rows: the engine as it runs by default
             comp, params = COMPRESSORS[cfg["comp"]]
             # identity = the uncompressed path through the engine (raw bytes)
             rule = SizeRule(min_compress_bytes=1 << 62) if comp == "identity" else SizeRule()
@@ -302,18 +337,243 @@ def _goals(rows):
     return out
 
 
+def rank_memory(lists) -> int:
+    """Bytes one rank needs, roughly: the largest list's gradients and pristine copy, the
+    engine's buffers and payloads (about 6 copies in all) and 400 MB of interpreter and torch."""
+    biggest = max(sum(4 * math.prod(s) for _, s in list_shapes(x)) for x in lists)
+    return 6 * biggest + (400 << 20)
+
+
+def _available_memory():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------- the cost model
+def link_of(rate: str, latency: float = 1e-4):
+    """The alpha-beta ``Link`` of an emulated link: the tc rate's bytes per second and a
+    per-message latency (the namespaces add no delay: 0.1 ms of TCP and kernel
+    per message is assumed)."""
+    from hipress_like.cost_model.model import Link
+    from hipress_like.launch.netem import rate_bits
+
+    return Link(latency=latency, bandwidth=rate_bits(rate) / 8)
+
+
+_COSTS: dict = {}
+
+
+def piece_costs(comp_name, params, x, n, repeats=5):
+    """(encode s, decode s, payload bytes) of one partition ``x``, on one thread.
+
+    The fastest of ``repeats`` calls: the operation's own cost, without the
+    interference of a shared host (the model adds the cores' sharing itself).
+
+    Encode sums every round's encode (PowerSGD's P and Q); decode is the final
+    decode (``decode_div_`` / ``decode_rounds``); the payload counts every round's
+    bytes, so ``payload / x's bytes`` is the compression rate r of HiPress Eq. 2.
+    Cached per (compressor, shape, N).
+    """
+    import bound
+    import torch
+
+    from hipress_like.casync.choice import build_compressor
+    from hipress_like.compressors.base import assume_finite
+
+    key = (comp_name, json.dumps(params, sort_keys=True), tuple(x.shape), n)
+    if key in _COSTS:
+        return _COSTS[key]
+    torch.set_num_threads(1)  # as one rank of the run
+    comp = build_compressor(comp_name, params, "auto")
+    rounds = comp.capabilities.rounds
+    kw = {"world_size": n, "shared_seed": 1}
+    times = bound.time_calls(comp, x, {("merge", r): n for r in range(rounds)}, n, kw, repeats)
+    enc = sum(min(times[("encode", r)]) for r in range(rounds))
+    dec = min(times[("decode", rounds - 1)])
+    st, pay, merged = comp.init(x, seed=0, **kw), 0, None
+    with assume_finite():
+        if rounds > 1:
+            for r in range(rounds):
+                p, st = comp.encode_round(r, x, st, merged)
+                merged = comp.merge_round(r, [p] * n)
+                pay += p.numel()
+        else:
+            pay = comp.encode(x, st)[0].numel()
+    _COSTS[key] = (enc, dec, pay)
+    return _COSTS[key]
+
+
+def predict_allreduce(shapes, n, link, cap=25 << 20) -> float:
+    """DDP's bucketed allreduce: Table I's ring allreduce per 25 MB bucket, one after another."""
+    from hipress_like.cost_model.collectives import ring_allreduce
+
+    t, size = 0.0, 0
+    for _, shape in reversed(shapes):
+        size += 4 * math.prod(shape)
+        if size >= cap:
+            t += ring_allreduce(size, n, link.alpha, link.beta)
+            size = 0
+    if size:
+        t += ring_allreduce(size, n, link.alpha, link.beta)
+    return t
+
+
+def _eq2(m, k, n, link, sp, enc, dec, pay, part, slow):
+    """HiPress Eq. 2 for one gradient, T_enc and T_dec linear through one measured partition
+    (``enc`` s for ``part`` bytes, ``dec`` s for ``pay`` payload bytes), times ``slow``."""
+    from hipress_like.cost_model.model import t_sync_cpr
+
+    return t_sync_cpr(m, k, n, pay / part, link, lambda b: slow * enc * b / part,
+                      lambda y: slow * dec * y / pay, sp)
+
+
+def predict_sync(shapes, strategy, comp_name, params, n, link, cores=None):
+    """The cost model's sync time of a gradient list: (a core per rank, the host's cores).
+
+    Each gradient as the engine's default plan decides (``SizeRule``): compressed
+    ones by HiPress Eq. 2 (``t_sync_cpr``; alpha/beta/gamma of Table 3 / Sec. 6.1
+    for the strategy and the compressor's category), except a multi-round
+    compressor the engine sums on its collective lane (PowerSGD, whatever the
+    strategy): Table I's ring allreduce of its payloads plus one encode and one
+    decode of the whole gradient (Table 3's low-rank beta = gamma = 1); the rest by
+    one ring allreduce of their bytes (the engine's fused lane; Table I); gradients
+    one after another (they share the link). ``cores``: the host's cores; with more ranks than cores
+    every encode and decode takes N / cores times as long (the second value).
+    """
+    import bound
+    import torch
+
+    from hipress_like.casync.choice import build_compressor
+    from hipress_like.cost_model.collectives import ring_allreduce
+    from hipress_like.cost_model.model import sync_params
+    from hipress_like.cost_model.plan import SizeRule
+
+    slow = max(1.0, n / cores) if cores else 1.0
+    comp = None if comp_name in (None, "identity") else build_compressor(comp_name, params,
+                                                                         "auto")
+    rule, lane, ded, host = SizeRule(), 0, 0.0, 0.0
+    for _, shape in shapes:
+        m = 4 * math.prod(shape)
+        d = rule.decide(m, n)
+        if comp is None or not d.compress:
+            lane += m
+            continue
+        if bound.lane_rounds(comp):  # PowerSGD: every round summed by one ring allreduce
+            enc, dec, pay = piece_costs(comp_name, params, torch.randn(shape), n)
+            rounds = comp.capabilities.rounds
+            t = (ring_allreduce(pay, n, link.alpha, link.beta)
+                 + (rounds - 1) * 2 * (n - 1) * link.alpha)  # Table I, the rounds' payloads
+            ded, host = ded + t + enc + dec, host + t + slow * (enc + dec)
+            continue
+        sp = sync_params("ps-colocated" if strategy == "ps" else "ring",
+                         comp.capabilities.category)
+        x = bound.piece(torch.randn(shape), d.partitions).contiguous()
+        enc, dec, pay = piece_costs(comp_name, params, x, n)
+        part = 4 * x.numel()
+        ded += _eq2(m, d.partitions, n, link, sp, enc, dec, pay, part, 1.0)
+        host += _eq2(m, d.partitions, n, link, sp, enc, dec, pay, part, slow)
+    if lane:
+        t = ring_allreduce(lane, n, link.alpha, link.beta)
+        ded, host = ded + t, host + t
+    return ded, host
+
+
+def add_predictions(rows, cores=None) -> None:
+    """Attach ``predicted_s``, ``predicted_host_s`` and ``model_error`` to every row over an
+    emulated link whose configuration the model covers (allreduce; PS/Ring x a compressor)."""
+    cores = cores or os.cpu_count() or 1
+    for r in rows:
+        if r["net"] == "loopback":
+            continue  # no link to model
+        link, n, shapes = link_of(r["net"]), r["nprocs"], list_shapes(r["list"])
+        try:
+            if r["config"] == ALLREDUCE:
+                ded = host = predict_allreduce(shapes, n, link)
+            elif r.get("coordinator") and r.get("raw_collective", True) \
+                    and r.get("comp") in COMPRESSORS and r["comp"] not in NAMED \
+                    and r["comp"] not in BACK:
+                name, params = COMPRESSORS[r["comp"]]
+                ded, host = predict_sync(shapes, r["strategy"], name, params, n, link, cores)
+            else:
+                continue
+        except Exception as e:  # a compressor the model cannot price: say so, keep the row
+            print(f"  no prediction for {r['config']} at N={n}: {e}", file=sys.stderr)
+            continue
+        r.update(predicted_s=ded, predicted_host_s=host, model_error=ded / r["seconds"] - 1,
+                 model_error_host=host / r["seconds"] - 1)
+
+
+def model_errors(rows):
+    """{N: (median |error|, a core per rank; the same with the host's cores; rows)}."""
+    out = {}
+    for n in sorted({r["nprocs"] for r in rows if "model_error" in r}):
+        rs = [r for r in rows if r["nprocs"] == n and "model_error" in r]
+        out[n] = (statistics.median(abs(r["model_error"]) for r in rs),
+                  statistics.median(abs(r["model_error_host"]) for r in rs), len(rs))
+    return out
+
+
+def scaling_png(rows, json_path: str) -> str:
+    """Sync time against N per configuration: measured (solid), predicted with a core per
+    rank (dashed) and with the host's cores (dotted); returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    for i, c in enumerate(configs):
+        rs = sorted((r for r in rows if r["config"] == c), key=lambda r: r["nprocs"])
+        color = f"C{i}"
+        ax.plot([r["nprocs"] for r in rs], [r["seconds"] * 1e3 for r in rs], "o-",
+                color=color, label=f"{c} measured")
+        pr = [r for r in rs if "predicted_s" in r]
+        if pr:
+            ax.plot([r["nprocs"] for r in pr], [r["predicted_s"] * 1e3 for r in pr], "--",
+                    color=color, label=f"{c} model, a core per rank")
+            ax.plot([r["nprocs"] for r in pr], [r["predicted_host_s"] * 1e3 for r in pr], ":",
+                    color=color, label=f"{c} model, {os.cpu_count()} cores shared")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks N")
+    ax.set_ylabel("sync time of the gradient list (ms)")
+    lists = sorted({(r["list"], r["net"]) for r in rows})
+    ax.set_title("bench/sync.py scaling: " + ", ".join(f"{a} over {b}" for a, b in lists),
+                 fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    out = os.path.splitext(json_path)[0] + "_scaling.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def main(argv=None) -> int:
-    """Parse options, run the workers per network, print the table, write JSON."""
+    """Parse options, run the workers per world size and network, print the table, write JSON."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nets", default="loopback,1gbit",
-                   help="comma list of loopback and/or a tc rate such as 1gbit")
-    p.add_argument("--lists", default="resnet50,vgg19")
-    p.add_argument("--nprocs", type=int, default=4)
+    p.add_argument("--nets", default=None,
+                   help="comma list of loopback and/or a tc rate such as 1gbit (default "
+                        "loopback,1gbit; 1gbit when scaling)")
+    p.add_argument("--lists", default=None,
+                   help=f"comma list of {', '.join(LISTS)} (default resnet50,vgg19; vggstyle "
+                        "when scaling)")
+    p.add_argument("--nprocs", default="4", help="world size, or several comma-separated "
+                   "(2,4,8): a scaling run")
+    p.add_argument("--scaling", action="store_true", help="the scaling rows (allreduce, "
+                   f"{', '.join(SCALING_ONLY)}) and the model's predictions, also with one N")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="identity and onebit only")
-    p.add_argument("--only", default="", help="comma list of strategy+compressor to run, "
-                   "e.g. ps+identity,ps+onebit (default: all)")
-    p.add_argument("--out", default=os.path.join("results", "sync.json"))
+    p.add_argument("--only", default=None, help="comma list of strategy+compressor to run, "
+                   "e.g. ps+identity,ps+onebit (default: all; the scaling rows when scaling)")
+    p.add_argument("--out", default=None, help="JSON path (default results/sync.json, "
+                   "results/sync_scaling.json when scaling)")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--engine", default="{}",
                    help="extra EngineConfig fields for every configuration, as JSON "
@@ -322,8 +582,19 @@ def main(argv=None) -> int:
     p.add_argument("--net", default="loopback", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    a.lists = [x for x in a.lists.split(",") if x]
-    a.only = [x for x in a.only.split(",") if x] if isinstance(a.only, str) else a.only
+    try:
+        sizes = [int(x) for x in a.nprocs.split(",") if x]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 2:
+        p.error(f"--nprocs: expected world sizes >= 2, comma-separated, found {a.nprocs!r}")
+    a.scaling = a.scaling or len(sizes) > 1
+    a.lists = [x for x in (a.lists or ("vggstyle" if a.scaling else "resnet50,vgg19"))
+               .split(",") if x]
+    only = a.only if a.only is not None else (",".join(SCALING_ONLY) if a.scaling else "")
+    a.only = [x for x in only.split(",") if x]
+    nets = [x for x in (a.nets or ("1gbit" if a.scaling else "loopback,1gbit")).split(",") if x]
+    out = a.out or os.path.join("results", "sync_scaling.json" if a.scaling else "sync.json")
     for x in a.lists:
         if x not in LISTS:
             p.error(f"unknown list {x!r}; known: {', '.join(LISTS)}")
@@ -331,48 +602,72 @@ def main(argv=None) -> int:
         worker(a)
         return 0
     rows = []
-    for net in [x for x in a.nets.split(",") if x]:
-        fd, res = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
-        wargv = [sys.executable, os.path.abspath(__file__), "--worker", "--net", net,
-                 "--lists", ",".join(a.lists), "--reps", str(a.reps), "--result", res,
-                 "--engine", a.engine]
-        if a.quick:
-            wargv.append("--quick")
-        if a.only:
-            wargv += ["--only", ",".join(a.only)]
-        print(f"== {net}: {a.nprocs} ranks", flush=True)
-        if net == "loopback":
-            _run_loopback(wargv, a.nprocs, a.timeout)
-        else:
-            _run_netem(wargv, a.nprocs, net, a.timeout)
-        with open(res) as f:
-            for r in json.load(f):
-                rows.append(dict(r, net=net))
-        os.unlink(res)
-    print(f"\n{'net':9s} {'list':9s} {'configuration':36s} {'ms':>9s} {'x allreduce':>12s} "
-          f"{'rounds':>7s} {'fused':>6s}")
+    for n in sizes:
+        need = n * rank_memory(a.lists)
+        free = _available_memory()
+        if free is not None and need > free:
+            print(f"== skipping N={n}: about {need / 2**30:.1f} GB needed ({n} ranks), "
+                  f"{free / 2**30:.1f} GB available", flush=True)
+            continue
+        for net in nets:
+            fd, res = tempfile.mkstemp(suffix=".json")
+            os.close(fd)
+            wargv = [sys.executable, os.path.abspath(__file__), "--worker", "--net", net,
+                     "--lists", ",".join(a.lists), "--reps", str(a.reps), "--result", res,
+                     "--engine", a.engine, "--only", ",".join(a.only)]
+            if a.quick:
+                wargv.append("--quick")
+            if a.scaling:
+                wargv.append("--scaling")
+            print(f"== {net}: {n} ranks", flush=True)
+            if net == "loopback":
+                _run_loopback(wargv, n, a.timeout)
+            else:
+                _run_netem(wargv, n, net, a.timeout)
+            with open(res) as f:
+                for r in json.load(f):
+                    rows.append(dict(r, net=net, nprocs=n))
+            os.unlink(res)
+    if a.scaling:
+        add_predictions(rows)
+    print(f"\n{'N':>3s} {'net':9s} {'list':9s} {'configuration':36s} {'ms':>9s} "
+          f"{'x allreduce':>12s} {'rounds':>7s} {'fused':>6s} {'model ms':>9s} {'err':>6s} "
+          f"{'host ms':>8s} {'err':>6s}")
     for r in rows:
-        print(f"{r['net']:9s} {r['list']:9s} {r['config']:36s} {r['seconds'] * 1e3:9.1f} "
-              f"{r['ratio']:12.3f} {r.get('rounds_last_step', ''):>7} "
-              f"{r.get('buckets_last_step', ''):>6}")
-    goals = _goals(rows)
+        pred = (f"{r['predicted_s'] * 1e3:9.1f} {r['model_error']:+6.0%} "
+                f"{r['predicted_host_s'] * 1e3:8.1f} {r['model_error_host']:+6.0%}"
+                if "predicted_s" in r else "")
+        print(f"{r['nprocs']:3d} {r['net']:9s} {r['list']:9s} {r['config']:36s} "
+              f"{r['seconds'] * 1e3:9.1f} {r['ratio']:12.3f} {r.get('rounds_last_step', ''):>7} "
+              f"{r.get('buckets_last_step', ''):>6} {pred}")
+    errors = model_errors(rows)
+    for n, (e, eh, k) in errors.items():
+        print(f"N={n}: the cost model's median error {e:.0%} with a core per rank, {eh:.0%} "
+              f"with {os.cpu_count()} cores shared ({k} rows; goal <= 20%)")
+    goals = _goals(rows) if len(sizes) == 1 else []
+    goals += [(f"sync scaling, N={n}: the cost model's median error (host's cores)", eh,
+               "<= 0.2", eh <= 0.2) for n, (e, eh, k) in errors.items()]
     print("\ngoals:")
     for name, v, target, ok in goals:
         tag = "INFO" if target == "report" else ("PASS" if ok else "FAIL")
         print(f"  [{tag}] {name} = {v:.3f}" + ("" if target == "report" else f" (goal {target})"))
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
         json.dump({"rows": rows, "goals": [dict(zip(("name", "value", "target", "pass"), g))
                                            for g in goals],
-                   "nprocs": a.nprocs, "reps": a.reps,
+                   "nprocs": sizes if len(sizes) > 1 else sizes[0], "reps": a.reps,
+                   "model_median_error": {str(n): {"core_per_rank": e, "host_cores": eh,
+                                                   "rows": k}
+                                          for n, (e, eh, k) in errors.items()},
                    "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
-    print(f"wrote {a.out}")
-    import _figures
+    print(f"wrote {out}")
+    if a.scaling:
+        print(f"picture: {scaling_png(rows, out)}")
+    else:
+        import _figures
 
-    print(f"picture: {_figures.sync_png(rows, a.out)}")
+        print(f"picture: {_figures.sync_png(rows, out)}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
