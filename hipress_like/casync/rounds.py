@@ -46,12 +46,14 @@ from .coordinator import (
     decode_report,
     encode_report,
 )
-from .errors import EngineError, GradientMismatchError
+from .errors import EngineError, GradientMismatchError, PeerFailureError
 from .fused import finish_bucket, reduce_fused, run_named
+from .layout import split_key
 from .replay import dtype_groups, op_of
 from .tasks import DeadlockError, Task, TaskState
 from .timeline import Event
 from .transport.base import Transport
+from .wire import frame, frame_nbytes, unframe
 
 if TYPE_CHECKING:
     from .context import StepContext
@@ -255,8 +257,9 @@ class Rounds:
         names = c.layout.names
         parts = [f"rank {r}" + (f" (gradient {names[rep.error_arg]!r})"
                                 if rep.error_arg in names else "") for r, rep in bad]
-        raise EngineError(f"synchronisation aborted: an error occurred on {', '.join(parts)}; "
-                          "see that rank's log for the cause", ranks=[r for r, _ in bad])
+        raise PeerFailureError(f"synchronisation aborted: an error occurred on "
+                               f"{', '.join(parts)}; see that rank's log for the cause",
+                               ranks=[r for r, _ in bad])
 
     def _submitted_mismatch(self) -> None:
         c = self.ctx
@@ -380,42 +383,50 @@ class Rounds:
             finish_bucket(c, [t for t, _ in items], t0, sum(nb for _, nb in bucket))
 
     def _exchange(self, plan: Any, t0: float, channel: Transport) -> None:
-        """One bulk ``alltoallv`` moving every link's batch of the round."""
+        """One bulk ``alltoallv`` moving every link's batch of the round, each link's
+        message framed (``wire.py``: header, length, checksums) and checked on arrival.
+
+        Raises:
+            WireError: a message arrived damaged or not as the plan expects (names
+                its sender and, for a failed checksum, the payload).
+            EngineError: a message arrived with another length than the plan's.
+        """
         c = self.ctx
         me, n = c.rank, c.size
+        check = c.config.wire_check
         send: List[Optional[torch.Tensor]] = [None] * n
         recv_nbytes = [0] * n
         sent_tasks: List[Task] = []
         with c.cv:
             outgoing = {d: [c.st.outbox.pop((k, d)) for k, _ in msgs]
                         for d, msgs in plan.sends_of(me).items()}
+            step = c.st.index
         total = 0
         for dst, items in outgoing.items():
-            sizes = [p.numel() for p, _ in items]
-            if len(items) == 1 and sizes[0] % 8 == 0:
-                buf = items[0][0].reshape(-1)
-            else:
-                buf = torch.empty(sum(pad8(s) for s in sizes), dtype=torch.uint8)
-                off = 0
-                for (p, _), s in zip(items, sizes):
-                    buf[off: off + s] = p.reshape(-1)
-                    off += pad8(s)
-            send[dst] = buf
-            total += buf.numel()
+            send[dst] = frame([p for p, _ in items], me, dst, step, check)
+            total += send[dst].numel()
             sent_tasks.extend(t for _, t in items)
         recvs = plan.recvs_of(me)
         for src, msgs in recvs.items():
-            recv_nbytes[src] = sum(pad8(nb) for _, nb in msgs)
+            recv_nbytes[src] = frame_nbytes([nb for _, nb in msgs], check)
         out = channel.alltoallv(send, recv_nbytes, c.config.timeout, tag=_shape_tag(plan))
         for t in sent_tasks:
             c.graph.finish(t)
         for src, msgs in recvs.items():
-            buf, off = out[src], 0
+            buf = out[src]
             if buf is None or buf.numel() != recv_nbytes[src]:
                 raise EngineError(f"rank {src} sent {0 if buf is None else buf.numel()} bytes, "
                                   f"expected {recv_nbytes[src]}", ranks=[src])
-            for key, nb in msgs:
-                c.deliver(key, buf[off: off + nb])
-                off += pad8(nb)
+            keys = [key for key, _ in msgs]
+            views = unframe(buf, [nb for _, nb in msgs], src=src, dst=me, step=step,
+                            label=lambda i, keys=keys: self._label(keys[i]))
+            for key, view in zip(keys, views):
+                c.deliver(key, view)
         c.timeline.add(Event("round", "", len(plan.links), t0, time.perf_counter(),
                              total + sum(recv_nbytes), "comm", c.st.index))
+
+    def _label(self, key: int) -> str:
+        """A message key in words: its gradient's name, partition and phase."""
+        g, p, phase, _ = split_key(key)
+        name = self.ctx.layout.names.get(g, f"#{g}")
+        return f"gradient {name!r} partition {p}" + (f" phase {phase}" if phase else "")
