@@ -46,19 +46,19 @@ from .coordinator import (
     decode_report,
     encode_report,
 )
-from .errors import EngineError, GradientMismatchError, PeerFailureError
+from .errors import ConfigMismatchError, EngineError, GradientMismatchError, PeerFailureError
 from .fused import finish_bucket, reduce_fused, run_named
 from .layout import split_key
 from .replay import dtype_groups, op_of
 from .tasks import DeadlockError, Task, TaskState
 from .timeline import Event
-from .transport.base import Transport
+from .transport.base import Transport, TransportError
 from .wire import frame, frame_nbytes, unframe
 
 if TYPE_CHECKING:
     from .context import StepContext
 
-__all__ = ["Rounds"]
+__all__ = ["Rounds", "tell_peers"]
 
 _log = logging.getLogger(__name__)
 
@@ -79,6 +79,31 @@ class _Pace:
     idle: bool = False
     idle_rounds: int = 0
     last_progress: float = field(default_factory=time.monotonic)
+
+
+# Errors a rank learned from its peers, or that every rank finds alike from the same
+# reports: telling the peers again would blame this rank for them.
+_NOT_OURS = (TransportError, PeerFailureError, GradientMismatchError, ConfigMismatchError,
+             DeadlockError)
+
+
+def tell_peers(ctx: "StepContext", err: BaseException) -> None:
+    """An error arose on this rank inside its communication: abort the transport
+    (``Transport.abort``), so that peers blocked waiting for this rank raise at
+    once, naming it and ``err``, instead of at their timeout. Errors learned from
+    peers, and those every rank finds alike, are not told (``_NOT_OURS``).
+    Once told, ``ctx.told`` is set: this rank then skips the metadata round that
+    would report its error (peers that raised at the abort never join it)."""
+    if isinstance(err, _NOT_OURS) or not isinstance(err, Exception):
+        return
+    try:
+        told = ctx.transport.abort(f"{type(err).__name__}: {err}")
+    except Exception as e:  # telling is best effort: the error itself is raised anyway
+        _log.debug("rank %d: could not tell the peers: %s", ctx.rank, e)
+        return
+    if told:
+        with ctx.cv:
+            ctx.told = True
 
 
 def _all_closed(reports: List[Report]) -> bool:
@@ -138,6 +163,8 @@ class Rounds:
             EngineError: some rank reported an error (this rank's own is re-raised).
         """
         c, cfg = self.ctx, self.ctx.config
+        if c.told and c.error is not None:  # the peers know already (``tell_peers``)
+            raise c.error
         with c.cv:
             st = c.st
             wait = min(cfg.idle_wait * (1 << min(pace.idle_rounds, 20)), cfg.idle_wait_max)
@@ -332,6 +359,7 @@ class Rounds:
                     try:
                         self.run_round(arg, time.perf_counter(), self.data)
                     except BaseException as err:
+                        tell_peers(c, err)
                         c.fail(err, -1)
                 with c.cv:
                     self._busy -= 1
