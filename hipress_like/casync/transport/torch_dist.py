@@ -560,8 +560,9 @@ class TorchDistTransport(Transport):
 _FAILED_PREFIX = "hipress/failed"  # + global rank: the process saw a collective fail
 
 
-class _Aborted(Exception):
-    """A peer, or this rank, aborted while this rank waited (internal to ``_run``)."""
+class _Aborted(TransportError):
+    """A peer, or this rank, aborted while this rank waited (internal to ``_run``, which
+    turns it into the ``PeerError`` that names them)."""
 
 
 class _Aborts:
