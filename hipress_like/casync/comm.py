@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Optional
 
 from .context import Life
 from .replay import Replayer, Schedule
-from .rounds import Rounds
+from .rounds import Rounds, tell_peers
 
 if TYPE_CHECKING:
     from .context import StepContext
@@ -76,6 +76,7 @@ class Communicator:
         try:
             c.st.skipped = self._sync()
         except BaseException as err:
+            tell_peers(c, err)
             with c.cv:
                 c.broken()
             c.fail(err, -1)

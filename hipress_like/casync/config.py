@@ -15,7 +15,7 @@ __all__ = ["EngineConfig", "fingerprint", "check_same_config", "SHARED_FIELDS"]
 # coordinator's plan, or what a step means (timeouts and threads stay local).
 SHARED_FIELDS = ("strategy", "error_feedback", "coordinator", "matching", "batch_bytes",
                  "raw_collective", "fusion_bytes", "report_capacity", "nonfinite", "seed",
-                 "replay", "collective")
+                 "replay", "collective", "wire_check")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +110,11 @@ class EngineConfig:
             fixes its bucket order after the first iteration (``replay.py``).
             A step that submits other gradients falls back to coordinated
             rounds by itself; False coordinates every step.
+        wire_check: checksum every payload of the bulk exchange (``wire.py``);
+            a flipped bit then raises ``WireError`` naming the sender and the
+            payload. False still checks each message's header, version,
+            sender and length. Every rank must agree (it sets the message
+            sizes).
     """
 
     compressor: Any = None
@@ -149,6 +154,10 @@ class EngineConfig:
     replay: bool = True
     collective: Optional[str] = None
     link_source: Any = None
+    # On: a 64-bit word sum per payload costs a fraction of a copy of its bytes,
+    # under 1% of a compressing encode (docs/reliability.md); off saves it where a
+    # link already checks its frames and the encode is a copy (identity).
+    wire_check: bool = True
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -159,6 +168,8 @@ class EngineConfig:
         if self.error_feedback not in ("auto", True, False):
             raise ValueError(f"error_feedback must be 'auto', True or False, "
                              f"found {self.error_feedback!r}")
+        if not isinstance(self.wire_check, bool):
+            raise ValueError(f"wire_check must be True or False, found {self.wire_check!r}")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, found {self.timeout!r}")
         if self.batch_bytes < 1 or self.report_capacity < 1 or self.fusion_bytes < 1 \

@@ -18,8 +18,9 @@ What a context holds:
 - replaced by the engine, under ``cv``: ``st`` (the current ``StepState``,
   a fresh one each step), ``layout`` (a read-only ``LayoutView``, fixed by
   ``register``), ``life`` (a ``Life``), ``error``/``error_arg`` (the first
-  error and its gradient), ``device`` (of the gradients: a replay's
-  stand-in zeros go there).
+  error and its gradient), ``told`` (that error was told to the peers by an
+  abort, ``rounds.tell_peers``: no metadata round reports it), ``device``
+  (of the gradients: a replay's stand-in zeros go there).
 
 Life, the one lifecycle state (it replaces the engine's ``_closed``, the
 communicator's ``broken`` and a step's ``closed`` and ``active`` flags)::
@@ -179,6 +180,7 @@ class StepContext:
     life: Life = Life.OPEN
     error: Optional[BaseException] = None
     error_arg: int = -1
+    told: bool = False  # this rank's error was told to the peers (``rounds.tell_peers``)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def become(self, life: Life) -> None:

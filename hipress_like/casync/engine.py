@@ -537,7 +537,8 @@ class Engine:
             if ctx.life in (Life.CLOSING, Life.CLOSED):
                 return
             # an error the peers were not told yet (BROKEN: they were) gets one last step
-            told = ctx.error is None or ctx.life is Life.BROKEN or not self.config.threads
+            told = (ctx.error is None or ctx.life is Life.BROKEN or ctx.told
+                    or not self.config.threads)
             ctx.become(Life.CLOSED if told else Life.CLOSING)
         self._comm.close()
         self._tasks.executor.shutdown()

@@ -38,7 +38,7 @@ from ..cost_model.plan import GradientPlan
 from .chunks import chunk_bounds
 from .lane import LaneBucket, plan_lane_buckets
 
-__all__ = ["Workflow", "GradLayout", "Layout", "KEY_LIMITS", "msg_key", "digest_of",
+__all__ = ["Workflow", "GradLayout", "Layout", "KEY_LIMITS", "msg_key", "split_key", "digest_of",
            "check_specs", "describe_mismatch", "build_layout", "chunk_bounds", "row_chunks",
            "part_view", "numel_of"]
 
@@ -186,6 +186,16 @@ class Layout:
 def msg_key(g: int, p: int, phase: int, src: int) -> int:
     """A message key, identical on every rank: gradient, partition, phase, source."""
     return (((g << 12) | p) << 12 | phase) << 10 | src
+
+
+def split_key(key: int) -> Tuple[int, int, int, int]:
+    """The inverse of ``msg_key``: (gradient, partition, phase, source).
+
+    Example:
+        >>> split_key(msg_key(5, 3, 1, 2))
+        (5, 3, 1, 2)
+    """
+    return key >> 34, (key >> 22) & 0xFFF, (key >> 10) & 0xFFF, key & 0x3FF
 
 
 def digest_of(idx: int) -> int:

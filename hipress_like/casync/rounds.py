@@ -46,17 +46,19 @@ from .coordinator import (
     decode_report,
     encode_report,
 )
-from .errors import EngineError, GradientMismatchError
+from .errors import ConfigMismatchError, EngineError, GradientMismatchError, PeerFailureError
 from .fused import finish_bucket, reduce_fused, run_named
+from .layout import split_key
 from .replay import dtype_groups, op_of
 from .tasks import DeadlockError, Task, TaskState
 from .timeline import Event
-from .transport.base import Transport
+from .transport.base import Transport, TransportError
+from .wire import frame, frame_nbytes, unframe
 
 if TYPE_CHECKING:
     from .context import StepContext
 
-__all__ = ["Rounds"]
+__all__ = ["Rounds", "tell_peers"]
 
 _log = logging.getLogger(__name__)
 
@@ -77,6 +79,31 @@ class _Pace:
     idle: bool = False
     idle_rounds: int = 0
     last_progress: float = field(default_factory=time.monotonic)
+
+
+# Errors a rank learned from its peers, or that every rank finds alike from the same
+# reports: telling the peers again would blame this rank for them.
+_NOT_OURS = (TransportError, PeerFailureError, GradientMismatchError, ConfigMismatchError,
+             DeadlockError)
+
+
+def tell_peers(ctx: "StepContext", err: BaseException) -> None:
+    """An error arose on this rank inside its communication: abort the transport
+    (``Transport.abort``), so that peers blocked waiting for this rank raise at
+    once, naming it and ``err``, instead of at their timeout. Errors learned from
+    peers, and those every rank finds alike, are not told (``_NOT_OURS``).
+    Once told, ``ctx.told`` is set: this rank then skips the metadata round that
+    would report its error (peers that raised at the abort never join it)."""
+    if isinstance(err, _NOT_OURS) or not isinstance(err, Exception):
+        return
+    try:
+        told = ctx.transport.abort(f"{type(err).__name__}: {err}")
+    except Exception as e:  # telling is best effort: the error itself is raised anyway
+        _log.debug("rank %d: could not tell the peers: %s", ctx.rank, e)
+        return
+    if told:
+        with ctx.cv:
+            ctx.told = True
 
 
 def _all_closed(reports: List[Report]) -> bool:
@@ -136,6 +163,8 @@ class Rounds:
             EngineError: some rank reported an error (this rank's own is re-raised).
         """
         c, cfg = self.ctx, self.ctx.config
+        if c.told and c.error is not None:  # the peers know already (``tell_peers``)
+            raise c.error
         with c.cv:
             st = c.st
             wait = min(cfg.idle_wait * (1 << min(pace.idle_rounds, 20)), cfg.idle_wait_max)
@@ -255,8 +284,9 @@ class Rounds:
         names = c.layout.names
         parts = [f"rank {r}" + (f" (gradient {names[rep.error_arg]!r})"
                                 if rep.error_arg in names else "") for r, rep in bad]
-        raise EngineError(f"synchronisation aborted: an error occurred on {', '.join(parts)}; "
-                          "see that rank's log for the cause", ranks=[r for r, _ in bad])
+        raise PeerFailureError(f"synchronisation aborted: an error occurred on "
+                               f"{', '.join(parts)}; see that rank's log for the cause",
+                               ranks=[r for r, _ in bad])
 
     def _submitted_mismatch(self) -> None:
         c = self.ctx
@@ -329,6 +359,7 @@ class Rounds:
                     try:
                         self.run_round(arg, time.perf_counter(), self.data)
                     except BaseException as err:
+                        tell_peers(c, err)
                         c.fail(err, -1)
                 with c.cv:
                     self._busy -= 1
@@ -380,44 +411,52 @@ class Rounds:
             finish_bucket(c, [t for t, _ in items], t0, sum(nb for _, nb in bucket))
 
     def _exchange(self, plan: Any, t0: float, channel: Transport) -> None:
-        """One bulk ``alltoallv`` moving every link's batch of the round."""
+        """One bulk ``alltoallv`` moving every link's batch of the round, each link's
+        message framed (``wire.py``: header, length, checksums) and checked on arrival.
+
+        Raises:
+            WireError: a message arrived damaged or not as the plan expects (names
+                its sender and, for a failed checksum, the payload).
+            EngineError: a message arrived with another length than the plan's.
+        """
         c = self.ctx
         me, n = c.rank, c.size
+        check = c.config.wire_check
         send: List[Optional[torch.Tensor]] = [None] * n
         recv_nbytes = [0] * n
         sent_tasks: List[Task] = []
         with c.cv:
             outgoing = {d: [c.st.outbox.pop((k, d)) for k, _ in msgs]
                         for d, msgs in plan.sends_of(me).items()}
+            step = c.st.index
         total = 0
         for dst, items in outgoing.items():
-            sizes = [p.numel() for p, _ in items]
-            if len(items) == 1 and sizes[0] % 8 == 0:
-                buf = items[0][0].reshape(-1)
-            else:
-                buf = torch.empty(sum(pad8(s) for s in sizes), dtype=torch.uint8)
-                off = 0
-                for (p, _), s in zip(items, sizes):
-                    buf[off: off + s] = p.reshape(-1)
-                    off += pad8(s)
-            send[dst] = buf
-            total += buf.numel()
+            send[dst] = frame([p for p, _ in items], me, dst, step, check)
+            total += send[dst].numel()
             sent_tasks.extend(t for _, t in items)
         recvs = plan.recvs_of(me)
         for src, msgs in recvs.items():
-            recv_nbytes[src] = sum(pad8(nb) for _, nb in msgs)
+            recv_nbytes[src] = frame_nbytes([nb for _, nb in msgs], check)
         out = channel.alltoallv(send, recv_nbytes, c.config.timeout, tag=_shape_tag(plan))
         for t in sent_tasks:
             c.graph.finish(t)
         for src, msgs in recvs.items():
-            buf, off = out[src], 0
+            buf = out[src]
             if buf is None or buf.numel() != recv_nbytes[src]:
                 raise EngineError(f"rank {src} sent {0 if buf is None else buf.numel()} bytes, "
                                   f"expected {recv_nbytes[src]}", ranks=[src])
-            if buf.device != c.device:  # gloo receives on the CPU; the gradients' device
-                buf = buf.to(c.device)
-            for key, nb in msgs:
-                c.deliver(key, buf[off: off + nb])
-                off += pad8(nb)
+            keys = [key for key, _ in msgs]
+            views = unframe(buf, [nb for _, nb in msgs], src=src, dst=me, step=step,
+                            label=lambda i, keys=keys: self._label(keys[i]))
+            for key, view in zip(keys, views):
+                if view.device != c.device:  # gloo receives on the CPU; the gradients' device
+                    view = view.to(c.device)
+                c.deliver(key, view)
         c.timeline.add(Event("round", "", len(plan.links), t0, time.perf_counter(),
                              total + sum(recv_nbytes), "comm", c.st.index))
+
+    def _label(self, key: int) -> str:
+        """A message key in words: its gradient's name, partition and phase."""
+        g, p, phase, _ = split_key(key)
+        name = self.ctx.layout.names.get(g, f"#{g}")
+        return f"gradient {name!r} partition {p}" + (f" phase {phase}" if phase else "")

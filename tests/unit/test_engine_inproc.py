@@ -12,8 +12,10 @@ import torch
 
 import hipress_like as hp
 from hipress_like.casync.engine import Engine, EngineConfig, EngineError, GradientMismatchError
+from hipress_like.casync.errors import WireError
 from hipress_like.casync.transport.base import PeerError
 from hipress_like.casync.transport.inproc import run_threads
+from hipress_like.casync.wire import HEADER_NBYTES
 from hipress_like.casync.workflows import chunk_bounds
 from hipress_like.compressors.base import PayloadError
 from hipress_like.cost_model.plan import GradientPlan, Plan, SizeRule
@@ -343,32 +345,50 @@ def test_dead_rank_is_named_by_every_survivor():
 
 
 class _CorruptingTransport:
-    """Wraps a transport and flips the magic of the first payload rank 0 receives."""
+    """Wraps a transport and flips byte ``at`` of the first message rank 0 receives
+    (0: the bulk frame's magic; ``wire.HEADER_NBYTES``: the payload's own magic)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, at=0):
         self.inner, self.rank, self.size, self.done = inner, inner.rank, inner.size, False
+        self.at = at
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def split(self):
-        return _CorruptingTransport(self.inner.split())
+        return _CorruptingTransport(self.inner.split(), self.at)
 
     def alltoallv(self, send, recv_nbytes, timeout=30, tag=None):
         out = self.inner.alltoallv(send, recv_nbytes, timeout, tag)
         if self.rank == 0 and not self.done:
             for t in out:
-                if t is not None and t.numel() > 2:
-                    t[0] ^= 0xFF
+                if t is not None and t.numel() > self.at + 2:
+                    t[self.at] ^= 0xFF
                     self.done = True
                     break
         return out
 
 
-def test_corrupted_payload_is_a_decode_error_not_garbage():
+def test_corrupted_message_is_a_wire_error_naming_the_sender_not_garbage():
     def body(tr):
         eng = Engine(_CorruptingTransport(tr), EngineConfig(
             compressor=None, plan=all_compressed("fp16"), timeout=10))
+        try:
+            eng.register([("w", (64,), torch.float32)])
+            eng.submit("w", torch.ones(64))
+            eng.synchronize()
+        finally:
+            eng.close()
+    errs = _collect_errors(2, body)
+    assert isinstance(errs[0], WireError) and errs[0].sender == 1, errs[0]
+    assert "from rank 1" in str(errs[0])
+    assert isinstance(errs[1], EngineError) and "rank 0" in str(errs[1])
+
+
+def test_corrupted_payload_without_wire_checks_is_a_decode_error_not_garbage():
+    def body(tr):
+        eng = Engine(_CorruptingTransport(tr, at=HEADER_NBYTES), EngineConfig(
+            compressor=None, plan=all_compressed("fp16"), timeout=10, wire_check=False))
         try:
             eng.register([("w", (64,), torch.float32)])
             eng.submit("w", torch.ones(64))

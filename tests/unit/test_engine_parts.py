@@ -25,14 +25,16 @@ from hipress_like.casync.coordinator import (
     report_len,
 )
 from hipress_like.casync.engine import Engine
-from hipress_like.casync.errors import EngineError, GradientMismatchError
+from hipress_like.casync.errors import EngineError, GradientMismatchError, WireError
 from hipress_like.casync.executors import SyncExecutor
+from hipress_like.casync.layout import msg_key
 from hipress_like.casync.manager import TaskManager
 from hipress_like.casync.replay import Replayer, Schedule
 from hipress_like.casync.rounds import Rounds
 from hipress_like.casync.step import Handle, StepState
 from hipress_like.casync.tasks import Kind, Task, TaskGraph, TaskState
 from hipress_like.casync.transport.base import PeerError, Transport
+from hipress_like.casync.wire import frame, frame_nbytes, unframe
 from hipress_like.cost_model.plan import Plan, SizeRule
 
 CFG = EngineConfig(threads=False, timeout=5.0, idle_wait=0.0, idle_wait_max=0.0)
@@ -224,9 +226,11 @@ def test_a_round_sends_its_links_batch_and_delivers_what_arrives():
     enc = ctx.graph.add(Task(Kind.ENCODE, "w", 0, lambda: payload))
     send = ctx.graph.add(Task(Kind.SEND, "w", 0, lambda p: p, msg=(40, 1)), [enc])
     recv = ctx.graph.add(Task(Kind.RECV, "w", 0, None, msg=(41, 1)))
-    tr.recv = [None, torch.arange(8, dtype=torch.uint8)]  # 3 bytes, padded to 8
+    # the peer's 3 bytes, framed (wire.py) as rank 1 sends them to rank 0 in step 0
+    tr.recv = [None, frame([torch.arange(3, dtype=torch.uint8)], src=1, dst=0, step=0)]
     Rounds(ctx).run_round(RoundPlan({(0, 1): [(40, 5)], (1, 0): [(41, 3)]}), 0.0, tr)
-    assert tr.sent[0][1][:5].tolist() == [0, 1, 2, 3, 4]  # padded to 8 bytes
+    sent, = unframe(tr.sent[0][1], [5], src=0, dst=1, step=0)
+    assert sent.tolist() == [0, 1, 2, 3, 4]
     assert send.state is TaskState.DONE and recv.state is TaskState.DONE
     assert recv.result.tolist() == [0, 1, 2]
 
@@ -236,8 +240,21 @@ def test_a_short_message_from_a_peer_is_an_error_naming_it():
     ctx, _, _ = make_ctx(tr)
     ctx.graph.add(Task(Kind.RECV, "w", 0, None, msg=(41, 1)))
     tr.recv = [None, torch.zeros(3, dtype=torch.uint8)]
-    with pytest.raises(EngineError, match="rank 1 sent 3 bytes, expected 8"):
+    with pytest.raises(EngineError, match=f"rank 1 sent 3 bytes, expected {frame_nbytes([3])}"):
         Rounds(ctx).run_round(RoundPlan({(1, 0): [(41, 3)]}), 0.0, tr)
+
+
+def test_a_flipped_bit_in_a_peers_message_is_a_wire_error_naming_it_and_the_gradient():
+    tr = MirrorPeer()
+    ctx, _, _ = make_ctx(tr, layout=LayoutView(names={0: "fc.weight"}))
+    key = msg_key(0, 2, 0, 1)
+    recv = ctx.graph.add(Task(Kind.RECV, "fc.weight", 0, None, msg=(key, 1)))
+    msg = frame([torch.arange(16, dtype=torch.uint8)], src=1, dst=0, step=0)
+    msg[-1] ^= 4
+    tr.recv = [None, msg]
+    with pytest.raises(WireError, match=r"from rank 1 .*gradient 'fc.weight' partition 2") as e:
+        Rounds(ctx).run_round(RoundPlan({(1, 0): [(key, 16)]}), 0.0, tr)
+    assert e.value.ranks == (1,) and recv.state is not TaskState.DONE
 
 
 # -- replay -------------------------------------------------------------------------

@@ -268,5 +268,23 @@ class Transport(ABC):
         that cannot tell returns [])."""
         return []
 
+    def abort(self, reason: str) -> bool:
+        """Tell every peer, at once and by a side channel, that this rank failed and why.
+
+        Called by the engine when an error arises on this rank inside its
+        communication (an exception in the bulk exchange, a damaged message):
+        peers blocked in a collective that this rank will never complete then
+        raise ``PeerError`` naming this rank and ``reason`` within about a
+        heartbeat, instead of at their timeout. Channels from ``split()``
+        share their parent's abort. Not a collective, never blocks for long.
+        A transport without a side channel does nothing (the default): its
+        peers learn of the failure by their timeout and diagnosis.
+
+        Returns:
+            Whether the peers were told (then this rank need not report its
+            error in a metadata round, which the peers, gone, would not join).
+        """
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release resources; further calls raise ``TransportError``."""

@@ -241,6 +241,9 @@ class FaultyTransport(Transport):
     def peers_waiting(self) -> List[int]:
         return self.inner.peers_waiting()
 
+    def abort(self, reason: str) -> bool:
+        return self.inner.abort(reason)
+
     def close(self) -> None:
         self.inner.close()
 

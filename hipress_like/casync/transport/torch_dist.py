@@ -31,6 +31,16 @@ Timeouts and naming the culprit:
    its host (global rank 0) is gone and the error says so.
 4. The transport is then unusable: the failed collective may still be
    pending inside the backend, so later calls raise ``TransportError``.
+5. A rank that fails by itself inside its communication (an exception in
+   the bulk exchange, a damaged message) calls ``abort(reason)``: it posts
+   the reason under an abort key in the store (shared by the channels
+   ``split()`` opens). The heartbeat thread reads that key with each beat;
+   on gloo, a collective is waited on by a waiter thread while the caller
+   polls for an abort, so a peer blocked waiting for the failed rank raises
+   ``PeerError`` naming it and its reason within about a heartbeat, not at
+   its timeout. (NCCL waits directly: its waits do not block the CPU the
+   same way; an abort is still seen before the next call and by the
+   diagnosis.)
 
 ``store(prefix)`` hands out the same rendezvous store to protocols built on
 the transport (a ``dist.PrefixStore`` over a client connection of its own);
@@ -41,6 +51,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
+import queue
 import threading
 import time
 import weakref
@@ -70,6 +81,10 @@ _failed_here = threading.Event()
 # stopped heartbeating: peers still diagnosing read heartbeats from that store,
 # and with it gone they could only blame rank 0 (``_linger_as_store_host``).
 _STORE_LINGER = 5.0
+# How often a caller waiting on a collective looks for a peer's abort (the
+# heartbeat thread reads the store; this only reads a field it sets).
+_ABORT_POLL = 0.02
+_ABORT_REASON_CHARS = 2000
 
 
 class TorchDistTransport(Transport):
@@ -89,6 +104,9 @@ class TorchDistTransport(Transport):
         bulk: how ``alltoallv`` moves data: ``"p2p"`` (``batch_isend_irecv``
             of the non-empty messages; the default, measured faster on
             gloo) or ``"a2a"`` (one ``all_to_all_single``).
+        abort_key: the store key peers post an abort under (``abort``);
+            default: this transport's own. ``split()`` passes its parent's,
+            so one abort reaches every channel of the family.
 
     Raises:
         TransportError: torch.distributed is not initialised.
@@ -101,7 +119,8 @@ class TorchDistTransport(Transport):
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None, *,
                  group_timeout: float = DEFAULT_TIMEOUT, heartbeat_interval: float = 0.25,
-                 store: Optional[dist.Store] = None, bulk: str = "p2p"):
+                 store: Optional[dist.Store] = None, bulk: str = "p2p",
+                 abort_key: Optional[str] = None):
         if not (dist.is_available() and dist.is_initialized()):
             raise TransportError(
                 "TorchDistTransport needs an initialised default process group; call "
@@ -131,6 +150,10 @@ class TorchDistTransport(Transport):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._store_error: Optional[str] = None
+        self._abort_key = abort_key or f"{self._prefix}/abort"
+        # shared by the channels of one family (this transport and its splits)
+        self._aborts = _families.setdefault(self._abort_key, _Aborts())
+        self._waitq: Optional["queue.SimpleQueue"] = None  # the waiter thread's (gloo)
         self._beat()  # first heartbeat before any collective, so peers see us
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name=f"hipress-heartbeat-r{self.rank}")
@@ -160,10 +183,66 @@ class TorchDistTransport(Transport):
         while not self._stop.wait(self._interval):
             try:
                 self._beat(published)
+                self._read_aborts()
             except Exception as e:  # store host gone: remember it for the diagnosis
                 self._store_error = f"{type(e).__name__}: {e}"
                 log.debug("heartbeat to the store failed: %s", self._store_error)
                 return
+
+    def _read_aborts(self) -> None:
+        """Read the abort counter; when it moved, collect the peers' reasons."""
+        a = self._aborts
+        n = int(self._store.add(self._abort_key, 0))
+        if n <= a.read:
+            return
+        a.read = n
+        found = {}
+        for r in range(self.size):
+            key = f"{self._abort_key}/{r}"
+            if r != self.rank and self._store.check([key]):
+                found[r] = self._store.get(key).decode("utf-8", "replace")
+        if found and a.peers is None:
+            a.peers = found
+
+    def abort(self, reason: str) -> bool:
+        """Tell every peer that this rank failed and why (``Transport.abort``): the
+        reason goes under this rank's abort key, then the abort counter moves.
+        Bounded (2 s): a dead store host must not hold up the error.
+
+        Returns:
+            Whether the abort is posted (False: the store could not be reached).
+        """
+        a = self._aborts
+        if a.own is not None:
+            return a.posted
+        a.own = reason  # this rank's own waits stop too: the peers will not complete them
+        _failed_here.set()  # as store host, linger at exit until peers have read it
+        posted = threading.Event()
+
+        def post() -> None:
+            try:
+                self._store.set(f"{self._abort_key}/{self.rank}",
+                                reason[:_ABORT_REASON_CHARS].encode("utf-8", "replace"))
+                self._store.add(self._abort_key, 1)
+                posted.set()
+            except Exception as e:  # the store host may be gone
+                log.debug("could not post the abort: %s", e)
+
+        t = threading.Thread(target=post, daemon=True, name="hipress-abort")
+        t.start()
+        t.join(2.0)
+        a.posted = posted.is_set()
+        return a.posted
+
+    def _abort_error(self, where: str) -> TransportError:
+        peers = self._aborts.peers
+        if not peers:
+            return TransportError(f"{where}: this rank failed and told its peers "
+                                  f"({self._aborts.own})")
+        ranks = sorted(peers)
+        why = "; ".join(f"rank {r}: {peers[r]}" for r in ranks)
+        return PeerError(f"{where}: rank(s) {ranks} failed and told their peers why: {why}",
+                         ranks=ranks)
 
     def _read_counters(self, kind: str) -> Dict[int, int]:
         return {r: int(self._store.add(self._key(kind, r), 0)) for r in range(self.size)}
@@ -205,6 +284,8 @@ class TorchDistTransport(Transport):
         t = threading.Thread(target=probe, daemon=True, name="hipress-diagnose")
         t.start()
         t.join(3 * self._interval + 5.0)
+        if self._aborts.peers:  # a peer said why (its leaving made this call fail)
+            return self._abort_error(where)
         store_error = found.get("store_error") or self._store_error
         if t.is_alive() or store_error:
             store_rank = self._group_rank_of_global(0)
@@ -259,10 +340,16 @@ class TorchDistTransport(Transport):
         seq = self._begin_call(timeout)
         deadline = time.monotonic() + timeout
         try:
+            if self._aborts.stop:
+                raise _Aborted()
             works = start(seq)
-            for work in works if isinstance(works, list) else [works]:
-                remaining = max(deadline - time.monotonic(), 0.001)
-                work.wait(timeout=timedelta(seconds=remaining))
+            self._wait(works if isinstance(works, list) else [works], deadline)
+        except _Aborted:
+            err = self._abort_error(f"rank {self.rank}: {op} (call #{seq}) aborted")
+            self._broken = f"{op} (call #{seq}) aborted: {err}"
+            if self._aborts.peers:  # this rank only reacted (its own abort blames itself)
+                self._post_failed()
+            raise err from None
         except Exception as e:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             cause = (f"timed out after {timeout:.3g}s" if "timed out" in msg.lower()
@@ -271,6 +358,28 @@ class TorchDistTransport(Transport):
             self._broken = f"{op} (call #{seq}) failed: {err}"
             self._post_failed()
             raise err from e
+
+    def _wait(self, works: list, deadline: float) -> None:
+        """Wait for ``works`` until ``deadline``; on gloo, raise ``_Aborted`` as soon
+        as a peer aborts (the waiter thread waits; this thread polls)."""
+        if not works:
+            return
+        if self.backend == "nccl":
+            for work in works:
+                work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+            return
+        if self._waitq is None:
+            self._waitq = queue.SimpleQueue()
+            weakref.finalize(self, self._waitq.put, None)  # ends the waiter with the transport
+            threading.Thread(target=_wait_loop, args=(self._waitq,), daemon=True,
+                             name=f"hipress-wait-r{self.rank}").start()
+        pending = _Pending(works, deadline)
+        self._waitq.put(pending)
+        while not pending.done.wait(_ABORT_POLL):
+            if self._aborts.stop:
+                raise _Aborted()
+        if pending.error is not None:
+            raise pending.error
 
     def _on_device(self, t: torch.Tensor) -> torch.Tensor:
         if t.device == self.device and t.is_contiguous():
@@ -373,7 +482,7 @@ class TorchDistTransport(Transport):
         group = dist.new_group(ranks=ranks, timeout=timedelta(seconds=self._group_timeout))
         t = TorchDistTransport(group, group_timeout=self._group_timeout,
                                heartbeat_interval=self._interval, store=self._store,
-                               bulk=self.bulk)
+                               bulk=self.bulk, abort_key=self._abort_key)
         t._owns_group = True
         return t
 
@@ -431,6 +540,8 @@ class TorchDistTransport(Transport):
         if self._stop.is_set():
             return
         self._stop.set()
+        if self._waitq is not None:
+            self._waitq.put(None)  # the waiter ends after the wait it may be in
         if self._broken is None:
             self._broken = "closed"
 
@@ -447,6 +558,60 @@ class TorchDistTransport(Transport):
 
 
 _FAILED_PREFIX = "hipress/failed"  # + global rank: the process saw a collective fail
+
+
+class _Aborted(TransportError):
+    """A peer, or this rank, aborted while this rank waited (internal to ``_run``, which
+    turns it into the ``PeerError`` that names them)."""
+
+
+class _Aborts:
+    """The aborts one family of channels (a transport and its splits) has seen:
+    ``peers`` (rank -> reason, from the store), ``own`` (this rank's reason, once it
+    aborted), ``posted`` (the store has it), ``read`` (the counter last read)."""
+
+    def __init__(self) -> None:
+        self.peers: Optional[Dict[int, str]] = None
+        self.own: Optional[str] = None
+        self.posted = False
+        self.read = 0
+
+    @property
+    def stop(self) -> bool:
+        """No wait of the family can complete any more."""
+        return self.peers is not None or self.own is not None
+
+
+# abort key -> its family's aborts (every rank builds the same families in the same order)
+_families: Dict[str, _Aborts] = {}
+
+
+class _Pending:
+    """One wait handed to the waiter thread: its works, deadline, and outcome."""
+
+    def __init__(self, works: list, deadline: float) -> None:
+        self.works = works
+        self.deadline = deadline
+        self.done = threading.Event()
+        self.error: Optional[BaseException] = None
+
+
+def _wait_loop(q: "queue.SimpleQueue") -> None:
+    """The waiter thread of one transport: waits for each ``_Pending`` in turn. It holds
+    no reference to the transport, so the transport can be collected; a wait a caller
+    gave up on (abort) ends at its own deadline."""
+    while True:
+        pending = q.get()
+        if pending is None:
+            return
+        try:
+            for work in pending.works:
+                remaining = max(pending.deadline - time.monotonic(), 0.001)
+                work.wait(timeout=timedelta(seconds=remaining))
+        except BaseException as e:
+            pending.error = e
+        finally:
+            pending.done.set()
 
 
 def rendezvous_store(prefix: str, host_rank: Optional[int] = 0) -> "C10dStore":
@@ -567,8 +732,9 @@ def own_store_client() -> dist.Store:
 
 
 def _undiagnosed(t: TorchDistTransport, seen: Dict[tuple, tuple], now: float) -> List[int]:
-    """Peers of ``t`` that neither posted a failure nor closed and still heartbeat."""
-    failed = set(t._read_failed())
+    """Peers of ``t`` that neither posted a failure nor aborted nor closed and still
+    heartbeat."""
+    failed = set(t._read_failed()) | set(t._aborts.peers or ())
     closed = {r for r, v in t._read_counters("closed").items() if v}
     beats = t._read_counters("hb")
     out = []
