@@ -17,13 +17,14 @@ import hipress_like.casync.engine as engine_mod
 from hipress_like.casync.engine import Engine, EngineConfig
 from hipress_like.casync.nonfinite import snapshot
 from hipress_like.casync.transport.inproc import run_threads
-from hipress_like.compressors import get
+from hipress_like.compressors import compll, get
 from hipress_like.compressors.base import (
     STEP_SEED,
     Capabilities,
     NonFiniteError,
     assume_finite,
 )
+from hipress_like.compressors.compll import program_path
 from hipress_like.compressors.wrappers.error_feedback import ErrorFeedback
 from hipress_like.cost_model.plan import Plan, SizeRule
 
@@ -105,6 +106,30 @@ def test_the_first_pass_finds_nan_and_inf_and_leaves_the_state(name, params, whe
     x.view(-1)[where] = 0.5  # the state then encodes a finite gradient
     with assume_finite():
         _encode_first(c, x, st)
+
+
+@pytest.mark.parametrize("interp", [False, True], ids=["c", "interp"])
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("program", ["onebit", "tbq", "terngrad", "dgc", "graddrop"])
+def test_compll_programs_find_nan_and_inf_in_their_c_or_scan_without_it(program, where,
+                                                                         interp):
+    """The generated C tests NaN/Inf in its sweep over the gradient; the interpreter
+    (no C) scans, inside ``assume_finite`` too, since the engine leaves it the scan."""
+    cls = compll.register_dsl(program_path(program), name=f"{program}_scanfuse_test",
+                              replace=True)
+    if interp:
+        cls.native = False
+    c = get(f"{program}_scanfuse_test")
+    assert c.capabilities.checks_finite
+    g = torch.randn(SHAPE, generator=torch.Generator().manual_seed(where))
+    _, st = c.encode(g, c.init(g, seed=2))
+    before = snapshot(st)
+    for bad in BAD:
+        x = g.clone()
+        x.view(-1)[where] = bad
+        with assume_finite(), pytest.raises(NonFiniteError):
+            c.encode(x, st)
+        _same(st, before)
 
 
 @pytest.mark.parametrize("where", WHERE)
