@@ -116,7 +116,7 @@ class CompressorCodec:
                  on_nonfinite: Optional[Callable[[], None]] = None):
         self.comp = comp
         # the engine did not scan: the compressor's own first pass finds NaN/Inf
-        # (Capabilities.checks_finite); this flags the step (or raises)
+        # (Capabilities.checks_finite); this flags the step
         self.on_nonfinite = on_nonfinite
         self.undo = undo
         self.back = back
@@ -173,7 +173,7 @@ class CompressorCodec:
         except NonFiniteError:
             if self.on_nonfinite is None:
                 raise
-        self.on_nonfinite()  # nonfinite="raise" raises here
+        self.on_nonfinite()
         x.zero_()
         st = self._init(x, k, comp)
         if comp.capabilities.shared_randomness:
