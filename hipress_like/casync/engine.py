@@ -65,7 +65,7 @@ import logging
 import threading
 import zlib
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import msgpack
 import torch
@@ -312,16 +312,22 @@ class Engine:
         if lane is not None:
             return self._submit_to_lane(lane, g, tensor)
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
-        if self.config.nonfinite != "ignore" and not all_finite(work) \
+        # a compressor that finds NaN/Inf in its own first pass spares the scan; "raise"
+        # keeps it, so that this call raises as before
+        fused = self.config.nonfinite in ("propagate", "skip") and g.compressor is not None \
+            and g.compressor.capabilities.checks_finite
+        if self.config.nonfinite != "ignore" and not fused and not all_finite(work) \
                 and self._on_nonfinite(g.idx, name, g.compressor is not None):
             work.zero_()  # no compressor sees NaN; the step is undone (nonfinite.py)
         check_gradient(work, nonfinite="ignore", name=name)
         handle = Handle(name, tensor, work, self.config.timeout, self._raise_if_failed)
         st = self._admit(g, handle)
         b = StepBuilder(ctx.graph, st, g, handle, self.rank, self.size)
-        # submit() scanned the gradient for NaN/Inf (or zeroed it): compressors skip theirs
+        # submit() scanned the gradient for NaN/Inf (or zeroed it), or the compressor
+        # does in its first pass: the compressors' separate scans are skipped
         add_gradient_tasks(b, work, self._states, self._seed_of, undo=self._undo,
-                           vouched=self.config.nonfinite != "ignore", step=st.index)
+                           vouched=self.config.nonfinite != "ignore", step=st.index,
+                           on_nonfinite=self._flagger(st) if fused else None)
         b.seal()
         self._start_step()
         handle.release()
@@ -351,6 +357,14 @@ class Engine:
             raise err
         self._ctx.st.nonfinite = True
         return compressed or self.config.nonfinite == "skip"
+
+    def _flagger(self, st: StepState) -> Callable[[], None]:
+        """What an encode task calls when its compressor found NaN/Inf (``checks_finite``):
+        flag step ``st``, which every rank then undoes (``nonfinite.py``)."""
+        def flag() -> None:
+            with self._ctx.cv:
+                st.nonfinite = True
+        return flag
 
     def _submit_to_lane(self, lane: LaneBucket, g: GradLayout, tensor: torch.Tensor) -> Handle:
         """``submit`` for a gradient of the collective lane: copy it into its bucket's

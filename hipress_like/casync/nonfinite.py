@@ -11,6 +11,10 @@ compression with backward, so the engine lets the step run and undoes it:
 1. ``submit`` scans each gradient (``all_finite``). A rank that finds
    NaN/Inf flags the step and zeroes what it hands to a compressor, so no
    compressor sees NaN (several refuse it) and the exchange stays finite.
+   A compressor that finds NaN/Inf in its own first pass
+   (``Capabilities.checks_finite``) spares that scan: its ``NonFiniteError``
+   flags the step, and its input is zeroed and encoded with a new state
+   (``workflows.CompressorCodec``).
 2. ``StateUndo.save``: the first time a step touches a compressor state
    (``CompressorCodec.state``) the state as it was is kept. A compressor
    that double-buffers (``Compressor.detach_state``: PowerSGD) gets a state

@@ -50,11 +50,18 @@ its raw sum, so all ranks hold bitwise-identical averages.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..compressors.base import STEP_SEED, Compressor, State, assume_finite, mix_seed
+from ..compressors.base import (
+    STEP_SEED,
+    Compressor,
+    NonFiniteError,
+    State,
+    assume_finite,
+    mix_seed,
+)
 from .lane_workflows import gather_workflow, rounds_collective_workflow
 from .layout import Workflow, chunk_bounds, part_view, row_chunks
 from .tasks import Kind
@@ -105,8 +112,12 @@ class CompressorCodec:
 
     def __init__(self, comp: Compressor, states: Dict[str, State], key: str,
                  seed_of: Any, world_size: int, vouched: bool = False, step: int = 0,
-                 rank: int = 0, back: Optional[Compressor] = None, undo: Any = None):
+                 rank: int = 0, back: Optional[Compressor] = None, undo: Any = None,
+                 on_nonfinite: Optional[Callable[[], None]] = None):
         self.comp = comp
+        # the engine did not scan: the compressor's own first pass finds NaN/Inf
+        # (Capabilities.checks_finite); this flags the step
+        self.on_nonfinite = on_nonfinite
         self.undo = undo
         self.back = back
         self.step = step
@@ -130,35 +141,57 @@ class CompressorCodec:
             if use is not st:  # double buffered: the kept state stays untouched
                 st = self.states[k] = use
         if st is None:
-            # the run reaches the compressor through init's declared keywords
-            # (Compressor.init), never through keys written into its state
-            ctx: Dict[str, Any] = {"world_size": self.world_size}
-            if comp.capabilities.shared_randomness:  # e.g. PowerSGD's first Q
-                ctx["shared_seed"] = _shared_seed(k)
-            if "broadcast" in comp.capabilities.round_reductions:  # the owner knows itself
-                ctx["rank"] = self.rank
-            st = comp.init(x, seed=self.seed_of(k), **ctx)
-            self.states[k] = st
+            st = self.states[k] = self._init(x, k, comp)
         if comp.capabilities.shared_randomness:
             st[STEP_SEED] = mix_seed(_shared_seed(k), self.step)
         return st
 
+    def _init(self, x: torch.Tensor, k: str, comp: Compressor) -> State:
+        """A new state for key ``k``."""
+        # the run reaches the compressor through init's declared keywords
+        # (Compressor.init), never through keys written into its state
+        ctx: Dict[str, Any] = {"world_size": self.world_size}
+        if comp.capabilities.shared_randomness:  # e.g. PowerSGD's first Q
+            ctx["shared_seed"] = _shared_seed(k)
+        if "broadcast" in comp.capabilities.round_reductions:  # the owner knows itself
+            ctx["rank"] = self.rank
+        return comp.init(x, seed=self.seed_of(k), **ctx)
+
+    def _encode(self, x: torch.Tensor, site: str, comp: Compressor,
+                fn: Callable[[torch.Tensor, State], Tuple[torch.Tensor, State]]) -> torch.Tensor:
+        """``fn(x, state)`` with the site's state, storing the new state. When the
+        compressor's own pass finds NaN/Inf (``on_nonfinite`` set), the step is
+        flagged and ``x`` zeroed and encoded with a new state instead, so the
+        exchange stays finite; the step is undone (``nonfinite.py``), which puts
+        the state the step found back."""
+        k = f"{self.key}|{site}"
+        st = self.state(x, site, comp)
+        try:
+            with assume_finite(self.vouched):
+                payload, self.states[k] = fn(x, st)
+            return payload
+        except NonFiniteError:
+            if self.on_nonfinite is None:
+                raise
+        self.on_nonfinite()
+        x.zero_()
+        st = self._init(x, k, comp)
+        if comp.capabilities.shared_randomness:
+            st[STEP_SEED] = mix_seed(_shared_seed(k), self.step)
+        with assume_finite(self.vouched):
+            payload, self.states[k] = fn(x, st)
+        return payload
+
     def encode(self, x: torch.Tensor, site: str) -> torch.Tensor:
         """Encode with the site's state, storing the new state."""
-        st = self.state(x, site)
-        with assume_finite(self.vouched):
-            payload, self.states[f"{self.key}|{site}"] = self.comp.encode(x, st)
-        return payload
+        return self._encode(x, site, self.comp, self.comp.encode)
 
     def encode_back(self, x: torch.Tensor, site: str) -> torch.Tensor:
         """Encode an aggregate on its way back: with the master compressor when
         there is one (its own state at ``site``), else as ``encode``."""
         if self.back is None:
             return self.encode(x, site)
-        st = self.state(x, site, self.back)
-        with assume_finite(self.vouched):
-            payload, self.states[f"{self.key}|{site}"] = self.back.encode(x, st)
-        return payload
+        return self._encode(x, site, self.back, self.back.encode)
 
     def reencode(self, merged: torch.Tensor, x: torch.Tensor, site: str) -> torch.Tensor:
         """A merged (summed) worker payload, decoded into ``x`` and encoded with the
@@ -169,11 +202,8 @@ class CompressorCodec:
     def encode_round(self, r: int, grad: torch.Tensor, site: str,
                      aggregate: Optional[torch.Tensor]) -> torch.Tensor:
         """Round ``r`` of a multi-round compressor with the site's state, storing the new state."""
-        st = self.state(grad, site)
-        with assume_finite(self.vouched):
-            payload, self.states[f"{self.key}|{site}"] = self.comp.encode_round(r, grad, st,
-                                                                                aggregate)
-        return payload
+        return self._encode(grad, site, self.comp,
+                            lambda g, st: self.comp.encode_round(r, g, st, aggregate))
 
     def decode_rounds_into(self, grad: torch.Tensor, site: str, aggregate: torch.Tensor) -> None:
         """The average over ranks of a multi-round compressor, decoded straight into
@@ -212,7 +242,8 @@ def _shared_seed(key: str) -> int:
 
 
 def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of: Any, *,
-                       vouched: bool, step: int = 0, undo: Any = None) -> None:
+                       vouched: bool, step: int = 0, undo: Any = None,
+                       on_nonfinite: Optional[Callable[[], None]] = None) -> None:
     """Add every task of gradient ``b.grad`` (its values in ``work``) for one step.
 
     Args:
@@ -224,13 +255,15 @@ def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of:
         step: the engine's step count (per-step shared seeds).
         undo: a ``nonfinite.StateUndo`` that keeps the states this step
             changes, or None.
+        on_nonfinite: called when the compressor's own pass finds NaN/Inf
+            (the engine did not scan: ``Capabilities.checks_finite``), or None.
     """
     g = b.grad
     flat = work.view(-1)
     for p, (s, e, agg) in enumerate(g.parts):
         if g.compressor is not None:
             codec = CompressorCodec(g.compressor, states, f"{g.name}|{p}", seed_of, b.size,
-                                    vouched, step, b.rank, g.back, undo)
+                                    vouched, step, b.rank, g.back, undo, on_nonfinite)
         else:
             codec = RawCodec(g.dtype)
         if g.workflow in (Workflow.ROUNDS, Workflow.ROUNDS_RING, Workflow.ROUNDS_ALLREDUCE):

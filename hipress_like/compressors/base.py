@@ -70,6 +70,7 @@ __all__ = [
     "PayloadPool",
     "State",
     "check_gradient",
+    "NonFiniteError",
     "pack_payload",
     "unpack_payload",
     "header_nbytes",
@@ -162,6 +163,14 @@ class Capabilities:
         keeps_memory: the compressor keeps its own error memory / residual
             (error feedback, DGC, GradDrop, PowerSGD); wrapping it in error
             feedback adds a second one, so automatic wrapping skips it.
+
+    The input (``casync.nonfinite``, issue 50):
+        checks_finite: ``encode`` (and round 0 of ``encode_round``) finds
+            NaN/Inf in the pass that already reads every value (a native or
+            fused kernel) and raises ``NonFiniteError`` even inside
+            ``assume_finite``, so the engine skips its own scan of the
+            gradient. The compressor raises before it changes the state it
+            was given, or the engine's undo copy restores it.
     """
 
     category: str
@@ -180,6 +189,8 @@ class Capabilities:
 
     stateful: bool = False
     keeps_memory: bool = False
+
+    checks_finite: bool = False
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:
@@ -244,6 +255,12 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x).all())
 
 
+class NonFiniteError(ValueError):
+    """A gradient holds NaN or Inf (``check_gradient``): a ``ValueError``, so callers
+    that catch that keep working; the engine catches this one from a compressor
+    that checks in its own first pass (``Capabilities.checks_finite``)."""
+
+
 _vouch = threading.local()
 
 
@@ -279,7 +296,8 @@ def check_gradient(grad: Any, *, nonfinite: str = "raise", name: str = "gradient
 
     Raises:
         TypeError: not a tensor, or not a floating dtype we can encode.
-        ValueError: empty tensor, or NaN/Inf when ``nonfinite == "raise"``.
+        ValueError: empty tensor; ``NonFiniteError`` (a ``ValueError``) for
+            NaN/Inf when ``nonfinite`` is "raise" or "always".
     """
     if not isinstance(grad, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, found {type(grad).__name__}")
@@ -292,7 +310,7 @@ def check_gradient(grad: Any, *, nonfinite: str = "raise", name: str = "gradient
         raise ValueError(f"{name}: empty tensor (shape {tuple(grad.shape)}) cannot be compressed")
     scan = nonfinite == "always" or (nonfinite == "raise" and not getattr(_vouch, "on", False))
     if scan and not all_finite(grad):
-        raise ValueError(
+        raise NonFiniteError(
             f"{name}: contains NaN or Inf; fix the loss/learning rate, or configure "
             "nonfinite='skip' to drop such steps"
         )

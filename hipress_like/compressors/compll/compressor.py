@@ -110,6 +110,9 @@ def _capabilities(c: Checked) -> Capabilities:
     decl.setdefault("category", "quantization" if sub_byte else "none")
     decl.setdefault("stateful", c.uses_random)
     decl.setdefault("fixed_size", True)
+    # the generated C tests NaN/Inf in its sweep over g (render_c's nf_, render_seq's
+    # cl_any_nonfinite); the other backends scan first (encode's check_gradient)
+    decl.setdefault("checks_finite", True)
     try:
         return Capabilities(**decl)
     except (TypeError, ValueError) as e:
@@ -219,7 +222,9 @@ class DslCompressor(Compressor):
         native = self._native() if grad.dtype == torch.float32 and grad.device.type == "cpu" \
             else None
         fast = native is not None
-        check_gradient(grad, nonfinite="ignore" if fast else "raise")  # C tests NaN/Inf itself
+        # C tests NaN/Inf itself; the others scan even where the engine vouched, since
+        # the engine leaves the scan to a compressor that declares checks_finite
+        check_gradient(grad, nonfinite="ignore" if fast else "always")
         seed = self._seed(state)
         g = grad.detach().contiguous().reshape(-1)
         n = g.numel()

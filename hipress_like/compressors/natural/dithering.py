@@ -157,7 +157,8 @@ class _Dithering(FusedDecode, Compressor):
     partition = "linear"
     max_s = 255
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
-                                unbiased=True, stateful=True)
+                                unbiased=True, stateful=True,
+                                checks_finite=True)  # the norm's pass
 
     def __init__(self, s: Any = None, p: Any = None, *, k: Any = None, normalize: Any = None,
                  partition: Any = None) -> None:

@@ -77,7 +77,6 @@ from ..base import (
     PayloadError,
     PayloadPool,
     State,
-    all_finite,
     check_gradient,
     header_nbytes,
     workspace,
@@ -211,12 +210,16 @@ def _nat_round(x: torch.Tensor, i0: int, key: int, cap: int):
 def _nat_encode_torch(x: torch.Tensor, signs: torch.Tensor, codes: torch.Tensor, key: int,
                       cap: int) -> int:
     """C_nat of flat float32/float64 ``x`` by the module docstring's steps 1-3 into
-    ``signs``/``codes``; returns base. A NaN/Inf must have been rejected."""
+    ``signs``/``codes``; returns base, or None when ``x`` holds NaN/Inf (found in
+    pass 1, as the native sweep does: |x|'s bits reach the all-ones exponent)."""
     fmt = _F64 if x.dtype == torch.float64 else _F32
     low = torch.iinfo(torch.int64).min
+    inf_bits = int(torch.tensor(float("inf"), dtype=fmt.ftype).view(fmt.itype))
     base = low
     for i0, i1 in _chunks(x.numel()):  # pass 1: base = max E of the nonzero entries
         a, _, _, _, E = _nat_round(x[i0:i1], i0, key, cap)
+        if int(a.max()) >= inf_bits:
+            return None
         base = max(base, int(torch.where(a != 0, E, low).max()))
     base = base if base > low else 0
     r = fmt.rand_shift
@@ -270,7 +273,8 @@ class Natural(FusedDecode, Compressor):
     name = "natural"
     algo_id = 40
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
-                                unbiased=True, stateful=True)
+                                unbiased=True, stateful=True,
+                                checks_finite=True)  # the encode sweep
 
     def __init__(self) -> None:
         # 9/32 of the input per payload: reusing idle ones saves their page faults
@@ -299,12 +303,10 @@ class Natural(FusedDecode, Compressor):
         payload, body = self.frame_payload(grad, bytes(_NAT_EXTRA.size), q + n, self._pool)
         if x.dtype == torch.float32 and _native.usable(x):
             base = _c.natural_encode(x, body[:q], body[q:], key, cap)
-            if base is None:
-                check_gradient(grad, nonfinite="always")  # raises the standard NaN/Inf error
         else:
-            if not all_finite(x):
-                check_gradient(grad, nonfinite="always")
             base = _nat_encode_torch(x, body[:q], body[q:], key, cap)
+        if base is None:
+            check_gradient(grad, nonfinite="always")  # raises the standard NaN/Inf error
         off = header_nbytes(grad.dim(), 0)
         payload[off: off + 8].view(torch.int64).fill_(int(base))
         return payload, _advance(state)

@@ -72,7 +72,8 @@ class OneBit(FusedDecode, Compressor):
     name = "onebit"
     algo_id = 10
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
-                                unbiased=False, stateful=False)
+                                unbiased=False, stateful=False,
+                                checks_finite=True)  # the packing sweep's max|x|
     kernels_class: type  # _OneBitKernels, set below the class
 
     def encode(self, grad: torch.Tensor, state: State) -> Tuple[torch.Tensor, State]:

@@ -166,6 +166,17 @@ class _Parsed:
         self.values = values
 
 
+def _check_product(p: torch.Tensor, grad: torch.Tensor) -> None:
+    """Raise the standard NaN/Inf error when ``grad`` holds NaN/Inf, read off a product
+    ``p`` of M (``grad`` + error) with a matrix: every entry of a row of M enters
+    that row's products, and NaN * q, Inf * 0 and Inf + (-Inf) are NaN, Inf * q
+    is +-Inf (IEEE 754), so a non-finite M gives a non-finite ``p``. Checking the
+    small ``p`` (rows x rank) replaces a scan of the gradient; a finite M whose
+    product overflowed takes the exact scan, which then lets it pass as before."""
+    if not bool(torch.isfinite(p).all()):
+        check_gradient(grad, nonfinite="always")
+
+
 @register("powersgd")
 class PowerSGD(MultiRoundCompressor):
     """Rank-r PowerSGD with warm start and built-in error feedback.
@@ -194,7 +205,8 @@ class PowerSGD(MultiRoundCompressor):
     capabilities = Capabilities("lowrank", aggregatable=True, fixed_size=True, rounds=2,
                                 stateful=True, round_reductions=("sum", "sum"),
                                 summable=(True, True), shared_randomness=True,
-                                keeps_memory=True)
+                                keeps_memory=True,
+                                checks_finite=True)  # P = M Q (_round_zero)
 
     def __init__(self, rank: int = 4, warm_start: bool = True) -> None:
         self.rank = check_int("powersgd", "rank", rank, low=1, example=4)
@@ -449,6 +461,7 @@ class PowerSGD(MultiRoundCompressor):
             self._world_size(state)
             q = self._q(state, cols, rk, accumulator_dtype(grad.dtype), grad.device)
             p, new_state = self._round_zero(grad, state, q)
+            _check_product(p, grad)
             return self._pack(ROUND_P, grad, rows, cols, rk, [p]), new_state
         if r == ROUND_Q:
             if aggregate is None:
@@ -536,6 +549,7 @@ class PowerSGD(MultiRoundCompressor):
         rows, cols, rk = self._dims(grad.shape)
         m = self._matrix(grad, state)
         p, q = power_iteration(m, self._q(state, cols, rk, m.dtype, m.device))
+        _check_product(q, grad)
         payload = self._pack(ROUND_LOCAL, grad, rows, cols, rk, [p, q])
         err = (m - matmul(p, q.t())).reshape(-1)[: grad.numel()].reshape(grad.shape)
         return payload, dict(state, error=err, error_p=None, q=q,

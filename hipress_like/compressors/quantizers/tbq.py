@@ -62,7 +62,8 @@ class TBQ(FusedDecode, Compressor):
     name = "tbq"
     algo_id = 11
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
-                                unbiased=False, stateful=False)
+                                unbiased=False, stateful=False,
+                                checks_finite=True)  # the encode sweep's max|g|
 
     def __init__(self, threshold: float = 0.01) -> None:
         # the magnitude sent for large elements

@@ -93,7 +93,8 @@ class TernGrad(FusedDecode, Compressor):
     name = "terngrad"
     algo_id = 12
     capabilities = Capabilities("quantization", aggregatable=False, fixed_size=True,
-                                unbiased=True, stateful=True)
+                                unbiased=True, stateful=True,
+                                checks_finite=True)  # the min/max pass
 
     def __init__(self, bitwidth: int = 2) -> None:
         self.bitwidth = check_int("terngrad", "bitwidth", bitwidth, choices=VALID_BITS,

@@ -168,7 +168,8 @@ class THC(MultiRoundCompressor):
     capabilities = Capabilities("quantization", aggregatable=True, rounds=2,
                                 round_reductions=("max", "sum"), summable=(False, False),
                                 merge_widens=True, shared_randomness=True, unbiased=False,
-                                stateful=True, own_decode=True, absent_rounds=True)
+                                stateful=True, own_decode=True, absent_rounds=True,
+                                checks_finite=True)  # the block statistics
 
     def __init__(self, bits: int = 4, granularity: Optional[int] = None, p: float = 1 / 32,
                  transform: bool = True, table: Optional[str] = None, sum_bits: int = 32) -> None:
@@ -211,7 +212,8 @@ class THC(MultiRoundCompressor):
             self.capabilities = Capabilities(
                 "quantization", aggregatable=True, rounds=2, round_reductions=("max", "sum"),
                 summable=(False, False), merge_widens=True, shared_randomness=True,
-                unbiased=True, stateful=True, own_decode=True, absent_rounds=True)
+                unbiased=True, stateful=True, own_decode=True, absent_rounds=True,
+                checks_finite=True)
 
     def params(self) -> Dict[str, Any]:
         """Constructor parameters."""
