@@ -91,7 +91,9 @@ def _every_compressor_twice(n):
                        timeout=600)
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+# 2 ranks is slow-tier: the 3- and 4-rank cases check the same property of the same
+# engine for every compressor in the default suite (the timing bug needed 3+ ranks)
+@pytest.mark.parametrize("n", [pytest.param(2, marks=pytest.mark.slow), 3, 4])
 def test_identical_runs_give_identical_bits_for_every_compressor(n):
     res = _every_compressor_twice(n)
     for key in res[0]:
