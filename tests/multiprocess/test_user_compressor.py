@@ -9,10 +9,9 @@ rank ending with bitwise-identical parameters; error feedback wraps it (it is
 biased) with no code of the user's: the engine does so by itself, and
 ``get("ef", inner=...)`` by name. One 4-rank launch trains all four runs (the
 user's compressor and the uncompressed baseline, over PS and over Ring) one
-after the other, and each strategy's test reads its two; the model's hidden
-layer is narrow (``HIDDEN``): the comparison needs training, not width.
+after the other, and each strategy's test reads its two.
 A user registers at import; this test registers only while its own tests run
-(the ``users_compressor`` fixture, and ``_train`` in each worker), so the
+(the ``users_compressor`` fixture, and ``_train_all`` in each worker), so the
 suite's tests that enumerate every registered compressor never meet it.
 """
 import functools
@@ -32,7 +31,6 @@ from hipress_like.launch.launch import run_workers
 # the first 4-rank test trains all four runs in its launch (``_runs``)
 pytestmark = pytest.mark.timeout(1800)
 EPOCHS = 10
-HIDDEN = 64  # DigitsNet's FC 4096 -> HIDDEN -> 10: 0.27M parameters instead of 2.1M
 STRATEGIES = ("ps", "ring")
 _SCALE = struct.Struct("<d")
 
@@ -88,8 +86,7 @@ def _train_all(ctx, cfgs):
 
 def _cfg(compressor, strategy):
     return asdict(DigitsConfig(compressor=compressor, params={}, strategy=strategy, plan=None,
-                               compress_all=True, epochs=EPOCHS, hidden=HIDDEN,
-                               progress=False))
+                               compress_all=True, epochs=EPOCHS, progress=False))
 
 
 @functools.lru_cache(maxsize=None)
