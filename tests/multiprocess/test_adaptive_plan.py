@@ -14,19 +14,21 @@ The compressor's curves are measured here (``profile_compressor``) and
 shared with every rank through a profile file, as ``Adaptive(profile=...)``
 takes one. The default path (profiled at start as ``plan="auto"``, estimates
 measured from the engine's timeline) runs too: whatever it decides, every
-rank decides it alike from the agreed numbers.
+rank decides it alike from the agreed numbers. The profile is measured once,
+and the three jobs run in turn on one launch of N ranks (``shared_launch``).
 """
 import hashlib
 import json
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
+from shared_launch import ranks, run_shared  # tests/multiprocess is on sys.path (rootdir)
 from test_torch_optimizer import _batch, _digest, _model  # the same model and batches
 
 import hipress_like.torch as hpt
 from hipress_like.cost_model import Link, Planner, Profile
-from hipress_like.launch.launch import run_workers
 from hipress_like.tuning.online import price_plan, profile_plan
 from hipress_like.tuning.profiler import profile_compressor
 
@@ -109,9 +111,41 @@ def _sizes():
     return {n: p.numel() * 4 for n, p in _model().named_parameters()}
 
 
-def test_every_rank_switches_at_the_same_step_with_identical_replicas(tmp_path):
-    _, path = _profile(tmp_path)
-    res = run_workers(switch_worker, N, args=(path,), timeout=240)
+def _gain(prof, bw):
+    """How much faster the plan profiled for ``Link(FAST[0], bw)`` is predicted to be
+    than the one for the profile's own link, on that link (a fraction)."""
+    sizes = _sizes()
+    current = profile_plan(prof, ["onebit"], sizes, N, "ps")
+    p = prof.with_link(Link(FAST[0], bw))
+    planners = [Planner(p, "onebit", N, "ps")]
+    now = price_plan(current, planners, sizes, N)
+    return (now - price_plan(profile_plan(p, ["onebit"], sizes, N, "ps"), planners,
+                             sizes, N)) / now
+
+
+def _near_the_margin(prof):
+    """A bandwidth where another plan is predicted about 5 % faster: bisected between
+    FAST (gain 0) and SLOW (gain > 0.1)."""
+    hi, lo = FAST[1], SLOW[1]
+    for _ in range(60):
+        mid = math.sqrt(hi * lo)
+        hi, lo = (mid, lo) if _gain(prof, mid) < 0.05 else (hi, mid)
+    return math.sqrt(hi * lo)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """(profile, bandwidth near the margin, {job: each rank's outcome}): the switching,
+    jittering and measured jobs, one after another on one launch of N ranks."""
+    prof, path = _profile(tmp_path_factory.mktemp("adaptive"))
+    bw = _near_the_margin(prof)
+    entries = run_shared(N, [(switch_worker, (path,)), (noise_worker, (path, FAST[0], bw)),
+                             (measured_worker, ())], timeout=600)
+    return prof, bw, dict(zip(("switch", "noise", "measured"), entries))
+
+
+def test_every_rank_switches_at_the_same_step_with_identical_replicas(jobs):
+    res = ranks(jobs[2]["switch"])
     r0 = res[0]
     for r in res[1:]:  # the same parameters and plan on every rank, at every step
         assert r["digests"] == r0["digests"]
@@ -136,26 +170,11 @@ def test_every_rank_switches_at_the_same_step_with_identical_replicas(tmp_path):
     assert rep[8] > 0 and rep[18] == rep[9] and rep[23] > rep[19]
 
 
-def test_estimates_jittering_within_the_margin_do_not_switch(tmp_path):
-    prof, path = _profile(tmp_path)
-    sizes = _sizes()
-    current = profile_plan(prof, ["onebit"], sizes, N, "ps")
-
-    def gain(bw):
-        p = prof.with_link(Link(FAST[0], bw))
-        planners = [Planner(p, "onebit", N, "ps")]
-        now = price_plan(current, planners, sizes, N)
-        return (now - price_plan(profile_plan(p, ["onebit"], sizes, N, "ps"), planners,
-                                 sizes, N)) / now
-
-    hi, lo = FAST[1], SLOW[1]  # gain(hi) = 0, gain(lo) > 0.1: bisect to a gain near 5 %
-    assert gain(hi) <= 0.0 < 0.1 < gain(lo)
-    for _ in range(60):
-        mid = math.sqrt(hi * lo)
-        hi, lo = (mid, lo) if gain(mid) < 0.05 else (hi, mid)
-    bw = math.sqrt(hi * lo)
-    assert 0.03 < gain(bw) < 0.07
-    res = run_workers(noise_worker, N, args=(path, FAST[0], bw), timeout=240)
+def test_estimates_jittering_within_the_margin_do_not_switch(jobs):
+    prof, bw, outcomes = jobs
+    assert _gain(prof, FAST[1]) <= 0.0 < 0.1 < _gain(prof, SLOW[1])  # the bisection's ends
+    assert 0.03 < _gain(prof, bw) < 0.07
+    res = ranks(outcomes["noise"])
     for r in res:
         assert r["digests"] == res[0]["digests"]
         assert [h["step"] for h in r["history"]] == [3, 6, 9, 12, 15]
@@ -169,8 +188,8 @@ def test_estimates_jittering_within_the_margin_do_not_switch(tmp_path):
             r["history"]
 
 
-def test_measured_estimates_are_agreed_and_decided_alike_on_every_rank():
-    res = run_workers(measured_worker, N, timeout=300)
+def test_measured_estimates_are_agreed_and_decided_alike_on_every_rank(jobs):
+    res = ranks(jobs[2]["measured"])
     r0 = res[0]
     assert [h["step"] for h in r0["history"]] == [3, 6, 9]
     assert r0["history"][0]["reference"] and r0["history"][0]["bandwidth_Bps"] > 0

@@ -6,8 +6,10 @@ piece must be Alg. 1 computed by hand (``tests/unit/test_artopk.py``'s
 there the average of every rank's error-fed gradient (exactly, in the PS
 aggregator's rank order; to the last bit's tolerance along a Ring). Layer-wise
 (one state per gradient) and fused (the whole model as one gradient, the
-paper's choice).
+paper's choice). One 3-rank launch serves the layer-wise cases and the named
+collectives, one 2-rank launch both fused variants (fresh engines for each case).
 """
+import functools
 import sys
 from pathlib import Path
 
@@ -52,20 +54,53 @@ def _fused(ctx, variant, strategy):
         eng.close()
 
 
-@pytest.mark.parametrize("variant,strategy,k", [("star", "ps", 2), ("var", "ring", 1),
-                                                ("var", "ps", 1)])
+def _named(ctx):
+    out = {c: rc.run_rounds(ctx.transport, STARTopk(RATIO), "ps", 1, STEPS, raw_collective=True,
+                            collective=c) for c in ("ring", "tree", "backend")}
+    out["allgather"] = rc.run_rounds(ctx.transport, "topk", "ps", 1, 2, raw_collective=True,
+                                     collective="allgather")
+    return out
+
+
+LAYERWISE = [("star", "ps", 2), ("var", "ring", 1), ("var", "ps", 1)]
+FUSED = ["star", "var"]
+
+
+def _three_ranks(ctx, layerwise):
+    return [_layerwise(ctx, *c) for c in layerwise], _named(ctx)
+
+
+def _two_ranks(ctx, variants):
+    return [_fused(ctx, v, "ps") for v in variants]
+
+
+@functools.lru_cache(maxsize=None)
+def _on_three():
+    """({layer-wise case: each rank's result}, each rank's ``_named``): one 3-rank launch."""
+    res = run_workers(_three_ranks, 3, args=(LAYERWISE,), timeout=360)
+    return {c: [r[0][i] for r in res] for i, c in enumerate(LAYERWISE)}, [r[1] for r in res]
+
+
+@functools.lru_cache(maxsize=None)
+def _on_two():
+    """{fused variant: each rank's result}: one 2-rank launch."""
+    res = run_workers(_two_ranks, 2, args=(FUSED,), timeout=300)
+    return {v: [r[i] for r in res] for i, v in enumerate(FUSED)}
+
+
+@pytest.mark.parametrize("variant,strategy,k", LAYERWISE)
 def test_layerwise_artopk_over_gloo_is_alg1(variant, strategy, k):
     n = 3
-    got = run_workers(_layerwise, n, args=(variant, strategy, k), timeout=240)
+    got = _on_three()[0][(variant, strategy, k)]
     owners = check_against_reference(got, variant, n, STEPS, exact=strategy == "ps")
     if variant == "star":
         assert owners == {0, 1, 2}
 
 
-@pytest.mark.parametrize("variant", ["star", "var"])
+@pytest.mark.parametrize("variant", FUSED)
 def test_fused_artopk_over_gloo_is_alg1(variant):
     n = 2
-    got = run_workers(_fused, n, args=(variant, "ps"), timeout=240)
+    got = _on_two()[variant]
     flats = [fuse(list(rc.grads_of(r).values())) for r in range(n)]
     ref = reference_steps(variant, flats, RATIO, STEPS)
     for step, (_owner, idx, avg) in enumerate(ref):
@@ -75,21 +110,13 @@ def test_fused_artopk_over_gloo_is_alg1(variant):
         assert int((avg != 0).sum()) == idx.numel()
 
 
-def _named(ctx):
-    out = {c: rc.run_rounds(ctx.transport, STARTopk(RATIO), "ps", 1, STEPS, raw_collective=True,
-                            collective=c) for c in ("ring", "tree", "backend")}
-    out["allgather"] = rc.run_rounds(ctx.transport, "topk", "ps", 1, 2, raw_collective=True,
-                                     collective="allgather")
-    return out
-
-
 def test_artopk_over_named_collectives_over_gloo():
     """STAR-Topk's indices by a binomial tree (or gloo's broadcast) and its values by this
     library's ring or tree (or gloo's allreduce) over gloo's point-to-point calls:
     Alg. 1 by hand on every rank, bitwise identical; top-k by allgather (LWTopk)
     identical on every rank."""
     n = 3
-    got = run_workers(_named, n, timeout=240)
+    got = _on_three()[1]
     for coll in ("ring", "tree", "backend"):
         res = [g[coll] for g in got]
         assert {v["collective"] for v in res[0][1].values()} == {coll}

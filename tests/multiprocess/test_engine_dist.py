@@ -1,14 +1,19 @@
 """The CaSync engine across real processes: gloo over loopback, and MPI.
 
-Each test launches real ranks with ``run_workers``; the workers below are
-module-level so the launcher can import them in the child processes.
+Each test runs real ranks; the workers below are module-level so the launcher
+can import them in the child processes. The tests that expect every rank to
+return share one launch per world size (``shared_launch``: ``_shared(n)`` runs
+each of ``GROUPS[n]``'s workers in turn, fresh engines each); those that make a
+rank fail launch their own.
 """
+import functools
 import os
 import re
 import shutil
 
 import pytest
 import torch
+from shared_launch import ranks, run_shared  # tests/multiprocess is on sys.path (rootdir)
 
 import hipress_like as hp
 from hipress_like.casync.engine import Engine, EngineConfig
@@ -16,6 +21,8 @@ from hipress_like.casync.workflows import chunk_bounds
 from hipress_like.cost_model.plan import Plan, SizeRule
 from hipress_like.launch.launch import WorkerError, run_workers
 
+# the first test of a world size runs every worker of GROUPS[n] in its launch
+pytestmark = pytest.mark.timeout(1200)
 SIZES = [1, 7, 8, 1001, 65537, 250_003]
 
 
@@ -61,10 +68,12 @@ def _expected(all_g, name, info, n):
     return out
 
 
-@pytest.mark.parametrize("n,strategy,k", [(2, "ps", 1), (3, "ring", 2), (4, "ps", 8),
-                                          (4, "ring", 3)])
+IDENTITY = [(2, "ps", 1), (3, "ring", 2), (4, "ps", 8), (4, "ring", 3)]
+
+
+@pytest.mark.parametrize("n,strategy,k", IDENTITY)
 def test_identity_exact_average_gloo(n, strategy, k):
-    res = run_workers(_sync, n, args=("identity", strategy, SIZES, k), timeout=180)
+    res = ranks(_shared(n)[("identity", strategy, k)])
     all_g = [_grads(r, SIZES) for r in range(n)]
     for name in all_g[0]:
         exp = _expected(all_g, name, res[0][1][name], n)
@@ -101,7 +110,7 @@ def _compressor_names():
 @pytest.mark.parametrize("strategy", ["ps", "ring"])
 def test_every_compressor_bitwise_identical_gloo(strategy):
     names = _compressor_names()
-    res = run_workers(_all_compressors, 4, args=(names, strategy), timeout=300)
+    res = ranks(_shared(4)[("every", strategy)])
     for name in names:
         for g in res[0][name]:
             assert torch.isfinite(res[0][name][g]).all()
@@ -127,7 +136,7 @@ def _big(ctx, strategy):
 
 @pytest.mark.parametrize("strategy", ["ps", "ring"])
 def test_64mb_gradient(strategy):
-    assert run_workers(_big, 3, args=(strategy,), timeout=300) == [True] * 3
+    assert ranks(_shared(3)[("64mb", strategy)]) == [True] * 3
 
 
 def _dies(ctx):
@@ -229,8 +238,8 @@ def _many_small(ctx, coordinator, raw_collective=False):
 
 def test_coordinator_batches_hundreds_of_small_gradients():
     """Raw bytes through PS links (raw_collective=False): batching cuts the rounds."""
-    on = run_workers(_many_small, 4, args=(True,), timeout=180)
-    off = run_workers(_many_small, 4, args=(False,), timeout=180)
+    on = ranks(_shared(4)[("many_small", True, False)])
+    off = ranks(_shared(4)[("many_small", False, False)])
     sizes = [64] * 200 + [10_000] * 5
     all_g = [_grads(r, sizes) for r in range(4)]
     for name in all_g[0]:
@@ -244,7 +253,7 @@ def test_collective_lane_fuses_hundreds_of_small_gradients_over_gloo():
     """The default lane for uncompressed gradients: gloo allreduce of fused buckets.
     Gloo's ring sums in its own order, so the average is exact up to rounding and
     bitwise identical on every rank."""
-    res = run_workers(_many_small, 4, args=(True, True), timeout=180)
+    res = ranks(_shared(4)[("many_small", True, True)])
     sizes = [64] * 200 + [10_000] * 5
     all_g = [_grads(r, sizes) for r in range(4)]
     for name in all_g[0]:
@@ -286,7 +295,7 @@ def test_replayed_steps_match_coordinated_ones_over_gloo(strategy):
     bits may differ: the coordinator fuses P's and Q's that are ready in the same
     round, so their offsets in a fused allreduce, and with them gloo's summation
     order, depend on timing (in both runs; the in-process tests pin exact bits)."""
-    res = run_workers(_replay_vs_coordinated, 3, args=(strategy,), timeout=300)
+    res = ranks(_shared(3)[("replay", strategy)])
     for r in range(3):
         assert res[r][True][1] == 2 and res[r][False][1] == 0
         for step in range(3):
@@ -306,17 +315,39 @@ def _coded_topk(ctx, params):
     return out
 
 
-@pytest.mark.parametrize("params", [
-    {"ratio": 0.01, "index_codec": "bloom", "eps": 0.01},
-    {"ratio": 0.01, "index_codec": "rle", "value_codec": "curvefit"},
-], ids=["bloom-fpaware", "rle-curvefit"])
-def test_sparse_codecs_cross_ranks_bitwise_identical(params):
+CODECS = {"bloom-fpaware": {"ratio": 0.01, "index_codec": "bloom", "eps": 0.01},
+          "rle-curvefit": {"ratio": 0.01, "index_codec": "rle", "value_codec": "curvefit"}}
+
+
+@pytest.mark.parametrize("codecs", CODECS)
+def test_sparse_codecs_cross_ranks_bitwise_identical(codecs):
     """Issue 25: Bloom-, RLE- and curve-fit-coded top-k through the engine on 3 real
     ranks (PS, and Ring with its re-selection through the codecs): every rank ends
     with the same finite tensors."""
-    res = run_workers(_coded_topk, 3, args=(params,), timeout=300)
+    res = ranks(_shared(3)[("codecs", codecs)])
     for strategy in ("ps", "ring"):
         for g, v in res[0][strategy].items():
             assert torch.isfinite(v).all() and v.abs().sum() > 0, (strategy, g)
             for r in (1, 2):
                 assert torch.equal(res[r][strategy][g], v), (strategy, g, r)
+
+
+# -- the shared launches: every returning worker above, per world size ------------------
+
+GROUPS = {n: {} for n in (2, 3, 4)}
+for _n, _strategy, _k in IDENTITY:
+    GROUPS[_n][("identity", _strategy, _k)] = (_sync, ("identity", _strategy, SIZES, _k))
+for _strategy in ("ps", "ring"):
+    GROUPS[4][("every", _strategy)] = (_all_compressors, (_compressor_names(), _strategy))
+    GROUPS[3][("64mb", _strategy)] = (_big, (_strategy,))
+    GROUPS[3][("replay", _strategy)] = (_replay_vs_coordinated, (_strategy,))
+for _coordinator, _raw in ((True, False), (False, False), (True, True)):
+    GROUPS[4][("many_small", _coordinator, _raw)] = (_many_small, (_coordinator, _raw))
+for _id, _params in CODECS.items():
+    GROUPS[3][("codecs", _id)] = (_coded_topk, (_params,))
+
+
+@functools.lru_cache(maxsize=None)
+def _shared(n):
+    """{key of GROUPS[n]: each rank's ("returned"|"raised", ...)}: one launch of n ranks."""
+    return dict(zip(GROUPS[n], run_shared(n, list(GROUPS[n].values()), timeout=900)))

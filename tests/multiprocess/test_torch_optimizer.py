@@ -4,14 +4,19 @@ Reference checks: after every step all ranks hold bitwise-identical
 parameters (every compressor, PS and Ring); with no compression the
 averaged gradient equals an exact allreduce average; a checkpointed run
 resumed at step k reproduces the uninterrupted losses exactly; a rank that
-dies makes the others fail with an error naming it.
+dies makes the others fail with an error naming it. The 3-rank tests whose ranks
+all return share one launch (``shared_launch``: ``_shared()`` runs each of
+``SHARED``'s workers in turn, each building and closing its own optimizers); the
+checkpoint tests share one 2-rank launch; a crash launches its own.
 """
+import functools
 import hashlib
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
+from shared_launch import ranks, run_shared  # tests/multiprocess is on sys.path (rootdir)
 from torch import nn
 
 import hipress_like as hp
@@ -19,6 +24,8 @@ import hipress_like.torch as hpt
 from hipress_like.cost_model import Plan, SizeRule
 from hipress_like.launch.launch import WorkerError, run_workers
 
+# the first test of the shared launch runs every worker of SHARED in it
+pytestmark = pytest.mark.timeout(1200)
 _ALIASES = {"none", "ef", "error_feedback"}
 
 
@@ -245,6 +252,11 @@ def resume_worker(ctx, name, tmpdir, k, n):
     return uninterrupted[k:], resumed
 
 
+def resume_every_worker(ctx, names, tmpdir, k, n):
+    """``resume_worker`` for each of ``names`` in turn: one launch serves every compressor."""
+    return {name: resume_worker(ctx, name, tmpdir, k, n) for name in names}
+
+
 def crash_worker(ctx, collective=None):
     hpt.init()
     name = "star_topk" if collective else "onebit"
@@ -286,16 +298,34 @@ def ddp_worker(ctx, names):
 
 # -- tests -------------------------------------------------------------------------------
 
+def _ddp_names():
+    return [n for n in ("identity", "topk", "dgc", "powersgd", "onebit")
+            if n in hp.compressors.available()]
+
+
+SHARED = {"identical": (identical_worker, (_compressors(),)),
+          "collective": (collective_worker, ()),
+          "exact average": (exact_average_worker, ()),
+          "scenarios": (scenarios_worker, ()),
+          "ddp": (ddp_worker, (_ddp_names(),))}
+
+
+@functools.lru_cache(maxsize=None)
+def _shared():
+    """{key of SHARED: each rank's ("returned"|"raised", ...)}: one launch of 3 ranks."""
+    return dict(zip(SHARED, run_shared(3, list(SHARED.values()), timeout=900)))
+
+
 def test_replicas_bitwise_identical_every_compressor():
     names = _compressors()
-    res = run_workers(identical_worker, 3, args=(names,), timeout=300)
+    res = ranks(_shared()["identical"])
     for key in res[0]:
         assert len({r[key] for r in res}) == 1, f"{key}: replicas diverged"
     assert len(res[0]) == 2 * len(names) + 2 * len(_bidirectional())
 
 
 def test_collective_option_reaches_the_engine_and_keeps_replicas_identical():
-    res = run_workers(collective_worker, 3, timeout=300)
+    res = ranks(_shared()["collective"])
     for key in res[0]:
         assert len({r[key] for r in res}) == 1, f"{key}: replicas diverged or picked apart"
     assert res[0]["star_topk/tree"][1] == ("tree",)
@@ -305,22 +335,33 @@ def test_collective_option_reaches_the_engine_and_keeps_replicas_identical():
 
 
 def test_identity_equals_exact_average():
-    res = run_workers(exact_average_worker, 3, timeout=120)
+    res = ranks(_shared()["exact average"])
     assert len(set(res)) == 1
 
 
 def test_accumulation_unused_branches_requires_grad_toggling_lbfgs():
-    res = run_workers(scenarios_worker, 3, timeout=180)
+    res = ranks(_shared()["scenarios"])
     for key in res[0]:
         assert len({r[key] for r in res}) == 1, f"{key}: replicas diverged"
 
 
-@pytest.mark.parametrize("name", ["onebit", "terngrad", "dgc", "powersgd"])
-def test_checkpoint_resume_reproduces_losses(name, tmp_path):
+RESUMED = ["onebit", "terngrad", "dgc", "powersgd"]
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(tmp_path_factory):
+    """Each rank's {name: (uninterrupted losses, resumed losses)}, from one 2-rank launch."""
+    names = [n for n in RESUMED if n in hp.compressors.available()]
+    return run_workers(resume_every_worker, 2,
+                       args=(names, str(tmp_path_factory.mktemp("resume")), 3, 6),
+                       timeout=300)
+
+
+@pytest.mark.parametrize("name", RESUMED)
+def test_checkpoint_resume_reproduces_losses(name, resumed_runs):
     if name not in hp.compressors.available():
         pytest.skip(f"compressor {name} is not registered in this build")
-    res = run_workers(resume_worker, 2, args=(name, str(tmp_path), 3, 6), timeout=180)
-    for uninterrupted, resumed in res:
+    for uninterrupted, resumed in (r[name] for r in resumed_runs):
         assert resumed["rank"] == uninterrupted, "per-rank checkpoint"
         assert resumed["all"] == uninterrupted, "state_dict(all_ranks=True) checkpoint"
 
@@ -339,9 +380,7 @@ def test_crashing_rank_fails_the_others_with_a_clear_error(collective):
 
 
 def test_ddp_hook_matches_ddp_and_keeps_replicas_identical():
-    names = [n for n in ("identity", "topk", "dgc", "powersgd", "onebit")
-             if n in hp.compressors.available()]
-    res = run_workers(ddp_worker, 3, args=(names,), timeout=240)
+    res = ranks(_shared()["ddp"])
     for key in res[0]:
         assert all(torch.equal(res[0][key], r[key]) for r in res), f"{key}: replicas diverged"
     torch.testing.assert_close(res[0]["identity"], res[0]["None"], rtol=1e-5, atol=1e-6)

@@ -1,12 +1,17 @@
 """TorchDistTransport over gloo with real ranks on loopback (2, 3 and 4 ranks).
 
-Each test is one ``run_workers`` call that checks many things inside the
-workers, because starting ranks (importing torch) dominates the runtime.
+Each test checks many things inside the workers, because starting ranks
+(importing torch) dominates the runtime; for the same reason the tests whose
+ranks all return normally share one launch per world size (``shared_launch``:
+``_shared(n)`` runs each of ``GROUPS[n]``'s workers in turn). The tests that make
+a rank leave, stall, raise or time out launch their own.
 """
+import functools
 import os
 
 import pytest
 import torch
+from shared_launch import ranks, run_shared  # tests/multiprocess is on sys.path (rootdir)
 
 from hipress_like.casync.transport import PeerError, TransportError
 from hipress_like.launch.launch import WorkerError, run_workers
@@ -53,9 +58,12 @@ def _collectives(ctx, bulk):
     return r
 
 
-@pytest.mark.parametrize("nprocs,bulk", [(2, "p2p"), (3, "p2p"), (4, "p2p"), (3, "a2a")])
+COLLECTIVES = [(2, "p2p"), (3, "p2p"), (4, "p2p"), (3, "a2a")]
+
+
+@pytest.mark.parametrize("nprocs,bulk", COLLECTIVES)
 def test_gloo_collectives(nprocs, bulk):
-    assert run_workers(_collectives, nprocs, args=(bulk,), timeout=120) == list(range(nprocs))
+    assert ranks(_shared(nprocs)[("collectives", bulk)]) == list(range(nprocs))
 
 
 def _user_collectives_do_not_interleave(ctx):
@@ -71,7 +79,7 @@ def _user_collectives_do_not_interleave(ctx):
 
 
 def test_own_process_group():
-    res = run_workers(_user_collectives_do_not_interleave, 2, timeout=120)
+    res = ranks(_shared(2)["own group"])
     assert res == [([2.0] * 3, [4.0] * 2)] * 2
 
 
@@ -144,7 +152,7 @@ def test_workers_share_the_callers_session_but_not_its_process_group():
     their own would wait behind their own group's CPU turn for every coordination
     round (measured 30-40 ms per allgather on 2 cores). Each worker gets its own
     process group instead, so the supervisor can still kill its whole tree."""
-    res = run_workers(_session_and_group, 2, timeout=120)
+    res = ranks(_shared(2)["session"])
     for sid, pgid in res:
         assert sid == os.getsid(0)
         assert pgid != os.getpgid(0)
@@ -202,7 +210,22 @@ def _engines_free_their_groups(ctx):
 
 
 def test_engine_close_destroys_its_process_group():
-    res = run_workers(_engines_free_their_groups, 2, timeout=120)
+    res = ranks(_shared(2)["engines free"])
     for before, after, _ in res:
         assert after == before, res
     assert res[0][2] is False
+
+
+# -- the shared launches: the workers above whose ranks all return, per world size ------
+
+GROUPS = {n: {("collectives", bulk): (_collectives, (bulk,)) for m, bulk in COLLECTIVES
+              if m == n} for n in (2, 3, 4)}
+GROUPS[2].update({"own group": (_user_collectives_do_not_interleave, ()),
+                  "session": (_session_and_group, ()),
+                  "engines free": (_engines_free_their_groups, ())})
+
+
+@functools.lru_cache(maxsize=None)
+def _shared(n):
+    """{key of GROUPS[n]: each rank's ("returned"|"raised", ...)}: one launch of n ranks."""
+    return dict(zip(GROUPS[n], run_shared(n, list(GROUPS[n].values()), timeout=300)))

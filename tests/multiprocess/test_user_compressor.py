@@ -7,11 +7,14 @@ No merge, no kernels, no rounds, no payload size: the base class and the engine
 supply the rest. It trains digits on 4 ranks over PS and over Ring, every
 rank ending with bitwise-identical parameters; error feedback wraps it (it is
 biased) with no code of the user's: the engine does so by itself, and
-``get("ef", inner=...)`` by name.
+``get("ef", inner=...)`` by name. One 4-rank launch trains all four runs (the
+user's compressor and the uncompressed baseline, over PS and over Ring) one
+after the other, and each strategy's test reads its two.
 A user registers at import; this test registers only while its own tests run
-(the ``users_compressor`` fixture, and ``_train`` in each worker), so the
+(the ``users_compressor`` fixture, and ``_train_all`` in each worker), so the
 suite's tests that enumerate every registered compressor never meet it.
 """
+import functools
 import struct
 from dataclasses import asdict
 
@@ -25,7 +28,10 @@ from hipress_like.compressors.registry import _REGISTRY
 from hipress_like.demo import DigitsConfig, train_digits
 from hipress_like.launch.launch import run_workers
 
+# the first 4-rank test trains all four runs in its launch (``_runs``)
+pytestmark = pytest.mark.timeout(1800)
 EPOCHS = 10
+STRATEGIES = ("ps", "ring")
 _SCALE = struct.Struct("<d")
 
 
@@ -72,17 +78,27 @@ def users_compressor():
     _REGISTRY.pop("user_scaled_sign", None)
 
 
-def _train(ctx, cfg):
+def _train_all(ctx, cfgs):
+    """Every run of ``cfgs`` in turn on these ranks (one launch, fresh engines each)."""
     _register()
-    return train_digits(ctx, cfg)
+    return [train_digits(ctx, cfg) for cfg in cfgs]
 
 
-def _run(compressor, strategy, params=None):
-    cfg = DigitsConfig(compressor=compressor, params=dict(params or {}), strategy=strategy,
-                       plan=None, compress_all=True, epochs=EPOCHS, progress=False)
-    res = run_workers(_train, 4, args=(asdict(cfg),), timeout=900)
-    assert len({r["param_digest"] for r in res}) == 1, f"{compressor} {strategy}: ranks differ"
-    return res[0]
+def _cfg(compressor, strategy):
+    return asdict(DigitsConfig(compressor=compressor, params={}, strategy=strategy, plan=None,
+                               compress_all=True, epochs=EPOCHS, progress=False))
+
+
+@functools.lru_cache(maxsize=None)
+def _runs():
+    """{(compressor, strategy): rank 0's result} of one 4-rank launch; every run's ranks
+    end with the same parameter digest."""
+    keys = [(c, s) for s in STRATEGIES for c in ("user_scaled_sign", "identity")]
+    res = run_workers(_train_all, 4, args=([_cfg(*k) for k in keys],), timeout=900)
+    for i, (compressor, strategy) in enumerate(keys):
+        assert len({r[i]["param_digest"] for r in res}) == 1, \
+            f"{compressor} {strategy}: ranks differ"
+    return {k: res[0][i] for i, k in enumerate(keys)}
 
 
 def test_the_narrow_interface_is_enough_for_a_round_trip():
@@ -101,14 +117,14 @@ def test_the_narrow_interface_is_enough_for_a_round_trip():
     assert torch.equal(ef.error(st2), g - c.decode(p))
 
 
-@pytest.mark.parametrize("strategy", ["ps", "ring"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_users_compressor_trains_digits_on_4_ranks_with_identical_replicas(strategy):
-    run = _run("user_scaled_sign", strategy)  # _run checks the ranks' parameter digests
+    run = _runs()[("user_scaled_sign", strategy)]  # _runs checks the ranks' digests
     assert run["compressed"], "no gradient went through the user's compressor"
     # biased, so the engine wraps it in error feedback by itself: no code of the user's
     assert all(how.startswith("ErrorFeedback(ScaledSign()") for how in run["how"].values()), \
         run["how"]
-    base = _run("identity", strategy)
+    base = _runs()[("identity", strategy)]
     print(f"digits {strategy}: scaled sign + error feedback {run['acc']:.1f}%, "
           f"uncompressed {base['acc']:.1f}%")
     assert run["acc"] >= base["acc"] - 2.0  # one bit per element costs at most 2 points

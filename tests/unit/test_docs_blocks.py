@@ -16,8 +16,9 @@ what ``./run.sh`` and ``./test.sh`` do on first use), so the README's
 
 Blocks run in page order in one folder per page (a block may use what an
 earlier one wrote, as ``plan`` uses ``profile``'s ``profile.json``). Blocks
-that take minutes are marked slow (``./test.sh --all`` runs them); the
-README's PyTorch example and its 4-rank launch stay in the default suite.
+that take minutes, and getting-started blocks that repeat what a default block
+runs, are marked slow (``./test.sh --all`` runs them); the README's PyTorch
+example and its 4-rank launch stay in the default suite.
 The README's first block holds the two commands; run literally, ``./test.sh``
 would run this suite inside itself, so that block runs as
 ``./run.sh --net none --epochs 1`` and ``./test.sh --collect-only -q``
@@ -41,11 +42,20 @@ PAGES = ("README.md", "docs/getting-started.md")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 TIMEOUT = 900
 
-# Blocks (by page and first line) that take minutes: they run under -m slow.
+# Blocks (by page and first line) that take minutes, or that repeat what a default block
+# already runs: they run under -m slow.
 SLOW = {
     ("README.md", "./run.sh      # 4 workers"),
     ("README.md", "hipress-profile profile --compressors onebit,terngrad,dgc,powersgd"),
     ("docs/getting-started.md", "torchrun --nproc_per_node 4 examples/pytorch_digits.py"),
+    # the reader folder's own set-up installs the checkout with `pip install -e` in a fresh
+    # venv, and the page's python block imports it there
+    ("docs/getting-started.md", "pip install -e ."),
+    # a 4-rank torchrun of a DistributedOptimizer script: README.md's
+    # `torchrun --nproc_per_node 4 train.py` block runs one in the default suite
+    ("docs/getting-started.md", "torchrun --nproc_per_node 4 first_job.py"),
+    # the same command as README.md's `hipress-profile advise` block, which stays default
+    ("docs/getting-started.md", "hipress-profile advise --profile paper --model vgg19"),
 }
 # The README's first block, run without recursing into this suite (see the docstring).
 INSTEAD = {
