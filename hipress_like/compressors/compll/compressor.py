@@ -307,8 +307,8 @@ class DslCompressor(Compressor):
         return cls.cuda or None
 
     def _make_cuda(self) -> Any:
-        """The program's cupy runner (``render_cuda.CudaProgram`` for fused sweeps)."""
-        from .render_cuda import CudaProgram
+        """The program's cupy runner (``cuda_runners.CudaProgram`` for fused sweeps)."""
+        from .cuda_runners import CudaProgram
         return CudaProgram(self.checked)
 
     def _native(self) -> Any:

@@ -1,8 +1,10 @@
 """cupy runners for the generated CUDA of state-array and round programs.
 
-``render_cuda.CudaProgram`` runs the fused-sweep programs (onebit, TBQ,
-TernGrad): a fixed schedule of kernels over the gradient. The two other
-shapes of program need more from the host, and this module gives it:
+Three runners, one per shape of program ``render_cuda`` renders:
+
+- ``CudaProgram`` (onebit, TBQ, TernGrad; the fused sweeps): a fixed
+  schedule of kernels over the gradient, ``name:1`` on one warp and
+  ``name:n`` on a grid of 256-thread blocks, the payload's size known ahead.
 
 - ``SeqCudaProgram`` (DGC, GradDrop; ``render_cuda_seq``): the statement
   kernels in schedule order on one stream (``name:1`` on one warp,
@@ -38,7 +40,8 @@ from .checker import Checked
 from .interp import layout
 from .syntax import find_node
 
-__all__ = ["SeqCudaProgram", "RoundsCudaProgram", "cupy_module", "runner_source"]
+__all__ = ["CudaProgram", "SeqCudaProgram", "RoundsCudaProgram", "cupy_module",
+           "runner_source"]
 
 _OPTIONS = ("-std=c++17", "--fmad=false")
 
@@ -92,29 +95,19 @@ def runner_source(c: Checked) -> Dict[str, Any]:
     return r
 
 
-class SeqCudaProgram:
-    """A state-array program's CUDA kernels (``render_cuda_seq``) run through cupy.
+class _Scheduled:
+    """A schedule of kernels (``"name:1"`` one warp, ``"name:n"`` a grid over the
+    gradient) compiled once and launched in order on the current stream; the context
+    (its first 4 bytes the error code) is one device buffer per program."""
 
-    Args:
-        c: the checked program (``checker.is_sparse``).
-        threads: threads per block of the grid kernels (the chunked compaction
-            assumes 256, ``CL_CHUNK``).
-    """
-
-    def __init__(self, c: Checked, threads: int = 256) -> None:
+    def __init__(self, c: Checked, r: Dict[str, Any], threads: int) -> None:
         import cupy
-        self.cp, self.c, self.threads = cupy, c, threads
-        r = runner_source(c)
-        self.r = r
+        self.cp, self.c, self.threads, self.r = cupy, c, threads, r
         self.source = r["source"]
         self.sched = {k: [(s.split(":")[0], s.endswith(":1")) for s in r[k]]
                       for k in ("encode", "decode")}
         self.mod = cupy_module(cupy, self.source, self.sched["encode"][0][0])
         self.ctx = cupy.zeros(1 << 16, dtype=cupy.uint8)
-        self.names = [n for n, t in c.globals.items() if t.array]
-        node = _concat(c)
-        self.lay = layout(node.args[1]) if node is not None else None
-        self._lock = threading.Lock()
 
     def _grid(self, n: int) -> int:
         return max(1, min((n + self.threads - 1) // self.threads, 4096))
@@ -126,6 +119,56 @@ class SeqCudaProgram:
                 k((1,), (32,), args)
             else:
                 k((self._grid(n),), (self.threads,), args)
+
+    def error(self) -> int:
+        """The context's error code after the last run (0: none)."""
+        return int(self.ctx[:4].view(self.cp.int32)[0])
+
+
+class CudaProgram(_Scheduled):
+    """A fused-sweep program's CUDA kernels (``render_cuda``) run through cupy.
+
+    Args:
+        c: the checked program.
+        threads: threads per block of the grid kernels.
+    """
+
+    def __init__(self, c: Checked, threads: int = 256) -> None:
+        from .render_cuda import render_cuda
+        super().__init__(c, render_cuda(c), threads)
+
+    def encode(self, g: Any, extra: Any, body: Any, params: Dict[str, Any], seed: int) -> None:
+        """Encode flat float32 CUDA tensor ``g`` into ``extra``/``body`` (uint8 CUDA views)."""
+        cp = self.cp
+        n = g.numel()
+        self._launch("encode", (self.ctx, cp.asarray(g), cp.int64(n),
+                                _params(cp, self.c, params), cp.asarray(extra),
+                                cp.asarray(body), cp.uint32(seed & 0xFFFFFFFF)), n)
+
+    def decode(self, extra: Any, body: Any, out: Any, params: Dict[str, Any]) -> None:
+        """Decode into flat float32 CUDA tensor ``out`` (``extra``, ``body``: uint8 CUDA)."""
+        cp = self.cp
+        n = out.numel()
+        self._launch("decode", (self.ctx, cp.asarray(extra), cp.int64(extra.numel()),
+                                cp.asarray(body), cp.int64(body.numel()), cp.asarray(out),
+                                cp.int64(n), _params(cp, self.c, params)), n)
+
+
+class SeqCudaProgram(_Scheduled):
+    """A state-array program's CUDA kernels (``render_cuda_seq``) run through cupy.
+
+    Args:
+        c: the checked program (``checker.is_sparse``).
+        threads: threads per block of the grid kernels (the chunked compaction
+            assumes 256, ``CL_CHUNK``).
+    """
+
+    def __init__(self, c: Checked, threads: int = 256) -> None:
+        super().__init__(c, runner_source(c), threads)
+        self.names = [n for n, t in c.globals.items() if t.array]
+        node = _concat(c)
+        self.lay = layout(node.args[1]) if node is not None else None
+        self._lock = threading.Lock()
 
     def _scratch(self, n: int, dev: torch.device) -> torch.Tensor:
         return torch.zeros(self.r["scratch_regions"] * (n + 1) * 8, dtype=torch.uint8,
@@ -190,10 +233,6 @@ class SeqCudaProgram:
                                     cp.asarray(out), cp.int64(n),
                                     _params(cp, self.c, params), cp.asarray(scratch)), n)
             _raise(self.error(), self.c, None)
-
-    def error(self) -> int:
-        """The context's error code after the last run (0: none)."""
-        return int(self.ctx[:4].view(self.cp.int32)[0])
 
 
 def _concat(c: Checked) -> Any:
@@ -292,7 +331,7 @@ class RoundsCudaProgram:
                 shapes.
         """
         from .matrices import matrix_shape
-        from .render_rounds import arena_size, entry_symbol
+        from .render_rounds import arena_size, entry_symbol, raise_round_error
         cp, dev = self.cp, g.device
         f = self.c.decode if rnd is None else self.c.rounds[rnd]
         rows, cols = matrix_shape(shape)
@@ -325,14 +364,7 @@ class RoundsCudaProgram:
                      cp.uint32(seed & 0xFFFFFFFF), cp.int64(step), cp.int64(world_size),
                      a(ex_in_d), cp.int64(len(ex_in)), a(body_in), cp.int64(blen), a(st),
                      a(extra), a(outs), a(arena), a(n_arena), a(err)))
-                rc = int(err.item())
-                if rc:
-                    msg = {3: "the payload is shorter than the program reads",
-                           5: "out of device memory (the malloc heap)",
-                           7: "matrices of mismatched shapes (matmul's inner sizes, map's "
-                           "operands, a matrix view larger than its array)"}.get(rc,
-                                                                                 f"error {rc}")
-                    raise ValueError(f"{self.c.prog.filename}: {f.name}: {msg}")
+                raise_round_error(int(err.item()), self.c, f)  # 5: the device malloc heap
                 st_h, outs_h = st.tolist(), outs.tolist()
                 new = {}
                 for j, name in enumerate(self.names):

@@ -1,4 +1,4 @@
-"""CompLL's CUDA renderer for GPUs, and its CuPy runner (``CudaProgram``).
+"""CompLL's CUDA renderer for GPUs (``cuda_runners`` runs what it renders).
 
 The same lowered tree as the C target (``lower``), cut into kernels run in
 order on one stream:
@@ -18,8 +18,8 @@ order on one stream:
 
 Entry-point scalars live in the context so they outlive a kernel. The
 generated source is compile-checked with ``nvcc -ptx`` in the tests on any
-machine with nvcc; ``CudaProgram`` loads it with ``cupy.RawModule`` where a
-GPU exists (bench/gpu_check.py). Both compile with ``--fmad=false``: a fused
+machine with nvcc; ``cuda_runners.CudaProgram`` loads it with ``cupy.RawModule``
+where a GPU exists (bench/gpu_check.py). Both compile with ``--fmad=false``: a fused
 multiply-add rounds once where the CPU rounds twice, and payloads must match
 the CPU's bytes. The CUDA encode does not test for NaN/Inf (the caller does).
 """
@@ -36,7 +36,7 @@ from .render_base import LoopRenderer, read_extra_fields, write_extra_fields
 from .render_c import _concat, _source
 from .syntax import Node, Type
 
-__all__ = ["render_cuda", "CudaProgram"]
+__all__ = ["render_cuda"]
 
 PRELUDE = CUDA_PRELUDE
 
@@ -352,65 +352,3 @@ def render_cuda(c: Checked) -> Dict[str, Any]:
         r.decode(lows[1])
     src = "\n".join([PRELUDE, _ctx(c, r, lows)] + funcs + r.src) + "\n"
     return {"source": src, "encode": r.kernels["encode"], "decode": r.kernels["decode"]}
-
-
-class CudaProgram:
-    """A program's CUDA kernels loaded with ``cupy.RawModule``, run on torch CUDA tensors.
-
-    Args:
-        c: the checked program.
-        threads: threads per block.
-    """
-
-    def __init__(self, c: Checked, threads: int = 256) -> None:
-        import cupy
-        self.cp = cupy
-        self.c = c
-        r = render_cuda(c)
-        self.source = r["source"]
-        self.sched = {k: [(s.split(":")[0], s.endswith(":1")) for s in r[k]]
-                      for k in ("encode", "decode")}
-        first = self.sched["encode"][0][0]
-        try:  # NVRTC first; nvcc where NVRTC rejects the source and nvcc exists
-            self.mod = cupy.RawModule(code=self.source, options=("-std=c++17", "--fmad=false"))
-            self.mod.get_function(first)  # compiles now, so a failure shows here
-        except Exception:
-            self.mod = cupy.RawModule(code=self.source, options=("-std=c++17", "--fmad=false"),
-                                      backend="nvcc")
-            self.mod.get_function(first)
-        self.threads = threads
-        self.ctx = cupy.zeros(4096, dtype=cupy.uint8)
-
-    def _grid(self, n: int) -> int:
-        return max(1, min((n + self.threads - 1) // self.threads, 4096))
-
-    def _run(self, which: str, args: tuple, n: int) -> None:
-        for name, single in self.sched[which]:
-            k = self.mod.get_function(name)
-            if single:
-                k((1,), (32,), args)
-            else:
-                k((self._grid(n),), (self.threads,), args)
-
-    def encode(self, g: Any, extra: Any, body: Any, params: Dict[str, Any], seed: int) -> None:
-        """Encode flat float32 CUDA tensor ``g`` into ``extra``/``body`` (uint8 CUDA views)."""
-        cp = self.cp
-        pv = cp.asarray([float(params[pn]) for pn, _, _, _ in self.c.params] or [0.0],
-                        dtype=cp.float64)
-        n = g.numel()
-        self._run("encode", (self.ctx, cp.asarray(g), cp.int64(n), pv, cp.asarray(extra),
-                             cp.asarray(body), cp.uint32(seed & 0xFFFFFFFF)), n)
-
-    def decode(self, extra: Any, body: Any, out: Any, params: Dict[str, Any]) -> None:
-        """Decode into flat float32 CUDA tensor ``out`` (``extra``, ``body``: uint8 CUDA)."""
-        cp = self.cp
-        pv = cp.asarray([float(params[pn]) for pn, _, _, _ in self.c.params] or [0.0],
-                        dtype=cp.float64)
-        n = out.numel()
-        self._run("decode", (self.ctx, cp.asarray(extra), cp.int64(extra.numel()),
-                             cp.asarray(body), cp.int64(body.numel()), cp.asarray(out),
-                             cp.int64(n), pv), n)
-
-    def error(self) -> int:
-        """The context's error code after a run (0: none)."""
-        return int(self.ctx[:4].view(self.cp.int32)[0])

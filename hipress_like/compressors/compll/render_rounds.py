@@ -454,6 +454,20 @@ def _from_mat(m: _Mat) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=torch.float32).clone().view(int(m.r), int(m.c))
 
 
+def raise_round_error(rc: int, c: Checked, f: Func) -> None:
+    """Raise the ValueError of an entry point's error code ``rc`` (0: return).
+
+    Raises:
+        ValueError: a short payload (3), out of memory (5), mismatched matrices (7).
+    """
+    if not rc:
+        return
+    msg = {3: "the payload is shorter than the program reads", 5: "out of memory",
+           7: "matrices of mismatched shapes (matmul's inner sizes, map's operands, a "
+           "matrix view larger than its array)"}.get(rc, f"error {rc}")
+    raise ValueError(f"{c.prog.filename}: {f.name}: {msg}")
+
+
 class RoundsNativeProgram(NativeRunner):
     """The generated C of a round program, built (or cached) and loaded with ctypes.
 
@@ -520,11 +534,7 @@ class RoundsNativeProgram(NativeRunner):
                 step, world_size, ctypes.addressof(ex_buf), len(ex_in),
                 body_in.data_ptr() if body_in.numel() else None, body_in.numel(), st, extra,
                 outs, arena, ctypes.byref(n_arena))
-            if rc:
-                msg = {3: "the payload is shorter than the program reads", 5: "out of memory",
-                       7: "matrices of mismatched shapes (matmul's inner sizes, map's "
-                       "operands, a matrix view larger than its array)"}.get(rc, f"error {rc}")
-                raise ValueError(f"{self.c.prog.filename}: {f.name}: {msg}")
+            raise_round_error(rc, self.c, f)
             new = {}
             for j, n in enumerate(self.names):
                 if st[j].d is not None and st[j].d == ptrs[j] and \
