@@ -41,6 +41,7 @@ elsewhere it skips saying so. This file is also the job its tests start
 """
 import json
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -93,9 +94,40 @@ def _job(compression_params: dict, steps: int, lr: float) -> None:
     print("RESULT " + json.dumps(record), flush=True)
 
 
+def _push_pull_job() -> None:
+    import mxnet as mx
+
+    import hipress_like.byteps.mxnet as bps
+
+    bps.init()
+    n = 1 << 15  # 128 KiB of float32: above BYTEPS_MIN_COMPRESS_BYTES
+    x = np.random.RandomState(bps.rank()).randn(n).astype("float32")
+    bps.byteps_declare_tensor("plain")
+    bps.byteps_declare_tensor("g", byteps_compressor_type="onebit", byteps_ef_type="vanilla")
+    plain, comp = mx.nd.array(x), mx.nd.array(x)
+    bps.byteps_push_pull(plain, name="plain", is_average=True)
+    bps.byteps_push_pull(comp, name="g", is_average=False)
+    try:
+        bps.byteps_declare_tensor("bad", byteps_compressor_kk=3)
+        refused = ""
+    except TypeError as e:
+        refused = str(e)
+    xs = [np.random.RandomState(r).randn(n).astype("float32") for r in range(bps.size())]
+    mean, c = sum(xs) / bps.size(), comp.asnumpy()
+    print("RESULT " + json.dumps({  # summaries: a long line would be cut by other output
+        "rank": bps.rank(), "plain_err": float(np.abs(plain.asnumpy() - mean).max()),
+        "comp_crc": zlib.crc32(c.tobytes()), "comp_values": len(np.unique(c)),
+        "signs_agree": float(np.mean(np.sign(c) == np.sign(mean))), "refused": refused}),
+        flush=True)
+    bps.shutdown()
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "reference":
         _job(json.loads(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+        sys.exit(0)
+    if len(sys.argv) >= 2 and sys.argv[1] == "push_pull":
+        _push_pull_job()
         sys.exit(0)
 
 
@@ -252,6 +284,19 @@ def test_dithering_is_on_bytepss_levels_and_unbiased(s, partition):
     z = np.abs(mean - truth) / np.maximum(se, 1e-12)
     # unbiased: E[C(sum C(g_r))] = sum g_r; deterministic entries have se 0 and match
     assert np.mean(z < 6) > 0.99, f"{np.mean(z >= 6):.3f} of entries biased"
+
+
+@pytest.mark.timeout(900)
+def test_push_pull_in_place_plain_and_declared_with_a_compressor():
+    rc, out = run("env", Path(__file__), "push_pull", np=2, timeout=300)
+    res = results(out)
+    assert rc == 0 and sorted(res) == [0, 1], out[-4000:]
+    assert res[0]["plain_err"] < 1e-6 and res[1]["plain_err"] < 1e-6  # the exact mean
+    assert res[0]["comp_crc"] == res[1]["comp_crc"]  # bitwise identical on both ranks
+    # declared with onebit: the sum comes back onebit-encoded (two values), not exact
+    assert res[0]["comp_values"] <= 2
+    assert res[0]["signs_agree"] > 0.75
+    assert "known:" in res[0]["refused"] and "byteps_compressor_type" in res[0]["refused"]
 
 
 @pytest.mark.timeout(900)
