@@ -32,7 +32,13 @@ each gradient by ``1 / (batch_size * size)`` before compressing and sums,
 which is the same for these positively homogeneous compressors
 (``C(a x) = a C(x)`` for ``a > 0``) up to float rounding.
 
-Differences from BytePS, stated rather than hidden: this project's onebit
+Differences from BytePS, stated rather than hidden: CaSync-PS's aggregators
+are the workers themselves, and an aggregator adds its own gradient to the
+sum as it is, uncompressed (it does not travel), where every BytePS worker
+compresses its push; so on 2 workers the update is
+``C(g_a + C(g_b))`` against BytePS's ``C(C(g_a) + C(g_b))``, ``a`` being the
+tensor's aggregator (on one worker, both are ``C(g)`` for top-k and onebit,
+which are idempotent). This project's onebit
 reconstructs with two means (Seide et al. 2014), where BytePS's sends
 ``sign`` or ``||x||_1 / n * sign`` (``scaling``); random-k and dithering
 draw their randomness from this project's counter RNG, not BytePS's

@@ -13,7 +13,11 @@ numpy: for every parameter ``i``,
 
 (one worker there, so the aggregate is ``c``). Ported here to ``size``
 workers, the aggregate is the sum of every worker's ``c`` and the server
-compresses that: ``w_i -= lr * C(sum_r C(g_r))``. The references' maths is
+compresses that: ``w_i -= lr * C(sum_r C(g_r))``, except that CaSync-PS's
+aggregator of a tensor (a worker; the job records which) adds its own
+gradient uncompressed: ``C(g_a + sum_{r != a} C(g_r))`` (the face's
+docstring says why; on BytePS's one worker both are ``C(g)`` for top-k and
+onebit). The references' maths is
 written again below from the formulas (not BytePS's code), on 2 real ranks,
 a CPU context and a small local Gluon model where BytePS uses a GPU and
 gluoncv; ``BYTEPS_MIN_COMPRESS_BYTES=0`` so that every gradient is
