@@ -179,6 +179,13 @@ class DistributedTrainer(_Trainer):
         n = _runtime._require().size
         if not isinstance(root_rank, int) or not 0 <= root_rank < n:
             raise ValueError(f"root_rank must be a rank in [0, {n}), found {root_rank!r}")
+        if compression_params and isinstance(compression_params, Mapping) and \
+                compression_params.get("momentum") == "nesterov":
+            raise ValueError("compression_params['momentum'] = 'nesterov' (BytePS's "
+                             "worker-side momentum before compression) is not implemented by "
+                             "hipress-like; leave 'momentum' out of compression_params and "
+                             "keep it in the optimizer: optimizer_params={'momentum': 0.9, "
+                             "...} with 'sgd', or the 'nag' optimizer for Nesterov")
         mapped = map_compression_params(compression_params) if compression_params else None
         spec = _as_byteps(mapped.spec) if mapped is not None else Compression.none
         if isinstance(params, mx.gluon.ParameterDict):

@@ -37,7 +37,11 @@ compressed, as the references assume. Ranks must end bitwise identical.
   ``{0, 2^(1-s), ..., 1/2, 1}`` (natural) times the largest magnitude, and
   is unbiased (checked within 6 standard errors over many steps).
 
-The example (``examples/byteps_mxnet_digits.py``, BytePS's
+``byteps_push_pull`` is the exact mean for a plain name and onebit's two
+values, bitwise identical on both ranks, for a name declared with onebit;
+unknown declaration attributes, an unknown compressor and BytePS's
+worker-side ``momentum`` are errors that say what to do. The example
+(``examples/byteps_mxnet_digits.py``, BytePS's
 ``train_gluon_mnist_byteps_gc.py`` on digits) trains on 2 ranks with
 identical weights. Runs in MXNet's venv (``scripts/env_mxnet.sh --test``);
 elsewhere it skips saying so. This file is also the job its tests start
@@ -116,12 +120,22 @@ def _push_pull_job() -> None:
         refused = ""
     except TypeError as e:
         refused = str(e)
+    net = mx.gluon.nn.Dense(2, in_units=2)
+    net.initialize()
+    try:  # BytePS's worker-side Nesterov momentum: refused with an MXNet fix
+        bps.DistributedTrainer(net.collect_params(), "sgd", {"momentum": 0.9},
+                               compression_params={"compressor": "onebit",
+                                                   "momentum": "nesterov"})
+        nesterov = ""
+    except ValueError as e:
+        nesterov = str(e)
     xs = [np.random.RandomState(r).randn(n).astype("float32") for r in range(bps.size())]
     mean, c = sum(xs) / bps.size(), comp.asnumpy()
     print("RESULT " + json.dumps({  # summaries: a long line would be cut by other output
         "rank": bps.rank(), "plain_err": float(np.abs(plain.asnumpy() - mean).max()),
         "comp_crc": zlib.crc32(c.tobytes()), "comp_values": len(np.unique(c)),
-        "signs_agree": float(np.mean(np.sign(c) == np.sign(mean))), "refused": refused}),
+        "signs_agree": float(np.mean(np.sign(c) == np.sign(mean))), "refused": refused,
+        "nesterov": nesterov}),
         flush=True)
     bps.shutdown()
 
@@ -301,6 +315,7 @@ def test_push_pull_in_place_plain_and_declared_with_a_compressor():
     assert res[0]["comp_values"] <= 2
     assert res[0]["signs_agree"] > 0.75
     assert "known:" in res[0]["refused"] and "byteps_compressor_type" in res[0]["refused"]
+    assert "optimizer_params={'momentum'" in res[0]["nesterov"], res[0]["nesterov"]
 
 
 @pytest.mark.timeout(900)
