@@ -106,7 +106,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                  compression: Any, strategy: str, plan: Any, nonfinite: str,
                  timeout: Optional[float], seed: int, compression_back: Any = None,
                  collective: Optional[str] = None, joining: Any = None,
-                 online: bool = False) -> Any:
+                 online: bool = False, error_feedback: Any = "auto") -> Any:
     """Open a transport, build an engine and register ``specs`` (collective).
 
     Args:
@@ -136,6 +136,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         online: the caller re-plans online (``tuning.online.OnlinePlanner``
             after each step), so ``plan="adaptive"`` is accepted; the faces
             that do not are refused it rather than left on a fixed plan.
+        error_feedback: ``EngineConfig.error_feedback`` ("auto", True or
+            False; BytePS's face passes False when ``ef`` is not asked for).
 
     Returns:
         The registered engine.
@@ -201,7 +203,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                       params_back=back_params, strategy=strategy, plan=plan,
                       timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed),
                       replay=replay == "1", collective=collective,
-                      link_source=collective_links)
+                      link_source=collective_links, error_feedback=error_feedback)
     cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
     if joining is not None:
         joining.ready()

@@ -8,6 +8,9 @@ servers) and the framework-neutral core in ``hipress_like.adapters``:
 
 - ``torch``: the API (``import hipress_like.byteps.torch as bps``) and the
   ``BYTEPS_*`` variables that have a meaning here;
+- ``mxnet``: BytePS's Gluon API (``import hipress_like.byteps.mxnet as bps``:
+  ``DistributedTrainer(..., compression_params=...)``, ``byteps_push_pull``),
+  in MXNet's own environment;
 - ``params``: ``compression_params`` read as BytePS reads them;
 - ``ops``: ``push_pull`` and its handles, compressed on the optimizer's
   CaSync-PS path (both ways, as BytePS's server compresses the sum again).
