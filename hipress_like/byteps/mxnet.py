@@ -109,24 +109,9 @@ def shutdown() -> None:
     _runtime.shutdown()
 
 
-def rank() -> int:
-    """This worker's rank."""
-    return _runtime.rank()
-
-
-def size() -> int:
-    """The number of workers."""
-    return _runtime.size()
-
-
-def local_rank() -> int:
-    """This worker's rank on its machine."""
-    return _runtime.local_rank()
-
-
-def local_size() -> int:
-    """The number of workers on this machine."""
-    return _runtime.local_size()
+# BytePS's rank queries are the runtime's own (one answer for every face)
+rank, size = _runtime.rank, _runtime.size
+local_rank, local_size = _runtime.local_rank, _runtime.local_size
 
 
 # -- compression_params in the engine's terms ---------------------------------------------
