@@ -36,6 +36,8 @@ Verdict (printed; JSON ``--out``, plot next to it): after the warm-up
   training loop, plan switches, delays); after each run's ``close()`` never
   more than after the first (engine teardown); and equal at the first sample
   after the warm-up and at the last (the whole soak, every rebuild included);
+- live tensors: the most gained between two samples of one run under one plan
+  (a plan switch changes how many state tensors the compressor keeps);
 - ``/dev/shm``: no entry mapped or held by a rank at the end that was not there
   after the warm-up, and the directory's new entries listed (other processes
   on the host may add some: they are reported, not blamed);
@@ -103,8 +105,9 @@ def _own_shm() -> List[str]:
     return sorted(seen)
 
 
-def sample(step: int, run: int, kind: str) -> Dict[str, Any]:
-    """This process now: RSS (kB), threads, fds, /dev/shm, live tensors."""
+def sample(step: int, run: int, kind: str, plan: str = "") -> Dict[str, Any]:
+    """This process now: RSS (kB), threads, fds, /dev/shm, live tensors (``plan``: the
+    plan in force, which decides how many state tensors the compressor holds)."""
     import torch
 
     gc.collect()
@@ -112,7 +115,7 @@ def sample(step: int, run: int, kind: str) -> Dict[str, Any]:
     with warnings.catch_warnings():  # isinstance() on torch's deprecated module proxies
         warnings.simplefilter("ignore")
         tensors = sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
-    return {"step": step, "run": run, "kind": kind, "t": time.time(),
+    return {"step": step, "run": run, "kind": kind, "plan": plan, "t": time.time(),
             "rss_kb": st["VmRSS"], "threads": st["Threads"],
             "py_threads": threading.active_count(),
             "fds": len(os.listdir("/proc/self/fd")) - 1,  # minus listdir's own
@@ -126,6 +129,10 @@ def _random_plan(rng: random.Random, compressor: str, params: Dict[str, Any]) ->
     return Plan(compressor=compressor, params=params,
                 rule=SizeRule(min_compress_bytes=rng.choice(MIN_COMPRESS),
                               bytes_per_partition=rng.choice(PARTITION)))
+
+
+def _key(plan: Any) -> str:
+    return f"{plan.rule.min_compress_bytes}/{plan.rule.bytes_per_partition}"
 
 
 def soak_worker(ctx: Any, cfg: Dict[str, Any]) -> Dict[str, Any]:
@@ -167,13 +174,14 @@ def soak_worker(ctx: Any, cfg: Dict[str, Any]) -> Dict[str, Any]:
                                     torch.nn.ReLU(), torch.nn.Linear(cfg["hidden"], 10))
         base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         hpt.broadcast_parameters(model.state_dict(), root_rank=0)
+        plan = _random_plan(rng, name, params)
         opt = hpt.DistributedOptimizer(
             base, named_parameters=model.named_parameters(),
-            compression=hpt.Compression.get(name, **params),
-            plan=_random_plan(rng, name, params))
+            compression=hpt.Compression.get(name, **params), plan=plan)
         for _ in range(min(per_run, cfg["steps"] - step)):
             if rng.random() < cfg["switch_prob"]:
-                opt.engine.set_plan(_random_plan(rng, name, params))
+                plan = _random_plan(rng, name, params)
+                opt.engine.set_plan(plan)
                 switches += 1
             late = rng.randrange(size) if rng.random() < cfg["delay_prob"] else -1
             pause = rng.uniform(0, cfg["max_delay_ms"] / 1e3)
@@ -187,7 +195,7 @@ def soak_worker(ctx: Any, cfg: Dict[str, Any]) -> Dict[str, Any]:
             opt.step()
             step += 1
             if step % cfg["every"] == 0:
-                samples.append(sample(step, run, "train"))
+                samples.append(sample(step, run, "train", _key(plan)))
             if step == cfg["warmup"]:
                 shm_at_warmup = sorted(os.listdir("/dev/shm"))
                 if cfg["tracemalloc"]:
@@ -215,6 +223,15 @@ def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+
+
+def _tensor_growth(train: Sequence[Dict[str, Any]]) -> int:
+    """The most live tensors gained between two samples of one run under one plan (a
+    switch rebuilds the compressor states for other partitions: their number changes)."""
+    groups: Dict[Any, List[int]] = {}
+    for s in train:
+        groups.setdefault((s["run"], s["plan"]), []).append(s["tensors"])
+    return max(max(v) - v[0] for v in groups.values())
 
 
 def _flat(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
@@ -264,7 +281,7 @@ def verdict(results: Sequence[Dict[str, Any]], warmup: int) -> Dict[str, Any]:
             "new_own_shm": sorted(set(last["own_shm"]) - set(first["own_shm"])),
             "new_shm": r["shm_new"],
             "within_runs_flat": all(_flat(v[0], v[-1]) for v in per_run.values()),
-            "tensor_growth": max(v[-1]["tensors"] - v[0]["tensors"] for v in per_run.values()),
+            "tensor_growth": _tensor_growth(train),
             "closed_flat": all(s["threads"] <= closed[0]["threads"]
                                and s["fds"] <= closed[0]["fds"] for s in closed),
             "threads_flat": first["threads"] == last["threads"]
