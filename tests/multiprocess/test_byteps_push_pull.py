@@ -63,8 +63,11 @@ def test_push_pull_with_onebit_moves_compressed_bytes_both_ways():
                       env={"BYTEPS_PARTITION_BYTES": str(1 << 30)})  # one partition
     payload = res[0]["payload"]
     assert payload < N * 4 / 16  # onebit: 1 bit per float32, plus its scales
-    # one partition, one aggregator: one push from the other rank, one pull back
-    assert res[0]["sent"] + res[1]["sent"] == 2 * payload, res[0]["sent"] + res[1]["sent"]
+        # one partition, one aggregator: one push from the other rank, one pull back, each
+    # one framed message (casync/wire.py: header, checksum, the payload padded to 8)
+    from hipress_like.casync.wire import frame_nbytes
+    assert res[0]["sent"] + res[1]["sent"] == 2 * frame_nbytes([payload]), \
+        (res[0]["sent"] + res[1]["sent"], payload)
     out = torch.tensor(res[0]["out"])
     assert torch.equal(out, torch.tensor(res[1]["out"]))  # bitwise identical on both ranks
     # bidirectional: the sum was onebit-encoded again before the pull, so the result
