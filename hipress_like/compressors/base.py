@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
+from ..errors import HipressError
 from .kernels import Kernels, workspace
 from .payload import (
     _DTYPES,
@@ -255,7 +256,7 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x).all())
 
 
-class NonFiniteError(ValueError):
+class NonFiniteError(HipressError, ValueError):
     """A gradient holds NaN or Inf (``check_gradient``): a ``ValueError``, so callers
     that catch that keep working; the engine catches this one from a compressor
     that checks in its own first pass (``Capabilities.checks_finite``)."""

@@ -11,9 +11,10 @@ test reads its JSON. What must hold:
 - **Bounded** for live ``torch.Tensor`` objects: at most 5 more at any sample
   of a run than at the first one taken under the same plan (a switch changes
   how many state tensors the compressor keeps, one per partition). Samples are
-  taken at the same point of the loop, so the count mostly repeats exactly; the 5 leave room for the few tensors still held by engine threads finishing
-  their round (3 were seen once, with the exchange's waiter thread). A leak of
-  one per step would be hundreds, one per sample interval 15 or more.
+  taken at the same point of the loop, so the count mostly repeats exactly; the
+  5 leave room for the few tensors still held by engine threads finishing their
+  round (3 were seen once, with the exchange's waiter thread). A leak of one per
+  step would be hundreds, one per sample interval 15 or more.
 - **Generous** for RSS: the median of the last quarter of the samples at most
   20% above the second quarter's. RSS is a measurement: glibc's arenas and
   torch's allocator grow in steps and give memory back late, and each rank here

@@ -116,10 +116,19 @@ class ErrorFeedback(Wrapper):
                          self.inner.name)
         self.beta = _check_factor("beta", beta)
         self.gamma = _check_factor("gamma", gamma)
+        self.capabilities = self._capabilities()
+
+    def _capabilities(self) -> Any:
         # the payload is the inner one (Wrapper: same merge, rounds, size and kernels);
         # the memory is ours
-        self.capabilities = dataclasses.replace(self.inner.capabilities, stateful=True,
-                                                keeps_memory=True)
+        return dataclasses.replace(self.inner.capabilities, stateful=True, keeps_memory=True)
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """Unpickle, then derive the capabilities from the inner compressor again: a
+        pickle from an older version holds them without the fields added since (e.g.
+        ``checks_finite``), which would read as their defaults."""
+        self.__dict__.update(state)
+        self.capabilities = self._capabilities()
 
     def params(self) -> Dict[str, Any]:
         """Constructor parameters (the inner compressor's under ``inner_params``)."""
