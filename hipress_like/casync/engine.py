@@ -94,6 +94,7 @@ from .layout import (
 from .manager import TaskManager
 from .nonfinite import StateUndo, finish_step
 from .replay import Schedule
+from .rounds import tell_peers
 from .step import Handle, StepState
 from .tasks import Kind, Task, TaskGraph
 from .timeline import Event, Timeline
@@ -408,10 +409,15 @@ class Engine:
 
     # -- errors --------------------------------------------------------------
     def _fail(self, err: BaseException, grad_idx: int) -> None:
-        """Record the first error; the next report round tells every peer (the
-        context's ``fail`` callback)."""
+        """Record the first error and tell the peers at once (``rounds.tell_peers``: a
+        peer already blocked in this step's exchange, e.g. a replayed one with no
+        report round, would otherwise learn of it only at its timeout); the context's
+        ``fail`` callback."""
         with self._ctx.cv:
             self._ctx.record_error(err, grad_idx)
+            tell = self._ctx.error is err and not self._ctx.told
+        if tell:
+            tell_peers(self._ctx, err)
         self._start_step()
 
     def _flush_error(self) -> None:
