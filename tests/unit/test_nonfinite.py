@@ -27,28 +27,34 @@ def _plan(comp, k=1):
                 gradients={})
 
 
-def _grads(rank, step):
+def _grads(rank, step, shapes=SHAPES):
     g = torch.Generator().manual_seed(100 * step + rank)
-    return {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}
+    return {k: torch.randn(s, generator=g) for k, s in shapes.items()}
 
 
-def _run(comp, strategy, mode, steps, bad=None, plan=True, threads=True, collective=None):
-    """Run ``steps`` (step numbers, fed to ``_grads``); ``bad=(rank, step)`` puts Inf
-    in that rank's gradient at that step. Returns per rank: per step (ok, outputs),
-    and the final compressor states."""
+def _run(comp, strategy, mode, steps, bad=None, plan=True, threads=True, collective=None,
+         shapes=SHAPES):
+    """Run ``steps`` (step numbers, fed to ``_grads``) on ``N`` ranks; ``bad=(rank,
+    step)`` puts Inf in that rank's "w" at that step, ``bad=(rank, step, flat index,
+    value)`` puts ``value`` there. Returns per rank: per step (ok, outputs), and the
+    final compressor states. Shared by test_nonfinite_fused."""
     def body(tr):
         cfg = EngineConfig(compressor=comp, plan=_plan(comp, 2) if plan else None,
                            strategy=strategy, nonfinite=mode, timeout=30, threads=threads,
                            collective=collective)
         eng = Engine(tr, cfg)
         try:
-            eng.register([(k, s, torch.float32) for k, s in SHAPES.items()])
+            eng.register([(k, s, torch.float32) for k, s in shapes.items()])
             out = []
             for step in steps:
-                g = _grads(tr.rank, step)
-                if bad == (tr.rank, step):
-                    g["w"][3, 5] = float("inf")
-                for k in SHAPES:
+                g = _grads(tr.rank, step, shapes)
+                if bad is not None and tuple(bad[:2]) == (tr.rank, step):
+                    w = g["w"].view(-1)
+                    if len(bad) == 2:
+                        g["w"][3, 5] = float("inf")
+                    else:
+                        w[bad[2]] = bad[3]
+                for k in shapes:
                     eng.submit(k, g[k])
                 out.append((eng.synchronize(), g))
             return out, eng.state_dict()["states"]

@@ -11,10 +11,11 @@ and still undoes the step on every rank, as ``test_nonfinite.py`` pins for
 the pre-scanned path; "raise" still raises from ``submit``.
 """
 import pytest
+import test_nonfinite as nf  # the engine-run helper, beside this file
 import torch
 
 import hipress_like.casync.engine as engine_mod
-from hipress_like.casync.engine import Engine, EngineConfig
+from hipress_like.casync.engine import Engine
 from hipress_like.casync.nonfinite import snapshot
 from hipress_like.casync.transport.inproc import run_threads
 from hipress_like.compressors import compll, get
@@ -26,7 +27,6 @@ from hipress_like.compressors.base import (
 )
 from hipress_like.compressors.compll import program_path
 from hipress_like.compressors.wrappers.error_feedback import ErrorFeedback
-from hipress_like.cost_model.plan import Plan, SizeRule
 
 BAD = [float("nan"), float("inf"), float("-inf")]
 # 67 x 61 = 4087 elements: not a multiple of 8, 32 or THC's block, so the last
@@ -163,36 +163,13 @@ SHAPES = {"w": SHAPE, "b": (40,)}
 
 
 def _plan(comp):
-    return Plan(compressor=comp, params={},
-                rule=SizeRule(min_compress_bytes=0, bytes_per_partition=1, max_partitions=2),
-                gradients={})
-
-
-def _grads(rank, step):
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}
+    return nf._plan(comp, 2)
 
 
 def _run(comp, strategy, mode, steps, bad=None):
-    """``bad = (rank, step, flat index, value)`` puts ``value`` into that rank's "w"."""
-    def body(tr):
-        cfg = EngineConfig(compressor=comp, plan=_plan(comp), strategy=strategy,
-                           nonfinite=mode, timeout=30)
-        eng = Engine(tr, cfg)
-        try:
-            eng.register([(k, s, torch.float32) for k, s in SHAPES.items()])
-            out = []
-            for step in steps:
-                g = _grads(tr.rank, step)
-                if bad is not None and bad[:2] == (tr.rank, step):
-                    g["w"].view(-1)[bad[2]] = bad[3]
-                for k in SHAPES:
-                    eng.submit(k, g[k])
-                out.append((eng.synchronize(), g))
-            return out, eng.state_dict()["states"]
-        finally:
-            eng.close()
-    return run_threads(body, N, timeout=120)
+    """The engine run of test_nonfinite on this file's shapes; ``bad = (rank, step,
+    flat index, value)`` puts ``value`` into that rank's "w"."""
+    return nf._run(comp, strategy, mode, steps, bad=bad, shapes=SHAPES)
 
 
 @pytest.fixture
