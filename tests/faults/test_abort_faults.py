@@ -53,3 +53,20 @@ def test_an_abort_ends_every_peer_wait_naming_the_rank_and_its_reason():
         assert "boom in rank 1's exchange" in text and "timed out" not in text, text
     kind, ranks, text = r1["own"]
     assert ranks == [] and "this rank failed and told its peers" in text, r1
+
+
+_EXIT_TOGETHER = _SCRIPT.replace(
+    'time.sleep(1.0)  # let the peer read what it needs from the store (rank 0 hosts it)',
+    'time.sleep(1.0)\ndist.barrier()  # then both exit at once, each with a wait it gave up on')
+
+
+def test_ranks_exit_cleanly_with_waits_they_gave_up_on():
+    """After an abort, each rank's waiter thread is still inside a gloo wait that only
+    ends when the peer exits. Both ranks then leave together: each must exit 0, not be
+    killed by ``std::terminate`` (status 134) when that wait returns while its
+    interpreter finalises (``torch_dist._join_waiters_at_exit``)."""
+    for _ in range(2):
+        rcs, outs = run_env_ranks(_EXIT_TOGETHER, 2, timeout=100)
+        assert all("RESULT" in o for o in outs), outs
+        assert rcs == [0, 0], [o[-1500:] for o in outs]
+        assert not any("terminate called" in o for o in outs), outs

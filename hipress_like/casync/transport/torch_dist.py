@@ -84,6 +84,13 @@ _STORE_LINGER = 5.0
 # How often a caller waiting on a collective looks for a peer's abort (the
 # heartbeat thread reads the store; this only reads a field it sets).
 _ABORT_POLL = 0.02
+# At exit, how long to wait for a waiter thread still inside a wait its caller gave
+# up on (``_join_waiters_at_exit``): such a wait ends when the peer it waits for
+# exits, and that must happen before this interpreter finalises, not during it.
+_EXIT_JOIN = 3.0
+# Every waiter thread of this process, with its queue.
+_waiters: "weakref.WeakKeyDictionary[threading.Thread, queue.SimpleQueue]" = \
+    weakref.WeakKeyDictionary()
 _ABORT_REASON_CHARS = 2000
 
 
@@ -371,8 +378,10 @@ class TorchDistTransport(Transport):
         if self._waitq is None:
             self._waitq = queue.SimpleQueue()
             weakref.finalize(self, self._waitq.put, None)  # ends the waiter with the transport
-            threading.Thread(target=_wait_loop, args=(self._waitq,), daemon=True,
-                             name=f"hipress-wait-r{self.rank}").start()
+            waiter = threading.Thread(target=_wait_loop, args=(self._waitq,), daemon=True,
+                                      name=f"hipress-wait-r{self.rank}")
+            _waiters[waiter] = self._waitq
+            waiter.start()
         pending = _Pending(works, deadline)
         self._waitq.put(pending)
         while not pending.done.wait(_ABORT_POLL):
@@ -599,7 +608,8 @@ class _Pending:
 def _wait_loop(q: "queue.SimpleQueue") -> None:
     """The waiter thread of one transport: waits for each ``_Pending`` in turn. It holds
     no reference to the transport, so the transport can be collected; a wait a caller
-    gave up on (abort) ends at its own deadline."""
+    gave up on (an abort) ends at its deadline, or when the peer it waits for exits
+    (see ``_join_waiters_at_exit``)."""
     while True:
         pending = q.get()
         if pending is None:
@@ -612,6 +622,30 @@ def _wait_loop(q: "queue.SimpleQueue") -> None:
             pending.error = e
         finally:
             pending.done.set()
+
+
+def _join_waiters_at_exit() -> None:
+    """At exit, before the interpreter finalises: end the idle waiter threads, and give
+    one still inside a wait its caller gave up on up to ``_EXIT_JOIN`` seconds to end.
+
+    Such a wait ends with an error when the peer it waits for exits, which, with every
+    rank ending together, is often while this interpreter finalises; a daemon thread
+    coming back from ``work.wait`` then is killed as it retakes the GIL, by an unwind
+    through pybind11's noexcept frame: ``std::terminate`` and exit status 134 after a
+    clean run (the MXNet refusals job did that on the 3 ranks an abort had reached).
+    Gloo cannot cut such a wait short: destroying the group leaves it blocked, and a
+    point-to-point wait that times out closes its connection."""
+    waiters = list(_waiters.items())
+    for _, q in waiters:
+        q.put(None)  # an idle waiter ends at once
+    deadline = time.monotonic() + _EXIT_JOIN
+    for thread, _ in waiters:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+        if thread.is_alive():
+            log.debug("a waiter is still inside an abandoned wait at exit")
+
+
+atexit.register(_join_waiters_at_exit)
 
 
 def rendezvous_store(prefix: str, host_rank: Optional[int] = 0) -> "C10dStore":
