@@ -53,7 +53,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..casync.transport.base import Transport
 from ..errors import HipressError
-from .procs import own_process_group
+from .procs import LAUNCHER_PID_ENV, die_with_launcher, own_process_group
 
 __all__ = ["WorkerContext", "WorkerError", "run_workers", "BACKENDS", "free_port",
            "mpirun_command", "own_process_group"]
@@ -200,6 +200,7 @@ def run_workers(fn: Callable[..., Any], nprocs: int, backend: str = "gloo",
         base_env = dict(os.environ)
         base_env["OMP_NUM_THREADS"] = "1"
         base_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        base_env.pop(LAUNCHER_PID_ENV, None)  # a launch from inside a worker: not its own
         base_env.update(env or {})
         cmd_tail = [sys.executable, "-c",
                     "from hipress_like.launch.launch import _worker_main; _worker_main()",
@@ -218,6 +219,7 @@ def run_workers(fn: Callable[..., Any], nprocs: int, backend: str = "gloo",
             for r in range(nprocs):
                 e = dict(base_env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nprocs),
                          LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR=addr, MASTER_PORT=port)
+                e[LAUNCHER_PID_ENV] = str(os.getpid())  # the worker dies with this process
                 cmd = ["ip", "netns", "exec", f"h{r}", *cmd_tail] if netns else cmd_tail
                 procs.append(subprocess.Popen(cmd, env=e, **own_process_group()))
         else:
@@ -361,6 +363,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 def _worker_main() -> None:
     """Entry point of one worker process (argv[1] = the launch directory)."""
+    die_with_launcher()
     workdir = sys.argv[1]
     spec = _loads(os.path.join(workdir, "spec.pt"))
     backend = spec["backend"]
