@@ -7,9 +7,11 @@ No merge, no kernels, no rounds, no payload size: the base class and the engine
 supply the rest. It trains digits on 4 ranks over PS and over Ring, every
 rank ending with bitwise-identical parameters; error feedback wraps it (it is
 biased) with no code of the user's: the engine does so by itself, and
-``get("ef", inner=...)`` by name. One 4-rank launch trains all four runs (the
-user's compressor and the uncompressed baseline, over PS and over Ring) one
-after the other, and each strategy's test reads its two.
+``get("ef", inner=...)`` by name. One 4-rank launch trains all three runs (the
+user's compressor over PS and over Ring, and the uncompressed baseline once:
+identity over PS and over Ring reach the same accuracy, 96.1% both at 5 and
+10 epochs) one after the other, and each strategy's test reads its run and
+the baseline.
 A user registers at import; this test registers only while its own tests run
 (the ``users_compressor`` fixture, and ``_train_all`` in each worker), so the
 suite's tests that enumerate every registered compressor never meet it.
@@ -28,7 +30,7 @@ from hipress_like.compressors.registry import _REGISTRY
 from hipress_like.demo import DigitsConfig, train_digits
 from hipress_like.launch.launch import run_workers
 
-# the first 4-rank test trains all four runs in its launch (``_runs``)
+# the first 4-rank test trains all three runs in its launch (``_runs``)
 pytestmark = pytest.mark.timeout(1800)
 EPOCHS = 10
 STRATEGIES = ("ps", "ring")
@@ -93,7 +95,7 @@ def _cfg(compressor, strategy):
 def _runs():
     """{(compressor, strategy): rank 0's result} of one 4-rank launch; every run's ranks
     end with the same parameter digest."""
-    keys = [(c, s) for s in STRATEGIES for c in ("user_scaled_sign", "identity")]
+    keys = [("user_scaled_sign", s) for s in STRATEGIES] + [("identity", "ps")]
     res = run_workers(_train_all, 4, args=([_cfg(*k) for k in keys],), timeout=900)
     for i, (compressor, strategy) in enumerate(keys):
         assert len({r[i]["param_digest"] for r in res}) == 1, \
@@ -124,7 +126,7 @@ def test_a_users_compressor_trains_digits_on_4_ranks_with_identical_replicas(str
     # biased, so the engine wraps it in error feedback by itself: no code of the user's
     assert all(how.startswith("ErrorFeedback(ScaledSign()") for how in run["how"].values()), \
         run["how"]
-    base = _runs()[("identity", strategy)]
+    base = _runs()[("identity", "ps")]
     print(f"digits {strategy}: scaled sign + error feedback {run['acc']:.1f}%, "
           f"uncompressed {base['acc']:.1f}%")
     assert run["acc"] >= base["acc"] - 2.0  # one bit per element costs at most 2 points
