@@ -4,11 +4,13 @@ Run as torchrun runs a script (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``; ``harness.run_trial`` sets them). It reads its fault from
 the environment (set on the faulty rank only):
 
-- ``FAULT_ACTION`` (``kill``, ``stop``, ``raise``) at ``FAULT_STEP`` in
+- ``FAULT_ACTION`` (``kill``, ``stop``, ``raise``, ``slow``) at ``FAULT_STEP`` in
   ``FAULT_PHASE`` (``forward``, ``backward``, ``encode``, ``save``, ``switch``:
   entering ``Engine.set_plan``, with ``JOB_PLAN=adaptive``); faults
   inside the bulk exchange come from the transport wrapper instead
-  (``HIPRESS_FAULT``, ``casync/transport/faulty.py``);
+  (``HIPRESS_FAULT``, ``casync/transport/faulty.py``); ``slow`` (a rank run
+  inside a network namespace by the harness, as root) shapes its own link
+  out to ``SLOW_RATE`` with ``tc`` and trains on;
 - ``FAULT_MISMATCH`` (``model``, ``compressor``, ``strategy``, ``plan``): this
   rank joins with another setup (``world_size`` is set by the harness in
   ``WORLD_SIZE`` itself).
@@ -49,12 +51,15 @@ STEPS = int(_env("JOB_STEPS", "30"))
 SAVE_EVERY = int(_env("JOB_SAVE_EVERY", "4"))
 CKPT_DIR = _env("JOB_CKPT_DIR", ".")
 MARK = _env("HIPRESS_FAULT_MARK")
+# ``slow``: this rank's link out, a token bucket this slow and this small, so every
+# exchange from the fault on outlasts the job's timeout
+SLOW_RATE, SLOW_BURST = "1kbit", "1600"
 JOB_PLAN = _env("JOB_PLAN")
 SWITCH_STEP = 5  # JOB_PLAN=adaptive: the loop step whose opt.step() switches the plan
 
 
 def fault(where):
-    """Inject this rank's process fault (kill / stop / raise) now."""
+    """Inject this rank's process fault (kill / stop / raise / slow) now."""
     if MARK:
         with open(MARK, "a") as f:
             f.write(json.dumps({"t": time.time(), "rank": int(os.environ["RANK"]),
@@ -65,6 +70,12 @@ def fault(where):
         os.kill(os.getpid(), signal.SIGKILL)
     if ACTION == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    if ACTION == "slow":  # the rank's own namespace: its eth0 is its link out
+        import subprocess
+
+        subprocess.run(["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
+                        SLOW_RATE, "burst", SLOW_BURST, "limit", "10000000"], check=True)
         return
     raise RuntimeError(f"injected exception on rank {os.environ['RANK']} in {where}")
 

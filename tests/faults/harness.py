@@ -68,6 +68,9 @@ class Fault:
         link: the other end of a damaged message; a survivor may name it too.
         plan: the job's ``JOB_PLAN`` on every rank (``adaptive``: ``plan=hpt.Adaptive``,
             switching after step 5; the ``switch`` phase needs it).
+        netem: run the ranks in network namespaces over links emulated at this rate
+            (``hipress_like.launch.netem``; root): rank i in ``h{i}``. The ``slow``
+            action needs it.
     """
 
     name: str
@@ -81,6 +84,7 @@ class Fault:
     ranks: int = 2
     link: Optional[int] = None
     plan: Optional[str] = None
+    netem: Optional[str] = None
 
     def env(self) -> Dict[str, str]:
         """The faulty rank's extra environment."""
@@ -97,8 +101,8 @@ class Fault:
     @property
     def leaves_rank(self) -> bool:
         """Whether the faulty rank is gone (killed, stopped, raised) rather than a survivor."""
-        return self.action is not None or (self.transport or "").split(":")[0] in (
-            "kill", "stop", "raise")
+        return self.action in ("kill", "stop", "raise") or (
+            self.transport or "").split(":")[0] in ("kill", "stop", "raise")
 
 
 @dataclass
@@ -208,27 +212,47 @@ def run_trial(fault: Fault, timeout: float = TIMEOUT, workdir: Optional[str] = N
     mark = work / "mark.jsonl"
     for old in [mark, *(work / "ckpt").glob("*")]:  # a reused workdir: nothing of the last run
         old.unlink(missing_ok=True)
-    port = free_port()
     n = fault.ranks
+    if fault.netem:
+        from hipress_like.launch import netem
+
+        netem.up(n, fault.netem)
+        try:
+            return _run_trial(fault, timeout, work, mark, own_tmp)
+        finally:
+            netem.down(n)
+    return _run_trial(fault, timeout, work, mark, own_tmp)
+
+
+def _run_trial(fault: Fault, timeout: float, work: Path, mark: Path, own_tmp: bool) -> Trial:
+    n = fault.ranks
+    port, addr, prefix, extra = free_port(), "127.0.0.1", [], {}
+    if fault.netem:  # rank r inside namespace h{r}; gloo over the emulated links
+        from hipress_like.launch import netem
+
+        port, addr, extra = netem.DEFAULT_PORT, netem.MASTER_ADDR, {"GLOO_SOCKET_IFNAME": "eth0"}
     procs, logs = [], []
     t0 = time.time()
     for r in range(n):
         world = n + 1 if fault.mismatch == "world_size" and r == fault.rank else n
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR=addr, MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1", JOB_TIMEOUT=str(timeout),
                    JOB_CKPT_DIR=str(work / "ckpt"), HIPRESS_FAULT_MARK=str(mark),
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         for k in ("HIPRESS_FAULT", "FAULT_ACTION", "FAULT_PHASE", "FAULT_STEP",
                   "FAULT_MISMATCH", "JOB_PLAN"):
             env.pop(k, None)
+        env.update(extra)
         if fault.plan:
             env["JOB_PLAN"] = fault.plan
         if r == fault.rank:
             env.update(fault.env())
         log = open(work / f"rank{r}.log", "w")
         logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, str(JOB)], env=env, stdout=log,
+        if fault.netem:
+            prefix = ["ip", "netns", "exec", f"h{r}"]
+        procs.append(subprocess.Popen([*prefix, sys.executable, str(JOB)], env=env, stdout=log,
                                       stderr=subprocess.STDOUT, process_group=0))
     pgids = [p.pid for p in procs]  # process_group=0: each rank leads its own group
     survivors = [r for r in range(n) if not (fault.leaves_rank and r == fault.rank)]
@@ -399,6 +423,8 @@ _KILLED = r"stopped heartbeating|died|closed their transport or exited|failed in
 _STALLED = r"stopped heartbeating|froze|stalled|never entered"
 _RAISED = (r"error occurred on rank|injected exception|closed their transport or exited|"
            r"failed in an earlier")
+_SLOWED = (r"had not arrived|never arrived|slower than the timeout|stopped heartbeating|"
+           r"timed out|unreachable|failed in an earlier")
 _DAMAGED = r"payload|truncat|corrupt|checksum|sent \d+ bytes|never arrived|error occurred on rank"
 CATALOG: Dict[str, Fault] = {f.name: f for f in [
     # default tier: 2 ranks, one of each family
@@ -417,7 +443,10 @@ CATALOG: Dict[str, Fault] = {f.name: f for f in [
     Fault("raise/exchange", rank=1, cause=_RAISED, transport="raise:call=12"),
     Fault("raise/save", rank=1, cause=_RAISED, action="raise", phase="save"),
     Fault("stop/forward", rank=1, cause=_STALLED, action="stop", phase="forward"),
-    Fault("drop/exchange", rank=1, cause=_DAMAGED, transport="drop:call=12", link=0),
+    # the receiver names the sender whose message never came; the sender cannot know it
+    # dropped one, and names the receiver that failed waiting for it
+    Fault("drop/exchange", rank=1, cause=_DAMAGED + "|failed in an earlier",
+          transport="drop:call=12", link=0),
     Fault("truncate/exchange", rank=1, cause=_DAMAGED, transport="truncate:call=12", link=0),
     Fault("flip-header/exchange", rank=1, cause=_DAMAGED, transport="flip:call=12,byte=0",
           link=0),
@@ -438,6 +467,10 @@ CATALOG: Dict[str, Fault] = {f.name: f for f in [
           plan="adaptive"),
     Fault("kill/forward rank 0@4", rank=0, cause=_KILLED + "|unreachable", action="kill",
           phase="forward", ranks=4),
+    # netem tier (root): rank 1's link out slowed by tc to 1 kbit/s at step 5; both ranks
+    # live on, every exchange from then on outlasts the timeout
+    Fault("slow-link/forward", rank=1, cause=_SLOWED, action="slow", phase="forward",
+          link=0, netem="1gbit"),
 ]}
-DEFAULT_TIER = ("kill/forward", "raise/encode", "stop/exchange", "mismatch/world_size",
-                "mismatch/compressor")
+DEFAULT_TIER = ("kill/forward", "raise/encode", "stop/exchange", "drop/exchange",
+                "mismatch/world_size", "mismatch/compressor")

@@ -9,12 +9,14 @@ naming the cause and the right rank, within the configured timeout plus
 no checkpoint failed to load. Timings go to the table (``conftest.py``), never
 into an assertion.
 
-Five faults, two ranks, run in the default tier; the rest (other phases,
-damaged messages, four ranks) are marked slow. ``HIPRESS_FAULT_TRIALS`` sets
-how many times each case runs (default 1; 3 for the four-rank cases, whose
-blame was a race).
+Six faults, two ranks, run in the default tier; the rest (other phases,
+damaged messages, four ranks) are marked slow, and a link slowed by ``tc``
+(ranks in network namespaces, root only) is marked netem as well.
+``HIPRESS_FAULT_TRIALS`` sets how many times each case runs (default 1; 3 for
+the four-rank cases, whose blame was a race).
 """
 import os
+import shutil
 
 import pytest
 from harness import CATALOG, DEFAULT_TIER, MARGIN, TIMEOUT, logs_of, run_trial
@@ -23,18 +25,21 @@ pytestmark = pytest.mark.faults
 
 # Faults the library does not catch yet: kept in the suite, so the table shows them,
 # as strict xfails, so that a fix makes them fail loudly. (flip-data and flip-header
-# were here until bulk messages were framed and checksummed: casync/wire.py.)
-KNOWN_GAPS = {
-    "drop/exchange": "the receiver times out finding every peer alive and inside the "
-                     "exchange and names no rank (gloo coalesces the receives into one work, "
-                     "so which message is missing is not known); the sender names the "
-                     "receiver as having failed first",
-}
+# were here until bulk messages were framed and checksummed: casync/wire.py; drop until
+# gloo's exchange waited on one work per message, so that a receive that times out
+# names its sender.)
+KNOWN_GAPS: dict = {}
+
+
+_NO_NETEM = ("network emulation needs root and tc" if os.geteuid() != 0 or not shutil.which("tc")
+             else "")
 
 
 def _cases():
     for name, fault in CATALOG.items():
         marks = [] if name in DEFAULT_TIER else [pytest.mark.slow]
+        if fault.netem:  # ranks in network namespaces, a link slowed by tc: root only
+            marks += [pytest.mark.netem, pytest.mark.skipif(bool(_NO_NETEM), reason=_NO_NETEM)]
         if name in KNOWN_GAPS:
             marks.append(pytest.mark.xfail(reason=KNOWN_GAPS[name], strict=True))
         yield pytest.param(fault, id=name, marks=marks)

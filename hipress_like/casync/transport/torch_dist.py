@@ -265,12 +265,29 @@ class TorchDistTransport(Transport):
         except Exception as e:  # the store host may be the dead one
             log.debug("could not post the failed key: %s", e)
 
+    def _failed_within(self, seconds: float) -> List[int]:
+        """The peers that posted a failure within ``seconds`` (polled; [] if none did, or
+        the store cannot be read)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                failed = self._read_failed()
+            except Exception:  # the store host is gone: nothing more to learn
+                return []
+            if failed or time.monotonic() >= deadline:
+                return failed
+            time.sleep(self._interval / 2)
+
     def _read_failed(self) -> List[int]:
         return [r for r in range(self.size) if r != self.rank
                 and int(self._store.add(f"{_FAILED_PREFIX}/{self._global[r]}", 0))]
 
-    def _diagnose(self, op: str, seq: int, cause: str) -> TransportError:
-        """Find which peers made collective ``seq`` fail; return the error to raise."""
+    def _diagnose(self, op: str, seq: int, cause: str, missing: Optional[int] = None
+                  ) -> TransportError:
+        """Find which peers made collective ``seq`` fail; return the error to raise.
+
+        ``missing``: the peer whose message a receive of this call timed out waiting
+        for (gloo's point-to-point exchange), named when no peer left or stalled."""
         where = f"rank {self.rank}: {op} (call #{seq}) failed ({cause})"
         found: Dict[str, object] = {}
 
@@ -300,7 +317,7 @@ class TorchDistTransport(Transport):
             ranks = [store_rank] if store_rank is not None and store_rank != self.rank else []
             return PeerError(
                 f"{where}; the rendezvous store is unreachable ({why}): its host, global "
-                "rank 0, has died or stalled", ranks=ranks)
+                "rank 0, has died or stalled, or the link to it is too slow", ranks=ranks)
         failed = found["failed"]
         closed = [r for r in found["closed"] if r not in failed]
         dead = [r for r in range(self.size) if r != self.rank and r not in closed
@@ -311,7 +328,8 @@ class TorchDistTransport(Transport):
         if closed:
             parts.append(f"rank(s) {closed} closed their transport or exited")
         if dead:
-            parts.append(f"rank(s) {dead} stopped heartbeating (process died or froze)")
+            parts.append(f"rank(s) {dead} stopped heartbeating (process died or froze, "
+                         "or its link is too slow to carry the heartbeat)")
         at = [found["seqs"][r] for r in behind]
         if behind and (closed or dead):
             # A rank that left explains the failure; the ones behind are most likely held
@@ -327,6 +345,24 @@ class TorchDistTransport(Transport):
                 parts.append(f"rank(s) {failed} saw the failure too (not blamed)")
             return PeerError(f"{where}: " + "; ".join(parts),
                              ranks=sorted(closed + dead) if closed or dead else behind)
+        if missing is not None and found["seqs"][missing] > seq:
+            # the sender went past this call without sending to this rank (whatever
+            # happened to it later: its own next call may have failed waiting for us)
+            return PeerError(
+                f"{where}: rank {missing}'s message never arrived; it left this exchange "
+                f"without sending it to this rank (it is at call #{found['seqs'][missing]})",
+                ranks=[missing])
+        if missing is not None and missing not in failed:
+            return PeerError(
+                f"{where}: rank {missing}'s message had not arrived by the timeout; rank "
+                f"{missing} is alive and inside this exchange, so its link is slower than the "
+                "timeout allows, or the message was lost on the way", ranks=[missing])
+        if not failed:
+            # Every peer alive and inside: a peer that timed out just before this rank
+            # (waiting on another channel for a message this rank never got either) posts
+            # its failure after its own diagnosis; give it that long (a rank whose message
+            # was dropped on the way otherwise learns nothing, by a race).
+            failed = self._failed_within(3 * self._interval + 1.0)
         if failed:
             return PeerError(f"{where}: rank(s) {failed} failed in an earlier collective and "
                              "left; see their logs for the rank that caused it", ranks=[])
@@ -346,6 +382,8 @@ class TorchDistTransport(Transport):
         """Issue ``start(seq)`` (async work or a list of them); wait for all with ``timeout``."""
         seq = self._begin_call(timeout)
         deadline = time.monotonic() + timeout
+        self._labels: List[int] = []  # the source rank of each receive ``start`` posts first
+        self._failed_at: Optional[int] = None  # the index of the work whose wait failed
         try:
             if self._aborts.stop:
                 raise _Aborted()
@@ -361,7 +399,10 @@ class TorchDistTransport(Transport):
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             cause = (f"timed out after {timeout:.3g}s" if "timed out" in msg.lower()
                      else f"{type(e).__name__}: {msg[:300]}")
-            err = self._diagnose(op, seq, cause)
+            at = self._failed_at
+            missing = (self._labels[at] if at is not None and at < len(self._labels)
+                       and "timed out" in msg.lower() else None)
+            err = self._diagnose(op, seq, cause, missing=missing)
             self._broken = f"{op} (call #{seq}) failed: {err}"
             self._post_failed()
             raise err from e
@@ -388,6 +429,7 @@ class TorchDistTransport(Transport):
             if self._aborts.stop:
                 raise _Aborted()
         if pending.error is not None:
+            self._failed_at = pending.at
             raise pending.error
 
     def _on_device(self, t: torch.Tensor) -> torch.Tensor:
@@ -420,10 +462,18 @@ class TorchDistTransport(Transport):
 
         def start(seq: int) -> list:
             tag = seq % (1 << 30)
+            recvs = [(p, t) for p, t in enumerate(received) if t is not None]
+            if self.backend == "gloo":
+                # One work per message, the receives first: a receive that times out
+                # says whose message never arrived (``_diagnose``'s ``missing``).
+                self._labels = [p for p, _ in recvs]
+                works = [dist.irecv(t, self._global[p], self.group, tag) for p, t in recvs]
+                return works + [dist.isend(t, self._global[p], self.group, tag)
+                                for p, t in sends.items()]
             ops = [dist.P2POp(dist.isend, t, self._global[p], self.group, tag)
                    for p, t in sends.items()]
             ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group, tag)
-                    for p, t in enumerate(received) if t is not None]
+                    for p, t in recvs]
             return dist.batch_isend_irecv(ops) if ops else []
 
         with self._lock:
@@ -603,6 +653,7 @@ class _Pending:
         self.deadline = deadline
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
+        self.at = 0  # the index of the work being waited for (the failed one, on error)
 
 
 def _wait_loop(q: "queue.SimpleQueue") -> None:
@@ -615,7 +666,8 @@ def _wait_loop(q: "queue.SimpleQueue") -> None:
         if pending is None:
             return
         try:
-            for work in pending.works:
+            for i, work in enumerate(pending.works):
+                pending.at = i
                 remaining = max(pending.deadline - time.monotonic(), 0.001)
                 work.wait(timeout=timedelta(seconds=remaining))
         except BaseException as e:
