@@ -111,6 +111,19 @@ def test_floor_by_cpu_per_rank_and_auto_against_the_fastest_fixed_row(capsys):
     assert "1.03  met" in lines["hp-ps-auto vs hp-ps-powersgd1 <= 1.05"]  # 618 / 600
 
 
+def test_auto_is_also_judged_against_the_fastest_of_its_own_candidates(capsys):
+    """plan='auto' chooses among rank-4 PowerSGD, onebit, TernGrad and DGC only: besides
+    the fastest fixed row (rank-1 PowerSGD here), its ratio to the fastest of those."""
+    rows = _rows(90.0, 89.5) + [dict(config="hp-ps-powersgd", ms_per_step=640.0, accuracy=90.0,
+                                     params_m=26.6),
+                                dict(config="hp-ps-auto", ms_per_step=650.0, accuracy=90.0,
+                                     params_m=26.6)]
+    lines = _goal_lines(capsys, rows)
+    assert "1.08  NOT met" in lines["hp-ps-auto vs hp-ps-powersgd1 <= 1.05"]  # 650 / 600
+    assert "1.02  met" in lines[  # 650 / 640
+        "hp-ps-auto vs hp-ps-powersgd (its candidates' fastest) <= 1.05"]
+
+
 def test_horovod_rows_with_a_cycle_suffix_pair_with_their_gloo_row(capsys):
     """``hvd-...-cycle<MS>`` runs a Horovod row at another HOROVOD_CYCLE_TIME; its
     ratio is still taken against the same configuration over gloo."""
