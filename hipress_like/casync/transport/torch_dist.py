@@ -161,6 +161,10 @@ class TorchDistTransport(Transport):
         # shared by the channels of one family (this transport and its splits)
         self._aborts = _families.setdefault(self._abort_key, _Aborts())
         self._waitq: Optional["queue.SimpleQueue"] = None  # the waiter thread's (gloo)
+        # of the call in progress (``_run``): the source rank of each receive its works
+        # begin with (gloo's exchange), and the index of the work whose wait failed
+        self._labels: List[int] = []
+        self._failed_at: Optional[int] = None
         self._beat()  # first heartbeat before any collective, so peers see us
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name=f"hipress-heartbeat-r{self.rank}")
@@ -382,8 +386,7 @@ class TorchDistTransport(Transport):
         """Issue ``start(seq)`` (async work or a list of them); wait for all with ``timeout``."""
         seq = self._begin_call(timeout)
         deadline = time.monotonic() + timeout
-        self._labels: List[int] = []  # the source rank of each receive ``start`` posts first
-        self._failed_at: Optional[int] = None  # the index of the work whose wait failed
+        self._labels, self._failed_at = [], None
         try:
             if self._aborts.stop:
                 raise _Aborted()
