@@ -99,9 +99,6 @@ PLAN_CONFIGS = {"hp-ps-plan": "ps", "hp-ring-plan": "ring"}
 # optimizer for all of them: DGC runs as a sparsifier with its own momentum
 # off, its sparsity ramped up over the first 5 steps (DGC Sec. 3.4).
 PARAMS = {"dgc": {"momentum": 0.0, "warmup_steps": 5}, "powersgd1": {"rank": 1}}
-# the rows whose compressor is one of plan="auto"'s candidates
-# (hipress_like.tuning.auto.DEFAULT_CANDIDATES: onebit, TernGrad, DGC, rank-4 PowerSGD)
-AUTO_CANDIDATE_ROWS = ("onebit", "terngrad", "dgc", "powersgd")
 # digits has 10 balanced classes: a model that has learned nothing scores ~10%.
 CHANCE = 100.0 / 10
 
@@ -373,7 +370,9 @@ def _floor_and_auto_goals(by, best_hp, floor, rows, headline=None):
              not r["config"].endswith(per_gradient) and r["config"] != "hp-none"]
     # plan="auto" chooses among tuning.auto.DEFAULT_CANDIDATES only (rank-1 PowerSGD is
     # left out for accuracy): its ratio to the fastest fixed row of those is shown too
-    candidates = [r for r in fixed if r["config"].split("-", 2)[-1] in AUTO_CANDIDATE_ROWS]
+    from hipress_like.tuning.auto import DEFAULT_CANDIDATES  # rows named as its labels
+
+    candidates = [r for r in fixed if r["config"].split("-", 2)[-1] in DEFAULT_CANDIDATES]
     for auto in (r for r in rows if r["config"].endswith(per_gradient)):
         if fixed:
             best = min(fixed, key=lambda r: r["ms_per_step"])
