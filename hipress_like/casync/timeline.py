@@ -11,8 +11,10 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Union
+from itertools import islice
+from typing import Deque, Dict, Iterable, List, Optional, Tuple, Union
 
 __all__ = ["Event", "Timeline"]
 
@@ -42,7 +44,9 @@ class Timeline:
     def __init__(self, rank: int = 0, max_events: int = 200_000):
         self.rank = rank
         self.max_events = max_events
-        self._events: List[Event] = []
+        # a ring: once full, each event drops the oldest in O(1)
+        self._events: Deque[Event] = deque(maxlen=max_events)
+        self._added = 0  # events ever recorded (``since``'s marks count these)
         self._lock = threading.Lock()
         self._t0 = time.perf_counter()
         self.enabled = True
@@ -53,8 +57,26 @@ class Timeline:
             return
         with self._lock:
             self._events.append(event)
-            if len(self._events) > self.max_events:
-                del self._events[: len(self._events) - self.max_events]
+            self._added += 1
+
+    def since(self, mark: int = 0) -> Tuple[List[Event], int]:
+        """The events recorded after ``mark`` and the mark to pass next time.
+
+        A reader that runs every step (``plan="adaptive"``) reads what is new
+        in time proportional to it, not to the whole timeline.
+
+        Args:
+            mark: the mark an earlier call returned (0: every event kept).
+
+        Returns:
+            (events recorded since ``mark`` that the bound has not dropped, oldest
+            first; the new mark).
+        """
+        with self._lock:
+            n = max(0, min(self._added - mark, len(self._events)))
+            out = list(islice(reversed(self._events), n))
+            out.reverse()
+            return out, self._added
 
     def extend(self, events: Iterable[Event]) -> None:
         """Record several events."""

@@ -413,6 +413,7 @@ class Planner:
         cands = sorted({max(1, math.ceil(c.nbytes / c.partitions)) for c in choices}
                        | {hi})
         cap = self.max_partitions
+        memo: Dict[Tuple[bool, int, int], float] = {}  # candidate rules share most times
 
         def loss(bpp: int) -> float:
             # evaluate the rule exactly as the engine will apply it (SizeRule.decide)
@@ -421,7 +422,11 @@ class Planner:
             total = 0.0
             for c in choices:
                 d = rule.decide(c.nbytes, self.n)
-                t = (self.t_cpr if d.compress else self.t_orig)(c.nbytes, d.partitions)
+                key = (d.compress, c.nbytes, d.partitions)
+                if key not in memo:
+                    memo[key] = (self.t_cpr if d.compress else self.t_orig)(c.nbytes,
+                                                                            d.partitions)
+                t = memo[key]
                 total += t / c.time - 1.0 if c.time > 0 else 0.0
             return total
 
@@ -430,13 +435,16 @@ class Planner:
                         max_partitions=cap)
 
     # -- plans ------------------------------------------------------------------
-    def plan(self, gradients: Gradients, *, meta: Optional[Mapping[str, object]] = None
-             ) -> Plan:
+    def plan(self, gradients: Gradients, *, meta: Optional[Mapping[str, object]] = None,
+             fit_rule: bool = True) -> Plan:
         """A ``Plan`` with one entry per gradient and the derived size rule.
 
         Args:
             gradients: {name: nbytes} or (name, nbytes) pairs.
             meta: extra provenance stored in the plan.
+            fit_rule: fit the size rule for gradients the plan does not name (most
+                of a plan's time); False leaves them uncompressed (``NEVER``), for
+                a plan only priced or used on the gradients it names.
 
         Raises:
             ValueError: an empty model, a duplicate name or a size < 1.
@@ -464,7 +472,8 @@ class Planner:
                                      self.cp.params) if self.collectives else {})
         # The rule is fitted over the model's own size range (beyond the
         # profiled sizes the curves are extrapolations).
-        rule = self.size_rule(hi=max(1 << 20, max(int(s) for _, s in items)))
+        rule = (self.size_rule(hi=max(1 << 20, max(int(s) for _, s in items))) if fit_rule
+                else SizeRule(min_compress_bytes=NEVER))
         a, b, g = self.params.alpha, self.params.beta, self.params.gamma
         info = {
             "model_strategy": self.model_strategy,
@@ -492,7 +501,8 @@ class Planner:
 
 
 def plan_per_gradient(planners: Sequence[Planner], gradients: Gradients, *,
-                      meta: Optional[Mapping[str, object]] = None) -> Plan:
+                      meta: Optional[Mapping[str, object]] = None,
+                      fit_rule: bool = True) -> Plan:
     """A plan that picks, per gradient, the cheapest of several compressors or none.
 
     HiPress Sec. 3.3 decides <compress?, K> per gradient for one algorithm;
@@ -508,6 +518,8 @@ def plan_per_gradient(planners: Sequence[Planner], gradients: Gradients, *,
         planners: one per candidate compressor, built on the same profile.
         gradients: {name: nbytes} or (name, nbytes) pairs.
         meta: extra provenance stored in the plan.
+        fit_rule: as ``Planner.plan``'s (False: gradients not named stay
+            uncompressed, and no rule is fitted).
 
     Raises:
         ValueError: no planner, planners for different N or strategies, an
@@ -518,10 +530,12 @@ def plan_per_gradient(planners: Sequence[Planner], gradients: Gradients, *,
     if len({(p.n, p.strategy) for p in planners}) > 1:
         raise ValueError("the candidate planners must share N and the strategy")
     items = list(gradients.items() if isinstance(gradients, Mapping) else gradients)
-    plans = [p.plan(items) for p in planners]  # validates the model, fits each rule
     entries, predicted, won = {}, {}, [0] * len(planners)
+    all_cpr = [0.0] * len(planners)  # each candidate on every gradient ("compress_all")
     for name, nbytes in items:
         choices = [p.choose(int(nbytes)) for p in planners]
+        for j, ch in enumerate(choices):
+            all_cpr[j] += ch.t_cpr
         i = min(range(len(choices)), key=lambda j: (choices[j].t_cpr, j))
         c = choices[i]
         if c.t_cpr < c.t_orig:
@@ -535,7 +549,9 @@ def plan_per_gradient(planners: Sequence[Planner], gradients: Gradients, *,
             entries[str(name)] = GradientPlan(False, c.k_orig)
             predicted[str(name)] = round(c.t_orig, 9)
     top = max(range(len(planners)), key=lambda j: (won[j], -j))
-    base = plans[top]
+    # validates the model (no gradients, duplicate names) and fits the rule: only the
+    # winner's rule is kept, so only its rule is fitted (the fit is most of a plan's time)
+    base = planners[top].plan(items, fit_rule=fit_rule)
     info = dict(base.meta)
     info.pop("collectives", None)
     picks = (_select_collectives(entries, items, base.world_size, planners[0].profile,
@@ -549,8 +565,8 @@ def plan_per_gradient(planners: Sequence[Planner], gradients: Gradients, *,
                 predicted_total_s={"plan": sum(predicted.values()),
                                    "no_compression": base.meta["predicted_total_s"][
                                        "no_compression"],
-                                   **{f"all_{p.label}": q.meta["predicted_total_s"][
-                                       "compress_all"] for p, q in zip(planners, plans)}})
+                                   **{f"all_{p.label}": t
+                                      for p, t in zip(planners, all_cpr)}})
     info.update(meta or {})
     return Plan(compressor=base.compressor, params=dict(base.params), strategy=base.strategy,
                 world_size=base.world_size, rule=base.rule, gradients=entries, meta=info)
