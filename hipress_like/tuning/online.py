@@ -32,9 +32,20 @@ training runs:
    partitions stay the same and resets (and logs) it elsewhere. The switch
    is logged with its numbers and added to the engine's timeline as a
    ``plan_switch`` event; ``OnlinePlanner.history`` keeps every check.
-5. A checkpoint holds the active plan and the controller (``state_dict``:
+5. A switch is a trial, judged by measured step times, not by the model
+   that proposed it (``Adaptive(verify=...)``): ``AFTER_STEPS`` steps after
+   it the ranks agree (median over ranks) on the median wall time of a step
+   before the switch and after it. A plan that measured slower than the one
+   it replaced by more than ``margin`` is reverted; the reverted plan is
+   measured in turn, and when it is slower still than the plan it left (the
+   steps before the switch were taken on a link that has since changed),
+   the switch is restored and kept. A revert that stands refuses that plan
+   while the link stays within ``margin`` of where it measured slower (the
+   refusal is priced as the switch rule is: by how far the link moved the
+   refused plan's predicted time). No check runs while a trial is open.
+6. A checkpoint holds the active plan and the controller (``state_dict``:
    plan, profile, candidates, reference, the link of the last decision,
-   switches, estimate, history; the PyTorch optimizer saves it under
+   switches, refused plans, estimate, history; the PyTorch optimizer saves it under
    ``"hipress_adaptive"``). Loading switches to that plan before the
    compressor state is restored, so a job resumed after a switch goes on
    with the switched plan and its state, as if it had not stopped.
@@ -74,8 +85,8 @@ from ..cost_model.plan import Plan
 from ..cost_model.planner import Planner, plan_per_gradient
 from ..cost_model.profile import Profile
 
-__all__ = ["Adaptive", "LinkEstimator", "OnlinePlanner", "agree", "should_switch",
-           "timeline_samples", "price_plan", "profile_plan"]
+__all__ = ["Adaptive", "LinkEstimator", "OnlinePlanner", "agree", "agree_values",
+           "should_switch", "timeline_samples", "price_plan", "profile_plan"]
 
 _log = logging.getLogger(__name__)
 
@@ -101,6 +112,10 @@ class Adaptive:
         estimate: for tests and what-if runs: ``estimate(step, rank) ->
             Link | None`` replaces the timeline's measurement (None: no
             estimate this step).
+        verify: judge every switch by measured step times and revert one
+            that measured slower (item 5 of the module's description). None:
+            on, unless ``estimate`` is given (an injected link is not the
+            network the wall times are measured on).
 
     Raises:
         ValueError: a knob out of range.
@@ -112,6 +127,7 @@ class Adaptive:
     gain: float = 0.25
     profile: Any = None
     estimate: Optional[EstimateFn] = field(default=None, compare=False)
+    verify: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.check_every, bool) or not isinstance(self.check_every, int) \
@@ -129,6 +145,14 @@ class Adaptive:
         if self.estimate is not None and not callable(self.estimate):
             raise ValueError(f"estimate must be a callable (step, rank) -> Link or None, "
                              f"found {self.estimate!r}")
+        if self.verify is not None and not isinstance(self.verify, bool):
+            raise ValueError(f"verify must be True, False or None (None: on unless estimate "
+                             f"is given), found {self.verify!r}")
+
+    @property
+    def verifies(self) -> bool:
+        """Whether switches are judged by measured step times (``verify``)."""
+        return self.estimate is None if self.verify is None else self.verify
 
     def load_profile(self) -> Optional[Profile]:
         """The given profile (loaded from its path), or None."""
@@ -230,22 +254,35 @@ def timeline_samples(events: Sequence[Any], step: int, world_size: int
     return out
 
 
-def agree(transport: Any, link: Optional[Link], timeout: float) -> Optional[Link]:
-    """One estimate every rank holds: the median over ranks of latency and of the
-    time per byte (the lower middle for an even count). Collective.
+def agree_values(transport: Any, values: Sequence[Optional[float]], timeout: float
+                 ) -> Optional[List[float]]:
+    """Per position, the median over ranks of ``values`` (the lower middle for an
+    even count), the same list on every rank. Collective.
 
     Returns:
-        The agreed link, or None when some rank has no estimate yet.
+        The medians, or None when some rank has a value missing (None or NaN).
     """
-    mine = torch.tensor([math.nan, math.nan] if link is None else
-                        [link.latency, 1.0 / link.bandwidth], dtype=torch.float64)
+    mine = torch.tensor([math.nan if v is None else float(v) for v in values],
+                        dtype=torch.float64)
     rows = [t.tolist() for t in transport.allgather(mine, timeout)]
     if any(math.isnan(v) for r in rows for v in r):
         return None
     mid = (len(rows) - 1) // 2
-    lat = sorted(r[0] for r in rows)[mid]
-    beta = sorted(r[1] for r in rows)[mid]
-    return Link(max(0.0, lat), 1.0 / beta)
+    return [sorted(r[i] for r in rows)[mid] for i in range(len(values))]
+
+
+def agree(transport: Any, link: Optional[Link], timeout: float) -> Optional[Link]:
+    """One estimate every rank holds: the median over ranks of latency and of the
+    time per byte (``agree_values``). Collective.
+
+    Returns:
+        The agreed link, or None when some rank has no estimate yet.
+    """
+    got = agree_values(transport, [None, None] if link is None else
+                       [link.latency, 1.0 / link.bandwidth], timeout)
+    if got is None:
+        return None
+    return Link(max(0.0, got[0]), 1.0 / got[1])
 
 
 def _key(name: str, params: Mapping[str, Any]) -> Tuple[str, str]:
@@ -311,8 +348,13 @@ class OnlinePlanner:
             the current and the best plan, the predicted gain, and whether it
             switched (with the gradients whose state was kept or reset, and the
             median wall time of a step before the switch and of the first
-            ``AFTER_STEPS`` after it: ``step_s_before``, ``step_s_after``).
-        switches: switches made.
+            ``AFTER_STEPS`` after it: ``step_s_before``, ``step_s_after``); and
+            one per judged trial (``judged``, ``verdict``: kept, reverted,
+            restored or revert stands, with the agreed step times).
+        switches: switches made (a revert or a restore is not counted).
+        reverts: switches reverted because they measured slower.
+        rejected: (plan, link, step) of every revert that stood: that plan is
+            refused while the link stays within the margin of that link.
     """
 
     def __init__(self, settings: Adaptive, profile: Profile, labels: Sequence[str],
@@ -334,6 +376,11 @@ class OnlinePlanner:
         self._last_t: Optional[float] = None
         self._after_switch: Optional[Dict[str, Any]] = None
         self.decided_on: Optional[Link] = None  # the estimate of the last decision
+        self._trial: Optional[Dict[str, Any]] = None  # the open switch's trial (verify)
+        self.rejected: List[Tuple[str, Link, int]] = []  # (plan key, link, switch step)
+        self._mark_events = 0  # the timeline read so far (``Timeline.since``)
+        self._planners_cache: Dict[Any, List[Planner]] = {}  # ``planners``, by link
+        self.reverts = 0
         self._reference_planners = _planners(profile, self.labels, n, strategy,
                                              self.raw_collective)
 
@@ -410,18 +457,27 @@ class OnlinePlanner:
     def planners(self, link: Link) -> List[Planner]:
         """One planner per candidate on the profile moved to ``link``. Each keeps the
         engine's cost beyond Eq. 2 fitted on the reference network (refitting the
-        timings taken there against another link would cancel the link's change)."""
-        ps = _planners(self.calibrated(link), self.labels, self.n, self.strategy,
-                       self.raw_collective)
-        for p, r in zip(ps, self._reference_planners):
-            p.engine_term = r.engine_term
+        timings taken there against another link would cancel the link's change).
+        The planners of the last few links are kept: a check prices the plan on the
+        link of the last decision every time."""
+        key = (link, self.reference, tuple(self.labels), id(self.profile))
+        ps = self._planners_cache.get(key)
+        if ps is None:
+            ps = _planners(self.calibrated(link), self.labels, self.n, self.strategy,
+                           self.raw_collective)
+            for p, r in zip(ps, self._reference_planners):
+                p.engine_term = r.engine_term
+            self._planners_cache[key] = ps
+            while len(self._planners_cache) > 4:
+                del self._planners_cache[next(iter(self._planners_cache))]
         return ps
 
     # -- checkpoints ---------------------------------------------------------------------
     def state_dict(self, engine: Any) -> Dict[str, Any]:
         """What a resumed job needs to go on as this one would: the active plan, the
         profile and candidates it is priced on, the reference link and the link of the
-        last decision, the switches made, the running estimate and the history.
+        last decision, the switches made and the plans refused after a revert, the
+        running estimate and the history.
 
         Plans, profiles and the history travel as JSON strings, so the dict holds
         only strings, numbers and lists (``torch.load(weights_only=True)`` reads it).
@@ -437,6 +493,8 @@ class OnlinePlanner:
                 "plan": json.dumps(engine.plan.to_dict(), sort_keys=True),
                 "profile": json.dumps(self.profile.to_dict(), sort_keys=True),
                 "labels": list(self.labels), "switches": self.switches,
+                "reverts": self.reverts,
+                "rejected": [[k, link(x), at] for k, x, at in self.rejected],
                 "reference": link(self.reference), "decided_on": link(self.decided_on),
                 "estimate": None if est.alpha is None else [est.alpha, est.beta, est.steps],
                 "history": json.dumps(self.history, sort_keys=True, default=str)}
@@ -481,6 +539,9 @@ class OnlinePlanner:
         self._reference_planners = _planners(self.profile, self.labels, self.n, self.strategy,
                                              self.raw_collective)
         self.switches = int(d["switches"])
+        self.reverts = int(d.get("reverts", 0))  # absent in states saved before trials
+        self.rejected = [(str(k), link(x), int(at)) for k, x, at in d.get("rejected", [])]
+        self._trial = None  # an open trial is not resumed: the saved plan stays
         self.reference, self.decided_on = link(d["reference"]), link(d["decided_on"])
         est = d.get("estimate")
         self.estimator = LinkEstimator(self.settings.gain)
@@ -496,16 +557,19 @@ class OnlinePlanner:
 
     def after_step(self, engine: Any) -> Optional[Plan]:
         """Update the estimate from the step just synchronised; on a check step, agree
-        and maybe switch (collective on check steps: every rank, same step).
+        and maybe switch; on the step that ends a switch's trial, judge it
+        (collective on check and judging steps: every rank, same step).
 
         A check switches when both hold: the current plan's predicted time
         moved by more than ``margin`` since the link the plan was last
         decided on (the first check, or the last switch), and the best plan
         is predicted faster than the current one by more than ``margin``
-        (``should_switch``). The first check only records the reference.
+        (``should_switch``), unless the best plan measured slower near this
+        link before (``refused``). The first check only records the reference.
+        While a switch's trial is open (``Adaptive.verify``) no check runs.
 
         Returns:
-            The new plan when this call switched, else None.
+            The new plan when this call switched (or reverted), else None.
         """
         step = engine.step  # completed steps; the last one's index is step - 1
         self._time_step(step)
@@ -515,10 +579,16 @@ class OnlinePlanner:
             if link is not None:
                 self.estimator.alpha, self.estimator.beta = link.latency, 1.0 / link.bandwidth
         else:
-            self.estimator.update(timeline_samples(engine.timeline.events, step - 1,
-                                                   engine.size))
+            new, self._mark_events = engine.timeline.since(self._mark_events)
+            self.estimator.update(timeline_samples(new, step - 1, engine.size))
+        if self._trial is not None:
+            return self._judge(engine, step) if step >= self._trial["at"] else None
         if step % self.settings.check_every:
             return None
+        return self._check(engine, step)
+
+    def _check(self, engine: Any, step: int) -> Optional[Plan]:
+        """One check (collective): agree on the link, price, maybe switch."""
         t0 = time.perf_counter()
         link = agree(engine.transport, self.estimator.link, self.timeout)
         if link is None:
@@ -539,8 +609,7 @@ class OnlinePlanner:
         meta = {"adaptive": {"step": step, "latency": link.latency,
                              "bandwidth": link.bandwidth},
                 "profile": self.profile.to_dict(), "candidates": self.labels}
-        best = plan_per_gradient(planners, self.sizes, meta=meta) if len(planners) > 1 \
-            else planners[0].plan(self.sizes, meta=meta)
+        best = _best_plan(planners, self.sizes, meta, fit_rule=False)  # priced, not used yet
         best_s = price_plan(best, planners, self.sizes, self.n)
         rec.update(current_s=current, best_s=best_s, before_s=before)
         s = self.settings
@@ -551,16 +620,24 @@ class OnlinePlanner:
             return None
         rec["gain"] = (current - best_s) / current if current > 0 else 0.0
         rec["moved"] = abs(current - before) / before if before > 0 else 0.0
-        if rec["moved"] > s.margin and should_switch(
-                current, best_s, margin=s.margin, switches=self.switches,
-                max_switches=s.max_switches):
+        wanted = rec["moved"] > s.margin and should_switch(
+            current, best_s, margin=s.margin, switches=self.switches,
+            max_switches=s.max_switches)
+        refused = self.refused(best, link, planners) if wanted else None
+        if refused is not None:
+            rec["refused_since"] = refused
+            _log.info("plan='adaptive' step %d: the best predicted plan measured slower at "
+                      "step %d on a link within the margin of this one; the plan stays",
+                      step, refused)
+        elif wanted:
+            old = engine.plan
+            best = _best_plan(planners, self.sizes, meta, fit_rule=True)  # the same entries
             states = engine.set_plan(best)
             self.switches += 1
             self.decided_on = link
             rec.update(switched=True, **states)
             rec["step_s_before"] = self._median_step()
             self._after_switch = rec
-            self._steps_s.clear()
             _log.warning("plan='adaptive' switched the plan at step %d (switch %d of at most "
                          "%d): link %.3g ms + %.3g Gbit/s agreed across ranks; predicted "
                          "sync %.2f ms -> %.2f ms (gain %.0f %%, margin %.0f %%); %d of %d "
@@ -569,10 +646,11 @@ class OnlinePlanner:
                          1e3 * best_s, 100 * rec["gain"], 100 * s.margin,
                          sum(g.compress for g in best.gradients.values()),
                          len(best.gradients))
-            from ..casync.timeline import Event
-
-            engine.timeline.add(Event("plan_switch", "", self.switches, t0,
-                                      time.perf_counter(), 0, "compute", step))
+            if s.verifies:
+                self._trial = {"stage": "new", "at": step + AFTER_STEPS, "switch": step,
+                               "old": old, "new": best, "link": link,
+                               "t_old": rec["step_s_before"]}
+            self._mark(engine, "plan_switch", self.switches, t0, step)
         else:
             _log.info("plan='adaptive' step %d: keep the plan (link %.3g ms + %.3g Gbit/s; "
                       "current plan %.2f ms, moved %.0f %%; best %.2f ms, gain %.0f %%; %d "
@@ -581,6 +659,98 @@ class OnlinePlanner:
                       self.switches)
         self.history.append(rec)
         return best if rec["switched"] else None
+
+    def _mark(self, engine: Any, kind: str, index: int, t0: float, step: int) -> None:
+        """A switch or revert on the engine's timeline; the step timer restarts after
+        it (a trial's windows hold steps, not the switch's own collectives)."""
+        from ..casync.timeline import Event
+
+        engine.timeline.add(Event(kind, "", index, t0, time.perf_counter(), 0, "compute",
+                                  step))
+        self._steps_s.clear()
+        self._last_t = time.perf_counter()
+
+    def refused(self, plan: Plan, link: Link, planners: Sequence[Planner]) -> Optional[int]:
+        """The step at which ``plan`` measured slower and was reverted, when the link
+        is still within ``margin`` of the link it was measured on (priced as the
+        switch rule prices a move: the refused plan's predicted time there and
+        here); else None."""
+        key = _plan_key(plan)
+        for ref_key, ref_link, at in self.rejected:
+            if ref_key != key:
+                continue
+            here = price_plan(plan, planners, self.sizes, self.n)
+            there = price_plan(plan, self.planners(ref_link), self.sizes, self.n)
+            if here is not None and there and abs(here - there) / there <= \
+                    self.settings.margin:
+                return at
+        return None
+
+    def _judge(self, engine: Any, step: int) -> Optional[Plan]:
+        """End a switch's trial (collective): the ranks agree on the median step time
+        of the plan before and of the plan after; revert a switch measured slower
+        by more than ``margin``, restore one whose revert measured slower still."""
+        t0 = time.perf_counter()
+        tr, s = self._trial, self.settings
+        stage = tr["stage"]
+        earlier = tr["t_old"] if stage == "new" else tr["t_new"]
+        got = agree_values(engine.transport, [earlier, self._median_step()], self.timeout)
+        self._trial = None
+        rec: Dict[str, Any] = {"step": step, "judged": stage, "switch_step": tr["switch"],
+                               "switched": False}
+        if got is None:
+            rec["verdict"] = "kept (a rank had no step times)"
+            self.history.append(rec)
+            return None
+        t_then, t_now = got
+        if stage == "new":
+            rec.update(step_s_old=t_then, step_s_new=t_now)
+            if t_now > t_then * (1 + s.margin) and tr["old"] is not None:
+                rec.update(engine.set_plan(tr["old"]), switched=True, verdict="reverted")
+                self.reverts += 1
+                self._trial = {**tr, "stage": "old", "at": step + AFTER_STEPS,
+                               "t_new": t_now}
+                _log.warning("plan='adaptive' reverted the switch of step %d at step %d: "
+                             "%.2f ms a step after it against %.2f ms before it (median over "
+                             "ranks of %d steps each; margin %.0f %%)", tr["switch"], step,
+                             1e3 * t_now, 1e3 * t_then, AFTER_STEPS, 100 * s.margin)
+                self._mark(engine, "plan_revert", self.reverts, t0, step)
+                self.history.append(rec)
+                return tr["old"]
+            rec["verdict"] = "kept"
+            _log.info("plan='adaptive' kept the switch of step %d: %.2f ms a step after it, "
+                      "%.2f ms before it", tr["switch"], 1e3 * t_now, 1e3 * t_then)
+        else:
+            rec.update(step_s_new=t_then, step_s_old=t_now)
+            if t_now > t_then:  # the steps before the switch were on another link
+                rec.update(engine.set_plan(tr["new"]), switched=True, verdict="restored")
+                _log.warning("plan='adaptive' restored the switch of step %d at step %d: the "
+                             "plan it replaced measured %.2f ms a step against its %.2f ms",
+                             tr["switch"], step, 1e3 * t_now, 1e3 * t_then)
+                self._mark(engine, "plan_restore", self.reverts, t0, step)
+                self.history.append(rec)
+                return tr["new"]
+            rec["verdict"] = "revert stands"
+            self.rejected.append((_plan_key(tr["new"]), tr["link"], tr["switch"]))
+            _log.info("plan='adaptive': the revert stands (%.2f ms a step against %.2f ms); the "
+                      "plan of step %d is refused near this link", 1e3 * t_now, 1e3 * t_then,
+                      tr["switch"])
+        self.history.append(rec)
+        return None
+
+
+def _best_plan(planners: Sequence[Planner], sizes: Mapping[str, int],
+               meta: Mapping[str, Any], fit_rule: bool) -> Plan:
+    """The cost model's best plan over the candidates' planners (``plan_per_gradient``;
+    one candidate: its planner's plan)."""
+    if len(planners) > 1:
+        return plan_per_gradient(planners, sizes, meta=meta, fit_rule=fit_rule)
+    return planners[0].plan(sizes, meta=meta, fit_rule=fit_rule)
+
+
+def _plan_key(plan: Plan) -> str:
+    """What makes two plans the same plan: every gradient's decision."""
+    return json.dumps({n: g.to_dict() for n, g in plan.gradients.items()}, sort_keys=True)
 
 
 class adaptive_plan:  # noqa: N801 - a callable used like a function, as auto_plan

@@ -100,6 +100,23 @@ def test_timeline_samples_convert_rounds_and_buckets_to_one_way_bytes():
     assert timeline_samples(evs, 3, 4) == [(500.0, 0.5), (600.0, 0.25)]
 
 
+def test_timeline_since_returns_what_is_new_within_its_bound():
+    from hipress_like.casync.timeline import Timeline
+
+    tl = Timeline(max_events=5)
+    ev = [Event("round", "w", i, 0.0, 1.0, 8, "comm", i) for i in range(8)]
+    for e in ev[:3]:
+        tl.add(e)
+    got, mark = tl.since(0)
+    assert got == ev[:3] and mark == 3
+    assert tl.since(mark) == ([], 3)
+    for e in ev[3:]:  # 8 added, the bound keeps 5: the oldest dropped in order
+        tl.add(e)
+    assert tl.events == ev[3:]
+    assert tl.since(mark) == (ev[3:], 8)  # all that is new and still kept
+    assert tl.since(6) == (ev[6:], 8)
+
+
 def test_agree_takes_the_same_median_on_every_rank():
     links = [Link(1e-3, 1e6), Link(3e-3, 4e6), Link(2e-3, 2e6)]
 
@@ -321,11 +338,18 @@ def test_controller_state_round_trips_the_switched_plan_and_refuses_what_is_not_
                 eng.submit(n, torch.ones(nb // 4))
             eng.synchronize()
             online.after_step(eng)
+        online.rejected.append(("{}", SLOW, 3))  # a revert that stood (trials: below)
+        online.reverts = 1
         sd = online.state_dict(eng)
         switched = eng.plan.to_dict()
         eng.close()
         fresh, again = build(t)
         first = fresh.plan.to_dict()
+        old = {k: v for k, v in sd.items() if k not in ("rejected", "reverts")}
+        assert again.load_state_dict(fresh, old)  # saved before trials existed
+        assert again.rejected == [] and again.reverts == 0
+        fresh.close()
+        fresh, again = build(t)
         assert not again.load_state_dict(fresh, dict(sd, world_size=t.size + 1))
         assert fresh.plan.to_dict() == first  # another world size: the first plan stays
         assert again.load_state_dict(fresh, sd)
@@ -333,6 +357,7 @@ def test_controller_state_round_trips_the_switched_plan_and_refuses_what_is_not_
         with pytest.raises(ValueError, match="not a plan='adaptive' state"):
             again.load_state_dict(fresh, {"format": "hipress-like-engine"})
         fresh.close()
+        assert again.rejected == [("{}", SLOW, 3)] and again.reverts == 1
         return switched, first, loaded, again.switches, again.reference, again.history
 
     for switched, first, loaded, switches, ref, hist in run_threads(run, 2):
@@ -359,3 +384,89 @@ def _state_only(t, prof):
     sd = online.state_dict(eng)
     eng.close()
     return sd
+
+
+# -- a switch is a trial judged by measured step times ----------------------------------------
+
+def _trial_run(t, sleep_s, steps=24):
+    """FAST until step 5, SLOW after (the model then wants onebit on w1 and w2); the
+    loop sleeps ``sleep_s(step, compressed)`` a step: the wall time the trial sees."""
+    import time
+
+    def schedule(step):
+        return FAST if step < 5 else SLOW
+
+    prof = _profile()
+    plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps", meta={"profile": prof.to_dict()})
+    eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+    eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+    online = OnlinePlanner.for_engine(eng, Adaptive(check_every=4, verify=True,
+                                                    estimate=lambda s, r: schedule(s)))
+    g = torch.Generator().manual_seed(t.rank)
+    out, compressed = [], []
+    for step in range(steps):
+        on = eng.layout()["w1"]["compress"]
+        compressed.append(on)
+        time.sleep(sleep_s(step, on))
+        grads = {n: torch.randn(nb // 4, generator=g) for n, nb in SIZES.items()}
+        for n, x in grads.items():
+            eng.submit(n, x)
+        eng.synchronize()
+        out.append(torch.cat(list(grads.values())).clone())
+        online.after_step(eng)
+    eng.close()
+    kinds = [(e.kind, e.step) for e in eng.timeline.events if e.kind.startswith("plan_")]
+    return online, out, compressed, kinds
+
+
+def _same_on_both_ranks(res):
+    (a, out0, c0, k0), (b, out1, c1, k1) = res
+    assert c0 == c1 and k0 == k1
+    assert all(torch.equal(x, y) for x, y in zip(out0, out1))
+    return a, c0, k0
+
+
+def test_a_switch_that_measures_slower_is_reverted_and_then_refused():
+    res = run_threads(lambda t: _trial_run(t, lambda s, on: 0.03 if on else 0.002), 2)
+    online, compressed, kinds = _same_on_both_ranks(res)
+    # switch at the check of step 8, judged 5 steps later (13): slower -> reverted; the
+    # plan it left is measured 5 steps more (18): faster -> the revert stands
+    assert kinds == [("plan_switch", 8), ("plan_revert", 13)]
+    assert compressed[8:13] == [True] * 5 and not any(compressed[13:])
+    judged = [r for r in online.history if "judged" in r]
+    assert [r["verdict"] for r in judged] == ["reverted", "revert stands"]
+    assert judged[0]["step_s_new"] > judged[0]["step_s_old"] * 1.1
+    assert online.reverts == 1 and online.switches == 1 and len(online.rejected) == 1
+    # no check while the trial ran (steps 12 and 16), checks again after it (20, 24)
+    assert [r["step"] for r in online.history if "judged" not in r] == [4, 8, 20, 24]
+    # the refused plan: refused on the link it measured slower on, not on a far one
+    rejected_plan = profile_plan(_profile(SLOW), ["onebit"], SIZES, 2, "ps")
+    assert online.refused(rejected_plan, SLOW, online.planners(SLOW)) == 8
+    far = Link(SLOW.latency * 50, SLOW.bandwidth / 50)
+    assert online.refused(rejected_plan, far, online.planners(far)) is None
+
+
+def test_a_revert_that_measures_slower_still_is_undone():
+    # the plan before the switch was timed on a faster world than the one after it:
+    # after the switch the compressed plan takes 20 ms, and after the revert the
+    # uncompressed one takes 80 ms: the switch is restored and kept
+    def sleep_s(step, on):
+        return 0.002 if step < 9 else (0.02 if on else 0.08)
+
+    online, compressed, kinds = _same_on_both_ranks(
+        run_threads(lambda t: _trial_run(t, sleep_s), 2))
+    assert kinds == [("plan_switch", 8), ("plan_revert", 13), ("plan_restore", 18)]
+    assert all(compressed[18:]) and not any(compressed[13:18])
+    assert [r["verdict"] for r in online.history if "judged" in r] == ["reverted", "restored"]
+    assert online.rejected == []
+
+
+def test_a_switch_measured_no_slower_is_kept_and_verify_defaults_off_for_injected_links():
+    online, compressed, kinds = _same_on_both_ranks(
+        run_threads(lambda t: _trial_run(t, lambda s, on: 0.002 if on else 0.05), 2))
+    assert kinds == [("plan_switch", 8)] and all(compressed[9:])
+    assert [r["verdict"] for r in online.history if "judged" in r] == ["kept"]
+    assert Adaptive().verifies and not Adaptive(estimate=lambda s, r: None).verifies
+    assert Adaptive(verify=True, estimate=lambda s, r: None).verifies
+    with pytest.raises(ValueError, match="verify"):
+        Adaptive(verify="yes")
