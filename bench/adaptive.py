@@ -14,7 +14,10 @@ load on a shared host falls on all of them alike:
 
     adaptive  plan=hpt.Adaptive(check_every, margin): profiled at start as
               plan="auto", then re-planned from the engine's own timings
-    start     plan="auto": the plan chosen at start, kept
+    start     the plan the adaptive job of the same repeat started with (its
+              rank 0 saves it after the first step, before any check), kept:
+              both start from one profile (two profiles of a link on a shared
+              host may pick different plans)
     none      nothing compressed (Compression.none)
     onebit    1-bit on every gradient of 64 KB or more (a fixed plan)
 
@@ -34,8 +37,9 @@ and every job checks that its ranks end bitwise identical. Written as JSON
     sudo python bench/adaptive.py                               # 4 ranks, 40 steps a phase
     sudo python bench/adaptive.py --ranks 2 --steps 12 --hidden 256 --repeats 1   # smoke
 
-Not here yet (issue 49): a compute slowdown (a CPU hog beside one rank);
-the plot itself (the JSON has the series).
+Plotted (``--plot``, beside the JSON by default): step time against training
+time, the adaptive job's switches and reverts marked. Not here yet (issue
+49): a compute slowdown (a CPU hog beside one rank).
 """
 from __future__ import annotations
 
@@ -84,8 +88,8 @@ def adaptive_job(ctx, cfg):
     compression, plan = "onebit", None
     if name == "adaptive":
         plan = hpt.Adaptive(check_every=cfg["check_every"], margin=cfg["margin"])
-    elif name == "start":
-        plan = "auto"
+    elif name == "start":  # the plan the adaptive job of this repeat started with
+        plan = cfg["start_plan"] if os.path.exists(cfg["start_plan"]) else "auto"
     elif name == "none":
         compression = "none"
     elif name == "onebit":
@@ -115,12 +119,15 @@ def adaptive_job(ctx, cfg):
             times.append(time.perf_counter() - t)
             walls.append(time.time())
             step += 1
+            if step == 1 and name == "adaptive" and rank == 0:  # before any check
+                opt.engine.plan.save(cfg["start_plan"])
         phases.append(times)
         layouts.append(sorted(g for g, d in opt.engine.layout().items() if d["compress"]))
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     online = opt.online
-    history = [{k: v for k, v in h.items() if k in ("step", "switched", "gain", "current_s",
-                                                     "best_s", "bandwidth_Bps", "latency_s")}
+    keep = ("step", "switched", "gain", "current_s", "best_s", "bandwidth_Bps", "latency_s",
+            "judged", "verdict", "step_s_old", "step_s_new", "refused_since")
+    history = [{k: v for k, v in h.items() if k in keep}
                for h in (online.history if online is not None else [])]
     out = {"phases": phases, "wall": walls, "start_s": start_s, "compressed": layouts,
            "history": history, "after_steps": AFTER_STEPS,
@@ -129,7 +136,7 @@ def adaptive_job(ctx, cfg):
     return out
 
 
-def run_job(config: str, a: argparse.Namespace, rates) -> dict:
+def run_job(config: str, a: argparse.Namespace, rates, start_plan: str) -> dict:
     """One configuration's job over the emulated network, the link changed between
     phases; rank 0's step times, the switches, whether the ranks agree."""
     from hipress_like.launch import netem
@@ -139,7 +146,7 @@ def run_job(config: str, a: argparse.Namespace, rates) -> dict:
     flags = tempfile.mkdtemp(prefix="hipress-adaptive-")
     cfg = {"config": config, "hidden": a.hidden, "lr": 0.05, "batch": a.batch,
            "check_every": a.check_every, "margin": a.margin, "flags": flags,
-           "phases": [a.steps] * len(rates), "wait_s": a.timeout}
+           "phases": [a.steps] * len(rates), "wait_s": a.timeout, "start_plan": start_plan}
     box: dict = {}
 
     def go():
@@ -170,7 +177,10 @@ def run_job(config: str, a: argparse.Namespace, rates) -> dict:
             "settled_s": [sum(p[settle:]) for p in r0["phases"]],
             "total_s": sum(sum(p) for p in r0["phases"]),
             "start_s": r0["start_s"], "job_s": time.time() - t0,
-            "switches": [h["step"] for h in r0["history"] if h.get("switched")],
+            "switches": [h["step"] for h in r0["history"]
+                         if h.get("switched") and "judged" not in h],
+            "reverts": [h["step"] for h in r0["history"] if h.get("verdict") == "reverted"],
+            "restores": [h["step"] for h in r0["history"] if h.get("verdict") == "restored"],
             "history": r0["history"], "compressed": r0["compressed"],
             "identical": len({r["digest"] for r in res}) == 1,
             "steps_s": r0["phases"], "wall": r0["wall"]}
@@ -191,7 +201,11 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     ap.add_argument("--out", default="results/adaptive.json")
+    ap.add_argument("--plot", default=None,
+                    help="the plot's path (default: --out with .png; '' for none)")
     a = ap.parse_args(argv)
+    if a.plot is None:
+        a.plot = os.path.splitext(a.out)[0] + ".png"
     rates = [r.strip() for r in a.rates.split(",") if r.strip()]
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     if os.geteuid() != 0 or shutil.which("tc") is None:
@@ -201,21 +215,26 @@ def main(argv=None) -> int:
     unknown = sorted(set(configs) - set(CONFIGS))
     if unknown or "adaptive" not in configs:
         ap.error(f"--configs takes 'adaptive' and any of {FIXED}, found {configs}")
+    configs = ["adaptive"] + [c for c in configs if c != "adaptive"]  # start needs its plan
     from hipress_like.launch import netem
 
     rows: dict = {c: [] for c in configs}
     netem.up(a.ranks, rates[0])
+    plans = tempfile.mkdtemp(prefix="hipress-adaptive-plans-")
     try:
         for rep in range(a.repeats):
+            start_plan = os.path.join(plans, f"start-{rep}.json")  # written by adaptive
             for c in configs:
-                r = run_job(c, a, rates)
+                r = run_job(c, a, rates, start_plan)
                 rows[c].append(r)
                 print(f"[{rep + 1}/{a.repeats}] {c:8s} phases "
                       + " ".join(f"{s:7.2f}" for s in r["phase_s"])
                       + f"  total {r['total_s']:7.2f} s  start-up {r['start_s']:5.1f} s  "
-                      f"switches at {r['switches']}  identical {r['identical']}", flush=True)
+                      f"switches at {r['switches']} reverted at {r['reverts']} restored at "
+                      f"{r['restores']}  identical {r['identical']}", flush=True)
     finally:
         netem.down()
+        shutil.rmtree(plans, ignore_errors=True)
 
     def med(c, key, k=None):
         vals = [r[key] if k is None else r[key][k] for r in rows[c]]
@@ -253,7 +272,53 @@ def main(argv=None) -> int:
                    "goals": [dict(zip(("name", "value", "target", "pass"), g)) for g in goals]},
                   f, indent=1)
     print(f"wrote {a.out}")
+    if a.plot:
+        plot(rows, rates, a.steps, a.plot)
+        print(f"wrote {a.plot}")
     return 0
+
+
+def plot(rows: dict, rates, steps: int, path: str) -> None:
+    """Step time against training time (the sum of step times, link changes left
+    out), first repeat of every configuration; the adaptive job's phase
+    boundaries, switches (dashed) and reverts (dotted) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for c, reps in rows.items():
+        r = reps[0]
+        ts = [t for p in r["steps_s"] for t in p]
+        xs, acc = [], 0.0
+        for t in ts:
+            acc += t
+            xs.append(acc)
+        ax.plot(xs, [1e3 * t for t in ts], lw=1.6 if c == "adaptive" else 1.0,
+                label=c, zorder=3 if c == "adaptive" else 2)
+        if c != "adaptive":
+            continue
+        for k in range(1, len(rates)):
+            ax.axvline(xs[k * steps - 1], color="grey", lw=0.8)
+            ax.text(xs[k * steps - 1], 1.0, f" {rates[k]}", transform=ax.get_xaxis_transform(),
+                    va="top", fontsize=8, color="grey")
+        ax.text(0, 1.0, f" {rates[0]}", transform=ax.get_xaxis_transform(), va="top",
+                fontsize=8, color="grey")
+        for key, style, name in (("switches", "--", "switch"), ("reverts", ":", "revert"),
+                                 ("restores", "-.", "restore")):
+            for i, st in enumerate(r[key]):  # a check at step st follows step st's time
+                ax.axvline(xs[min(st, len(xs)) - 1], color="C0", ls=style, lw=1.0,
+                           label=name if i == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("training time, s (sum of step times)")
+    ax.set_ylabel("step time, ms")
+    ax.set_title("plan='adaptive' while tc changes the link (first repeat)")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

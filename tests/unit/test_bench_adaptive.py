@@ -1,0 +1,32 @@
+"""bench/adaptive.py's pure part: the plot of step time against training time.
+
+The bench itself needs root (tc in network namespaces) and runs whole jobs;
+here the plot is drawn from rows shaped as ``run_job`` returns them, with a
+switch, a revert and a restore, and the file is checked to be a PNG.
+"""
+import importlib.util
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_adaptive",
+                                                  os.path.join(ROOT, "bench", "adaptive.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_plot_marks_switches_reverts_and_restores(tmp_path):
+    steps = 6
+    row = {"steps_s": [[0.01] * steps, [0.05] * steps, [0.01] * steps],
+           "switches": [3, 8], "reverts": [13], "restores": [17]}
+    fixed = {"steps_s": [[0.01] * steps, [0.2] * steps, [0.01] * steps],
+             "switches": [], "reverts": [], "restores": []}
+    path = tmp_path / "plots" / "adaptive.png"
+    _bench().plot({"adaptive": [row], "start": [fixed]}, ["1gbit", "100mbit", "1gbit"],
+                  steps, str(path))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000
