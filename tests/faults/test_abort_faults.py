@@ -64,7 +64,7 @@ def test_ranks_exit_cleanly_with_waits_they_gave_up_on():
     """After an abort, each rank's waiter thread is still inside a gloo wait that only
     ends when the peer exits. Both ranks then leave together: each must exit 0, not be
     killed by ``std::terminate`` (status 134) when that wait returns while its
-    interpreter finalises (``torch_dist._join_waiters_at_exit``)."""
+    interpreter finalises (``transport.waiter.join_waiters_at_exit``)."""
     for _ in range(2):
         rcs, outs = run_env_ranks(_EXIT_TOGETHER, 2, timeout=100)
         assert all("RESULT" in o for o in outs), outs

@@ -61,7 +61,7 @@ def test_a_store_whose_host_died_names_global_rank_0():
     import torch.distributed as dist
 
     from hipress_like.casync.transport import PeerError
-    from hipress_like.casync.transport.torch_dist import C10dStore
+    from hipress_like.casync.transport.c10d_store import C10dStore
 
     host = subprocess.Popen(
         [sys.executable, "-c", "import sys, time, torch.distributed as d\n"

@@ -45,7 +45,7 @@ import torch
 
 from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
 from .counters import PUBLISHER, settled_counts
-from .torch_dist import RendezvousStoreMixin
+from .c10d_store import RendezvousStoreMixin
 
 __all__ = ["HorovodTransport"]
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
-from .torch_dist import RendezvousStoreMixin
+from .c10d_store import RendezvousStoreMixin
 
 __all__ = ["MPITransport"]
 

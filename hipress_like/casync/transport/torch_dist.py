@@ -43,28 +43,30 @@ Timeouts and naming the culprit:
    diagnosis.)
 
 ``store(prefix)`` hands out the same rendezvous store to protocols built on
-the transport (a ``dist.PrefixStore`` over a client connection of its own);
-a store call that cannot reach it raises ``PeerError`` naming its host.
+the transport (``c10d_store``: a ``dist.PrefixStore`` over a client
+connection of its own); a store call that cannot reach it raises
+``PeerError`` naming its host. The waiter thread of item 5, and how it ends
+at exit, is ``waiter``.
 """
 from __future__ import annotations
 
 import atexit
 import itertools
 import logging
-import queue
 import threading
 import time
 import weakref
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from .base import DEFAULT_TIMEOUT, KeyValueStore, NoStoreError, PeerError, Transport, TransportError
+from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
+from .c10d_store import C10dStore, own_store_client, rendezvous_store
+from .waiter import Waiter
 
-__all__ = ["TorchDistTransport", "C10dStore", "RendezvousStoreMixin", "own_store_client",
-           "rendezvous_store"]
+__all__ = ["TorchDistTransport"]
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +86,6 @@ _STORE_LINGER = 5.0
 # How often a caller waiting on a collective looks for a peer's abort (the
 # heartbeat thread reads the store; this only reads a field it sets).
 _ABORT_POLL = 0.02
-# At exit, how long to wait for a waiter thread still inside a wait its caller gave
-# up on (``_join_waiters_at_exit``): such a wait ends when the peer it waits for
-# exits, and that must happen before this interpreter finalises, not during it.
-_EXIT_JOIN = 3.0
-# Every waiter thread of this process, with its queue.
-_waiters: "weakref.WeakKeyDictionary[threading.Thread, queue.SimpleQueue]" = \
-    weakref.WeakKeyDictionary()
 _ABORT_REASON_CHARS = 2000
 
 
@@ -160,7 +155,7 @@ class TorchDistTransport(Transport):
         self._abort_key = abort_key or f"{self._prefix}/abort"
         # shared by the channels of one family (this transport and its splits)
         self._aborts = _families.setdefault(self._abort_key, _Aborts())
-        self._waitq: Optional["queue.SimpleQueue"] = None  # the waiter thread's (gloo)
+        self._waiter: Optional[Waiter] = None  # waits on gloo works for ``_wait``
         # of the call in progress (``_run``): the source rank of each receive its works
         # begin with (gloo's exchange), and the index of the work whose wait failed
         self._labels: List[int] = []
@@ -419,15 +414,10 @@ class TorchDistTransport(Transport):
             for work in works:
                 work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
             return
-        if self._waitq is None:
-            self._waitq = queue.SimpleQueue()
-            weakref.finalize(self, self._waitq.put, None)  # ends the waiter with the transport
-            waiter = threading.Thread(target=_wait_loop, args=(self._waitq,), daemon=True,
-                                      name=f"hipress-wait-r{self.rank}")
-            _waiters[waiter] = self._waitq
-            waiter.start()
-        pending = _Pending(works, deadline)
-        self._waitq.put(pending)
+        if self._waiter is None:
+            self._waiter = Waiter(f"hipress-wait-r{self.rank}")
+            weakref.finalize(self, self._waiter.stop)  # ends the waiter with the transport
+        pending = self._waiter.submit(works, deadline)
         while not pending.done.wait(_ABORT_POLL):
             if self._aborts.stop:
                 raise _Aborted()
@@ -533,7 +523,7 @@ class TorchDistTransport(Transport):
             self._run("barrier", lambda seq: dist.all_reduce(
                 one, group=self.group, async_op=True), timeout)
 
-    def store(self, prefix: str) -> KeyValueStore:
+    def store(self, prefix: str) -> C10dStore:
         """The rendezvous store under ``prefix``, over a client connection of its own
         (``Transport.store``); its host is global rank 0."""
         return rendezvous_store(prefix, host_rank=self._group_rank_of_global(0))
@@ -602,8 +592,8 @@ class TorchDistTransport(Transport):
         if self._stop.is_set():
             return
         self._stop.set()
-        if self._waitq is not None:
-            self._waitq.put(None)  # the waiter ends after the wait it may be in
+        if self._waiter is not None:
+            self._waiter.stop()  # the waiter ends after the wait it may be in
         if self._broken is None:
             self._broken = "closed"
 
@@ -646,178 +636,6 @@ class _Aborts:
 
 # abort key -> its family's aborts (every rank builds the same families in the same order)
 _families: Dict[str, _Aborts] = {}
-
-
-class _Pending:
-    """One wait handed to the waiter thread: its works, deadline, and outcome."""
-
-    def __init__(self, works: list, deadline: float) -> None:
-        self.works = works
-        self.deadline = deadline
-        self.done = threading.Event()
-        self.error: Optional[BaseException] = None
-        self.at = 0  # the index of the work being waited for (the failed one, on error)
-
-
-def _wait_loop(q: "queue.SimpleQueue") -> None:
-    """The waiter thread of one transport: waits for each ``_Pending`` in turn. It holds
-    no reference to the transport, so the transport can be collected; a wait a caller
-    gave up on (an abort) ends at its deadline, or when the peer it waits for exits
-    (see ``_join_waiters_at_exit``)."""
-    while True:
-        pending = q.get()
-        if pending is None:
-            return
-        try:
-            for i, work in enumerate(pending.works):
-                pending.at = i
-                remaining = max(pending.deadline - time.monotonic(), 0.001)
-                work.wait(timeout=timedelta(seconds=remaining))
-        except BaseException as e:
-            pending.error = e
-        finally:
-            pending.done.set()
-
-
-def _join_waiters_at_exit() -> None:
-    """At exit, before the interpreter finalises: end the idle waiter threads, and give
-    one still inside a wait its caller gave up on up to ``_EXIT_JOIN`` seconds to end.
-
-    Such a wait ends with an error when the peer it waits for exits, which, with every
-    rank ending together, is often while this interpreter finalises; a daemon thread
-    coming back from ``work.wait`` then is killed as it retakes the GIL, by an unwind
-    through pybind11's noexcept frame: ``std::terminate`` and exit status 134 after a
-    clean run (the MXNet refusals job did that on the 3 ranks an abort had reached).
-    Gloo cannot cut such a wait short: destroying the group leaves it blocked, and a
-    point-to-point wait that times out closes its connection."""
-    waiters = list(_waiters.items())
-    for _, q in waiters:
-        q.put(None)  # an idle waiter ends at once
-    deadline = time.monotonic() + _EXIT_JOIN
-    for thread, _ in waiters:
-        thread.join(max(deadline - time.monotonic(), 0.0))
-        if thread.is_alive():
-            log.debug("a waiter is still inside an abandoned wait at exit")
-
-
-atexit.register(_join_waiters_at_exit)
-
-
-def rendezvous_store(prefix: str, host_rank: Optional[int] = 0) -> "C10dStore":
-    """The job's rendezvous store under ``prefix``, over a client connection of its own.
-
-    ``hpt.init()`` sets torch.distributed up under every launcher, so the MPI
-    and Horovod transports hand out the same store as this one.
-
-    Args:
-        prefix: key prefix.
-        host_rank: the store host's rank in the caller's group (global rank 0).
-
-    Raises:
-        NoStoreError: torch.distributed is not initialised (no rendezvous store).
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        raise NoStoreError(
-            "no rendezvous store: torch.distributed is not initialised in this process; "
-            "expected hpt.init() (or dist.init_process_group) to have run first")
-    return C10dStore(dist.PrefixStore(prefix, own_store_client()), host_rank=host_rank,
-                     where=_store_address())
-
-
-class RendezvousStoreMixin:
-    """``Transport.store`` for transports that are not torch.distributed's (MPI,
-    Horovod): the job's rendezvous store, which ``hpt.init()`` sets up under
-    every launcher, hosted by global rank 0."""
-
-    def store(self, prefix: str) -> "C10dStore":
-        """The job's rendezvous store under ``prefix`` (``rendezvous_store``)."""
-        return rendezvous_store(prefix)
-
-
-class C10dStore(KeyValueStore):
-    """``KeyValueStore`` over a c10d store (``TorchDistTransport.store``).
-
-    Args:
-        store: the c10d store (usually a ``dist.PrefixStore``).
-        host_rank: the rank (of the transport's group) hosting the store,
-            named when a call cannot reach it; None if it is not a member.
-        where: the store's address, for messages.
-    """
-
-    def __init__(self, store: dist.Store, host_rank: Optional[int], where: str) -> None:
-        self._store = store
-        self.host_rank = host_rank
-        self.where = f"the rendezvous store ({where}, hosted by global rank 0)"
-
-    def _call(self, op: str, fn: Callable[[], Any]) -> Any:
-        """Run one store operation; a failure to reach the store names its host.
-
-        Raises:
-            PeerError: the store cannot be reached (``ranks``: its host).
-        """
-        try:
-            return fn()
-        except (dist.DistError, ConnectionError, TimeoutError, OSError) as e:
-            cause = str(e).splitlines()[0] if str(e) else type(e).__name__
-            ranks = [] if self.host_rank is None else [self.host_rank]
-            raise PeerError(
-                f"{self.where}: {op} failed ({type(e).__name__}: {cause[:300]}); expected "
-                "the store to answer, found it unreachable: its host, global rank 0, has "
-                "died or stalled (see rank 0's log for why); the ranks cannot agree on "
-                "anything without it, so restart the job (from a checkpoint)",
-                ranks=ranks) from e
-
-    def add(self, key: str, amount: int) -> int:
-        """``Transport.store``'s atomic counter add; the new value."""
-        return int(self._call(f"add({key!r})", lambda: self._store.add(key, amount)))
-
-    def check(self, keys: Sequence[str]) -> bool:
-        """True when every key is set (never waits)."""
-        return bool(self._call(f"check({list(keys)!r})", lambda: self._store.check(list(keys))))
-
-    def get(self, key: str) -> bytes:
-        """The value at ``key``."""
-        return self._call(f"get({key!r})", lambda: self._store.get(key))
-
-    def compare_set(self, key: str, expected: Union[str, bytes],
-                    desired: Union[str, bytes]) -> bytes:
-        """Set ``key`` to ``desired`` if it holds ``expected``; the value it holds after."""
-        return self._call(f"compare_set({key!r})",
-                          lambda: self._store.compare_set(key, expected, desired))
-
-    def delete_key(self, key: str) -> bool:
-        """Remove ``key``; True if it was set."""
-        return bool(self._call(f"delete_key({key!r})", lambda: self._store.delete_key(key)))
-
-
-def _store_address() -> str:
-    """host:port of the default group's store when it is a TCPStore, else its type."""
-    base = dist.distributed_c10d._get_default_store()
-    while isinstance(base, dist.PrefixStore):
-        base = base.underlying_store
-    if isinstance(base, dist.TCPStore):
-        return f"{base.host}:{base.port}"
-    return type(base).__name__
-
-
-def own_store_client() -> dist.Store:
-    """A client connection of our own to the default group's store, if it is a TCPStore.
-
-    A store client runs one operation at a time; with a shared client, a
-    blocking ``get``/``wait`` in the main thread (e.g. another ``new_group``)
-    would hold up our heartbeats and make this rank look dead.
-    """
-    default = dist.distributed_c10d._get_default_store()
-    base = default
-    while isinstance(base, dist.PrefixStore):
-        base = base.underlying_store
-    if isinstance(base, dist.TCPStore):
-        try:
-            return dist.TCPStore(base.host, base.port, is_master=False, wait_for_workers=False,
-                                 timeout=timedelta(seconds=30))
-        except Exception as e:  # fall back to sharing the default client
-            log.debug("could not open a second store client: %s", e)
-    return default
 
 
 def _undiagnosed(t: TorchDistTransport, seen: Dict[tuple, tuple], now: float) -> List[int]:
