@@ -4,21 +4,29 @@
 as HiPress plans once (Sec. 3.3). Here the plan follows the link while
 training runs:
 
-1. After every step each rank reads what its engine measured in that step
-   (``casync.timeline``: every bulk round's bytes and seconds, every fused
-   allreduce bucket's) and updates a running estimate of the link's latency
-   and bandwidth (``LinkEstimator``: a relative-error least-squares fit of
-   ``t = alpha + m beta`` over the step's samples, ``cost_model.fit_link``,
-   smoothed by an exponentially weighted moving average, the smoothing TCP
-   uses for its round-trip time, RFC 6298 Sec. 2; ``link_estimate``).
-2. Every ``check_every`` steps the ranks agree on one estimate: an allgather
-   of the local estimates over the engine's transport, of which every rank
-   takes the same median (``agree``), so every rank decides from the same
-   numbers. The first agreed estimate is the *reference*: the network the
-   profile was measured on. Later estimates move the profile's link fits
-   by their change from it (``OnlinePlanner.calibrated``: latency shifted,
-   bandwidth scaled), since what the rounds measure includes costs a bare
-   link timing does not.
+1. Every ``check_every`` steps the ranks measure the link, by default with
+   a probe (``Adaptive(measure="probe")``): ``tuning.link.measure_link``'s
+   "all" pattern (every rank sends to its ring successor at once, as
+   CaSync's bulk rounds do) at two sizes (4 KB and ``probe_bytes``), the
+   slowest rank's time per size, fitted to ``t = alpha + m beta``; rank 0's
+   fit is broadcast, so every rank decides from the same numbers. The probe
+   measures the same exchange whatever the plan. With
+   ``measure="timeline"`` each rank instead reads what its engine measured
+   in every step (``casync.timeline``: every bulk round's bytes and
+   seconds, every fused allreduce bucket's) into a running estimate
+   (``link_estimate.LinkEstimator``: a relative-error least-squares fit per
+   step, smoothed by an exponentially weighted moving average, the
+   smoothing TCP uses for its round-trip time, RFC 6298 Sec. 2), and the
+   ranks agree on the median (``agree``). That costs no extra traffic, but
+   what it measures depends on the plan: once gradients travel compressed,
+   the rounds are small and CPU-bound, and on a 2-core host their estimate
+   fell from the 1 Gbit/s the uncompressed buckets had shown to a third of
+   it and stayed there when the link went back to 10 Gbit/s (bench/
+   adaptive.py), so the plan never switched back.
+2. The first measurement is the *reference*: the network the profile was
+   measured on. Later ones move the profile's link fits by their change
+   from it (``OnlinePlanner.calibrated``: latency shifted, bandwidth
+   scaled), since the profile's fits include costs a bare exchange does not.
 3. The cost model (``cost_model.Planner``, per gradient over the
    candidates the profile holds) prices the current plan on the moved
    profile and makes its best plan there. The plan switches only when both
@@ -82,6 +90,7 @@ from ..cost_model.model import Link
 from ..cost_model.plan import Plan
 from ..cost_model.planner import Planner, plan_per_gradient
 from ..cost_model.profile import Profile
+from .link import measure_link
 from .link_estimate import LinkEstimator, agree, agree_values, timeline_samples
 
 __all__ = ["Adaptive", "OnlinePlanner", "should_switch", "price_plan", "profile_plan"]
@@ -91,6 +100,9 @@ _log = logging.getLogger(__name__)
 EstimateFn = Callable[[int, int], Optional[Link]]
 # steps timed after a switch (and before it) for its report
 AFTER_STEPS = 5
+# how the link is measured (``Adaptive.measure``), and the probe's small message
+MEASURES = ("probe", "timeline")
+PROBE_SMALL = 4 << 10
 # the controller's entry in a checkpoint (``OnlinePlanner.state_dict``)
 STATE_FORMAT, STATE_VERSION = "hipress-like-adaptive", 1
 
@@ -100,7 +112,8 @@ class Adaptive:
     """What ``plan="adaptive"`` does (``DistributedOptimizer(plan=hpt.Adaptive(...))``).
 
     Attributes:
-        check_every: steps between checks (each check is one small allgather).
+        check_every: steps between checks (each measures the link: a probe of a few
+            small exchanges, or one small allgather of the running estimates).
         margin: the predicted sync time must improve by more than this
             fraction for a switch (hysteresis).
         max_switches: switches allowed in the whole run.
@@ -108,8 +121,14 @@ class Adaptive:
         profile: a ``Profile`` or a path to a profile JSON; None takes the
             profile ``plan="auto"`` measures at start-up.
         estimate: for tests and what-if runs: ``estimate(step, rank) ->
-            Link | None`` replaces the timeline's measurement (None: no
-            estimate this step).
+            Link | None`` replaces the measurement (None: no estimate this
+            step); every rank's are agreed on as timeline estimates are.
+        measure: "probe" (a timed exchange at every check, plan-independent)
+            or "timeline" (the engine's own rounds and buckets, no extra
+            traffic; what it sees depends on the plan). Item 1 of the
+            module's description.
+        probe_bytes: the probe's large message (bytes per rank); its small
+            one is 4 KB.
         verify: judge every switch by measured step times and revert one
             that measured slower (item 5 of the module's description). None:
             on, unless ``estimate`` is given (an injected link is not the
@@ -126,6 +145,8 @@ class Adaptive:
     profile: Any = None
     estimate: Optional[EstimateFn] = field(default=None, compare=False)
     verify: Optional[bool] = None
+    measure: str = "probe"
+    probe_bytes: int = 256 << 10
 
     def __post_init__(self) -> None:
         if isinstance(self.check_every, bool) or not isinstance(self.check_every, int) \
@@ -143,6 +164,13 @@ class Adaptive:
         if self.estimate is not None and not callable(self.estimate):
             raise ValueError(f"estimate must be a callable (step, rank) -> Link or None, "
                              f"found {self.estimate!r}")
+        if self.measure not in MEASURES:
+            raise ValueError(f"measure must be one of {', '.join(MEASURES)} (how the link is "
+                             f"measured), found {self.measure!r}")
+        if isinstance(self.probe_bytes, bool) or not isinstance(self.probe_bytes, int) \
+                or self.probe_bytes < 2 * PROBE_SMALL:
+            raise ValueError(f"probe_bytes must be an int >= {2 * PROBE_SMALL} (the probe's "
+                             f"large message), found {self.probe_bytes!r}")
         if self.verify is not None and not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True, False or None (None: on unless estimate "
                              f"is given), found {self.verify!r}")
@@ -471,7 +499,7 @@ class OnlinePlanner:
             link = est(step - 1, engine.rank)
             if link is not None:
                 self.estimator.alpha, self.estimator.beta = link.latency, 1.0 / link.bandwidth
-        else:
+        elif self.settings.measure == "timeline":
             new, self._mark_events = engine.timeline.since(self._mark_events)
             self.estimator.update(timeline_samples(new, step - 1, engine.size))
         if self._trial is not None:
@@ -481,9 +509,10 @@ class OnlinePlanner:
         return self._check(engine, step)
 
     def _check(self, engine: Any, step: int) -> Optional[Plan]:
-        """One check (collective): agree on the link, price, maybe switch."""
+        """One check (collective): measure or agree on the link, price, maybe switch."""
         t0 = time.perf_counter()
-        link = agree(engine.transport, self.estimator.link, self.timeout)
+        link = self._measure(engine)
+        self._last_t = time.perf_counter()  # the next step's time leaves the check out
         if link is None:
             _log.info("plan='adaptive' step %d: no link estimate on some rank yet", step)
             return None
@@ -552,6 +581,17 @@ class OnlinePlanner:
                       self.switches)
         self.history.append(rec)
         return best if rec["switched"] else None
+
+    def _measure(self, engine: Any) -> Optional[Link]:
+        """The link every rank holds alike (collective): the probe's fit, or the agreed
+        median of the running estimates (timeline, injected); None when some rank has
+        no estimate yet."""
+        s = self.settings
+        if s.estimate is None and s.measure == "probe":
+            link, _ = measure_link(engine.transport, [PROBE_SMALL, s.probe_bytes], repeats=1,
+                                   timeout=self.timeout)
+            return link
+        return agree(engine.transport, self.estimator.link, self.timeout)
 
     def _mark(self, engine: Any, kind: str, index: int, t0: float, step: int) -> None:
         """A switch or revert on the engine's timeline; the step timer restarts after

@@ -56,7 +56,8 @@ def test_should_switch_stops_at_the_cap():
 
 @pytest.mark.parametrize("kw", [{"check_every": 0}, {"margin": 1.0}, {"margin": -0.1},
                                 {"max_switches": -1}, {"gain": 0.0}, {"estimate": 3},
-                                {"check_every": True}])
+                                {"check_every": True}, {"measure": "ping"},
+                                {"probe_bytes": 100}, {"probe_bytes": True}])
 def test_adaptive_rejects_bad_knobs(kw):
     with pytest.raises(ValueError):
         Adaptive(**kw)
@@ -384,6 +385,31 @@ def _state_only(t, prof):
     sd = online.state_dict(eng)
     eng.close()
     return sd
+
+
+def test_the_probe_measures_the_link_alike_on_every_rank_at_each_check():
+    """measure="probe" (the default): each check times a real exchange; every rank
+    records the same link (rank 0's fit, broadcast), and the first is the reference."""
+    prof = _profile()
+
+    def run(t):
+        plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps",
+                            meta={"profile": prof.to_dict()})
+        eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=3, verify=False,
+                                                        probe_bytes=64 << 10))
+        for _ in range(9):
+            for n, nb in SIZES.items():
+                eng.submit(n, torch.ones(nb // 4))
+            eng.synchronize()
+            online.after_step(eng)
+        eng.close()
+        return [(r["step"], r["latency_s"], r["bandwidth_Bps"]) for r in online.history]
+
+    h0, h1 = run_threads(run, 2)
+    assert h0 == h1 and [s for s, _, _ in h0] == [3, 6, 9]
+    assert all(lat >= 0 and bw > 0 for _, lat, bw in h0)
 
 
 # -- a switch is a trial judged by measured step times ----------------------------------------
