@@ -7,10 +7,15 @@ training runs:
 1. Every ``check_every`` steps the ranks measure the link, by default with
    a probe (``Adaptive(measure="probe")``): ``tuning.link.measure_link``'s
    "all" pattern (every rank sends to its ring successor at once, as
-   CaSync's bulk rounds do) at two sizes (4 KB and ``probe_bytes``), the
-   slowest rank's time per size, fitted to ``t = alpha + m beta``; rank 0's
-   fit is broadcast, so every rank decides from the same numbers. The probe
-   measures the same exchange whatever the plan. With
+   CaSync's bulk rounds do) at two sizes, 4 KB and one whose transfer takes
+   about ``probe_s`` at the last measured bandwidth (the profile's at the
+   first check; 64 KB to 4 MB), the median of three timings of the slowest
+   rank per size, fitted to ``t = alpha + m beta``; rank 0's fit is
+   broadcast, so every rank decides from the same numbers. The probe
+   measures the same exchange whatever the plan; its size follows the link
+   so that the large message's wire time stands above the host's noise (a
+   fixed 256 KB read 10 Gbit/s as anything from 2 to 1000 Gbit/s here)
+   without costing a slow link more than a few milliseconds. With
    ``measure="timeline"`` each rank instead reads what its engine measured
    in every step (``casync.timeline``: every bulk round's bytes and
    seconds, every fused allreduce bucket's) into a running estimate
@@ -102,7 +107,7 @@ EstimateFn = Callable[[int, int], Optional[Link]]
 AFTER_STEPS = 5
 # how the link is measured (``Adaptive.measure``), and the probe's small message
 MEASURES = ("probe", "timeline")
-PROBE_SMALL = 4 << 10
+PROBE_SMALL, PROBE_MIN, PROBE_MAX = 4 << 10, 64 << 10, 4 << 20
 # the controller's entry in a checkpoint (``OnlinePlanner.state_dict``)
 STATE_FORMAT, STATE_VERSION = "hipress-like-adaptive", 1
 
@@ -127,8 +132,9 @@ class Adaptive:
             or "timeline" (the engine's own rounds and buckets, no extra
             traffic; what it sees depends on the plan). Item 1 of the
             module's description.
-        probe_bytes: the probe's large message (bytes per rank); its small
-            one is 4 KB.
+        probe_s: seconds the probe's large message should take at the last
+            measured bandwidth (its size is kept within 64 KB .. 4 MB; the
+            small one is 4 KB).
         verify: judge every switch by measured step times and revert one
             that measured slower (item 5 of the module's description). None:
             on, unless ``estimate`` is given (an injected link is not the
@@ -146,7 +152,7 @@ class Adaptive:
     estimate: Optional[EstimateFn] = field(default=None, compare=False)
     verify: Optional[bool] = None
     measure: str = "probe"
-    probe_bytes: int = 256 << 10
+    probe_s: float = 0.004
 
     def __post_init__(self) -> None:
         if isinstance(self.check_every, bool) or not isinstance(self.check_every, int) \
@@ -167,10 +173,10 @@ class Adaptive:
         if self.measure not in MEASURES:
             raise ValueError(f"measure must be one of {', '.join(MEASURES)} (how the link is "
                              f"measured), found {self.measure!r}")
-        if isinstance(self.probe_bytes, bool) or not isinstance(self.probe_bytes, int) \
-                or self.probe_bytes < 2 * PROBE_SMALL:
-            raise ValueError(f"probe_bytes must be an int >= {2 * PROBE_SMALL} (the probe's "
-                             f"large message), found {self.probe_bytes!r}")
+        if isinstance(self.probe_s, bool) or not isinstance(self.probe_s, (int, float)) \
+                or not 0 < self.probe_s <= 1:
+            raise ValueError(f"probe_s must be seconds in (0, 1] (how long the probe's large "
+                             f"message should take), found {self.probe_s!r}")
         if self.verify is not None and not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True, False or None (None: on unless estimate "
                              f"is given), found {self.verify!r}")
@@ -300,6 +306,7 @@ class OnlinePlanner:
         self._trial: Optional[Dict[str, Any]] = None  # the open switch's trial (verify)
         self.rejected: List[Tuple[str, Link, int]] = []  # (plan key, link, switch step)
         self._mark_events = 0  # the timeline read so far (``Timeline.since``)
+        self._probed: Optional[Link] = None  # the last probe's link (sizes the next probe)
         self._planners_cache: Dict[Any, List[Planner]] = {}  # ``planners``, by link
         self.reverts = 0
         self._reference_planners = _planners(profile, self.labels, n, strategy,
@@ -588,8 +595,11 @@ class OnlinePlanner:
         no estimate yet."""
         s = self.settings
         if s.estimate is None and s.measure == "probe":
-            link, _ = measure_link(engine.transport, [PROBE_SMALL, s.probe_bytes], repeats=1,
+            last = self._probed or self.profile.link
+            big = int(min(max(last.bandwidth * s.probe_s, PROBE_MIN), PROBE_MAX))
+            link, _ = measure_link(engine.transport, [PROBE_SMALL, big], repeats=3,
                                    timeout=self.timeout)
+            self._probed = link  # the same on every rank (rank 0's fit, broadcast)
             return link
         return agree(engine.transport, self.estimator.link, self.timeout)
 

@@ -57,7 +57,7 @@ def test_should_switch_stops_at_the_cap():
 @pytest.mark.parametrize("kw", [{"check_every": 0}, {"margin": 1.0}, {"margin": -0.1},
                                 {"max_switches": -1}, {"gain": 0.0}, {"estimate": 3},
                                 {"check_every": True}, {"measure": "ping"},
-                                {"probe_bytes": 100}, {"probe_bytes": True}])
+                                {"probe_s": 0}, {"probe_s": True}, {"probe_s": 2.0}])
 def test_adaptive_rejects_bad_knobs(kw):
     with pytest.raises(ValueError):
         Adaptive(**kw)
@@ -397,8 +397,7 @@ def test_the_probe_measures_the_link_alike_on_every_rank_at_each_check():
                             meta={"profile": prof.to_dict()})
         eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
         eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
-        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=3, verify=False,
-                                                        probe_bytes=64 << 10))
+        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=3, verify=False))
         for _ in range(9):
             for n, nb in SIZES.items():
                 eng.submit(n, torch.ones(nb // 4))
