@@ -135,6 +135,9 @@ class Adaptive:
         probe_s: seconds the probe's large message should take at the last
             measured bandwidth (its size is kept within 64 KB .. 4 MB; the
             small one is 4 KB).
+        probe_every: a check probes when the step time moved by more than
+            ``margin`` since the last probe, and at least every this many
+            checks.
         verify: judge every switch by measured step times and revert one
             that measured slower (item 5 of the module's description). None:
             on, unless ``estimate`` is given (an injected link is not the
@@ -153,6 +156,7 @@ class Adaptive:
     verify: Optional[bool] = None
     measure: str = "probe"
     probe_s: float = 0.004
+    probe_every: int = 5
 
     def __post_init__(self) -> None:
         if isinstance(self.check_every, bool) or not isinstance(self.check_every, int) \
@@ -177,6 +181,10 @@ class Adaptive:
                 or not 0 < self.probe_s <= 1:
             raise ValueError(f"probe_s must be seconds in (0, 1] (how long the probe's large "
                              f"message should take), found {self.probe_s!r}")
+        if isinstance(self.probe_every, bool) or not isinstance(self.probe_every, int) \
+                or self.probe_every < 1:
+            raise ValueError(f"probe_every must be an int >= 1 (checks between probes at "
+                             f"most), found {self.probe_every!r}")
         if self.verify is not None and not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True, False or None (None: on unless estimate "
                              f"is given), found {self.verify!r}")
@@ -307,6 +315,8 @@ class OnlinePlanner:
         self.rejected: List[Tuple[str, Link, int]] = []  # (plan key, link, switch step)
         self._mark_events = 0  # the timeline read so far (``Timeline.since``)
         self._probed: Optional[Link] = None  # the last probe's link (sizes the next probe)
+        self._probe_step_s: Optional[float] = None  # agreed step time at the last probe
+        self._checks_unprobed = 0
         self._planners_cache: Dict[Any, List[Planner]] = {}  # ``planners``, by link
         self.reverts = 0
         self._reference_planners = _planners(profile, self.labels, n, strategy,
@@ -518,6 +528,9 @@ class OnlinePlanner:
     def _check(self, engine: Any, step: int) -> Optional[Plan]:
         """One check (collective): measure or agree on the link, price, maybe switch."""
         t0 = time.perf_counter()
+        if not self._should_probe(engine, step):
+            self._last_t = time.perf_counter()
+            return None
         link = self._measure(engine)
         self._last_t = time.perf_counter()  # the next step's time leaves the check out
         if link is None:
@@ -589,6 +602,32 @@ class OnlinePlanner:
         self.history.append(rec)
         return best if rec["switched"] else None
 
+    def _should_probe(self, engine: Any, step: int) -> bool:
+        """Whether this check probes the link (collective when it decides by step time).
+
+        A probe costs a few exchanges, so with ``measure="probe"`` a check first
+        agrees (median over ranks) on the median step time of the last steps: the
+        link is probed only when that moved by more than ``margin`` since the
+        last probe (the link or the work changed), at the first check, after a
+        switch, and at least every ``probe_every`` checks (a change the step
+        time hides is still seen). The timeline and injected estimates cost
+        nothing: every check uses them.
+        """
+        s = self.settings
+        if s.estimate is not None or s.measure != "probe" or self.reference is None \
+                or self._probe_step_s is None:
+            return True
+        got = agree_values(engine.transport, [self._median_step()], self.timeout)
+        t = None if got is None else got[0]
+        self._checks_unprobed += 1
+        if t is None or self._checks_unprobed >= s.probe_every or \
+                abs(t - self._probe_step_s) > s.margin * self._probe_step_s:
+            return True
+        _log.debug("plan='adaptive' step %d: step time %.2f ms within %.0f %% of the last "
+                   "probe's %.2f ms; no probe", step, 1e3 * t, 100 * s.margin,
+                   1e3 * self._probe_step_s)
+        return False
+
     def _measure(self, engine: Any) -> Optional[Link]:
         """The link every rank holds alike (collective): the probe's fit, or the agreed
         median of the running estimates (timeline, injected); None when some rank has
@@ -600,6 +639,9 @@ class OnlinePlanner:
             link, _ = measure_link(engine.transport, [PROBE_SMALL, big], repeats=3,
                                    timeout=self.timeout)
             self._probed = link  # the same on every rank (rank 0's fit, broadcast)
+            got = agree_values(engine.transport, [self._median_step()], self.timeout)
+            self._probe_step_s = None if got is None else got[0]
+            self._checks_unprobed = 0
             return link
         return agree(engine.transport, self.estimator.link, self.timeout)
 
@@ -610,6 +652,7 @@ class OnlinePlanner:
 
         engine.timeline.add(Event(kind, "", index, t0, time.perf_counter(), 0, "compute",
                                   step))
+        self._probe_step_s = None  # the next check probes: the plan's step time is new
         self._steps_s.clear()
         self._last_t = time.perf_counter()
 

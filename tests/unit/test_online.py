@@ -57,7 +57,8 @@ def test_should_switch_stops_at_the_cap():
 @pytest.mark.parametrize("kw", [{"check_every": 0}, {"margin": 1.0}, {"margin": -0.1},
                                 {"max_switches": -1}, {"gain": 0.0}, {"estimate": 3},
                                 {"check_every": True}, {"measure": "ping"},
-                                {"probe_s": 0}, {"probe_s": True}, {"probe_s": 2.0}])
+                                {"probe_s": 0}, {"probe_s": True}, {"probe_s": 2.0},
+                                {"probe_every": 0}])
 def test_adaptive_rejects_bad_knobs(kw):
     with pytest.raises(ValueError):
         Adaptive(**kw)
@@ -397,7 +398,8 @@ def test_the_probe_measures_the_link_alike_on_every_rank_at_each_check():
                             meta={"profile": prof.to_dict()})
         eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
         eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
-        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=3, verify=False))
+        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=3, verify=False,
+                                                        probe_every=1))
         for _ in range(9):
             for n, nb in SIZES.items():
                 eng.submit(n, torch.ones(nb // 4))
@@ -409,6 +411,33 @@ def test_the_probe_measures_the_link_alike_on_every_rank_at_each_check():
     h0, h1 = run_threads(run, 2)
     assert h0 == h1 and [s for s, _, _ in h0] == [3, 6, 9]
     assert all(lat >= 0 and bw > 0 for _, lat, bw in h0)
+
+
+def test_a_check_probes_only_when_the_step_time_moved_or_probe_every_says_so():
+    """Steps of 20 ms, then of 100 ms from the seventh: the checks at steps 6 and 12
+    see the step time of the last probe (within the margin) and do not probe; the
+    one at step 9 sees it moved and probes; probe_every=2 probes at step 15 anyway."""
+    import time
+
+    prof = _profile()
+
+    def run(t):
+        plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps",
+                            meta={"profile": prof.to_dict()})
+        eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=3, verify=False,
+                                                        margin=0.5, probe_every=2))
+        for step in range(15):
+            time.sleep(0.02 if step < 6 else 0.1)
+            for n, nb in SIZES.items():
+                eng.submit(n, torch.ones(nb // 4))
+            eng.synchronize()
+            online.after_step(eng)
+        eng.close()
+        return [r["step"] for r in online.history]
+
+    assert run_threads(run, 2) == [[3, 9, 15]] * 2
 
 
 # -- a switch is a trial judged by measured step times ----------------------------------------
