@@ -9,13 +9,19 @@ training runs:
    "all" pattern (every rank sends to its ring successor at once, as
    CaSync's bulk rounds do) at two sizes, 4 KB and one whose transfer takes
    about ``probe_s`` at the last measured bandwidth (the profile's at the
-   first check; 64 KB to 4 MB), the median of three timings of the slowest
-   rank per size, fitted to ``t = alpha + m beta``; rank 0's fit is
+   first check; 64 KB to 4 MB; probed again, up to three times, while the
+   large message took under half of that), the median of three timings of
+   the slowest rank per size, fitted to ``t = alpha + m beta``; rank 0's fit is
    broadcast, so every rank decides from the same numbers. The probe
    measures the same exchange whatever the plan; its size follows the link
    so that the large message's wire time stands above the host's noise (a
    fixed 256 KB read 10 Gbit/s as anything from 2 to 1000 Gbit/s here)
-   without costing a slow link more than a few milliseconds. With
+   without costing a slow link more than a few milliseconds. A check
+   probes only when the step time moved (``_should_probe``: the ranks
+   agree on the median step time; a probe when it moved by more than
+   ``margin`` since the last probe, after a switch, and at least every
+   ``probe_every`` checks), so a steady job pays one small allgather a
+   check. With
    ``measure="timeline"`` each rank instead reads what its engine measured
    in every step (``casync.timeline``: every bulk round's bytes and
    seconds, every fused allreduce bucket's) into a running estimate
@@ -108,6 +114,7 @@ AFTER_STEPS = 5
 # how the link is measured (``Adaptive.measure``), and the probe's small message
 MEASURES = ("probe", "timeline")
 PROBE_SMALL, PROBE_MIN, PROBE_MAX = 4 << 10, 64 << 10, 4 << 20
+PROBE_ROUNDS = 3  # probes in one check at most, each sized by the one before
 # the controller's entry in a checkpoint (``OnlinePlanner.state_dict``)
 STATE_FORMAT, STATE_VERSION = "hipress-like-adaptive", 1
 
@@ -634,10 +641,15 @@ class OnlinePlanner:
         no estimate yet."""
         s = self.settings
         if s.estimate is None and s.measure == "probe":
-            last = self._probed or self.profile.link
-            big = int(min(max(last.bandwidth * s.probe_s, PROBE_MIN), PROBE_MAX))
-            link, _ = measure_link(engine.transport, [PROBE_SMALL, big], repeats=3,
-                                   timeout=self.timeout)
+            link = self._probed or self.profile.link
+            for _ in range(PROBE_ROUNDS):
+                big = int(min(max(link.bandwidth * s.probe_s, PROBE_MIN), PROBE_MAX))
+                link, _ = measure_link(engine.transport, [PROBE_SMALL, big], repeats=3,
+                                       timeout=self.timeout)
+                # too small for this link (its wire time under half of probe_s, after a
+                # slow phase): again, sized by what it just measured
+                if big >= PROBE_MAX or big / link.bandwidth >= s.probe_s / 2:
+                    break
             self._probed = link  # the same on every rank (rank 0's fit, broadcast)
             got = agree_values(engine.transport, [self._median_step()], self.timeout)
             self._probe_step_s = None if got is None else got[0]
