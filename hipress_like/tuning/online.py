@@ -41,8 +41,8 @@ training runs:
 3. The cost model (``cost_model.Planner``, per gradient over the
    candidates the profile holds) prices the current plan on the moved
    profile and makes its best plan there. The plan switches only when both
-   (a) the current plan's predicted time moved by more than ``margin``
-   since the link it was decided on, and (b) the best plan is predicted
+   (a) the current or the best plan's predicted time moved by more than
+   ``margin`` since the link the plan was decided on, and (b) the best plan is predicted
    faster than it by more than ``margin`` (hysteresis on the input and on
    the gain: noise does not flap the plan), and fewer than
    ``max_switches`` switches happened (``should_switch``).
@@ -505,8 +505,8 @@ class OnlinePlanner:
         and maybe switch; on the step that ends a switch's trial, judge it
         (collective on check and judging steps: every rank, same step).
 
-        A check switches when both hold: the current plan's predicted time
-        moved by more than ``margin`` since the link the plan was last
+        A check switches when both hold: the current or the best plan's predicted
+        time moved by more than ``margin`` since the link the plan was last
         decided on (the first check, or the last switch), and the best plan
         is predicted faster than the current one by more than ``margin``
         (``should_switch``), unless the best plan measured slower near this
@@ -568,7 +568,13 @@ class OnlinePlanner:
             self.history.append(rec)
             return None
         rec["gain"] = (current - best_s) / current if current > 0 else 0.0
-        rec["moved"] = abs(current - before) / before if before > 0 else 0.0
+        # how far the link moved, as the plans priced see it: a compressed plan's time
+        # hardly depends on the link, so the best plan's move counts too (without it, a
+        # link back from 200 Mbit/s to 10 Gbit/s never "moved" the compressed plan)
+        best_before = price_plan(best, self.planners(self.decided_on), self.sizes, self.n)
+        rec["moved"] = max(abs(current - before) / before if before > 0 else 0.0,
+                           abs(best_s - best_before) / best_before
+                           if best_before else 0.0)
         wanted = rec["moved"] > s.margin and should_switch(
             current, best_s, margin=s.margin, switches=self.switches,
             max_switches=s.max_switches)
