@@ -12,9 +12,10 @@ reference: the link the profile was measured on.
 
 The compressor's curves are measured here (``profile_compressor``) and
 shared with every rank through a profile file, as ``Adaptive(profile=...)``
-takes one. The default path (profiled at start as ``plan="auto"``, estimates
-measured from the engine's timeline) runs too: whatever it decides, every
-rank decides it alike from the agreed numbers. The profile is measured once,
+takes one. The default path (profiled at start as ``plan="auto"``, the link
+probed) and ``measure="timeline"`` (estimates from the engine's own rounds)
+run too: whatever they decide, every rank decides it alike from the agreed
+numbers. The profile is measured once,
 and the three jobs run in turn on one launch of N ranks (``shared_launch``).
 """
 import hashlib
@@ -90,8 +91,14 @@ def noise_worker(ctx, profile_path, latency, bandwidth):
 
 
 def measured_worker(ctx):
-    # the default path: profiled at start (as plan="auto"), estimates from the timeline
-    return _run(ctx, hpt.Adaptive(check_every=3), 9)
+    # the default path: profiled at start (as plan="auto"), the link probed at every check
+    # (probe_every=1: the default probes only when the step time moved)
+    return _run(ctx, hpt.Adaptive(check_every=3, probe_every=1), 9)
+
+
+def timeline_worker(ctx):
+    # measure="timeline": estimates from the engine's own rounds, agreed as medians
+    return _run(ctx, hpt.Adaptive(check_every=3, measure="timeline"), 9)
 
 
 def _decisions(history):
@@ -140,8 +147,8 @@ def jobs(tmp_path_factory):
     prof, path = _profile(tmp_path_factory.mktemp("adaptive"))
     bw = _near_the_margin(prof)
     entries = run_shared(N, [(switch_worker, (path,)), (noise_worker, (path, FAST[0], bw)),
-                             (measured_worker, ())], timeout=600)
-    return prof, bw, dict(zip(("switch", "noise", "measured"), entries))
+                             (measured_worker, ()), (timeline_worker, ())], timeout=600)
+    return prof, bw, dict(zip(("switch", "noise", "measured", "timeline"), entries))
 
 
 def test_every_rank_switches_at_the_same_step_with_identical_replicas(jobs):
@@ -188,8 +195,9 @@ def test_estimates_jittering_within_the_margin_do_not_switch(jobs):
             r["history"]
 
 
-def test_measured_estimates_are_agreed_and_decided_alike_on_every_rank(jobs):
-    res = ranks(jobs[2]["measured"])
+@pytest.mark.parametrize("how", ["measured", "timeline"])
+def test_measured_estimates_are_agreed_and_decided_alike_on_every_rank(jobs, how):
+    res = ranks(jobs[2][how])
     r0 = res[0]
     assert [h["step"] for h in r0["history"]] == [3, 6, 9]
     assert r0["history"][0]["reference"] and r0["history"][0]["bandwidth_Bps"] > 0
