@@ -5,12 +5,13 @@ the hidden width set by ``--hidden``) over an emulated network
 (``hipress_like.launch.netem``: one namespace per rank, every link shaped
 with ``tc tbf``; root needed). The job runs in phases of ``--steps`` steps;
 between phases the bench changes the rate of every link (``netem.set_rate``,
-default 1 Gbit/s -> 100 Mbit/s -> 1 Gbit/s) while the ranks wait at the
-boundary (rank 0 says it is there with a flag file; every rank goes on once
-the bench's flag says the rate changed), so each phase runs wholly at its
-rate. Configurations, each a whole job, run in the same run and alternated
-(repeat 1 of every configuration, then repeat 2, ...), so that a drifting
-load on a shared host falls on all of them alike:
+default 10 Gbit/s -> 1 Gbit/s -> 200 Mbit/s -> 10 Gbit/s, issue 49's example)
+while the ranks wait at the boundary (rank 0 says it is there with a flag
+file; every rank goes on once the bench's flag says the rate changed), so
+each phase runs wholly at its rate. Configurations, each a whole job, run
+in the same run and alternated (repeat 1 of every configuration, then
+repeat 2, ...), so that a drifting load on a shared host falls on all of
+them alike:
 
     adaptive  plan=hpt.Adaptive(check_every, margin): profiled at start as
               plan="auto", then re-planned from the engine's own timings
@@ -190,7 +191,7 @@ def main(argv=None) -> int:
     """Run every configuration through the link changes; print the ratios; write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--rates", default="1gbit,100mbit,1gbit",
+    ap.add_argument("--rates", default="10gbit,1gbit,200mbit,10gbit",
                     help="the link's rate in each phase, comma-separated (tc syntax)")
     ap.add_argument("--steps", type=int, default=40, help="steps per phase")
     ap.add_argument("--hidden", type=int, default=512, help="DigitsNet's hidden width")
