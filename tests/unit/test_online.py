@@ -152,6 +152,17 @@ def test_best_plan_follows_the_link_and_prices_below_the_current_one():
 
 # -- the switch, on an in-process engine -------------------------------------------------------
 
+def _random_step(eng, online, g):
+    """One step of random gradients (from ``g``) on ``eng``, then ``online``'s turn; the
+    step's gradients, concatenated."""
+    grads = {n: torch.randn(nb // 4, generator=g) for n, nb in SIZES.items()}
+    for n, x in grads.items():
+        eng.submit(n, x)
+    eng.synchronize()
+    online.after_step(eng)
+    return torch.cat(list(grads.values()))
+
+
 def _engine_run(t, schedule, settings_kw):
     prof = _profile()
     plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps", meta={"profile": prof.to_dict()})
@@ -162,12 +173,7 @@ def _engine_run(t, schedule, settings_kw):
     g = torch.Generator().manual_seed(t.rank)
     out = []
     for _ in range(13):  # 5 steps after the switch at step 8: timed
-        grads = {n: torch.randn(nb // 4, generator=g) for n, nb in SIZES.items()}
-        for n, x in grads.items():
-            eng.submit(n, x)
-        eng.synchronize()
-        out.append(torch.cat(list(grads.values())).clone())
-        online.after_step(eng)
+        out.append(_random_step(eng, online, g))
     layout = {n: d["compress"] for n, d in eng.layout().items()}
     eng.close()
     return online.history, out, layout, [e.step for e in eng.timeline.events
@@ -388,27 +394,31 @@ def _state_only(t, prof):
     return sd
 
 
+def _probed_history(t, settings, steps, sleep_s=lambda step: 0.0):
+    """``steps`` steps of an in-process engine under ``settings`` (no injected link: the
+    probe measures the threads' exchange); the history's check steps and links."""
+    import time
+
+    prof = _profile()
+    plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps", meta={"profile": prof.to_dict()})
+    eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+    eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+    online = OnlinePlanner.for_engine(eng, settings)
+    for step in range(steps):
+        time.sleep(sleep_s(step))
+        for n, nb in SIZES.items():
+            eng.submit(n, torch.ones(nb // 4))
+        eng.synchronize()
+        online.after_step(eng)
+    eng.close()
+    return [(r["step"], r["latency_s"], r["bandwidth_Bps"]) for r in online.history]
+
+
 def test_the_probe_measures_the_link_alike_on_every_rank_at_each_check():
     """measure="probe" (the default): each check times a real exchange; every rank
     records the same link (rank 0's fit, broadcast), and the first is the reference."""
-    prof = _profile()
-
-    def run(t):
-        plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps",
-                            meta={"profile": prof.to_dict()})
-        eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
-        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
-        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=3, verify=False,
-                                                        probe_every=1))
-        for _ in range(9):
-            for n, nb in SIZES.items():
-                eng.submit(n, torch.ones(nb // 4))
-            eng.synchronize()
-            online.after_step(eng)
-        eng.close()
-        return [(r["step"], r["latency_s"], r["bandwidth_Bps"]) for r in online.history]
-
-    h0, h1 = run_threads(run, 2)
+    settings = Adaptive(check_every=3, verify=False, probe_every=1)
+    h0, h1 = run_threads(lambda t: _probed_history(t, settings, 9), 2)
     assert h0 == h1 and [s for s, _, _ in h0] == [3, 6, 9]
     assert all(lat >= 0 and bw > 0 for _, lat, bw in h0)
 
@@ -417,27 +427,10 @@ def test_a_check_probes_only_when_the_step_time_moved_or_probe_every_says_so():
     """Steps of 20 ms, then of 100 ms from the seventh: the checks at steps 6 and 12
     see the step time of the last probe (within the margin) and do not probe; the
     one at step 9 sees it moved and probes; probe_every=2 probes at step 15 anyway."""
-    import time
-
-    prof = _profile()
-
-    def run(t):
-        plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps",
-                            meta={"profile": prof.to_dict()})
-        eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
-        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
-        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=3, verify=False,
-                                                        margin=0.5, probe_every=2))
-        for step in range(15):
-            time.sleep(0.02 if step < 6 else 0.1)
-            for n, nb in SIZES.items():
-                eng.submit(n, torch.ones(nb // 4))
-            eng.synchronize()
-            online.after_step(eng)
-        eng.close()
-        return [r["step"] for r in online.history]
-
-    assert run_threads(run, 2) == [[3, 9, 15]] * 2
+    settings = Adaptive(check_every=3, verify=False, margin=0.5, probe_every=2)
+    res = run_threads(lambda t: _probed_history(t, settings, 15,
+                                                lambda step: 0.02 if step < 6 else 0.1), 2)
+    assert [[s for s, _, _ in h] for h in res] == [[3, 9, 15]] * 2
 
 
 # -- a switch is a trial judged by measured step times ----------------------------------------
@@ -462,12 +455,7 @@ def _trial_run(t, sleep_s, steps=24):
         on = eng.layout()["w1"]["compress"]
         compressed.append(on)
         time.sleep(sleep_s(step, on))
-        grads = {n: torch.randn(nb // 4, generator=g) for n, nb in SIZES.items()}
-        for n, x in grads.items():
-            eng.submit(n, x)
-        eng.synchronize()
-        out.append(torch.cat(list(grads.values())).clone())
-        online.after_step(eng)
+        out.append(_random_step(eng, online, g))
     eng.close()
     kinds = [(e.kind, e.step) for e in eng.timeline.events if e.kind.startswith("plan_")]
     return online, out, compressed, kinds
