@@ -23,6 +23,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
+from test_torch_digits import EPOCHS, _accuracy  # tests/multiprocess is on sys.path (rootdir)
 
 from hipress_like.compressors import Capabilities, Compressor, ErrorFeedback, get, register
 from hipress_like.compressors.ops import pack_bits, unpack_bits
@@ -30,7 +31,6 @@ from hipress_like.compressors.payload import pack_payload, unpack_fields
 from hipress_like.compressors.registry import _REGISTRY
 from hipress_like.demo import DigitsConfig, train_digits
 from hipress_like.launch.launch import run_workers
-from test_torch_digits import EPOCHS, _accuracy  # tests/multiprocess is on sys.path (rootdir)
 
 # the first 4-rank test trains all three runs in its launch (``_runs``)
 pytestmark = pytest.mark.timeout(1800)

@@ -44,8 +44,8 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
-from .counters import PUBLISHER, settled_counts
 from .c10d_store import RendezvousStoreMixin
+from .counters import PUBLISHER, settled_counts
 
 __all__ = ["HorovodTransport"]
 
