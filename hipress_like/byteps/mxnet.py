@@ -19,6 +19,9 @@ is written twice:
   place, as BytePS's; a name declared with compression attributes
   (``byteps_declare_tensor(name, byteps_compressor_type="onebit", ...)``)
   goes through the compressed PS path of ``ops.py``, both ways.
+- ``DistributedOptimizer(optimizer)``: the Module API's optimizer
+  (``model.fit(..., kvstore=None, optimizer=...)``): each gradient averaged
+  (uncompressed, as BytePS's Module path) before the wrapped optimizer's update.
 - ``init``, ``shutdown``, ``rank``, ``size``, ``local_rank``,
   ``local_size``, ``broadcast_parameters``.
 
@@ -44,8 +47,8 @@ reconstructs with two means (Seide et al. 2014), where BytePS's sends
 draw their randomness from this project's counter RNG, not BytePS's
 xorshift128+, so the same ``seed`` gives other draws; ``momentum``
 (BytePS's worker-side Nesterov) is refused with the fix
-(``params.py``); ``DistributedOptimizer`` (the Module API), ``suspend``
-and ``resume`` are not provided.
+(``params.py``); ``suspend`` and ``resume`` (BytePS's elastic scaling) and
+``BYTEPS_ENABLE_ASYNC`` (asynchronous training) are not provided.
 
 Example (BytePS's ``train_gluon_mnist_byteps_gc.py``, one line changed)::
 
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import replace
 from typing import Any, Dict, Mapping, Optional
 
@@ -77,7 +81,7 @@ from .torch import Knobs, read_knobs
 
 __all__ = [
     "init", "shutdown", "rank", "size", "local_rank", "local_size", "DistributedTrainer",
-    "broadcast_parameters", "byteps_declare_tensor", "byteps_push_pull",
+    "DistributedOptimizer", "broadcast_parameters", "byteps_declare_tensor", "byteps_push_pull",
 ]
 
 log = logging.getLogger(__name__)
@@ -282,6 +286,98 @@ def byteps_push_pull(tensor: Any, version: int = 0, priority: int = 0,
     view = as_torch(tensor)
     _ops.start(view, view, bool(is_average), name, _declared.get(name) if name else None,
                _knobs.rule()).synchronize()
+
+
+# -- the Module API -------------------------------------------------------------------------
+class DistributedOptimizer(mx.optimizer.Optimizer):
+    """BytePS's optimizer for MXNet's Module API: each gradient averaged over the workers,
+    then the wrapped optimizer's update.
+
+    Used as BytePS's ``example/mxnet/common/fit_byteps.py`` uses it::
+
+        opt = bps.DistributedOptimizer(mx.optimizer.create("sgd", learning_rate=0.1))
+        bps.broadcast_parameters(arg_params, root_rank=0)      # after init_params
+        model.fit(train, kvstore=None, optimizer=opt, ...)
+
+    MXNet calls ``update(index, weight, grad, state)`` (an index or a list of
+    them) for every parameter, in the same order on every worker. Each
+    gradient is averaged in place under the name ``gradient_<index>``
+    (``byteps_push_pull``: BytePS's Module path takes no
+    ``compression_params``, so this is a plain allreduce), then the wrapped
+    optimizer updates. Attributes are the wrapped optimizer's, read and
+    written through, so what ``Module.init_optimizer`` sets on it
+    (``idx2name``, ``rescale_grad``) and the learning-rate and weight-decay
+    settings reach the optimizer that updates.
+
+    Args:
+        optimizer: an ``mx.optimizer.Optimizer``.
+
+    Raises:
+        TypeError: ``optimizer`` is not one (a name: ``mx.optimizer.create(name, ...)``).
+        ValueError: ``BYTEPS_ENABLE_ASYNC`` is set: BytePS's asynchronous training
+            (workers push weight deltas without waiting) is not provided; every
+            step here is synchronous.
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        if not isinstance(optimizer, mx.optimizer.Optimizer):
+            raise TypeError(f"DistributedOptimizer wraps an mx.optimizer.Optimizer, found "
+                            f"{type(optimizer).__name__}; for a name, pass "
+                            f"mx.optimizer.create({optimizer!r}, ...)")
+        if os.environ.get("BYTEPS_ENABLE_ASYNC", "0").strip() not in ("", "0"):
+            raise ValueError("BYTEPS_ENABLE_ASYNC is set: BytePS's asynchronous training is "
+                             "not provided here (every step is synchronous); unset it")
+        object.__setattr__(self, "_optimizer", optimizer)  # not through __setattr__
+
+    def __getattr__(self, item: str) -> Any:  # only for what this class does not define
+        return getattr(object.__getattribute__(self, "_optimizer"), item)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        setattr(self._optimizer, key, value)
+
+    def create_state(self, index: Any, weight: Any) -> Any:
+        """The wrapped optimizer's state for ``weight``."""
+        return self._optimizer.create_state(index, weight)
+
+    def create_state_multi_precision(self, index: Any, weight: Any) -> Any:
+        """The wrapped optimizer's (multi-precision) state for ``weight``."""
+        return self._optimizer.create_state_multi_precision(index, weight)
+
+    @staticmethod
+    def _average(index: Any, grad: Any) -> None:
+        pairs = zip(index, grad) if isinstance(index, (list, tuple)) else [(index, grad)]
+        for i, g in pairs:
+            name = f"gradient_{i}"
+            byteps_declare_tensor(name)  # idempotent; the first use checks the order
+            byteps_push_pull(g, name=name, is_average=True)
+
+    def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        """Average ``grad`` over the workers, then the wrapped optimizer's ``update``."""
+        self._average(index, grad)
+        self._optimizer.update(index, weight, grad, state)
+
+    def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        """Average ``grad`` over the workers, then the wrapped optimizer's
+        ``update_multi_precision``."""
+        self._average(index, grad)
+        self._optimizer.update_multi_precision(index, weight, grad, state)
+
+    def set_learning_rate(self, lr: float) -> None:
+        """The wrapped optimizer's learning rate."""
+        self._optimizer.set_learning_rate(lr)
+
+    def set_lr_mult(self, args_lr_mult: Mapping[Any, float]) -> None:
+        """The wrapped optimizer's per-parameter learning-rate multipliers."""
+        self._optimizer.set_lr_mult(args_lr_mult)
+
+    def set_wd_mult(self, args_wd_mult: Mapping[Any, float]) -> None:
+        """The wrapped optimizer's per-parameter weight-decay multipliers."""
+        self._optimizer.set_wd_mult(args_wd_mult)
+
+    @property
+    def learning_rate(self) -> float:
+        """The wrapped optimizer's current learning rate."""
+        return self._optimizer.learning_rate
 
 
 def broadcast_parameters(params: Any, root_rank: int = 0) -> None:

@@ -39,6 +39,9 @@ compressed, as the references assume. Ranks must end bitwise identical.
 
 ``byteps_push_pull`` is the exact mean for a plain name and onebit's two
 values, bitwise identical on both ranks, for a name declared with onebit;
+the Module API's ``DistributedOptimizer`` (``fit_byteps.py``'s use: rank 0's
+weights broadcast, ``kvstore=None``) trains 2 ranks to identical weights equal
+to one Module's over both ranks' batches;
 unknown declaration attributes, an unknown compressor and BytePS's
 worker-side ``momentum`` are errors that say what to do. The example
 (``examples/byteps_mxnet_digits.py``, BytePS's
@@ -145,6 +148,76 @@ def _push_pull_job() -> None:
     bps.shutdown()
 
 
+def _module_job(steps: int) -> None:
+    """The Module API as BytePS's ``fit_byteps.py`` drives it: rank 0's weights broadcast,
+    ``fit``'s ``kvstore=None`` and ``bps.DistributedOptimizer``. Rank 0 then replays the
+    steps without BytePS on one Module over both ranks' batches (the mean of two
+    batch means is the mean over their union) and reports the largest difference."""
+    import mxnet as mx
+
+    import hipress_like.byteps.mxnet as bps
+
+    def symbol():
+        x = mx.sym.Variable("data")
+        h = mx.sym.Activation(mx.sym.FullyConnected(x, num_hidden=32, name="fc1"), "relu")
+        return mx.sym.SoftmaxOutput(mx.sym.FullyConnected(h, num_hidden=5, name="fc2"),
+                                    name="softmax")
+
+    def batch(ranks):
+        rngs = [np.random.RandomState(100 + r) for r in ranks]
+        xs = [rng.randn(BATCH, 20).astype("float32") for rng in rngs]
+        ys = [rng.randint(0, 5, BATCH).astype("float32") for rng in rngs]
+        return mx.io.DataBatch([mx.nd.array(np.concatenate(xs))],
+                               [mx.nd.array(np.concatenate(ys))])
+
+    def module(n):
+        mod = mx.mod.Module(symbol(), context=mx.cpu())
+        mod.bind(data_shapes=[("data", (n, 20))], label_shapes=[("softmax_label", (n,))])
+        return mod
+
+    bps.init()
+    mx.random.seed(bps.rank())  # different initial weights: the broadcast must fix them
+    mod = module(BATCH)
+    mod.init_params(mx.init.Xavier())
+    arg, aux = mod.get_params()
+    bps.broadcast_parameters(arg, root_rank=0)
+    mod.set_params(arg, aux)
+    w0 = {k: v.copy() for k, v in arg.items()}
+    opt = bps.DistributedOptimizer(mx.optimizer.create("sgd", learning_rate=LR,
+                                                       rescale_grad=1.0 / BATCH))
+    mod.init_optimizer(kvstore=None, optimizer=opt)
+    mine = batch([bps.rank()])
+    for _ in range(steps):
+        mod.forward_backward(mine)
+        mod.update()
+    arg, _ = mod.get_params()
+    w = np.concatenate([arg[k].asnumpy().ravel() for k in sorted(arg)])
+    diff = None
+    if bps.rank() == 0:  # the same steps on one Module over both batches, no BytePS
+        ref = module(BATCH * bps.size())
+        ref.init_params(arg_params=w0, aux_params=aux)
+        ref.init_optimizer(kvstore=None, optimizer=mx.optimizer.create(
+            "sgd", learning_rate=LR, rescale_grad=1.0 / (BATCH * bps.size())))
+        both = batch(range(bps.size()))
+        for _ in range(steps):
+            ref.forward_backward(both)
+            ref.update()
+        r, _ = ref.get_params()
+        diff = float(np.abs(w - np.concatenate([r[k].asnumpy().ravel()
+                                                for k in sorted(r)])).max())
+    try:
+        bps.DistributedOptimizer("sgd")
+        refused = ""
+    except TypeError as e:
+        refused = str(e)
+    print("RESULT " + json.dumps({"rank": bps.rank(), "weights_crc": zlib.crc32(w.tobytes()),
+                                  "diff": diff, "moved": float(np.abs(
+                                      w - np.concatenate([w0[k].asnumpy().ravel()
+                                                          for k in sorted(w0)])).max()),
+                                  "refused": refused}), flush=True)
+    bps.shutdown()
+
+
 SWITCH = ("import byteps.mxnet as bps", "import hipress_like.byteps.mxnet as bps")
 
 
@@ -222,6 +295,9 @@ if __name__ == "__main__":
         sys.exit(0)
     if len(sys.argv) >= 2 and sys.argv[1] == "push_pull":
         _push_pull_job()
+        sys.exit(0)
+    if len(sys.argv) >= 3 and sys.argv[1] == "module":
+        _module_job(int(sys.argv[2]))
         sys.exit(0)
 
 
@@ -392,6 +468,17 @@ def test_push_pull_in_place_plain_and_declared_with_a_compressor():
     assert res[0]["signs_agree"] > 0.75
     assert "known:" in res[0]["refused"] and "byteps_compressor_type" in res[0]["refused"]
     assert "optimizer_params={'momentum'" in res[0]["nesterov"], res[0]["nesterov"]
+
+
+@pytest.mark.timeout(900)
+def test_module_api_optimizer_averages_every_gradient_as_one_module_over_both_batches():
+    rc, out = run("env", Path(__file__), "module", 3, np=2, timeout=300)
+    res = results(out)
+    assert rc == 0 and sorted(res) == [0, 1], out[-4000:]
+    assert res[0]["weights_crc"] == res[1]["weights_crc"]  # replicas identical
+    assert res[0]["moved"] > 1e-3  # it trained
+    assert res[0]["diff"] < 1e-5, res[0]  # = one Module over both ranks' batches
+    assert "mx.optimizer.create('sgd'" in res[0]["refused"], res[0]["refused"]
 
 
 @pytest.mark.timeout(900)
