@@ -71,6 +71,7 @@ import mxnet as mx
 
 from ..adapters import runtime as _runtime
 from ..adapters.compression import Compression, CompressionSpec
+from ..adapters.mxnet.optimizer import DistributedOptimizer as _HorovodStyleOptimizer
 from ..adapters.mxnet.parameters import broadcast_parameters as _broadcast_parameters
 from ..adapters.mxnet.tensors import as_torch, check_dense
 from ..adapters.mxnet.trainer import DistributedTrainer as _Trainer
@@ -289,7 +290,7 @@ def byteps_push_pull(tensor: Any, version: int = 0, priority: int = 0,
 
 
 # -- the Module API -------------------------------------------------------------------------
-class DistributedOptimizer(mx.optimizer.Optimizer):
+class DistributedOptimizer(_HorovodStyleOptimizer):
     """BytePS's optimizer for MXNet's Module API: each gradient averaged over the workers,
     then the wrapped optimizer's update.
 
@@ -299,15 +300,12 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         bps.broadcast_parameters(arg_params, root_rank=0)      # after init_params
         model.fit(train, kvstore=None, optimizer=opt, ...)
 
-    MXNet calls ``update(index, weight, grad, state)`` (an index or a list of
-    them) for every parameter, in the same order on every worker. Each
-    gradient is averaged in place under the name ``gradient_<index>``
-    (``byteps_push_pull``: BytePS's Module path takes no
-    ``compression_params``, so this is a plain allreduce), then the wrapped
-    optimizer updates. Attributes are the wrapped optimizer's, read and
-    written through, so what ``Module.init_optimizer`` sets on it
-    (``idx2name``, ``rescale_grad``) and the learning-rate and weight-decay
-    settings reach the optimizer that updates.
+    The MXNet face's wrapper (``adapters.mxnet.optimizer``: attributes read
+    and written through to the wrapped optimizer, one index or a list of
+    them per call) with BytePS's averaging: each gradient in place under the
+    name ``gradient_<index>`` (``byteps_push_pull``; BytePS's Module path
+    takes no ``compression_params``, so this is a plain allreduce), the
+    names' order checked across workers on first use.
 
     Args:
         optimizer: an ``mx.optimizer.Optimizer``.
@@ -327,57 +325,14 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         if os.environ.get("BYTEPS_ENABLE_ASYNC", "0").strip() not in ("", "0"):
             raise ValueError("BYTEPS_ENABLE_ASYNC is set: BytePS's asynchronous training is "
                              "not provided here (every step is synchronous); unset it")
-        object.__setattr__(self, "_optimizer", optimizer)  # not through __setattr__
+        super().__init__(optimizer)
 
-    def __getattr__(self, item: str) -> Any:  # only for what this class does not define
-        return getattr(object.__getattribute__(self, "_optimizer"), item)
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        setattr(self._optimizer, key, value)
-
-    def create_state(self, index: Any, weight: Any) -> Any:
-        """The wrapped optimizer's state for ``weight``."""
-        return self._optimizer.create_state(index, weight)
-
-    def create_state_multi_precision(self, index: Any, weight: Any) -> Any:
-        """The wrapped optimizer's (multi-precision) state for ``weight``."""
-        return self._optimizer.create_state_multi_precision(index, weight)
-
-    @staticmethod
-    def _average(index: Any, grad: Any) -> None:
+    def _hp_average(self, index: Any, grad: Any) -> None:
         pairs = zip(index, grad) if isinstance(index, (list, tuple)) else [(index, grad)]
         for i, g in pairs:
             name = f"gradient_{i}"
             byteps_declare_tensor(name)  # idempotent; the first use checks the order
             byteps_push_pull(g, name=name, is_average=True)
-
-    def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
-        """Average ``grad`` over the workers, then the wrapped optimizer's ``update``."""
-        self._average(index, grad)
-        self._optimizer.update(index, weight, grad, state)
-
-    def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
-        """Average ``grad`` over the workers, then the wrapped optimizer's
-        ``update_multi_precision``."""
-        self._average(index, grad)
-        self._optimizer.update_multi_precision(index, weight, grad, state)
-
-    def set_learning_rate(self, lr: float) -> None:
-        """The wrapped optimizer's learning rate."""
-        self._optimizer.set_learning_rate(lr)
-
-    def set_lr_mult(self, args_lr_mult: Mapping[Any, float]) -> None:
-        """The wrapped optimizer's per-parameter learning-rate multipliers."""
-        self._optimizer.set_lr_mult(args_lr_mult)
-
-    def set_wd_mult(self, args_wd_mult: Mapping[Any, float]) -> None:
-        """The wrapped optimizer's per-parameter weight-decay multipliers."""
-        self._optimizer.set_wd_mult(args_wd_mult)
-
-    @property
-    def learning_rate(self) -> float:
-        """The wrapped optimizer's current learning rate."""
-        return self._optimizer.learning_rate
 
 
 def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
