@@ -535,10 +535,11 @@ class OnlinePlanner:
     def _check(self, engine: Any, step: int) -> Optional[Plan]:
         """One check (collective): measure or agree on the link, price, maybe switch."""
         t0 = time.perf_counter()
-        if not self._should_probe(engine, step):
+        probe, step_s = self._should_probe(engine, step)
+        if not probe:
             self._last_t = time.perf_counter()
             return None
-        link = self._measure(engine)
+        link = self._measure(engine, step_s)
         self._last_t = time.perf_counter()  # the next step's time leaves the check out
         if link is None:
             _log.info("plan='adaptive' step %d: no link estimate on some rank yet", step)
@@ -615,8 +616,9 @@ class OnlinePlanner:
         self.history.append(rec)
         return best if rec["switched"] else None
 
-    def _should_probe(self, engine: Any, step: int) -> bool:
-        """Whether this check probes the link (collective when it decides by step time).
+    def _should_probe(self, engine: Any, step: int) -> Tuple[bool, Optional[float]]:
+        """Whether this check measures the link, and the step time agreed for it
+        (collective with ``measure="probe"``).
 
         A probe costs a few exchanges, so with ``measure="probe"`` a check first
         agrees (median over ranks) on the median step time of the last steps: the
@@ -624,27 +626,29 @@ class OnlinePlanner:
         last probe (the link or the work changed), at the first check, after a
         switch, and at least every ``probe_every`` checks (a change the step
         time hides is still seen). The timeline and injected estimates cost
-        nothing: every check uses them.
+        nothing: every check uses them (no step time is agreed).
         """
         s = self.settings
-        if s.estimate is not None or s.measure != "probe" or self.reference is None \
-                or self._probe_step_s is None:
-            return True
+        if s.estimate is not None or s.measure != "probe":
+            return True, None
         got = agree_values(engine.transport, [self._median_step()], self.timeout)
         t = None if got is None else got[0]
+        if self.reference is None or self._probe_step_s is None:
+            return True, t
         self._checks_unprobed += 1
         if t is None or self._checks_unprobed >= s.probe_every or \
                 abs(t - self._probe_step_s) > s.margin * self._probe_step_s:
-            return True
+            return True, t
         _log.debug("plan='adaptive' step %d: step time %.2f ms within %.0f %% of the last "
                    "probe's %.2f ms; no probe", step, 1e3 * t, 100 * s.margin,
                    1e3 * self._probe_step_s)
-        return False
+        return False, t
 
-    def _measure(self, engine: Any) -> Optional[Link]:
+    def _measure(self, engine: Any, step_s: Optional[float]) -> Optional[Link]:
         """The link every rank holds alike (collective): the probe's fit, or the agreed
         median of the running estimates (timeline, injected); None when some rank has
-        no estimate yet."""
+        no estimate yet. ``step_s``: the step time ``_should_probe`` agreed, kept as the
+        probe's (the next checks compare with it)."""
         s = self.settings
         if s.estimate is None and s.measure == "probe":
             link = self._probed or self.profile.link
@@ -657,9 +661,7 @@ class OnlinePlanner:
                 if big >= PROBE_MAX or big / link.bandwidth >= s.probe_s / 2:
                     break
             self._probed = link  # the same on every rank (rank 0's fit, broadcast)
-            got = agree_values(engine.transport, [self._median_step()], self.timeout)
-            self._probe_step_s = None if got is None else got[0]
-            self._checks_unprobed = 0
+            self._probe_step_s, self._checks_unprobed = step_s, 0
             return link
         return agree(engine.transport, self.estimator.link, self.timeout)
 
@@ -709,7 +711,7 @@ class OnlinePlanner:
         t_then, t_now = got
         if stage == "new":
             rec.update(step_s_old=t_then, step_s_new=t_now)
-            if t_now > t_then * (1 + s.margin) and tr["old"] is not None:
+            if t_now > t_then * (1 + s.margin):
                 rec.update(engine.set_plan(tr["old"]), switched=True, verdict="reverted")
                 self.reverts += 1
                 self._trial = {**tr, "stage": "old", "at": step + AFTER_STEPS,
