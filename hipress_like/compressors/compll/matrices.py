@@ -19,17 +19,23 @@ a ``MultiRoundCompressor``; every round's payloads are summed). It may use:
   near-square, zero-padded at the end); ``matrix(x, r, c)``: the first
   ``r c`` elements of ``x`` as an r x c matrix.
 - ``m.rows``, ``m.cols``, ``m.T`` (the transpose), ``gradient.rows/cols``.
-- ``matmul(a, b)``: ``c[i, j] = a[i, 0] b[0, j] + a[i, 1] b[1, j] + ...``,
-  float32 products and sums, left to right (the first product starts the
-  sum; no fused multiply-add). This fixed order is the operator's
-  definition, so the interpreter, the C and the CUDA agree bit for bit; with
-  inner size r it is the hand-written decode's outer-product sum
-  (``lowrank._outer_sum``) exactly.
+- ``matmul(a, b)``: ``c[i, j] = sum_l a[i, l] b[l, j]`` in float32 products
+  and sums (no fused multiply-add) in *the lane order*: a sum over an index
+  ``t`` of ``x_t`` is ``((L0 + L1) + L2) ... + L7`` with
+  ``Lc = ((-0 + x_c) + x_{c+8}) + x_{c+16} ...``, each lane left to right.
+  ``-0`` is the additive identity (``-0 + x == x`` for every x, signed zeros
+  included), so an empty lane changes nothing and a sum of at most 8 terms
+  is ``x_0 + x_1 + ...`` left to right (with inner size r <= 8, the
+  hand-written decode's outer-product sum, ``lowrank._outer_sum``). Eight
+  lanes are one AVX register, so the long sums vectorise without
+  reassociating, and the order depends on nothing but the index. This
+  fixed order is the operator's definition: the interpreter, the C, the CUDA
+  and the hand-written PowerSGD's float32 CPU kernels
+  (``powersgd/powersgd.c``) agree bit for bit.
 - ``orthogonalize(a)``: Gram-Schmidt on the columns as ``ops.orthogonalize_``
-  (Vogels Alg. 1 "ORTHOGONALIZE"): for column i, ``d = a[:, :i]^T col``
-  (each ``d[l]`` a left-to-right sum over rows), ``col -= a[:, :i] d`` (each
-  element's sum over l left to right), ``col /= sqrt(sum col^2) + 1e-8``
-  (the squares summed left to right, in float32).
+  (Vogels Alg. 1 "ORTHOGONALIZE"): for column i, ``d = a[:, :i]^T col``,
+  ``col -= a[:, :i] d``, ``col /= sqrt(sum col^2) + 1e-8``, every sum (over
+  rows, or over the earlier columns) in the lane order, in float32.
 - ``map(a, f)`` / ``map(a, b, f)`` on matrices of one shape: elementwise.
 - ``random<float>(lo, hi)`` in a function mapped over ``range(n)``: element
   i of the counter stream keyed by the state's ``shared_seed`` (equal on
@@ -73,10 +79,9 @@ def matrix_shape(shape: Sequence[int]) -> Tuple[int, int]:
 
 # ---------------------------------------------------------------- definitions (torch)
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` in float32 with each sum left to right, the first product starting it.
+    """``a @ b`` in float32, each sum in the lane order (the module docstring).
 
-    Vectorised over the output, sequential over the inner index (the order
-    is the operator's definition: see the module docstring).
+    Vectorised over the output, sequential over the inner index.
     """
     n, k = a.shape
     k2, m = b.shape
@@ -88,31 +93,39 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if n * m <= k:  # few outputs, a long sum: loop over the outputs' columns instead
         out = torch.empty(n, m, dtype=torch.float32)
         for j in range(m):
-            out[:, j] = _seq_dot(a, b[:, j])
+            out[:, j] = _lane_dot(a, b[:, j])
         return out
-    acc = a[:, 0:1] * b[0:1, :]
-    for i in range(1, k):
-        acc = acc + a[:, i:i + 1] * b[i:i + 1, :]
+    lanes = [torch.full((n, m), -0.0, dtype=torch.float32) for _ in range(min(k, 8))]
+    for t in range(k):
+        lanes[t & 7] = lanes[t & 7] + a[:, t:t + 1] * b[t:t + 1, :]
+    return _lanes_total(lanes)
+
+
+def _lanes_total(lanes: List[torch.Tensor]) -> torch.Tensor:
+    """``((L0 + L1) + L2) ...``: the lanes summed left to right (an absent lane is -0)."""
+    acc = lanes[0]
+    for x in lanes[1:]:
+        acc = acc + x
     return acc
 
 
-def _seq_dot(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``a @ v`` for each row of ``a``, summed left to right (float32)."""
-    acc = a[:, 0] * v[0]
-    for i in range(1, a.shape[1]):
-        acc = acc + a[:, i] * v[i]
-    return acc
+def _lane_dot(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``a @ v`` for each row of ``a``, in the lane order (float32)."""
+    k = a.shape[1]
+    lanes = [torch.full((a.shape[0],), -0.0, dtype=torch.float32) for _ in range(min(k, 8))]
+    for t in range(k):
+        lanes[t & 7] = lanes[t & 7] + a[:, t] * v[t]
+    return _lanes_total(lanes) if lanes else torch.full((a.shape[0],), -0.0)
 
 
-def _seq_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum of a 1-D float32 tensor left to right (the first element starts it)."""
-    return _seq_dot(x.reshape(1, -1), torch.ones(x.numel(), dtype=torch.float32))[0] \
-        if x.numel() else torch.zeros((), dtype=torch.float32)
+def _lane_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum of a 1-D float32 tensor in the lane order (-0 when empty)."""
+    return _lane_dot(x.reshape(1, -1), torch.ones(x.numel(), dtype=torch.float32))[0]
 
 
 def orthogonalize(a: torch.Tensor) -> torch.Tensor:
     """Gram-Schmidt on the columns of a copy of ``a`` (``ops.orthogonalize_``'s steps, with
-    every sum left to right in float32; see the module docstring)."""
+    every sum in the lane order in float32; see the module docstring)."""
     m = a.to(torch.float32).clone()
     rows, cols = m.shape
     if rows == 0:
@@ -121,13 +134,13 @@ def orthogonalize(a: torch.Tensor) -> torch.Tensor:
         col = m[:, i]
         if i:
             prev = m[:, :i]
-            d = _seq_dot(prev.t().contiguous(), col) if rows else None  # (i,)
-            t = _seq_dot(prev, d)                                       # (rows,)
+            d = _lane_dot(prev.t().contiguous(), col)  # (i,)
+            t = _lane_dot(prev, d)                     # (rows,)
             col = col - t
         sq = col * col
         # sqrtf's correctly rounded float32 root (through float64, which rounds once more
         # harmlessly); torch.sqrt of a float32 scalar is not always correctly rounded
-        norm = torch.sqrt(_seq_sum(sq).double()).float()
+        norm = torch.sqrt(_lane_sum(sq).double()).float()
         m[:, i] = col / (norm + torch.tensor(ORTHO_EPS, dtype=torch.float32))
     return m
 

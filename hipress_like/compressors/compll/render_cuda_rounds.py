@@ -7,11 +7,12 @@ thread alike (each holds the same values), and each matrix operator is
 block-cooperative, a ``__syncthreads`` on either side:
 
 - ``cl_matmul``: a thread per output element (grid-stride over the block),
-  each summing left to right over the inner index with ``__fmul_rn`` and
-  ``__fadd_rn`` (no contraction), the C's and the interpreter's order;
+  each summing over the inner index in the lane order (``cl_lane_dot``: 8
+  register lanes, ``__fmul_rn`` and ``__fadd_rn``, no contraction), the C's
+  and the interpreter's order;
 - ``cl_orthogonalize``: per column, a thread per earlier column for the
   projections ``d``, a thread per row for ``col -= prev d``, thread 0 for
-  the norm's left-to-right sum; the same operations as the C;
+  the norm's sum, each in the lane order; the same operations as the C;
 - ``map``, ``matrix(x)``'s zero-padded copy, contiguous copies: a thread per
   element;
 - allocation: thread 0 takes the block's memory with device ``malloc``
@@ -19,7 +20,7 @@ block-cooperative, a ``__syncthreads`` on either side:
   and shares the pointer through shared memory.
 
 One block bounds the speed (PowerSGD's products are thin: r <= 8 columns,
-but the sums over the long dimension are sequential per element, as their
+but the sums over the long dimension are 8 lanes per element, as their
 definition requires). The source is compile-checked by ``nvcc -ptx`` in the
 tests and run there by a CPU emulation of the kernels (each block thread a
 CPU thread), which must give the C's bits; on a GPU
@@ -65,6 +66,22 @@ __device__ cl_mat cl_contig(void** A, int64_t* nA, cl_mat m) {
     __syncthreads();
     return o;
 }
+/* The lane order (matrices.py): ((L0 + L1) ...) + L7, Lc = ((-0 + x_c) + x_{c+8}) ... */
+__device__ float cl_lane_dot(const float* x, int64_t sx, const float* y, int64_t sy,
+                             int64_t n) {
+    float L[8];
+#pragma unroll
+    for (int l = 0; l < 8; ++l) L[l] = -0.0f;
+    for (int64_t t0 = 0; t0 < n; t0 += 8) {
+#pragma unroll
+        for (int l = 0; l < 8; ++l)   /* l constant after unrolling: L stays in registers */
+            if (t0 + l < n) L[l] = __fadd_rn(L[l], __fmul_rn(x[(t0 + l) * sx], y[(t0 + l) * sy]));
+    }
+    float s = L[0];
+#pragma unroll
+    for (int l = 1; l < 8; ++l) s = __fadd_rn(s, L[l]);
+    return s;
+}
 __device__ cl_mat cl_matmul(void** A, int64_t* nA, cl_mat a, cl_mat b, int* err) {
     if (a.c != b.r) { *err = 7; return cl_empty(); }
     cl_mat o = cl_alloc(A, nA, a.r, b.c);
@@ -72,10 +89,7 @@ __device__ cl_mat cl_matmul(void** A, int64_t* nA, cl_mat a, cl_mat b, int* err)
     int64_t k = a.c, C = b.c;
     CL_FOR(e, a.r * C) {
         int64_t i = e / C, j = e % C;
-        float acc = k ? __fmul_rn(CL_AT(a, i, 0), CL_AT(b, 0, j)) : 0.0f;
-        for (int64_t l = 1; l < k; ++l)
-            acc = __fadd_rn(acc, __fmul_rn(CL_AT(a, i, l), CL_AT(b, l, j)));
-        o.d[e] = acc;
+        o.d[e] = k ? cl_lane_dot(a.d + i * a.rs, a.cs, b.d + j * b.cs, b.rs, k) : 0.0f;
     }
     __syncthreads();
     return o;
@@ -92,26 +106,14 @@ __device__ cl_mat cl_orthogonalize(void** A, int64_t* nA, cl_mat a, int* err) {
     __syncthreads();
     for (int64_t i = 0; i < C && R > 0; ++i) {
         if (i) {
-            CL_FOR(l, i) {                            /* d = prev^T col */
-                float s = __fmul_rn(m.d[l], m.d[i]);
-                for (int64_t j = 1; j < R; ++j)
-                    s = __fadd_rn(s, __fmul_rn(m.d[j * C + l], m.d[j * C + i]));
-                d[l] = s;
-            }
+            CL_FOR(l, i) d[l] = cl_lane_dot(m.d + l, C, m.d + i, C, R);  /* d = prev^T col */
             __syncthreads();
-            CL_FOR(j, R) {                            /* col -= prev d */
-                float t = __fmul_rn(m.d[j * C], d[0]);
-                for (int64_t l = 1; l < i; ++l) t = __fadd_rn(t, __fmul_rn(m.d[j * C + l], d[l]));
-                m.d[j * C + i] = __fsub_rn(m.d[j * C + i], t);
-            }
+            CL_FOR(j, R)                                                 /* col -= prev d */
+                m.d[j * C + i] = __fsub_rn(m.d[j * C + i], cl_lane_dot(m.d + j * C, 1, d, 1, i));
             __syncthreads();
         }
-        if (threadIdx.x == 0) {                       /* the norm, left to right */
-            float s = __fmul_rn(m.d[i], m.d[i]);
-            for (int64_t j = 1; j < R; ++j)
-                s = __fadd_rn(s, __fmul_rn(m.d[j * C + i], m.d[j * C + i]));
-            den_ = __fadd_rn(__fsqrt_rn(s), 1e-8f);
-        }
+        if (threadIdx.x == 0)                         /* the norm, in the lane order */
+            den_ = __fadd_rn(__fsqrt_rn(cl_lane_dot(m.d + i, C, m.d + i, C, R)), 1e-8f);
         __syncthreads();
         CL_FOR(j, R) m.d[j * C + i] = __fdiv_rn(m.d[j * C + i], den_);
         __syncthreads();

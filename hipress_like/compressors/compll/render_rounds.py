@@ -11,14 +11,15 @@ modified). The operators, in the common operator library of this target
 (``CL_MATRIX_OPS`` below, shared with nobody: the C for sweeps has no
 matrices):
 
-- ``cl_matmul``: each output element summed left to right over the inner
-  index from the first product (the definition in ``matrices.py``); the loop
-  nest is chosen by ``a``'s layout (rows of ``a`` contiguous: i, l, j;
-  otherwise l, i, j, so ``M^T P`` streams M row by row) -- every element
-  sees the same sequence of operations either way, so the bits do not
-  depend on the choice;
+- ``cl_matmul``: each output element summed over the inner index in the
+  lane order (the definition in ``matrices.py``: 8 interleaved lanes from
+  -0, then the lanes left to right); the loop nest is chosen by ``a``'s
+  layout (rows of ``a`` contiguous: i, l, j into one row's lanes; otherwise
+  l, i, j into the whole output's lanes, so ``M^T P`` streams M row by row)
+  -- every element sees the same sequence of operations either way, so the
+  bits do not depend on the choice;
 - ``cl_orthogonalize``: Gram-Schmidt on a copy, the sums in
-  ``ops.orthogonalize_``'s steps, left to right;
+  ``ops.orthogonalize_``'s steps, each in the lane order;
 - ``map`` over one or two matrices, or over ``range(n)``: one loop calling
   the user function with the element's row-major index (``random``'s
   counter).
@@ -81,36 +82,57 @@ static cl_mat cl_contig(void** A, int64_t* nA, cl_mat m) {
         for (int64_t j = 0; j < m.c; ++j) o.d[i * m.c + j] = CL_AT(m, i, j);
     return o;
 }
-/* matmul: out[i,j] = a[i,0] b[0,j] + a[i,1] b[1,j] + ..., left to right (matrices.py) */
+/* The lane order (matrices.py): a sum over t of x_t is ((L0 + L1) ...) + L7,
+ * Lc = ((-0 + x_c) + x_{c+8}) + ..., float32, no contraction. */
+static float cl_lanes_total(const float* L, int64_t stride) {
+    float s = L[0];
+    for (int l = 1; l < 8; ++l) s = s + L[l * stride];
+    return s;
+}
+static float cl_lane_dot(const float* x, int64_t sx, const float* y, int64_t sy, int64_t n) {
+    float L[8];
+    for (int l = 0; l < 8; ++l) L[l] = -0.0f;
+    for (int64_t t = 0; t < n; ++t) L[t & 7] = L[t & 7] + x[t * sx] * y[t * sy];
+    return cl_lanes_total(L, 1);
+}
+/* matmul: out[i,j] = sum_l a[i,l] b[l,j] in the lane order (matrices.py) */
 static cl_mat cl_matmul(void** A, int64_t* nA, cl_mat a, cl_mat b, int* err) {
     if (a.c != b.r) { *err = 7; return cl_empty(); }
     cl_mat o = cl_alloc(A, nA, a.r, b.c);
     if (!o.d) { *err = 5; return o; }
     int64_t k = a.c, R = a.r, C = b.c;
     if (k == 0) { for (int64_t i = 0; i < R * C; ++i) o.d[i] = 0.0f; return o; }
-    if (a.cs == 1) {  /* rows of a contiguous: i, then l, then j */
+    if (a.cs == 1) {  /* rows of a contiguous: per output row, 8 lanes of C floats */
+        cl_mat L = cl_alloc(A, nA, 8, C);
+        if (!L.d) { *err = 5; return o; }
         for (int64_t i = 0; i < R; ++i) {
-            float* oi = o.d + i * C;
-            for (int64_t j = 0; j < C; ++j) oi[j] = CL_AT(a, i, 0) * CL_AT(b, 0, j);
-            for (int64_t l = 1; l < k; ++l) {
+            for (int64_t e = 0; e < 8 * C; ++e) L.d[e] = -0.0f;
+            for (int64_t l = 0; l < k; ++l) {
                 float x = CL_AT(a, i, l);
-                for (int64_t j = 0; j < C; ++j) oi[j] = oi[j] + x * CL_AT(b, l, j);
+                float* Ll = L.d + (l & 7) * C;
+                for (int64_t j = 0; j < C; ++j) Ll[j] = Ll[j] + x * CL_AT(b, l, j);
             }
+            for (int64_t j = 0; j < C; ++j) o.d[i * C + j] = cl_lanes_total(L.d + j, C);
         }
         return o;
     }
-    /* a^T of a row-major matrix (M^T P): l outermost, a's storage read row by row */
-    for (int64_t i = 0; i < R; ++i)
-        for (int64_t j = 0; j < C; ++j) o.d[i * C + j] = CL_AT(a, i, 0) * CL_AT(b, 0, j);
-    for (int64_t l = 1; l < k; ++l)
+    /* a^T of a row-major matrix (M^T P): l outermost, a's storage read row by row,
+     * into 8 lanes of the whole output */
+    cl_mat L = cl_alloc(A, nA, 8, R * C);
+    if (!L.d) { *err = 5; return o; }
+    for (int64_t e = 0; e < 8 * R * C; ++e) L.d[e] = -0.0f;
+    for (int64_t l = 0; l < k; ++l) {
+        float* Ll = L.d + (l & 7) * R * C;
         for (int64_t i = 0; i < R; ++i) {
             float x = CL_AT(a, i, l);
-            float* oi = o.d + i * C;
-            for (int64_t j = 0; j < C; ++j) oi[j] = oi[j] + x * CL_AT(b, l, j);
+            float* Li = Ll + i * C;
+            for (int64_t j = 0; j < C; ++j) Li[j] = Li[j] + x * CL_AT(b, l, j);
         }
+    }
+    for (int64_t e = 0; e < R * C; ++e) o.d[e] = cl_lanes_total(L.d + e, R * C);
     return o;
 }
-/* Gram-Schmidt on the columns of a copy (ops.orthogonalize_'s steps; sums left to right) */
+/* Gram-Schmidt on the columns of a copy (ops.orthogonalize_'s steps; sums in the lane order) */
 static cl_mat cl_orthogonalize(void** A, int64_t* nA, cl_mat a, int* err) {
     cl_mat m = cl_alloc(A, nA, a.r, a.c);
     if (!m.d) { *err = 5; return m; }
@@ -121,20 +143,12 @@ static cl_mat cl_orthogonalize(void** A, int64_t* nA, cl_mat a, int* err) {
     if (!d) { *err = 5; return m; }
     for (int64_t i = 0; i < C && R > 0; ++i) {
         if (i) {
-            for (int64_t l = 0; l < i; ++l) {      /* d = prev^T col */
-                float s = m.d[l] * m.d[i];
-                for (int64_t j = 1; j < R; ++j) s = s + m.d[j * C + l] * m.d[j * C + i];
-                d[l] = s;
-            }
-            for (int64_t j = 0; j < R; ++j) {      /* col -= prev d */
-                float t = m.d[j * C] * d[0];
-                for (int64_t l = 1; l < i; ++l) t = t + m.d[j * C + l] * d[l];
-                m.d[j * C + i] = m.d[j * C + i] - t;
-            }
+            for (int64_t l = 0; l < i; ++l)        /* d = prev^T col */
+                d[l] = cl_lane_dot(m.d + l, C, m.d + i, C, R);
+            for (int64_t j = 0; j < R; ++j)        /* col -= prev d */
+                m.d[j * C + i] = m.d[j * C + i] - cl_lane_dot(m.d + j * C, 1, d, 1, i);
         }
-        float s = m.d[i] * m.d[i];
-        for (int64_t j = 1; j < R; ++j) s = s + m.d[j * C + i] * m.d[j * C + i];
-        float den = sqrtf(s) + 1e-8f;
+        float den = sqrtf(cl_lane_dot(m.d + i, C, m.d + i, C, R)) + 1e-8f;
         for (int64_t j = 0; j < R; ++j) m.d[j * C + i] = m.d[j * C + i] / den;
     }
     free(d);
@@ -411,14 +425,15 @@ def _blk(s: Node) -> Node:
 
 
 def arena_size(c: Checked, f: Func) -> int:
-    """An upper bound of the allocations of one call of ``f`` (the language has no loops)."""
+    """An upper bound of the allocations of one call of ``f`` (the language has no loops;
+    a node allocates at most twice: ``cl_matmul``'s result and its lanes)."""
     def nodes(x: Any) -> int:
         if isinstance(x, Node):
             return 1 + nodes(x.args)
         if isinstance(x, (list, tuple)):
             return sum(nodes(a) for a in x)
         return 0
-    return nodes(f.body) + len(c.globals) + 4
+    return 2 * nodes(f.body) + len(c.globals) + 4
 
 
 def render_rounds(c: Checked) -> str:

@@ -1,17 +1,20 @@
-"""PowerSGD's fused kernels: forming M = E + G with the previous step's error, and P Q^T
-(and the check that a second buffer for M is free, for double buffering).
+"""PowerSGD's fused kernels and products: forming M = g + (e - P' Q'^T) with the previous
+step's error, P = M Q, Q = M^T P, Gram-Schmidt and P Q^T (and the check that a second
+buffer for M is free, for double buffering).
 
 Compiled through ``_build.fused.Kernel`` under the same rules as the quantizers'
 kernels (``_build/fused.py``'s module docstring): the compiled and the eager version
 round alike, so every rank gets the same bits whichever runs. Kept apart
 from the quantizers' kernels so each file holds one compressor family's loops.
 
-For float32 on the CPU both run as C loops (``_c.psgd_form_m``,
-``_c.psgd_lowrank``) that write with streaming stores: the matrices
-are larger than any cache, and an ordinary store first reads the line it
-writes ("read for ownership"), a third more traffic for a sweep into a
-buffer other than the one just read. M and ``P Q^T`` keep the pointwise
-formula's bits; P (a local payload) sums in the C loop's own fixed order.
+For float32 on the CPU everything runs as C (``native.py``): the sweeps write
+with streaming stores (the matrices are larger than any cache, and an
+ordinary store first reads the line it writes, a third more traffic for a
+sweep into a buffer other than the one just read), and every sum runs in the
+lane order CompLL's matrix operators define (``compll/matrices.py``), so the
+PowerSGD program written in CompLL (``powersgd.compll``) gives the same bits.
+Elsewhere (other dtypes, other devices) the products go through torch's
+BLAS: the same values up to rounding, the ranks still agreeing with each other.
 """
 from __future__ import annotations
 
@@ -21,10 +24,12 @@ import torch
 
 from .._build import native as _native
 from .._build.fused import Kernel
-from ..ops import matmul
+from ..ops import matmul, orthogonalize_
+from . import cuda as _gpu
 from . import native as _c
 
-__all__ = ["powersgd_form_m", "powersgd_lowrank", "free_buffer"]
+__all__ = ["powersgd_form_m", "powersgd_lowrank", "powersgd_mq", "powersgd_mtp",
+           "powersgd_orthogonalize", "free_buffer"]
 
 
 def _outer_sum(p: torch.Tensor, qt: torch.Tensor, rank: int) -> torch.Tensor:
@@ -46,20 +51,25 @@ def _powersgd_form_m_fn(rank: int, prev_rank: int, gdtype: torch.dtype,
                         qt_prev: torch.Tensor, qt: torch.Tensor,
                         out: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            # one loop: M = g + e - P' Q'^T into out, and the rank row reductions P = M Q
-            m = g.to(e.dtype) + e
+            # one loop: M = g + (e - P' Q'^T) into out, and the rank row reductions P = M Q
             if prev_rank:
-                m = m - _outer_sum(p_prev, qt_prev, prev_rank)
+                m = g.to(e.dtype) + (e - _outer_sum(p_prev, qt_prev, prev_rank))
+            else:
+                m = g.to(e.dtype) + e
             out.copy_(m)
             return torch.stack([(m * qt[k:k + 1, :]).sum(1) for k in range(rank)], 1)
-        # eager: no gradient-sized temporaries, BLAS for the products (e + g rounds
-        # as g + e: the sum commutes bit for bit)
-        if out is e:
+        # eager: no gradient-sized temporaries, BLAS for the products (x + g rounds
+        # as g + x: the sum commutes bit for bit)
+        if prev_rank:
+            if out is e:
+                e.addmm_(p_prev, qt_prev, alpha=-1.0)
+            else:
+                torch.addmm(e, p_prev, qt_prev, alpha=-1.0, out=out)
+            out.add_(g)
+        elif out is e:
             e.add_(g)
         else:
             torch.add(e, g, out=out)
-        if prev_rank:
-            out.addmm_(p_prev, qt_prev, alpha=-1.0)
         return matmul(out, qt.t())
     return powersgd_form_m
 
@@ -78,13 +88,15 @@ def powersgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev, qt_prev,
                     qt: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """PowerSGD's error feedback and first product in one sweep (Vogels et al. 2019, Alg. 2).
 
-    ``M = g + e - P' Q'^T`` is written into ``out`` (default: ``e`` itself;
+    ``M = g + (e - P' Q'^T)`` is written into ``out`` (default: ``e`` itself;
     ``e`` is the previous step's error kept in factored form, see
     ``PowerSGD``) and ``P = M Q`` is returned,
     computed as ``rank`` row reductions in the same loop, so the matrix is
     read once for both instead of twice (a sum, then ``M @ Q``).
-    Compiled and eager results agree to rounding (the sums' order differs),
-    not bit for bit: ``P`` is a local payload, ranks need not agree on it.
+    On float32 CPU tensors P sums in the lane order (``native.psgd_form_m``);
+    compiled and eager results agree with it to rounding (the sums' order
+    differs), not bit for bit: ``P`` is a local payload, ranks need not agree
+    on it.
 
     Args:
         e: (rows, cols) contiguous accumulator.
@@ -100,6 +112,11 @@ def powersgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev, qt_prev,
     """
     prev = 0 if p_prev is None else int(p_prev.shape[1])
     out = e if out is None else out
+    if max(int(qt.shape[0]), prev) <= _c.PSGD_MAX_RANK and _gpu.usable(e, g, qt, out) and (
+            not prev or _gpu.usable(p_prev.contiguous(), qt_prev.contiguous(), e)):
+        facs = (p_prev.contiguous(), qt_prev.contiguous()) if prev else (None, None)
+        _gpu.psgd_form_m(e, g, *facs, out)  # the lane order on the GPU (cuda.py)
+        return _gpu.psgd_mq(out, qt)
     if _native_form_m(e, g, p_prev, qt_prev, qt, out):
         # C's streaming stores skip the read for ownership of a second buffer, and
         # in place or not the bits are the same (_c.psgd_form_m)
@@ -125,6 +142,46 @@ def powersgd_lowrank(p: torch.Tensor, qt: torch.Tensor, out: torch.Tensor) -> No
         _c.psgd_lowrank(p, qt, out)  # the same bits, streaming stores
         return
     _K_PSGD_LOWRANK(p, qt, out, spec=(int(p.shape[1]), out.dtype), numel=out.numel())
+
+
+def _native_lanes(*tensors: torch.Tensor) -> bool:
+    return _native.usable(*tensors, dtypes=(torch.float32,))
+
+
+def powersgd_mq(m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``P = M Q`` (rows, r) for a formed (rows, cols) matrix: in the lane order on
+    float32 CPU tensors (``native.psgd_mq``, ``powersgd_form_m``'s sums) and float32
+    CUDA tensors with cupy (``cuda.psgd_mq``), else ``ops.matmul``."""
+    qt = q.t().contiguous()
+    if int(qt.shape[0]) <= _c.PSGD_MAX_RANK:
+        if _native_lanes(m, qt):
+            return _c.psgd_mq(m, qt)
+        if _gpu.usable(m, qt):
+            return _gpu.psgd_mq(m, qt)
+    return matmul(m, q)
+
+
+def powersgd_mtp(m: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``Q = M^T P`` (cols, r), PowerSGD's round-1 product: in the lane order over
+    M's rows on float32 CPU tensors (``native.psgd_mtp``) and float32 CUDA tensors
+    with cupy (``cuda.psgd_mtp``), else ``ops.matmul``."""
+    if _native_lanes(m, p):
+        return _c.psgd_mtp(m, p)
+    if int(p.shape[1]) <= _c.PSGD_MAX_RANK and _gpu.usable(m, p):
+        return _gpu.psgd_mtp(m, p)
+    return matmul(m.t(), p)
+
+
+def powersgd_orthogonalize(a: torch.Tensor) -> torch.Tensor:
+    """Gram-Schmidt on the columns of ``a``, in place (Vogels et al. 2019, Alg. 1
+    ORTHOGONALIZE; ``ops.orthogonalize_``'s steps): every sum in the lane order on a
+    contiguous float32 CPU matrix (``native.psgd_orthogonalize``) or CUDA matrix with
+    cupy (``cuda.psgd_orthogonalize``), else ``ops.orthogonalize_``. Returns ``a``."""
+    if a.dim() == 2 and _native_lanes(a):
+        return _c.psgd_orthogonalize(a)
+    if a.dim() == 2 and _gpu.usable(a):
+        return _gpu.psgd_orthogonalize(a)
+    return orthogonalize_(a)
 
 
 def free_buffer(buf: Any, like: torch.Tensor, state: Mapping[str, Any], skip: str = "") -> bool:

@@ -1,10 +1,13 @@
-"""PowerSGD's native CPU sweeps (``powersgd.c``): round 0's ``M = g + e - P' Q'^T``
-with ``P = M Q``, and the decode's ``P Q^T``.
+"""PowerSGD's native CPU kernels (``powersgd.c``): round 0's ``M = g + (e - P' Q'^T)``
+with ``P = M Q``, round 1's ``Q = M^T P`` and Gram-Schmidt, and the decode's ``P Q^T``.
 
-Idea: both sweep a gradient-sized matrix and write it with streaming stores,
-which torch's kernels never use: a store to a line not in the cache reads it
-first, so a sweep into another buffer moves a third more bytes
-(``lowrank.py`` picks these for float32 CPU tensors;
+Idea: every sum runs in the lane order CompLL's matrix operators define
+(``compll/matrices.py``), so the hand-written compressor and the DSL program
+give the same bits, and the order depends on nothing but the index (not on
+BLAS, the thread count or an address). The sweeps over a gradient-sized
+matrix write with streaming stores, which torch's kernels never use: a store
+to a line not in the cache reads it first, so a sweep into another buffer
+moves a third more bytes (``lowrank.py`` picks these for float32 CPU tensors;
 ``tests/unit/test_native_powersgd.py`` checks them).
 """
 from __future__ import annotations
@@ -19,7 +22,8 @@ from .._build.native import load as _load
 from .._build.native import parallel as _map
 from .._build.native import rows as _rows
 
-__all__ = ["PSGD_MAX_RANK", "psgd_form_m", "psgd_lowrank"]
+__all__ = ["PSGD_MAX_RANK", "psgd_form_m", "psgd_lowrank", "psgd_mq", "psgd_mtp",
+           "psgd_orthogonalize"]
 
 _P, _I64, _I32, _U32, _F32 = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32,
                               ctypes.c_float)
@@ -30,6 +34,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.hp_psgd_form_m.restype = None
     lib.hp_psgd_lowrank.argtypes = [_P, _P, _I32, _P, _I64, _I64, _I64]
     lib.hp_psgd_lowrank.restype = None
+    lib.hp_psgd_mq.argtypes = [_P, _P, _I32, _P, _I64, _I64, _I64]
+    lib.hp_psgd_mq.restype = None
+    lib.hp_psgd_mtp.argtypes = [_P, _P, _I32, _P, _I64, _I64, _I64, _I64]
+    lib.hp_psgd_mtp.restype = _I32
+    lib.hp_psgd_orthogonalize.argtypes = [_P, _I64, _I64]
+    lib.hp_psgd_orthogonalize.restype = _I32
 
 native.bind(_declare)
 
@@ -41,10 +51,10 @@ PSGD_MAX_RANK = 8
 def psgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev: Optional[torch.Tensor],
                 qt_prev: Optional[torch.Tensor], qt: torch.Tensor,
                 out: torch.Tensor) -> torch.Tensor:
-    """PowerSGD's round 0 into a second buffer: ``out = (g + e) - P' Q'^T`` with the
+    """PowerSGD's round 0 into a second buffer: ``out = g + (e - P' Q'^T)`` with the
     bits of ``lowrank.py``'s pointwise formula, written with streaming stores,
-    and ``P = out Q`` returned (rows, rank) from the same sweep (``powersgd.c``
-    says why). All contiguous float32 (rows, cols) / (rows, r') / (r', cols) /
+    and ``P = out Q`` (the lane order) returned (rows, rank) from the same sweep
+    (``powersgd.c`` says why). All contiguous float32 (rows, cols) / (rows, r') / (r', cols) /
     (rank, cols) on the CPU, ranks at most ``PSGD_MAX_RANK``."""
     lib = _load()
     rows, cols = out.shape
@@ -69,3 +79,50 @@ def psgd_lowrank(p: torch.Tensor, qt: torch.Tensor, out: torch.Tensor) -> None:
     pp, qtp, op = p.data_ptr(), qt.data_ptr(), out.data_ptr()
     _map(lambda r0, r1, last: lib.hp_psgd_lowrank(pp, qtp, rank, op, cols, r0, r1),
          _rows(rows, cols))
+
+
+def psgd_mq(m: torch.Tensor, qt: torch.Tensor) -> torch.Tensor:
+    """``P = M Q`` in the lane order (``psgd_form_m``'s sums, for a matrix already
+    formed): contiguous float32 (rows, cols) and (rank, cols) on the CPU, rank at
+    most ``PSGD_MAX_RANK``; returns (rows, rank)."""
+    lib = _load()
+    rows, cols = m.shape
+    rank = int(qt.shape[0])
+    p = torch.empty(rows, rank, dtype=torch.float32)
+    mp, qtp, pp = m.data_ptr(), qt.data_ptr(), p.data_ptr()
+    _map(lambda r0, r1, last: lib.hp_psgd_mq(mp, qtp, rank, pp, cols, r0, r1),
+         _rows(rows, cols))
+    return p
+
+
+def psgd_mtp(m: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``Q = M^T P`` in the lane order over M's rows: contiguous float32 (rows, cols)
+    and (rows, rank) on the CPU; returns (cols, rank). Column blocks run on the
+    native thread pool.
+
+    Raises:
+        MemoryError: the per-call lane buffer could not be allocated.
+    """
+    lib = _load()
+    rows, cols = m.shape
+    rank = int(p.shape[1])
+    q = torch.empty(cols, rank, dtype=torch.float32)
+    mp, pp, qp = m.data_ptr(), p.data_ptr(), q.data_ptr()
+    res = _map(lambda c0, c1, last: lib.hp_psgd_mtp(mp, pp, rank, qp, rows, cols, c0, c1),
+               _rows(cols, rows))
+    if any(res):
+        raise MemoryError(f"powersgd: no memory for the lanes of a {rows}x{cols} M^T P")
+    return q
+
+
+def psgd_orthogonalize(a: torch.Tensor) -> torch.Tensor:
+    """Gram-Schmidt on the columns of a contiguous float32 CPU matrix, in place, every
+    sum in the lane order (``ops.orthogonalize_``'s steps); returns ``a``.
+
+    Raises:
+        MemoryError: the projection buffer could not be allocated.
+    """
+    rows, cols = a.shape
+    if _load().hp_psgd_orthogonalize(a.data_ptr(), rows, cols):
+        raise MemoryError(f"powersgd: no memory to orthogonalize a {rows}x{cols} matrix")
+    return a

@@ -1,34 +1,45 @@
 #include "hp_native.h"
 
 /* ------------------------------------------------------------------------
- * PowerSGD's round 0 (lowrank.powersgd_form_m), in place (out == e)
- * or into a second buffer (the double buffering of PowerSGD.detach_state),
- * with the same bits either way: per row i in [r0, r1) of a (rows, cols)
- * matrix,
+ * PowerSGD's products in the lane order (compll/matrices.py, "the lane
+ * order", the definition CompLL's matmul and orthogonalize share, so the
+ * DSL program gives these bits): a sum over an index t of x_t is
  *
- *   out[i,j] = (g[i,j] + e[i,j]) - a[i,j],  a = pp[i,0]*qp[0,j]; a = a + pp[i,1]*qp[1,j] ...
- *   p[i,k]   = sum_j out[i,j] * qt[k,j]     for k < rank
+ *   ((L0 + L1) + L2) ... + L7,   Lc = ((-0 + x_c) + x_{c+8}) + x_{c+16} ...
  *
- * M rounds as the torch kernels' pointwise formula (no contraction, the
- * outer products summed in the same order); P is a local payload and sums
- * in this loop's own fixed order (8 lanes, then the lanes in order, then
- * the row's unaligned head and tail), the same on every run.
- *
- * Why C: out is written with non-temporal stores. A store to a line not in
- * the cache first reads it ("read for ownership"), so an ordinary sweep
- * into a second buffer moves a third more bytes than the same sweep in
- * place; streaming stores skip that read, and keeping the previous error
- * untouched (so a step can be undone without a copy) then costs what
- * forming M in place does.
+ * float32 products and sums, no contraction; -0 is the additive identity
+ * (-0 + x == x for every x, signed zeros included), so an empty lane changes
+ * nothing and a sum of at most 8 terms is x_0 + x_1 + ... left to right.
+ * Eight lanes are what one AVX register holds, so the long sums vectorise
+ * with no reassociation, and the order depends on nothing but the index.
  * ------------------------------------------------------------------------ */
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
+#include <math.h>
 
 #define HP_PSGD_MAX_RANK 8
+#define HP_NEG0 (-0.0f)
 
-/* The outer products' sum at column j: a = pi[0]*qt[j], then a = a + pi[k]*qt[k,j]
- * for k = 1.. in order (the torch kernels' _outer_sum, rounding alike). */
+static inline float hp_lanes_total(const float *lanes) {
+    float s = lanes[0];
+    for (int l = 1; l < 8; l++)
+        s = s + lanes[l];
+    return s;
+}
+
+/* sum_t x[t sx] y[t sy] over t < n in the lane order. */
+static float hp_lane_dot(const float *x, int64_t sx, const float *y, int64_t sy, int64_t n) {
+    float lanes[8];
+    for (int l = 0; l < 8; l++)
+        lanes[l] = HP_NEG0;
+    for (int64_t t = 0; t < n; t++)
+        lanes[t & 7] = lanes[t & 7] + x[t * sx] * y[t * sy];
+    return hp_lanes_total(lanes);
+}
+
+/* The outer products' sum at column j: pi[0]*qt[j] + pi[1]*qt[cols+j] + ... left
+ * to right (the lane order of rank <= 8 terms; lowrank._outer_sum's bits). */
 static inline float hp_outer(const float *pi, const float *qt, int rank, int64_t cols,
                              int64_t j) {
     float a = pi[0] * qt[j];
@@ -49,17 +60,39 @@ static inline __m256 hp_outer8(const float *pi, const float *qt, int rank, int64
 }
 #endif
 
-/* One element of round 0: out[j] = (g[j] + e[j]) - hp_outer(pp, qp), and
- * acc[k] += out[j] * qt[k,j]. */
+/* ------------------------------------------------------------------------
+ * Round 0 (lowrank.powersgd_form_m), in place (out == e) or into a second
+ * buffer (the double buffering of PowerSGD.detach_state), with the same bits
+ * either way: per row i in [r0, r1) of a (rows, cols) matrix,
+ *
+ *   out[i,j] = g[i,j] + (e[i,j] - a[i,j]),  a = P' Q'^T at (i, j) (hp_outer)
+ *   p[i,k]   = sum_j out[i,j] * qt[k,j]     for k < rank, in the lane order
+ *
+ * e - P' Q'^T is the error feedback memory kept in factored form (the
+ * previous step's M and its approximation), rounded as the explicit
+ * e = M - P^ Q^T would be. The AVX sweep starts where out is 32-byte aligned
+ * (for the streaming stores); its vector lane l then holds the index class
+ * (h + l) mod 8 of a row whose unaligned head has h elements, so the head
+ * seeds those lanes and the tail continues them: the lane order, whatever the
+ * address.
+ *
+ * Why C: out is written with non-temporal stores. A store to a line not in
+ * the cache first reads it ("read for ownership"), so an ordinary sweep
+ * into a second buffer moves a third more bytes than the same sweep in
+ * place; streaming stores skip that read, and keeping the previous error
+ * untouched (so a step can be undone without a copy) then costs what
+ * forming M in place does.
+ * ------------------------------------------------------------------------ */
+
+/* One element of round 0 into the class lanes cls[k][j mod 8]. */
 static inline void hp_psgd_elem(const float *e, const float *g, const float *pp,
                                 const float *qp, int prev, const float *qt, int rank,
-                                int64_t cols, int64_t j, float *out, float *acc) {
-    float m = g[j] + e[j];
-    if (prev)
-        m = m - hp_outer(pp, qp, prev, cols, j);
+                                int64_t cols, int64_t j, float *out,
+                                float cls[][8]) {
+    float m = prev ? g[j] + (e[j] - hp_outer(pp, qp, prev, cols, j)) : g[j] + e[j];
     out[j] = m;
     for (int k = 0; k < rank; k++)
-        acc[k] = acc[k] + m * qt[(int64_t)k * cols + j];
+        cls[k][j & 7] = cls[k][j & 7] + m * qt[(int64_t)k * cols + j];
 }
 
 void hp_psgd_form_m(const float *e, const float *restrict g,
@@ -70,46 +103,181 @@ void hp_psgd_form_m(const float *e, const float *restrict g,
         const float *ei = e + i * cols, *gi = g + i * cols;
         const float *ppi = prev ? pp + i * prev : NULL;
         float *oi = out + i * cols, *pi = p + i * rank;
+        float cls[HP_PSGD_MAX_RANK][8];
+        for (int k = 0; k < rank; k++)
+            for (int l = 0; l < 8; l++)
+                cls[k][l] = HP_NEG0;
         int64_t j = 0;
 #if defined(__AVX__)
-        if (rank <= HP_PSGD_MAX_RANK) {
-            float head[HP_PSGD_MAX_RANK] = {0}, tail[HP_PSGD_MAX_RANK] = {0};
-            /* scalar until out is 32-byte aligned, then 8 floats per streaming store */
-            for (; j < cols && ((uintptr_t)(oi + j) & 31); j++)
-                hp_psgd_elem(ei, gi, ppi, qp, prev, qt, rank, cols, j, oi, head);
-            __m256 acc[HP_PSGD_MAX_RANK];
+        /* scalar until out is 32-byte aligned, then 8 floats per streaming store */
+        for (; j < cols && ((uintptr_t)(oi + j) & 31); j++)
+            hp_psgd_elem(ei, gi, ppi, qp, prev, qt, rank, cols, j, oi, cls);
+        const int64_t h = j;
+        __m256 acc[HP_PSGD_MAX_RANK];
+        for (int k = 0; k < rank; k++) {
+            float seed[8];
+            for (int l = 0; l < 8; l++)
+                seed[l] = cls[k][(h + l) & 7];
+            acc[k] = _mm256_loadu_ps(seed);
+        }
+        for (; j + 8 <= cols; j += 8) {
+            __m256 m = _mm256_loadu_ps(ei + j);
+            if (prev)
+                m = _mm256_sub_ps(m, hp_outer8(ppi, qp, prev, cols, j));
+            m = _mm256_add_ps(_mm256_loadu_ps(gi + j), m);
+            _mm256_stream_ps(oi + j, m);
             for (int k = 0; k < rank; k++)
-                acc[k] = _mm256_setzero_ps();
-            for (; j + 8 <= cols; j += 8) {
-                __m256 m = _mm256_add_ps(_mm256_loadu_ps(gi + j), _mm256_loadu_ps(ei + j));
-                if (prev)
-                    m = _mm256_sub_ps(m, hp_outer8(ppi, qp, prev, cols, j));
-                _mm256_stream_ps(oi + j, m);
-                for (int k = 0; k < rank; k++)
-                    acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(
-                        m, _mm256_loadu_ps(qt + (int64_t)k * cols + j)));
-            }
-            for (; j < cols; j++)
-                hp_psgd_elem(ei, gi, ppi, qp, prev, qt, rank, cols, j, oi, tail);
-            for (int k = 0; k < rank; k++) {
-                float lanes[8];
-                _mm256_storeu_ps(lanes, acc[k]);
-                float s = lanes[0];
-                for (int l = 1; l < 8; l++)
-                    s = s + lanes[l];
-                pi[k] = (s + head[k]) + tail[k];
-            }
-            continue;
+                acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(
+                    m, _mm256_loadu_ps(qt + (int64_t)k * cols + j)));
+        }
+        for (int k = 0; k < rank; k++) {
+            float lanes[8];
+            _mm256_storeu_ps(lanes, acc[k]);
+            for (int l = 0; l < 8; l++)
+                cls[k][(h + l) & 7] = lanes[l];
         }
 #endif
-        for (int k = 0; k < rank; k++)
-            pi[k] = 0.0f;
         for (; j < cols; j++)
-            hp_psgd_elem(ei, gi, ppi, qp, prev, qt, rank, cols, j, oi, pi);
+            hp_psgd_elem(ei, gi, ppi, qp, prev, qt, rank, cols, j, oi, cls);
+        for (int k = 0; k < rank; k++)
+            pi[k] = hp_lanes_total(cls[k]);
     }
 #if defined(__AVX__)
     _mm_sfence(); /* the streamed lines are visible to other threads once this returns */
 #endif
+}
+
+/* P = M Q for a formed (rows, cols) matrix (the padded path), rows [r0, r1):
+ * p[i,k] = sum_j m[i,j] qt[k,j] in the lane order (hp_psgd_form_m's sums). */
+void hp_psgd_mq(const float *restrict m, const float *restrict qt, int rank,
+                float *restrict p, int64_t cols, int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; i++) {
+        const float *mi = m + i * cols;
+        for (int k = 0; k < rank; k++) {
+            const float *qk = qt + (int64_t)k * cols;
+            float lanes[8];
+            for (int l = 0; l < 8; l++)
+                lanes[l] = HP_NEG0;
+            int64_t j = 0;
+            for (; j + 8 <= cols; j += 8)
+                for (int l = 0; l < 8; l++)  /* one vector add per 8 columns */
+                    lanes[l] = lanes[l] + mi[j + l] * qk[j + l];
+            for (; j < cols; j++)
+                lanes[j & 7] = lanes[j & 7] + mi[j] * qk[j];
+            p[i * rank + k] = hp_lanes_total(lanes);
+        }
+    }
+}
+
+/* Round 1's Q = M^T P for the columns [c0, c1) of a (rows, cols) matrix:
+ * q[j,k] = sum_i m[i,j] p[i,k] in the lane order over i. Per block of B
+ * columns, the lanes (8 x rank x B floats) stay in the cache; M is read in
+ * passes of 8 G rows, and each lane c takes the pass's G rows of its class
+ * (c, c + 8, ...) in order in registers between one load and one store, so the
+ * lanes cost 1/G of a load and a store per element of M and the loop over a
+ * block's columns vectorises with no reassociation. Returns 0, or -1 when the
+ * lanes cannot be allocated. */
+#define HP_MTP_B 2048
+#define HP_MTP_G 8
+
+/* One pass of 8 G rows from row i (lanes per class c; rank R known when inlined). */
+static inline __attribute__((always_inline)) void
+hp_mtp_pass(const int R, const float *restrict m, const float *restrict p, float *lanes,
+            int64_t cols, int64_t jb, int64_t w, int64_t i) {
+    for (int c = 0; c < 8; c++) {
+        const float *mr[HP_MTP_G], *pr[HP_MTP_G];
+        for (int g = 0; g < HP_MTP_G; g++) {
+            mr[g] = m + (i + 8 * g + c) * cols + jb;
+            pr[g] = p + (i + 8 * g + c) * R;
+        }
+        float *lc = lanes + (int64_t)c * R * HP_MTP_B;
+        int64_t j = 0;
+#if defined(__AVX__)
+        for (; j + 8 <= w; j += 8) {
+            __m256 acc[HP_PSGD_MAX_RANK];
+            for (int k = 0; k < R; k++)
+                acc[k] = _mm256_load_ps(lc + (int64_t)k * HP_MTP_B + j);
+            for (int g = 0; g < HP_MTP_G; g++) {
+                const __m256 mv = _mm256_loadu_ps(mr[g] + j);
+                for (int k = 0; k < R; k++)
+                    acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(mv, _mm256_broadcast_ss(pr[g] + k)));
+            }
+            for (int k = 0; k < R; k++)
+                _mm256_store_ps(lc + (int64_t)k * HP_MTP_B + j, acc[k]);
+        }
+#endif
+        for (; j < w; j++)
+            for (int k = 0; k < R; k++) {
+                float a = lc[(int64_t)k * HP_MTP_B + j];
+                for (int g = 0; g < HP_MTP_G; g++)
+                    a = a + mr[g][j] * pr[g][k];
+                lc[(int64_t)k * HP_MTP_B + j] = a;
+            }
+    }
+}
+
+int hp_psgd_mtp(const float *restrict m, const float *restrict p, int rank,
+                float *restrict q, int64_t rows, int64_t cols, int64_t c0, int64_t c1) {
+    float *lanes = (float *)aligned_alloc(32, sizeof(float) * 8 * (size_t)rank * HP_MTP_B);
+    if (!lanes)
+        return -1;
+    for (int64_t jb = c0; jb < c1; jb += HP_MTP_B) {
+        const int64_t w = c1 - jb < HP_MTP_B ? c1 - jb : HP_MTP_B;
+        for (int64_t t = 0; t < 8 * (int64_t)rank; t++)  /* the block's part of each lane */
+            for (int64_t j = 0; j < w; j++)
+                lanes[t * HP_MTP_B + j] = HP_NEG0;
+        int64_t i = 0;
+        for (; i + 8 * HP_MTP_G <= rows; i += 8 * HP_MTP_G)
+            switch (rank) {  /* the rank as a constant: the accumulators stay in registers */
+            case 1: hp_mtp_pass(1, m, p, lanes, cols, jb, w, i); break;
+            case 2: hp_mtp_pass(2, m, p, lanes, cols, jb, w, i); break;
+            case 4: hp_mtp_pass(4, m, p, lanes, cols, jb, w, i); break;
+            default: hp_mtp_pass(rank, m, p, lanes, cols, jb, w, i); break;
+            }
+        for (; i < rows; i++) {  /* the last rows, one at a time (each its class's next) */
+            const float *mi = m + i * cols + jb;
+            const float *pi = p + i * rank;
+            float *li = lanes + (i & 7) * (int64_t)rank * HP_MTP_B;
+            for (int k = 0; k < rank; k++) {
+                float *restrict lk = li + (int64_t)k * HP_MTP_B;
+                for (int64_t j = 0; j < w; j++)
+                    lk[j] = lk[j] + mi[j] * pi[k];
+            }
+        }
+        for (int k = 0; k < rank; k++)
+            for (int64_t j = 0; j < w; j++) {
+                float s = lanes[(int64_t)k * HP_MTP_B + j];
+                for (int l = 1; l < 8; l++)
+                    s = s + lanes[((int64_t)l * rank + k) * HP_MTP_B + j];
+                q[(jb + j) * rank + k] = s;
+            }
+    }
+    free(lanes);
+    return 0;
+}
+
+/* Gram-Schmidt on the columns of a contiguous (rows, cols) matrix, in place
+ * (ops.orthogonalize_'s steps, Vogels et al. 2019 Alg. 1 ORTHOGONALIZE), every
+ * sum in the lane order: for column i, d[l] = a[:,l] . a[:,i] (l < i),
+ * a[j,i] -= sum_l a[j,l] d[l], then a[:,i] /= sqrtf(a[:,i] . a[:,i]) + 1e-8.
+ * Returns 0, or -1 when d cannot be allocated. */
+int hp_psgd_orthogonalize(float *a, int64_t rows, int64_t cols) {
+    float *d = (float *)malloc(sizeof(float) * (size_t)(cols > 0 ? cols : 1));
+    if (!d)
+        return -1;
+    for (int64_t i = 0; i < cols && rows > 0; i++) {
+        if (i) {
+            for (int64_t l = 0; l < i; l++)
+                d[l] = hp_lane_dot(a + l, cols, a + i, cols, rows);
+            for (int64_t j = 0; j < rows; j++)
+                a[j * cols + i] = a[j * cols + i] - hp_lane_dot(a + j * cols, 1, d, 1, i);
+        }
+        const float den = sqrtf(hp_lane_dot(a + i, cols, a + i, cols, rows)) + 1e-8f;
+        for (int64_t j = 0; j < rows; j++)
+            a[j * cols + i] = a[j * cols + i] / den;
+    }
+    free(d);
+    return 0;
 }
 
 /* PowerSGD's decode, out = P Q^T (lowrank.powersgd_lowrank): hp_outer per

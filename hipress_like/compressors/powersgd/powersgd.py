@@ -38,10 +38,17 @@ input_tensor`` after dividing the summed Q by the world size).
 Factored error (why: on a memory-bound CPU every pass over the matrix
 costs as much as a matmul with rank 4). The state keeps ``e`` as
 ``state["error"] - state["error_p"] @ state["q"]^T``: decode leaves M in the
-error buffer and records ``P^``; the next round 0 subtracts ``P^ Q^T`` while
-it forms ``M = grad + e`` and computes ``P = M Q`` in the same sweep
-(``lowrank.powersgd_form_m``), and decode writes ``P^ Q^T`` with one write
-of ``out`` (``lowrank.powersgd_lowrank``). Per step the matrix is swept by
+error buffer and records ``P^``; the next round 0 forms
+``M = grad + (error - P^ Q^T)`` (rounded as the explicit ``e`` would be)
+and computes ``P = M Q`` in the same sweep (``lowrank.powersgd_form_m``), and
+decode writes ``P^ Q^T`` with one write of ``out``
+(``lowrank.powersgd_lowrank``).
+
+Summation order: on float32 CPU tensors every product and Gram-Schmidt
+sums in the lane order of CompLL's matrix operators (``compll/matrices.py``;
+``lowrank.py``), so the CompLL program ``powersgd.compll`` gives these
+payloads, states and decodes byte for byte, and the order depends on no
+library, thread count or address. Per step the matrix is swept by
 the NaN check, by round 0 (read grad and the buffer, write the buffer), by
 ``M^T P^`` and by the decode's write, instead of two more passes for
 ``M = grad + e`` and ``e = M - P^ Q^T``. ``PowerSGD.error(state)`` returns
@@ -276,8 +283,10 @@ class PowerSGD(MultiRoundCompressor):
         p, qt = self._pending(state, rows, cols)
         if p is None:
             return err.clone()
-        return torch.addmm(err.reshape(rows, cols), p.to(err.dtype), qt.to(err.dtype),
-                           alpha=-1.0).reshape(err.shape)
+        # e = M - P^ Q^T rounded as decode would have rounded the explicit form
+        approx = torch.empty(rows, cols, dtype=err.dtype, device=err.device)
+        lowrank.powersgd_lowrank(p.to(err.dtype), qt.to(err.dtype), approx)
+        return (err.reshape(rows, cols) - approx).reshape(err.shape)
 
     def _matrix(self, grad: torch.Tensor, state: State) -> torch.Tensor:
         """M = grad + error as a fresh (rows, cols) matrix in the compute dtype.
@@ -321,7 +330,7 @@ class PowerSGD(MultiRoundCompressor):
                                                qt_prev, q.t().contiguous(), out=m)
             return p, dict(state, m=m, error=None, error_p=None)
         m = self._matrix(grad, state)  # a fresh matrix: the state's tensors stay as they are
-        return matmul(m, q), dict(state, m=m, error_p=None)
+        return lowrank.powersgd_mq(m, q), dict(state, m=m, error_p=None)
 
     def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
         """``state`` with ``"m_buffer"`` (see the state contract), for which
@@ -360,7 +369,8 @@ class PowerSGD(MultiRoundCompressor):
             raise ValueError(f"powersgd: state['q'] must be a ({cols}, {r}) tensor, found "
                              f"{getattr(q, 'shape', type(q).__name__)}; the rank or the "
                              "gradient shape changed: create a new state with init()")
-        return orthogonalize_(q.to(dtype).clone())
+        return lowrank.powersgd_orthogonalize(
+            q.to(dtype).clone(memory_format=torch.contiguous_format))
 
     # -- payloads ------------------------------------------------------------
     def _pack(self, rnd: int, grad: torch.Tensor, rows: int, cols: int, r: int,
@@ -468,8 +478,9 @@ class PowerSGD(MultiRoundCompressor):
                 raise ValueError("powersgd round 1 needs the merged round-0 payload (sum of P)")
             agg = self._parse(aggregate, ROUND_P, grad)
             m = self._round_matrix(state)
-            p = orthogonalize_(agg.values.reshape(rows, rk).to(m.dtype).clone())
-            payload = self._pack(ROUND_Q, grad, rows, cols, rk, [matmul(m.t(), p)])
+            p = lowrank.powersgd_orthogonalize(agg.values.reshape(rows, rk).to(m.dtype).clone(
+                memory_format=torch.contiguous_format))
+            payload = self._pack(ROUND_Q, grad, rows, cols, rk, [lowrank.powersgd_mtp(m, p)])
             return payload, dict(state, p=p)
         raise ValueError(f"powersgd has rounds 0 and 1, asked for round {r}")
 
@@ -505,7 +516,9 @@ class PowerSGD(MultiRoundCompressor):
         agg = self._parse(aggregate, ROUND_Q, grad)
         m = self._round_matrix(state)
         q_sum = agg.values.reshape(cols, rk).to(m.dtype)
-        q_avg = q_sum / n_ranks
+        # a true division (a tensor divisor: CUDA turns a Python scalar's into a
+        # multiplication by its reciprocal, an ulp off), as the DSL's sum_q / ranks
+        q_avg = q_sum / torch.tensor(float(n_ranks), dtype=q_sum.dtype, device=q_sum.device)
         numel = grad.numel()
         if out is not None and out.numel() != numel:
             raise ValueError(f"powersgd: out has {out.numel()} elements, the gradient {numel}")
@@ -513,9 +526,9 @@ class PowerSGD(MultiRoundCompressor):
         new_state.update(q=q_avg, step=int(state.get("step", 0)) + 1)
         fused = state.get("error") is None  # round 0 formed M in the error buffer
         # P^ Q^T goes straight into ``out`` when it can, else into a buffer (reused when
-        # the result is copied into ``out`` anyway): the average on the fused path; the
-        # sum on the padded one, whose error update needs it before the division
-        qt = (q_avg if fused and average else q_sum).t().contiguous()
+        # the result is copied into ``out`` anyway). The error is e = M - P^ q_avg^T
+        # either way: factored on the fused path (round 0 forms g + (M - P^ q_avg^T)
+        # in one sweep), explicit on the padded one
         direct = (fused and out is not None and out.dtype == m.dtype and out.is_contiguous())
         if direct:
             approx = out.view(rows, cols)
@@ -523,14 +536,15 @@ class PowerSGD(MultiRoundCompressor):
             approx = workspace(rows * cols, m.dtype, m.device, "powersgd").view(rows, cols)
         else:
             approx = torch.empty(rows, cols, dtype=m.dtype, device=m.device)
-        lowrank.powersgd_lowrank(p, qt, approx)
         if fused:  # M stays as the error, factored: e = M - P^ q_avg^T
+            lowrank.powersgd_lowrank(p, (q_avg if average else q_sum).t().contiguous(), approx)
             new_state.update(error=m.reshape(grad.shape), error_p=p)
-        else:  # a fresh (padded) M: e = M - P^ (sum_Q / N)^T, kept explicit
-            err = m.sub_(approx, alpha=1.0 / n_ranks)
+        else:  # a fresh (padded) M: e = M - P^ q_avg^T, kept explicit
+            lowrank.powersgd_lowrank(p, q_avg.t().contiguous(), approx)
+            err = m.sub_(approx)
             new_state.update(error=err.reshape(-1)[:numel].reshape(grad.shape), error_p=None)
-            if average:
-                approx.div_(n_ranks)
+            if not average:
+                lowrank.powersgd_lowrank(p, q_sum.t().contiguous(), approx)
         if direct:
             return out, new_state
         res = approx.reshape(-1)[:numel].reshape(grad.shape)
