@@ -5,6 +5,7 @@
 # sends everything uncompressed on a loopback link, which would check nothing).
 # Each run's log and a summary line go to $OUT (else results/gpu_train/); exits 1 when any
 # run fails or ends below the accuracy floor. Needs torch with CUDA, cupy, lark, sklearn.
+# ONLY (a regular expression) keeps the runs whose name matches it.
 #   bash bench/gpu_train_check.sh [EPOCHS] [MIN_ACCURACY]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +34,7 @@ one() {
   echo "$name rc=$rc ${last:-no epoch line}"
 }
 export -f one; export out epochs
-printf '%s\n' "${runs[@]}" | xargs -P 4 -I{} bash -c 'one {}' | sort | tee "$out/summary.txt"
+printf '%s\n' "${runs[@]}" | grep -E "^(${ONLY:-.*}) " | xargs -P 4 -I{} bash -c 'one {}' | sort | tee "$out/summary.txt"
 bad=$(awk -v f="$floor" '{ split($0, a, "accuracy"); acc = a[2] + 0 }
   $2 != "rc=0" || $3 != "epoch" || $5 != "cuda" || acc < f { n++ } END { print n + 0 }' \
   "$out/summary.txt")

@@ -15,6 +15,10 @@ the environment (set on the faulty rank only):
   rank joins with another setup (``world_size`` is set by the harness in
   ``WORLD_SIZE`` itself).
 
+``JOB_DEVICE`` (default ``cpu``; ``cuda`` trains on the GPU, every rank on the
+current device, as ``bench/gpu_faults.sh`` runs the suite's GPU rows) and
+``JOB_STRATEGY`` (``ps`` or ``ring``, default ``ps``) are read by every rank.
+
 ``JOB_PLAN=adaptive`` (every rank) trains with ``plan=hpt.Adaptive`` on a
 profile made here and an injected link estimate that drops from 100 Gbit/s
 to 10 Mbit/s after step 3, so every rank switches the plan at the check
@@ -55,6 +59,8 @@ MARK = _env("HIPRESS_FAULT_MARK")
 # exchange from the fault on outlasts the job's timeout
 SLOW_RATE, SLOW_BURST = "1kbit", "1600"
 JOB_PLAN = _env("JOB_PLAN")
+DEVICE = torch.device(_env("JOB_DEVICE", "cpu"))
+STRATEGY = _env("JOB_STRATEGY", "ps")
 SWITCH_STEP = 5  # JOB_PLAN=adaptive: the loop step whose opt.step() switches the plan
 
 
@@ -129,7 +135,7 @@ def main():
     hpt.init(timeout=float(_env("JOB_TIMEOUT", "10")))
     rank, size = hpt.rank(), hpt.size()
     compressor = "topk" if MISMATCH == "compressor" else _env("JOB_COMPRESSOR", "onebit")
-    strategy = "ring" if MISMATCH == "strategy" else "ps"
+    strategy = {"ps": "ring", "ring": "ps"}[STRATEGY] if MISMATCH == "strategy" else STRATEGY
     hidden = 48 if MISMATCH == "model" else 32
     # Compress every gradient (the default rule leaves those under 1 MB to the
     # uncompressed lane, and this model's are all smaller), so encode, decode and
@@ -140,7 +146,7 @@ def main():
     plan = Plan(compressor=compressor, rule=rule)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(hidden, 10))
+                                torch.nn.Linear(hidden, 10)).to(DEVICE)
     if PHASE == "forward":
         model.register_forward_pre_hook(lambda m, a: fault("forward") if armed("forward") else None)
     if PHASE == "backward":
@@ -175,11 +181,11 @@ def main():
                                    compression=compressor, strategy=strategy, plan=plan)
     hpt.broadcast_parameters(model.state_dict(), root_rank=0)
     x, y, _, _ = load_digits_split()
-    x, y = x[rank::size], y[rank::size]
+    x, y = x[rank::size].to(DEVICE), y[rank::size].to(DEVICE)
     gen = torch.Generator().manual_seed(rank)
     for step in range(STEPS):
         _Step.n = step
-        idx = torch.randint(0, len(x), (32,), generator=gen)
+        idx = torch.randint(0, len(x), (32,), generator=gen).to(DEVICE)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
         loss.backward()
