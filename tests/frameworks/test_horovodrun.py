@@ -141,6 +141,20 @@ def test_a_killed_rank_is_named_by_the_survivors():
 
 
 @needs_horovod
+def test_an_exception_inside_the_exchange_reaches_the_peers_at_once():
+    """Rank 1 raises inside a bulk exchange (the fault suite's transport wrapper); its
+    engine aborts the transport, and rank 0, waiting in Horovod with a 120 s timeout,
+    names rank 1 and its exception from the store's abort key, not at its timeout."""
+    res, rc, out = run_job("gloo", "--epochs", "1", np=2, HIPRESS_TIMEOUT="120",
+                           HIPRESS_FAULT="raise:call=6,rank=1", timeout=300)
+    assert rc != 0 and not res, out[-3000:]
+    told = re.search(r"\[0\]<std(?:out|err)>:.*rank\(s\) \[1\] failed and told their peers why:"
+                     r" rank 1: InjectedFault", out)
+    assert told, f"rank 0 did not name rank 1's exception:\n{out[-5000:]}"
+    assert "timed out after 120" not in out
+
+
+@needs_horovod
 def test_horovod_torch_and_hipress_like_torch_share_one_job():
     res, rc, out = run_job("gloo", "--mixed", "--epochs", "1", "--compression", "onebit")
     assert rc == 0 and sorted(res) == [0, 1, 2, 3], out[-4000:]

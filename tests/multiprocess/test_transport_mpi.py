@@ -88,3 +88,30 @@ def test_mpi_missing_rank_is_named():
     assert res[2] == "skipped the collective"
     for ranks, msg in res[:2]:
         assert ranks == [2] and "rank(s) [2]" in msg, msg
+
+
+def _aborts(ctx):
+    """Rank 1 fails and aborts; rank 0 waits in a collective on the split channel
+    with a long timeout, and must hear of it at once (not at its timeout)."""
+    t = ctx.transport
+    ch = t.split()
+    if ctx.rank == 1:
+        t.abort("ValueError: boom in encode")
+        return "aborted"
+    try:
+        ch.alltoallv([torch.ones(4, dtype=torch.uint8)] * ctx.size, [4] * ctx.size, timeout=300)
+    except PeerError as e:
+        try:
+            ch.barrier(timeout=1.0)
+        except TransportError as again:
+            assert "unusable" in str(again)
+        return list(e.ranks), str(e)
+    raise AssertionError("collective completed without the aborted rank")
+
+
+def test_mpi_abort_reaches_a_peer_waiting_on_a_split_channel():
+    res = run_workers(_aborts, 2, backend="mpi", timeout=120)
+    assert res[1] == "aborted"
+    ranks, msg = res[0]
+    assert ranks == [1] and "rank 1 failed" in msg and "boom in encode" in msg, msg
+    assert "timed out" not in msg

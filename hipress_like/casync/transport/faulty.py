@@ -18,6 +18,8 @@ over every channel of this process, ``split()`` ones included), written as
     HIPRESS_FAULT="kill:call=6"              # SIGKILL of this rank inside the exchange
     HIPRESS_FAULT="stop:call=6"              # SIGSTOP (frozen; the supervisor kills it)
     HIPRESS_FAULT="raise:call=6"             # an exception from inside the exchange
+    HIPRESS_FAULT="raise:call=6,rank=1"      # ... on rank 1 only (a launcher such as
+                                             # horovodrun gives every rank one environment)
 
 ``drop`` acts on the sending side (the peer waits for bytes that never come);
 ``truncate`` and ``flip`` on the receiving side (the bytes arrived damaged), so
@@ -68,6 +70,7 @@ class FaultSpec:
         call: the ``alltoallv`` call (from 0, over all channels) it fires at.
         peer: the other end of the damaged message (None: the first non-empty one).
         byte, bit: where ``flip`` flips (byte index, negative from the end; bit 0-7).
+        rank: the only rank that injects it (None: every rank whose environment has it).
     """
 
     action: str
@@ -75,6 +78,7 @@ class FaultSpec:
     peer: Optional[int] = None
     byte: int = 0
     bit: int = 0
+    rank: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -93,15 +97,15 @@ def parse_fault(text: str) -> FaultSpec:
 
     Example:
         >>> parse_fault("flip:call=3,peer=1,byte=-1")
-        FaultSpec(action='flip', call=3, peer=1, byte=-1, bit=0)
+        FaultSpec(action='flip', call=3, peer=1, byte=-1, bit=0, rank=None)
     """
     action, _, rest = text.strip().partition(":")
     fields: Dict[str, int] = {}
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
-        if key not in ("call", "peer", "byte", "bit"):
+        if key not in ("call", "peer", "byte", "bit", "rank"):
             raise ValueError(f"{ENV}={text!r}: unknown key {key!r}; expected call, peer, byte, "
-                             "bit")
+                             "bit, rank")
         try:
             fields[key] = int(value)
         except ValueError:
@@ -249,7 +253,8 @@ class FaultyTransport(Transport):
 
 
 def wrap_from_env(transport: Transport) -> Transport:
-    """``transport`` wrapped in ``FaultyTransport`` when ``HIPRESS_FAULT`` is set, else itself.
+    """``transport`` wrapped in ``FaultyTransport`` when ``HIPRESS_FAULT`` is set (and names
+    this rank, when it names one), else itself.
 
     Raises:
         TransportError: ``HIPRESS_FAULT`` does not parse (the message says why).
@@ -262,5 +267,7 @@ def wrap_from_env(transport: Transport) -> Transport:
     except ValueError as e:
         raise TransportError(f"{ENV} is set but invalid: {e}; unset it outside the fault "
                              "suite") from e
+    if spec.rank is not None and spec.rank != transport.rank:
+        return transport
     log.warning("rank %d: %s=%r: this transport injects a fault", transport.rank, ENV, text)
     return FaultyTransport(transport, spec)

@@ -33,11 +33,19 @@ missing (its stall inspector only logs it on rank 0), so:
 
 A ``HorovodInternalError`` (a peer died) becomes ``PeerError`` too. After
 any failure the transport is unusable.
+
+Aborts (with a store): a rank whose engine fails inside the exchange calls
+``abort(reason)``, which posts the reason under its abort key and moves the
+family's abort counter (every channel of the process shares them). A call
+still waiting after ``_ABORT_POLL`` seconds reads that counter every
+``_ABORT_POLL`` seconds, and raises ``PeerError`` naming the failed rank and
+its reason at once instead of at its timeout.
 """
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from typing import Any, List, Optional, Sequence
 
@@ -58,6 +66,10 @@ _MAX_SLEEP = 1e-3  # Horovod's background thread makes progress; polling is chea
 # death horovodrun stops the survivors at once, so they answer within a few round trips.
 _SETTLE_SECONDS = 0.3
 _SETTLE_ON_FAILURE = 0.02
+# A waiting call reads the abort counter this often (a store round trip each; calls
+# that finish sooner never read it)
+_ABORT_POLL = 0.05
+_ABORT_REASON_CHARS = 4000
 
 # the k-th top-level transport of this process is channel "hipress_like.t<k>"
 _channel_numbers = itertools.count()
@@ -130,6 +142,8 @@ class HorovodTransport(RendezvousStoreMixin, Transport):
         self._ops = {"sum": hvd.Sum, "max": getattr(hvd, "Max", None),
                      "min": getattr(hvd, "Min", None)}
         self._key_root = key_prefix
+        self._abort_key = f"{key_prefix}/abort"  # one per process family: every channel
+        self._aborted = False
 
     def _name(self, op: str, seq: int) -> str:
         # No call number in the name: a channel's calls are sequential on every
@@ -147,17 +161,75 @@ class HorovodTransport(RendezvousStoreMixin, Transport):
         return HorovodTransport(self._store, key_prefix=self._key_root,
                                 channel=f"{self._channel}.s{self._splits}")
 
+    def abort(self, reason: str) -> bool:
+        """Tell every peer that this rank failed and why (``Transport.abort``): the
+        reason goes under this rank's abort key in the store, then the abort counter
+        moves. Bounded (2 s): a dead store host must not hold up the error.
+
+        Returns:
+            Whether the abort is posted (False: no store, or it could not be reached).
+        """
+        if self._store is None:
+            return False
+        if self._aborted:
+            return True
+        self._aborted = True
+        posted = threading.Event()
+        store, key, rank = self._store, self._abort_key, self.rank
+
+        def post() -> None:
+            try:
+                store.set(f"{key}/{rank}", reason[:_ABORT_REASON_CHARS].encode("utf-8",
+                                                                               "replace"))
+                store.add(key, 1)
+                posted.set()
+            except Exception as e:  # the store host may be gone
+                log.debug("could not post the abort: %s", e)
+
+        t = threading.Thread(target=post, daemon=True, name="hipress-abort")
+        t.start()
+        t.join(2.0)
+        return posted.is_set()
+
+    def _peer_abort(self) -> Optional[PeerError]:
+        """The peers' aborts posted in the store, as ``PeerError`` (None: none)."""
+        try:
+            if int(self._store.add(self._abort_key, 0)) <= 0:
+                return None
+            found = {}
+            for r in range(self.size):
+                k = f"{self._abort_key}/{r}"
+                if r != self.rank and self._store.check([k]):
+                    found[r] = self._store.get(k).decode("utf-8", "replace")
+        except Exception:  # the store host is gone: the timeout's diagnosis names it
+            return None
+        if not found:
+            return None
+        ranks = sorted(found)
+        why = "; ".join(f"rank {r}: {found[r]}" for r in ranks)
+        return PeerError(f"rank {self.rank}: rank(s) {ranks} failed and told their peers why: "
+                         f"{why}", ranks=ranks)
+
     def _run(self, op: str, start, timeout: float) -> Any:
-        """``start(name)`` returns a Horovod handle; poll it until done or ``timeout``."""
+        """``start(name)`` returns a Horovod handle; poll it until done or ``timeout``,
+        or until a peer's abort shows in the store."""
         seq = self._begin_call(timeout)
         if self._store is not None:
             PUBLISHER.bump(self._store, f"{self._prefix}/seq/{self.rank}")
         hvd = self._hvd
         t0 = time.monotonic()
+        next_look = t0 + _ABORT_POLL
         try:
             handle = start(self._name(op, seq))
             sleep = 0.0
             while not hvd.poll(handle):
+                now = time.monotonic()
+                if self._store is not None and now > next_look:
+                    next_look = now + _ABORT_POLL
+                    err = self._peer_abort()
+                    if err is not None:
+                        self._broken = f"{op} (call #{seq}) aborted: {err}"
+                        raise err
                 if time.monotonic() - t0 > timeout:
                     err = self._diagnose(op, seq, f"timed out after {timeout:.3g}s",
                                          _SETTLE_SECONDS)
@@ -170,8 +242,8 @@ class HorovodTransport(RendezvousStoreMixin, Transport):
         except TransportError:
             raise
         except Exception as e:  # HorovodInternalError: a peer failed mid-operation
-            err = self._diagnose(op, seq, f"{type(e).__name__}: {str(e)[:300]}",
-                                 _SETTLE_ON_FAILURE)
+            err = (self._peer_abort() if self._store is not None else None) or self._diagnose(
+                op, seq, f"{type(e).__name__}: {str(e)[:300]}", _SETTLE_ON_FAILURE)
             self._broken = f"{op} (call #{seq}) failed: {err}"
             raise err from e
 

@@ -20,6 +20,12 @@ collective, so the transport keeps its own evidence.
    and are named in ``PeerError``. If every peer arrived, the exchange was
    merely too slow (``TransportError``).
 
+Aborts: a rank whose engine fails inside the exchange calls ``abort(reason)``,
+which sends the reason to every peer on ``ctl`` (non-blocking). A peer's
+polling loop looks for such a message every ``_ABORT_POLL`` seconds and
+before each collective, and raises ``PeerError`` naming the sender and its
+reason at once, instead of at the timeout.
+
 A process that dies makes ``mpirun`` abort the whole job; that is MPI's
 failure model and is not masked here. Afterwards a timed-out transport is
 unusable (its request cannot be cancelled): later calls raise
@@ -33,6 +39,7 @@ result is bitwise identical, and replicas must never drift.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, List, Optional, Sequence
 
@@ -47,6 +54,8 @@ __all__ = ["MPITransport"]
 log = logging.getLogger(__name__)
 
 _NOTICE_TAG = 7707
+_ABORT_TAG = 7708
+_ABORT_POLL = 0.02  # seconds between looks for a peer's abort while a collective waits
 _SPIN_SECONDS = 0.02  # yield-only polling before sleeping between tests
 _MAX_SLEEP = 5e-4  # progress is made only inside MPI calls: keep sleeps short
 
@@ -100,6 +109,12 @@ class MPITransport(RendezvousStoreMixin, Transport):
         self._notice_bufs: List[np.ndarray] = []
         self._recv_buf = np.zeros(1, dtype=np.int64)
         self._broken: Optional[str] = None
+        # MPI calls of abort() (any thread) and of the calling thread are serialised
+        self._lock = threading.Lock()
+        self._abort_sends: List[Any] = []  # (request, buffer): kept alive until sent
+        # this transport and the channels split() opens from it: one abort tells them all
+        self._family: List["MPITransport"] = [self]
+        self._aborted = [False]
         self._ops = {"sum": mpi.SUM, "max": mpi.MAX, "min": mpi.MIN}
         self._types = {
             torch.float32: mpi.FLOAT, torch.float64: mpi.DOUBLE,
@@ -129,6 +144,48 @@ class MPITransport(RendezvousStoreMixin, Transport):
             self._ctl.Recv(self._recv_buf, source=src, tag=_NOTICE_TAG)
             self._last_seen[src] = max(self._last_seen[src], int(self._recv_buf[0]))
 
+    # -- aborts ---------------------------------------------------------------------
+
+    def abort(self, reason: str) -> bool:
+        """Tell every peer that this rank failed and why (``Transport.abort``): the
+        reason goes to each peer on the notice communicator of every channel of
+        this family (this transport and those ``split()`` opened), non-blocking; a
+        peer waiting in a collective on any of them raises ``PeerError`` naming
+        this rank within ``_ABORT_POLL`` seconds. Sent once per family.
+
+        Returns:
+            True (the messages are on their way).
+        """
+        if self._aborted[0]:
+            return True
+        self._aborted[0] = True
+        buf = np.frombuffer(reason.encode()[:4000], dtype=np.uint8).copy()
+        for t in list(self._family):
+            with t._lock:
+                for p in range(t.size):
+                    if p != t.rank:
+                        t._abort_sends.append((t._ctl.Isend(buf, dest=p, tag=_ABORT_TAG), buf))
+        return True
+
+    def _peer_abort(self) -> Optional[PeerError]:
+        """A peer's abort message, if one arrived (caller holds the lock)."""
+        status = self._MPI.Status()
+        if not self._ctl.Iprobe(source=self._MPI.ANY_SOURCE, tag=_ABORT_TAG, status=status):
+            return None
+        src, n = status.Get_source(), status.Get_count(self._MPI.BYTE)
+        buf = np.zeros(max(n, 1), dtype=np.uint8)
+        self._ctl.Recv([buf, n, self._MPI.BYTE], source=src, tag=_ABORT_TAG)
+        reason = bytes(buf[:n]).decode(errors="replace")
+        return PeerError(f"rank {self.rank}: rank {src} failed and aborted the job: {reason}",
+                         ranks=[src])
+
+    def _check_abort(self, where: str) -> None:
+        with self._lock:
+            err = self._peer_abort()
+        if err is not None:
+            self._broken = f"{where}: {err}"
+            raise err
+
     def _diagnose(self, op: str, seq: int, timeout: float) -> TransportError:
         end = time.monotonic() + self._diagnose_wait
         while True:
@@ -151,14 +208,24 @@ class MPITransport(RendezvousStoreMixin, Transport):
     def _run(self, op: str, steps, timeout: float) -> None:
         """Run ``steps``: callables each starting one non-blocking request, in order."""
         seq = self._begin_call(timeout)
-        self._announce(seq)
+        self._check_abort(f"{op} (call #{seq})")
+        with self._lock:
+            self._announce(seq)
         start = time.monotonic()
         deadline = start + timeout
+        next_look = start + _ABORT_POLL
         for step in steps:
-            req = step()
+            with self._lock:
+                req = step()
             sleep = 0.0
-            while not req.Test():
+            while True:
+                with self._lock:
+                    if req.Test():
+                        break
                 now = time.monotonic()
+                if now > next_look:
+                    next_look = now + _ABORT_POLL
+                    self._check_abort(f"{op} (call #{seq}) aborted")
                 if now > deadline:
                     err = self._diagnose(op, seq, timeout)
                     self._broken = f"{op} (call #{seq}) failed: {err}"
@@ -237,8 +304,12 @@ class MPITransport(RendezvousStoreMixin, Transport):
         self._run("barrier", [self._data.Ibarrier], timeout)
 
     def split(self) -> "MPITransport":
-        """An independent channel: new duplicated communicators (collective)."""
-        return MPITransport(self._data, diagnose_wait=self._diagnose_wait)
+        """An independent channel: new duplicated communicators (collective). It shares
+        this transport's abort (``abort`` on either tells the peers on both)."""
+        child = MPITransport(self._data, diagnose_wait=self._diagnose_wait)
+        child._family, child._aborted = self._family, self._aborted
+        self._family.append(child)
+        return child
 
     def close(self) -> None:
         """Mark the transport closed (the communicators are freed at MPI finalize)."""
