@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Optional
 
+from .. import heap
 from .launcher import LaunchError, detect
 
 __all__ = [
@@ -382,6 +383,7 @@ def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = 
                        _env_int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=n),
                        "adopted", False, t)
         log.info("hipress_like.torch: rank %d of %d adopted from torch.distributed", r, n)
+        heap.settle()
         return
     launch = detect()  # LaunchError on an incomplete or contradictory environment
     if launch.launcher == "torchrun":
@@ -403,6 +405,8 @@ def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = 
         _rt = _Runtime(0, 1, 0, 1, "single", True, t)
     log.info("hipress_like.torch: rank %d of %d (local %d of %d) via %s",
              _rt.rank, _rt.size, _rt.local_rank, _rt.local_size, _rt.launcher)
+    # what the script imported is alive for good: keep the collector off it (heap.py)
+    heap.settle()
 
 
 def _require() -> _Runtime:

@@ -39,9 +39,27 @@ import signal
 import sys
 import time
 
-import torch
+if os.environ.get("JOB_EXIT_TRACE"):  # each exit handler's time, to see where an exit goes
+    import atexit
 
-import hipress_like.torch as hpt
+    _register = atexit.register
+
+    def _timed(f, *a, **k):
+        def run(*aa, **kk):
+            t0 = time.time()
+            try:
+                return f(*aa, **kk)
+            finally:
+                print(f"EXIT {getattr(f, '__module__', '')}.{getattr(f, '__qualname__', f)} "
+                      f"{time.time() - t0:.3f}s ends {time.time():.3f}", file=sys.stderr,
+                      flush=True)
+        return _register(run, *a, **k)
+
+    atexit.register = _timed
+
+import torch  # noqa: E402
+
+import hipress_like.torch as hpt  # noqa: E402
 
 
 def _env(name, default=None):

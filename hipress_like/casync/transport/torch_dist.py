@@ -321,6 +321,7 @@ class TorchDistTransport(Transport):
         closed = [r for r in found["closed"] if r not in failed]
         dead = [r for r in range(self.size) if r != self.rank and r not in closed
                 and r not in failed and found["hb1"][r] == found["hb0"][r]]
+        self._aborts.dead.update(dead)  # the store host's linger at exit waits for none
         behind = [r for r in range(self.size) if r != self.rank and r not in closed
                   and r not in failed and r not in dead and found["seqs"][r] <= seq]
         parts = []
@@ -620,9 +621,11 @@ class _Aborted(TransportError):
 class _Aborts:
     """The aborts one family of channels (a transport and its splits) has seen:
     ``peers`` (rank -> reason, from the store), ``own`` (this rank's reason, once it
-    aborted), ``posted`` (the store has it), ``read`` (the counter last read)."""
+    aborted), ``posted`` (the store has it), ``read`` (the counter last read), and
+    ``dead``: peers a failure diagnosis found no longer heartbeating."""
 
     def __init__(self) -> None:
+        self.dead: set = set()
         self.peers: Optional[Dict[int, str]] = None
         self.own: Optional[str] = None
         self.posted = False
@@ -641,7 +644,7 @@ _families: Dict[str, _Aborts] = {}
 def _undiagnosed(t: TorchDistTransport, seen: Dict[tuple, tuple], now: float) -> List[int]:
     """Peers of ``t`` that neither posted a failure nor aborted nor closed and still
     heartbeat."""
-    failed = set(t._read_failed()) | set(t._aborts.peers or ())
+    failed = set(t._read_failed()) | set(t._aborts.peers or ()) | t._aborts.dead
     closed = {r for r, v in t._read_counters("closed").items() if v}
     beats = t._read_counters("hb")
     out = []
