@@ -1,7 +1,8 @@
 """Imports run one way, and no module imports another that imports it back.
 
-The layers, lowest first (DESIGN.md): errors and _compat (the one error base
-and the old module names' finder, which import nothing of the project) <
+The layers, lowest first (DESIGN.md): errors, _compat and heap (the one error
+base, the old module names' finder and the collector's settling, which import
+nothing of the project) <
 compressors < cost_model < casync < partial (partial aggregation) < launch
 and tuning (one floor: neither is below the other) < adapters < the faces
 (hipress_like/torch.py, demo/, and the faces to come). The test reads every
@@ -13,7 +14,7 @@ import ast
 import pathlib
 
 PKG = pathlib.Path(__file__).resolve().parents[2] / "hipress_like"
-LAYERS = [{"errors", "_compat"}, {"compressors"}, {"cost_model"}, {"casync"}, {"partial"},
+LAYERS = [{"errors", "_compat", "heap"}, {"compressors"}, {"cost_model"}, {"casync"}, {"partial"},
           {"launch", "tuning"}, {"adapters"}]  # then the faces
 
 
