@@ -45,10 +45,10 @@ EOF
 run_tier() {
   [ "$run_tests" = 1 ] || exit 0
   cd "$ROOT"
-  say "running the Horovod tier: $PY -m pytest -m frameworks tests/frameworks/test_horovodrun.py tests/frameworks/test_horovod_surface.py tests/frameworks/test_horovod_calls.py $*"
+  say "running the Horovod tier: $PY -m pytest -m frameworks tests/frameworks/test_horovodrun.py tests/frameworks/test_horovod_surface.py tests/frameworks/test_horovod_calls.py tests/frameworks/test_horovod_elastic.py $*"
   exec env PATH="$VENV/bin:$PATH" "$PY" -m pytest -m frameworks \
     tests/frameworks/test_horovodrun.py tests/frameworks/test_horovod_surface.py \
-    tests/frameworks/test_horovod_calls.py "$@"
+    tests/frameworks/test_horovod_calls.py tests/frameworks/test_horovod_elastic.py "$@"
 }
 if [ -x "$PY" ] && have=$(check_built); then
   say "Horovod $have with PyTorch, gloo and MPI already built in $VENV; nothing to do."

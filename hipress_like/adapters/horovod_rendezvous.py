@@ -16,6 +16,12 @@ rendezvous server, its MPI mode starts them with ``mpirun``. Nothing else
    carries the user-facing collectives; the store lets the Horovod
    transport name a rank that never entered a collective.
 
+In Horovod's elastic mode (``horovodrun --min-np/--max-np``, which exports
+``HOROVOD_ELASTIC=1``) the rank and size come from the driver's rendezvous at
+every ``hvd.init()``, not from the launch variables (those are the first
+world's), so they are not compared; ``runtime.reform`` runs steps 1 and 3 again
+when the driver re-forms the world.
+
 The engine's transport is Horovod itself (``HorovodTransport``), chosen by
 ``runtime.engine_transport``; a script may keep calling ``horovod.torch``
 directly in the same job, since Horovod matches operations by name and
@@ -34,12 +40,13 @@ import logging
 import os
 import socket
 import sys
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Mapping, Optional, Tuple
 
 from .launcher import Launch, LaunchError
 
-__all__ = ["import_horovod_torch", "join_horovod", "cycle_time_hint", "FIX_INSTALL"]
+__all__ = ["import_horovod_torch", "join_horovod", "cycle_time_hint", "elastic", "FIX_INSTALL"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +80,12 @@ def import_horovod_torch(why: str) -> Any:
             f"(import horovod.torch: {str(e)[:200]}). Fix: pip uninstall -y horovod, then "
             f"{FIX_INSTALL}; it sets HOROVOD_WITH_PYTORCH=1 and builds against this torch") from e
     return hvd
+
+
+def elastic(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this process was started by horovodrun's elastic driver (``HOROVOD_ELASTIC=1``)."""
+    env = os.environ if env is None else env
+    return env.get("HOROVOD_ELASTIC", "") == "1"
 
 
 def check_environment(launch: Launch, env: Mapping[str, str]) -> None:
@@ -176,6 +189,8 @@ def join_horovod(launch: Launch, timeout: float, backend: str,
             log.warning(hint)
         hvd.init()
     r, n = hvd.rank(), hvd.size()
+    if elastic(env):  # the driver assigns rank and size at each rendezvous
+        launch = replace(launch, rank=r, size=n)
     if (launch.rank is not None and r != launch.rank) or (launch.size is not None
                                                           and n != launch.size):
         raise LaunchError(

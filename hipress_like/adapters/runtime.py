@@ -45,7 +45,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "barrier", "mpi_built", "mpi_enabled", "gloo_built",
     "gloo_enabled", "nccl_built", "cuda_built", "rocm_built", "mpi_threads_supported",
-    "default_timeout", "engine_transport", "check_timeout",
+    "default_timeout", "engine_transport", "check_timeout", "horovod_elastic", "reform",
 ]
 
 log = logging.getLogger(__name__)
@@ -438,6 +438,60 @@ def shutdown() -> None:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def horovod_elastic() -> bool:
+    """Whether this job runs under horovodrun's elastic driver (``--min-np``/``--max-np``),
+    where a failed or added host re-forms the world in the running processes."""
+    from .horovod_rendezvous import elastic
+
+    return _rt is not None and _rt.launcher == "horovodrun-gloo" and elastic()
+
+
+def reform() -> None:
+    """Leave this world and join the next one horovodrun's elastic driver forms, in process.
+
+    ``hpt.elastic.run`` calls it after a peer failure or a host update. Every
+    engine holder that can (``DistributedOptimizer``) drops its engine (a failed
+    engine waits for no peer), the process group and Horovod are left,
+    ``hvd.init()`` joins the driver's next rendezvous (the new rank and size come
+    from there; a new host's first ``init`` meets it), a new store and group are
+    opened over it, and the holders build new engines on it. Compressor state
+    starts fresh in the new engines (``hpt.elastic.TorchState.restore`` says how
+    it is treated).
+
+    Raises:
+        ValueError: not initialised, or not a horovodrun elastic job.
+    """
+    global _rt
+    rt = _require()
+    if not horovod_elastic():
+        raise ValueError(f"reform() re-forms a horovodrun elastic job in process; this job "
+                         f"was started by {rt.launcher}, whose launcher restarts the "
+                         "processes instead (hpt.elastic.run handles both)")
+    holders = [o for o in list(_closables) if hasattr(o, "_hp_detach")]
+    for o in holders:
+        o._hp_detach()
+    import torch.distributed as dist
+
+    from .horovod_rendezvous import import_horovod_torch
+
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # peers are gone: nothing to leave cleanly
+            log.debug("leaving the old process group: %s", e)
+    hvd = import_horovod_torch("an elastic horovodrun job re-forms its world")
+    hvd.shutdown()
+    from ..casync.transport.horovod import restart_channel_numbers
+
+    restart_channel_numbers()  # as a new process's: the world may hold new ones
+    _rt = None
+    _rt = _init_horovod(detect(), rt.timeout)
+    log.warning("hipress_like: the elastic driver re-formed the world: rank %d of %d "
+                "(was rank %d of %d)", _rt.rank, _rt.size, rt.rank, rt.size)
+    for o in holders:
+        o._hp_reattach()
 
 
 def _close_engines_at_exit() -> None:

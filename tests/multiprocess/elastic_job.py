@@ -1,4 +1,7 @@
-"""A digits training job for tests/multiprocess/test_elastic.py, started by torchrun.
+"""A digits training job for tests/multiprocess/test_elastic.py, started by torchrun, and
+for the elastic tests of tests/frameworks/test_horovodrun.py, started by horovodrun's
+elastic driver (the surviving processes re-form the world in place: the rank and the
+world size are read at every step).
 
 Every step trains on one global batch of ``BATCH`` images chosen by the
 step number alone, split evenly over the ranks of the current world, so
@@ -17,6 +20,13 @@ Environment (besides torchrun's and ``HIPRESS_ELASTIC_CHECKPOINT``):
 - ``JOB_WAIT_AT``: ``"<step>:<file>"``: every rank of the first start waits
   at that step until ``file`` exists, two minutes at most (the test starts
   a joining host meanwhile).
+- ``JOB_KILL_HOST`` (horovodrun): ``"<step>:<host>"``: at that step the worker
+  whose ``HOROVOD_HOSTNAME`` is ``host`` records the time and kills itself
+  (once per job: a file in ``JOB_OUT`` remembers it).
+- ``JOB_ADD_HOST`` (horovodrun): ``"<step>:<file>"``: at that step rank 0
+  creates ``file``, which makes the test's discovery script list one more
+  host; until the world has grown, each step then sleeps 0.2 s (the new
+  worker's start takes seconds, the job's steps milliseconds).
 """
 import hashlib
 import json
@@ -56,6 +66,8 @@ def main():
     every = int(os.environ.get("JOB_COMMIT_EVERY", "10"))
     kill = os.environ.get("JOB_KILL", "")
     wait_at = os.environ.get("JOB_WAIT_AT", "")
+    kill_host = os.environ.get("JOB_KILL_HOST", "")
+    add_host = os.environ.get("JOB_ADD_HOST", "")
     torch.set_num_threads(1)
     hpt.init(timeout=float(os.environ.get("JOB_TIMEOUT", "20")))
     r, n = hpt.rank(), hpt.size()
@@ -75,6 +87,7 @@ def main():
     def train(state):
         first = True
         while state.step < steps:
+            r, n = hpt.rank(), hpt.size()  # horovodrun's elastic driver re-forms in place
             g = torch.Generator().manual_seed(1000 + state.step)
             idx = torch.randperm(len(xtr), generator=g)[:BATCH]
             mine = idx[r * BATCH // n:(r + 1) * BATCH // n]
@@ -96,6 +109,21 @@ def main():
                     until = time.monotonic() + 120  # the test fails on the world size then
                     while not os.path.exists(flag) and time.monotonic() < until:
                         time.sleep(0.05)
+            if kill_host:
+                at, host = kill_host.split(":", 1)
+                once = os.path.join(out, "killed")
+                if (state.step == int(at) and os.environ.get("HOROVOD_HOSTNAME") == host
+                        and not os.path.exists(once)):
+                    open(once, "w").close()
+                    _event(out, what="kill", rank=r, step=state.step, target="worker")
+                    os.kill(os.getpid(), signal.SIGKILL)
+            if add_host:
+                at, flag = add_host.split(":", 1)
+                if r == 0 and state.step == int(at) and not os.path.exists(flag):
+                    _event(out, what="add_host", rank=r, step=state.step)
+                    open(flag, "w").close()
+                elif n == 1 and os.path.exists(flag):
+                    time.sleep(0.2)  # the new host starts: slow steps until it has joined
             if kill and state.restored_from is None:
                 at, who, what = kill.split(":")
                 if state.step == int(at) and who in ("any", str(r)):
@@ -106,6 +134,7 @@ def main():
         return evaluate(model, xte, yte)
 
     acc = train(state)
+    r, n = hpt.rank(), hpt.size()
     end = dict(rank=r, size=n, acc=acc, step=state.step, digest=_digest(model, opt),
                restored_from=state.restored_from, commits=state.commits)
     _event(out, what="end", **end)

@@ -1,4 +1,5 @@
-"""Elastic training under torchrun's restarts, in the shape of ``horovod.torch.elastic``.
+"""Elastic training under torchrun's restarts and horovodrun's elastic driver, in the
+shape of ``horovod.torch.elastic``.
 
 A Horovod user writes::
 
@@ -41,12 +42,34 @@ So at most the steps since the last *checkpointed* commit are lost. A new
 host joins the same way: its agent's arrival makes torchrun restart the
 group, which resumes from the last checkpoint on the larger world.
 
-Unlike Horovod's elastic mode, membership is torchrun's business, not the
-worker's: the worker cannot re-form a world in-process (the agent assigns
-ranks and world size to the processes it starts), so ``run`` leaves the
-process instead of retrying in it, and ``check_host_updates`` does nothing
-(see its docstring). Outside torchrun's elastic agent (no restarts left, or
-another launcher) a peer failure is raised as it is.
+Under torchrun membership is the agent's business, not the worker's: the
+worker cannot re-form a world in-process (the agent assigns ranks and world
+size to the processes it starts), so ``run`` leaves the process instead of
+retrying in it, and ``check_host_updates`` does nothing (see its docstring).
+
+Under ``horovodrun`` in elastic mode (``--min-np``, ``--max-np``, a host
+discovery script; ``HOROVOD_ELASTIC=1``) the surviving processes stay, as
+with Horovod: ``run`` registers the state with Horovod's worker notification
+service, and
+
+1. a peer failure (the engine's or Horovod's ``HorovodInternalError``)
+   re-forms the world in the process (``runtime.reform``: engines dropped,
+   ``hvd.shutdown()``/``hvd.init()`` at the driver's next rendezvous, a new
+   store and group, new engines), then ``state.restore()`` goes back to the
+   last commit *in memory* and the reset callbacks run;
+2. a host the driver adds or removes is seen at the next ``commit()``
+   (``TorchState.check_host_updates``: every rank agrees on the newest
+   notification through a broadcast and raises ``HostsUpdatedInterrupt``
+   together), which re-forms the world the same way from the commit just
+   made;
+3. ``state.sync()`` gives every rank, new ones included, rank 0's model,
+   optimizer state and scalars, and the training function runs again.
+
+Compressor state (error feedback, PowerSGD's Q) starts fresh on every rank
+of a re-formed world (ranks and world size change; a ``CompressorStateReset``
+warning says so), so the replicas stay bitwise identical. Outside both
+launchers' elastic modes (no restarts left, or another launcher) a peer
+failure is raised as it is.
 
 The checkpoint path comes from ``TorchState(..., checkpoint=PATH)`` or the
 ``HIPRESS_ELASTIC_CHECKPOINT`` environment variable; it must be on a file
@@ -58,13 +81,16 @@ import copy
 import functools
 import logging
 import os
+import queue
 import sys
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...casync.errors import ConfigMismatchError, EngineError, GradientMismatchError
 from ...casync.transport.base import TransportError
+from ..checkpoint import CompressorStateReset
 from ..objects import broadcast_object, broadcast_parameters
-from ..runtime import is_initialized, rank, size
+from ..runtime import horovod_elastic, is_initialized, rank, reform, size
 from .checkpoints import load_checkpoint, save_checkpoint
 from .objects import broadcast_optimizer_state
 
@@ -78,6 +104,9 @@ RESTART_EXIT_CODE = 75
 ENV_CHECKPOINT = "HIPRESS_ELASTIC_CHECKPOINT"
 ENV_CHECKPOINT_EVERY = "HIPRESS_ELASTIC_CHECKPOINT_EVERY"
 _EXTRA_KEY = "hipress_elastic"
+# horovodrun's elastic mode: the same commit failing again this often is raised (a
+# failure that re-forming the world does not cure, e.g. the script's own bug)
+_MAX_FAILURES_PER_COMMIT = 3
 
 
 def _peer_failures() -> Tuple[type, ...]:
@@ -188,6 +217,10 @@ class TorchState:
         self._names = list(scalars)
         self._saved: Optional[Dict[str, Any]] = None
         self._reset_callbacks: List[Callable[[], None]] = []
+        # horovodrun's elastic mode: the driver's host notifications (on_hosts_updated)
+        self._host_messages: "queue.Queue[Tuple[float, int]]" = queue.Queue()
+        self._last_updated_timestamp = 0.0
+        self._fresh_compressors = False  # a re-formed world: restore drops compressor state
         for k, v in scalars.items():
             setattr(self, k, v)
 
@@ -198,8 +231,43 @@ class TorchState:
 
     def on_reset(self) -> None:
         """Run the reset callbacks (``run`` does, after restoring a checkpoint)."""
+        self._host_messages = queue.Queue()
         for cb in self._reset_callbacks:
             cb()
+
+    def on_hosts_updated(self, timestamp: float, update_res: int) -> None:
+        """Horovod's driver added or removed hosts (called by its worker notification
+        service, horovodrun's elastic mode); ``check_host_updates`` acts on it."""
+        self._host_messages.put((timestamp, update_res))
+
+    def check_host_updates(self) -> None:
+        """Under horovodrun's elastic mode, raise ``HostsUpdatedInterrupt`` on every rank
+        at once when the driver announced a host change (Horovod's ``State`` logic: the
+        ranks agree on the newest notification through a broadcast from rank 0);
+        elsewhere nothing (``check_host_updates``, the module function).
+
+        Raises:
+            horovod.common.exceptions.HostsUpdatedInterrupt: hosts changed; ``run``
+                re-forms the world (its ``skip_sync`` is set when hosts were only
+                removed).
+        """
+        if not horovod_elastic():
+            return check_host_updates()
+        from horovod.common.exceptions import HostsUpdatedInterrupt
+        from horovod.runner.elastic.worker import HostUpdateResult
+
+        last = prev = self._last_updated_timestamp
+        update = HostUpdateResult.no_update
+        while not self._host_messages.empty():
+            ts, res = self._host_messages.get()
+            if ts > last:
+                last = ts
+                update |= res
+        prev, self._last_updated_timestamp, update = broadcast_object(
+            (float(prev), float(last), int(update)) if rank() == 0 else None, 0,
+            "elastic.host_updates")
+        if self._last_updated_timestamp > prev:
+            raise HostsUpdatedInterrupt(update == int(HostUpdateResult.removed))
 
     def scalars(self) -> Dict[str, Any]:
         """The named scalars' current values."""
@@ -228,7 +296,7 @@ class TorchState:
                             **{_EXTRA_KEY: {"scalars": self._saved["scalars"],
                                             "commits": self.commits,
                                             "world_size": size() if is_initialized() else 1}})
-        check_host_updates()
+        self.check_host_updates()
 
     def restore(self) -> bool:
         """Go back to the last commit.
@@ -250,7 +318,14 @@ class TorchState:
             if self.model is not None:
                 self.model.load_state_dict(saved["model"])
             if self.optimizer is not None:
-                self.optimizer.load_state_dict(saved["optimizer"])
+                opt = saved["optimizer"]
+                if self._fresh_compressors and isinstance(opt, dict) and "hipress" in opt:
+                    # saved by this rank in the world just left: ranks and size changed
+                    opt = {k: v for k, v in opt.items() if k != "hipress"}
+                    warnings.warn(CompressorStateReset(
+                        "the world re-formed (horovodrun elastic): compressor state (error "
+                        "feedback, PowerSGD's Q) starts fresh on every rank"), stacklevel=2)
+                self.optimizer.load_state_dict(opt)
             self._set(saved["scalars"])
             return True
         if self.checkpoint is None or not os.path.exists(self.checkpoint):
@@ -319,6 +394,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """
     @functools.wraps(func)
     def wrapper(state: TorchState, *args: Any, **kwargs: Any) -> Any:
+        if horovod_elastic():
+            return _run_horovod_elastic(func, state, args, kwargs)
         if state.restore() and state.restored_from is not None:
             state.on_reset()
         state.sync()
@@ -338,3 +415,46 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             sys.stderr.flush()
             os._exit(RESTART_EXIT_CODE)
     return wrapper
+
+
+def _run_horovod_elastic(func: Callable[..., Any], state: TorchState, args: tuple,
+                         kwargs: dict) -> Any:
+    """``run`` under horovodrun's elastic driver: re-form in process (module docstring)."""
+    from horovod.common.elastic import notification_manager
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+    notification_manager.init()
+    notification_manager.register_listener(state)
+    skip_sync = False
+    failures, at_commit = 0, -1  # consecutive failures at one commit (a bounded retry)
+    try:
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt as e:  # every rank, at the same commit
+                skip_sync, failed = e.skip_sync, False
+                log.warning("rank %d: the elastic driver changed the hosts; re-forming the "
+                            "world from commit %d", rank(), state.commits)
+            except BaseException as e:
+                if not (isinstance(e, HorovodInternalError) or _is_peer_failure(e)):
+                    raise
+                failures = failures + 1 if state.commits == at_commit else 1
+                at_commit = state.commits
+                if failures > _MAX_FAILURES_PER_COMMIT:  # it is not a peer that comes and goes
+                    raise
+                skip_sync, failed = False, True
+                log.error("rank %d: a peer failed (%s: %s); re-forming the world and resuming "
+                          "from commit %d", rank(), type(e).__name__, str(e)[:500],
+                          state.commits)
+            reform()
+            if failed:  # a host update comes at a commit: the state is that commit already
+                state._fresh_compressors = True
+                try:
+                    state.restore()
+                finally:
+                    state._fresh_compressors = False
+            state.on_reset()
+    finally:
+        notification_manager.remove_listener(state)

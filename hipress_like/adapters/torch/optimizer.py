@@ -107,20 +107,42 @@ class _DistributedOptimizerMixin(EngineHolder):
         self._hp_should_sync = True
         self._hp_hooks: Dict[int, Any] = {}
         self._hp_engine = None
+        # what builds the engine, kept for an elastic re-formation (_hp_reattach)
+        self._hp_build = dict(compression=compression, strategy=strategy, plan=plan,
+                              nonfinite=nonfinite, timeout=timeout, seed=seed,
+                              compression_back=compression_back, collective=collective,
+                              joining=joining)
+        self._hp_build_engine()
+        self._hp_ensure_hooks()
+        _track(self)
+
+    def _hp_build_engine(self) -> None:
+        b = self._hp_build
         specs = specs_of([(self._hp_names[id(p)], p) for p in self._hp_params])
-        self._hp_engine = build_engine(specs, compression=compression, strategy=strategy,
-                                       plan=plan, nonfinite=nonfinite, timeout=timeout,
-                                       seed=seed, compression_back=compression_back,
-                                       collective=collective, joining=joining,
-                                       online=True)
-        settings = adaptive_settings(resolve_plan(plan))
+        self._hp_engine = build_engine(specs, online=True, **b)
+        settings = adaptive_settings(resolve_plan(b["plan"]))
         self._hp_online = None  # plan="adaptive": re-plans at step boundaries (tuning/online)
         if settings is not None:
             from ...tuning.online import OnlinePlanner
 
             self._hp_online = OnlinePlanner.for_engine(self._hp_engine, settings)
-        self._hp_ensure_hooks()
-        _track(self)
+
+    # -- elastic re-formation (runtime.reform, horovodrun's elastic mode) ----------------
+    def _hp_detach(self) -> None:
+        """Drop the engine of the world being left (a failed one waits for no peer) and
+        what is in flight; the hooks stay."""
+        self._hp_close_engine()
+        self._hp_step = _Step()
+        self._hp_wire = {}
+
+    def _hp_reattach(self) -> None:
+        """Build a new engine on the re-formed world (its rank and size); compressor
+        state starts fresh."""
+        rt = _require()
+        self._hp_size, self._hp_rank = rt.size, rt.rank
+        self._hp_delay = {id(p): self._hp_bpps for p in self._hp_params}
+        self._hp_step = _Step()
+        self._hp_build_engine()
 
     def _hp_ensure_hooks(self) -> None:
         """Hook every parameter that requires a gradient now (and was not hooked yet).

@@ -55,7 +55,7 @@ from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
 from .c10d_store import RendezvousStoreMixin
 from .counters import PUBLISHER, settled_counts
 
-__all__ = ["HorovodTransport"]
+__all__ = ["HorovodTransport", "restart_channel_numbers"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,14 @@ _ABORT_REASON_CHARS = 4000
 
 # the k-th top-level transport of this process is channel "hipress_like.t<k>"
 _channel_numbers = itertools.count()
+
+
+def restart_channel_numbers() -> None:
+    """Number top-level channels from ``t0`` again: after an elastic re-formation
+    (``adapters.runtime.reform``) the world holds new processes, whose first channel
+    is ``t0``, beside old ones that must name theirs alike."""
+    global _channel_numbers
+    _channel_numbers = itertools.count()
 
 
 def _shape_name(t: torch.Tensor) -> str:
