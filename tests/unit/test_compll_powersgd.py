@@ -8,6 +8,8 @@ and states agree with it byte for byte, on the fused (unpadded) path and the pad
 one. Ranks always agree bit for bit with each other.
 """
 import pickle
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,9 @@ from hipress_like.compressors import compll
 from hipress_like.compressors.compll import CompllError, load, matrices, program_path
 from hipress_like.compressors.payload import unpack_payload
 from hipress_like.compressors.rounds import MultiRoundCompressor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cuda_emulation  # noqa: E402
 
 SHAPES = [(1,), (2,), (37,), (1000,), (16, 24), (4, 3, 5, 2), (200, 64), (7, 1)]
 RANKS = (1, 2, 4, 8)
@@ -343,40 +348,6 @@ def test_engine_runs_the_program_on_every_rank_alike(strategy):
                 assert torch.equal(hand[r][step][k], dsl[r][step][k])
 
 
-_EMU_SHIM = r"""
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
-#include <stdlib.h>
-#include <barrier>
-#include <thread>
-#include <vector>
-struct cl_dim_ { unsigned int x; };
-static thread_local cl_dim_ threadIdx;
-static cl_dim_ blockIdx, gridDim, blockDim;
-static std::barrier<>* cl_bar_;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define CL_INLINE static inline
-static inline void __syncthreads() { cl_bar_->arrive_and_wait(); }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline float __fsqrt_rn(float a) { return sqrtf(a); }
-CL_INLINE void cl_memcpy(void* d, const void* s, int k) { memcpy(d, s, k); }
-template <class F, class... A> static void cl_launch(F f, unsigned int block, A... a) {
-    gridDim.x = 1; blockDim.x = block; blockIdx.x = 0;
-    std::barrier<> bar(block);
-    cl_bar_ = &bar;
-    std::vector<std::thread> ts;
-    for (unsigned int t = 0; t < block; ++t)
-        ts.emplace_back([=] { threadIdx.x = t; f(a...); });
-    for (auto& t : ts) t.join();
-}
-"""
 
 
 def _emulated_cuda_runner(checked, tmp_path, threads):
@@ -390,7 +361,7 @@ def _emulated_cuda_runner(checked, tmp_path, threads):
     from hipress_like.compressors.compll.render_rounds import RoundsNativeProgram
     r = render_cuda(checked)
     assert CUDA_PRELUDE in r["source"]
-    src = r["source"].replace(CUDA_PRELUDE, _EMU_SHIM + _HASH + _MATH)
+    src = r["source"].replace(CUDA_PRELUDE, cuda_emulation.SHIM + _HASH + _MATH)
     args = ("g, n, grows, gcols, params, seed, step, world_size, extra_in, extra_len, "
             "body_in, body_len, state, extra, outs, arena, n_arena")
     sig = ("const float* g, int64_t n, int64_t grows, int64_t gcols, const double* params, "

@@ -10,6 +10,9 @@ CPU and keeps the torch kernels for everything else.
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -17,6 +20,9 @@ from hipress_like.compressors._build import native as _native
 from hipress_like.compressors.compll import matrices
 from hipress_like.compressors.powersgd import lowrank as _fused_lowrank
 from hipress_like.compressors.powersgd import native as psgd_native
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cuda_emulation  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _native.available(),
                                 reason="no working C compiler: the torch kernels are used")
@@ -155,48 +161,17 @@ def test_cuda_kernels_compile_with_nvcc(tmp_path):
     assert not psgd_cuda.usable(torch.zeros(2, 2))
 
 
-_EMU = r"""
-#include <barrier>
-#include <cmath>
-#include <thread>
-#include <vector>
-struct cl_dim3_ { unsigned int x, y, z; };
-static thread_local cl_dim3_ threadIdx, blockIdx;
-static cl_dim3_ blockDim, gridDim;
-static std::barrier<>* cl_bar_;
-#define __global__
-#define __device__
-#define __shared__ static  /* blocks run one after another: one copy serves each in turn */
-static inline void __syncthreads() { cl_bar_->arrive_and_wait(); }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline float __fsqrt_rn(float a) { return sqrtf(a); }
-template <class F, class... A>
-static void cl_launch(F f, unsigned int gx, unsigned int bx, unsigned int by, A... a) {
-    gridDim = {gx, 1, 1};
-    blockDim = {bx, by, 1};
-    for (unsigned int b = 0; b < gx; ++b) {
-        std::barrier<> bar(bx * by);
-        cl_bar_ = &bar;
-        std::vector<std::thread> ts;
-        for (unsigned int y = 0; y < by; ++y)
-            for (unsigned int x = 0; x < bx; ++x)
-                ts.emplace_back([=] { threadIdx = {x, y, 0}; blockIdx = {b, 0, 0}; f(a...); });
-        for (auto& t : ts) t.join();
-    }
-}
+_EMU = cuda_emulation.SHIM + r"""
 #include "SOURCE"
 extern "C" void emu(int which, unsigned gx, unsigned bx, unsigned by, float* a0, float* a1,
                     float* a2, float* a3, int r, float* a4, long long rows, long long cols) {
-    if (which == 0) cl_launch(psgd_form_m, gx, bx, by, (const float*)a0, (const float*)a1,
+    if (which == 0) cl_launch_grid(psgd_form_m, gx, bx, by, (const float*)a0, (const float*)a1,
                               (const float*)a2, (const float*)a3, r, a4, rows, cols);
-    if (which == 1) cl_launch(psgd_mq, gx, bx, by, (const float*)a0, (const float*)a1, r, a4,
+    if (which == 1) cl_launch_grid(psgd_mq, gx, bx, by, (const float*)a0, (const float*)a1, r, a4,
                               rows, cols);
-    if (which == 2) cl_launch(psgd_mtp, gx, bx, by, (const float*)a0, (const float*)a1, r, a4,
+    if (which == 2) cl_launch_grid(psgd_mtp, gx, bx, by, (const float*)a0, (const float*)a1, r, a4,
                               rows, cols);
-    if (which == 3) cl_launch(psgd_orthogonalize, gx, bx, by, a4, rows, cols, a0);
+    if (which == 3) cl_launch_grid(psgd_orthogonalize, gx, bx, by, a4, rows, cols, a0);
 }
 """
 
