@@ -13,15 +13,16 @@ transports ``Transport.store`` from it.
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import timedelta
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 import torch.distributed as dist
 
 from .base import KeyValueStore, NoStoreError, PeerError
 
 __all__ = ["C10dStore", "RendezvousStoreMixin", "own_store_client", "rendezvous_store",
-           "store_address"]
+           "store_address", "post_abort", "read_aborts"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,42 @@ def rendezvous_store(prefix: str, host_rank: Optional[int] = 0) -> "C10dStore":
             "expected hpt.init() (or dist.init_process_group) to have run first")
     return C10dStore(dist.PrefixStore(prefix, own_store_client()), host_rank=host_rank,
                      where=store_address())
+
+
+def post_abort(store: Any, key: str, rank: int, reason: str, limit: int = 2000,
+               wait: float = 2.0) -> bool:
+    """Post this rank's abort: ``reason`` (its first ``limit`` characters) at
+    ``key/<rank>``, then the counter at ``key`` moves (the torch.distributed and Horovod
+    transports' ``abort``). From a daemon thread, waited for ``wait`` seconds at most:
+    a dead store host must not hold up the error.
+
+    Returns:
+        Whether both writes landed.
+    """
+    posted = threading.Event()
+
+    def post() -> None:
+        try:
+            store.set(f"{key}/{rank}", reason[:limit].encode("utf-8", "replace"))
+            store.add(key, 1)
+            posted.set()
+        except Exception as e:  # the store host may be gone
+            log.debug("could not post the abort: %s", e)
+
+    t = threading.Thread(target=post, daemon=True, name="hipress-abort")
+    t.start()
+    t.join(wait)
+    return posted.is_set()
+
+
+def read_aborts(store: Any, key: str, size: int, me: int) -> Dict[int, str]:
+    """The reasons the other ranks posted with ``post_abort`` under ``key`` (rank -> text)."""
+    found = {}
+    for r in range(size):
+        k = f"{key}/{r}"
+        if r != me and store.check([k]):
+            found[r] = store.get(k).decode("utf-8", "replace")
+    return found
 
 
 class RendezvousStoreMixin:

@@ -45,14 +45,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 from typing import Any, List, Optional, Sequence
 
 import torch
 
 from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
-from .c10d_store import RendezvousStoreMixin
+from .c10d_store import RendezvousStoreMixin, post_abort, read_aborts
 from .counters import PUBLISHER, settled_counts
 
 __all__ = ["HorovodTransport", "restart_channel_numbers"]
@@ -182,33 +181,14 @@ class HorovodTransport(RendezvousStoreMixin, Transport):
         if self._aborted:
             return True
         self._aborted = True
-        posted = threading.Event()
-        store, key, rank = self._store, self._abort_key, self.rank
-
-        def post() -> None:
-            try:
-                store.set(f"{key}/{rank}", reason[:_ABORT_REASON_CHARS].encode("utf-8",
-                                                                               "replace"))
-                store.add(key, 1)
-                posted.set()
-            except Exception as e:  # the store host may be gone
-                log.debug("could not post the abort: %s", e)
-
-        t = threading.Thread(target=post, daemon=True, name="hipress-abort")
-        t.start()
-        t.join(2.0)
-        return posted.is_set()
+        return post_abort(self._store, self._abort_key, self.rank, reason, _ABORT_REASON_CHARS)
 
     def _peer_abort(self) -> Optional[PeerError]:
         """The peers' aborts posted in the store, as ``PeerError`` (None: none)."""
         try:
             if int(self._store.add(self._abort_key, 0)) <= 0:
                 return None
-            found = {}
-            for r in range(self.size):
-                k = f"{self._abort_key}/{r}"
-                if r != self.rank and self._store.check([k]):
-                    found[r] = self._store.get(k).decode("utf-8", "replace")
+            found = read_aborts(self._store, self._abort_key, self.size, self.rank)
         except Exception:  # the store host is gone: the timeout's diagnosis names it
             return None
         if not found:

@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 
 from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
-from .c10d_store import C10dStore, own_store_client, rendezvous_store
+from .c10d_store import C10dStore, own_store_client, post_abort, read_aborts, rendezvous_store
 from .waiter import Waiter
 
 __all__ = ["TorchDistTransport"]
@@ -202,11 +202,7 @@ class TorchDistTransport(Transport):
         if n <= a.read:
             return
         a.read = n
-        found = {}
-        for r in range(self.size):
-            key = f"{self._abort_key}/{r}"
-            if r != self.rank and self._store.check([key]):
-                found[r] = self._store.get(key).decode("utf-8", "replace")
+        found = read_aborts(self._store, self._abort_key, self.size, self.rank)
         if found and a.peers is None:
             a.peers = found
 
@@ -223,21 +219,8 @@ class TorchDistTransport(Transport):
             return a.posted
         a.own = reason  # this rank's own waits stop too: the peers will not complete them
         _failed_here.set()  # as store host, linger at exit until peers have read it
-        posted = threading.Event()
-
-        def post() -> None:
-            try:
-                self._store.set(f"{self._abort_key}/{self.rank}",
-                                reason[:_ABORT_REASON_CHARS].encode("utf-8", "replace"))
-                self._store.add(self._abort_key, 1)
-                posted.set()
-            except Exception as e:  # the store host may be gone
-                log.debug("could not post the abort: %s", e)
-
-        t = threading.Thread(target=post, daemon=True, name="hipress-abort")
-        t.start()
-        t.join(2.0)
-        a.posted = posted.is_set()
+        a.posted = post_abort(self._store, self._abort_key, self.rank, reason,
+                              _ABORT_REASON_CHARS)
         return a.posted
 
     def _abort_error(self, where: str) -> TransportError:
