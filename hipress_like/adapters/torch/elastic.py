@@ -220,7 +220,6 @@ class TorchState:
         # horovodrun's elastic mode: the driver's host notifications (on_hosts_updated)
         self._host_messages: "queue.Queue[Tuple[float, int]]" = queue.Queue()
         self._last_updated_timestamp = 0.0
-        self._fresh_compressors = False  # a re-formed world: restore drops compressor state
         for k, v in scalars.items():
             setattr(self, k, v)
 
@@ -298,7 +297,7 @@ class TorchState:
                                             "world_size": size() if is_initialized() else 1}})
         self.check_host_updates()
 
-    def restore(self) -> bool:
+    def restore(self, *, fresh_compressor_state: bool = False) -> bool:
         """Go back to the last commit.
 
         From memory when this process committed; otherwise from the
@@ -306,6 +305,12 @@ class TorchState:
         a failure), resharding the compressor state to the current world
         size (``hpt.load_checkpoint``); otherwise nothing changes (a first
         start).
+
+        Args:
+            fresh_compressor_state: leave the optimizer's compressor state out of
+                an in-memory restore, with a ``CompressorStateReset`` warning (``run``
+                after horovodrun re-formed the world: it was this rank's in the
+                world just left).
 
         Returns:
             True when something was restored.
@@ -319,7 +324,7 @@ class TorchState:
                 self.model.load_state_dict(saved["model"])
             if self.optimizer is not None:
                 opt = saved["optimizer"]
-                if self._fresh_compressors and isinstance(opt, dict) and "hipress" in opt:
+                if fresh_compressor_state and isinstance(opt, dict) and "hipress" in opt:
                     # saved by this rank in the world just left: ranks and size changed
                     opt = {k: v for k, v in opt.items() if k != "hipress"}
                     warnings.warn(CompressorStateReset(
@@ -450,11 +455,7 @@ def _run_horovod_elastic(func: Callable[..., Any], state: TorchState, args: tupl
                           state.commits)
             reform()
             if failed:  # a host update comes at a commit: the state is that commit already
-                state._fresh_compressors = True
-                try:
-                    state.restore()
-                finally:
-                    state._fresh_compressors = False
+                state.restore(fresh_compressor_state=True)
             state.on_reset()
     finally:
         notification_manager.remove_listener(state)
