@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 import weakref
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ from datetime import timedelta
 from typing import Any, Optional
 
 from .. import heap
+from ..errors import HipressError
 from .launcher import LaunchError, detect
 
 __all__ = [
@@ -76,6 +78,7 @@ _rt: Optional[_Runtime] = None
 # rank; it sets no HOROVOD_* variable. Plain mpirun sets neither by default.
 _HOROVODRUN_MPI_MARKERS = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "^openib"}
 _closables: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_excepthook_installed = False
 
 
 def default_timeout() -> float:
@@ -407,6 +410,49 @@ def init(comm: Any = None, process_sets: Any = None, timeout: Optional[float] = 
              _rt.rank, _rt.size, _rt.local_rank, _rt.local_size, _rt.launcher)
     # what the script imported is alive for good: keep the collector off it (heap.py)
     heap.settle()
+    _install_excepthook()
+
+
+def _install_excepthook() -> None:
+    """Tell the peers when this process dies of an uncaught exception (once per process).
+
+    An exception outside the engine (the script's forward or backward, a data
+    error) ends this rank between two of its collectives, where nothing of the
+    engine sees it: the peers learned of it only when its exit closed its
+    connections, or at their timeout. The hook aborts every engine's transport
+    with the exception's text first (``Transport.abort``: the peers raise naming
+    this rank and why at once), then calls the hook it replaced. The library's
+    own errors (``HipressError``, and what they caused) are not told again: an
+    engine tells its peers of its own failures, and the rest were learned from
+    the peers or found alike on every rank (telling would blame this rank).
+    """
+    global _excepthook_installed
+    if _excepthook_installed:
+        return
+    _excepthook_installed = True
+    previous = sys.excepthook
+
+    def ours(value: Any) -> bool:
+        seen = 0
+        while value is not None and seen < 20:  # the chain of causes, bounded
+            if isinstance(value, HipressError):
+                return True
+            value, seen = value.__cause__ or value.__context__, seen + 1
+        return False
+
+    def hook(kind: Any, value: Any, tb: Any) -> None:
+        try:
+            reason = f"{kind.__name__} (uncaught, the process exits): {value}"
+            for obj in [] if ours(value) else list(_closables):
+                eng = getattr(obj, "engine", None)
+                transport = getattr(eng, "transport", None)
+                if transport is not None:
+                    transport.abort(reason)
+        except Exception as e:  # telling is best effort: the traceback comes next anyway
+            log.debug("could not tell the peers of the uncaught exception: %s", e)
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def _require() -> _Runtime:
