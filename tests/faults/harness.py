@@ -423,6 +423,9 @@ _KILLED = r"stopped heartbeating|died|closed their transport or exited|failed in
 _STALLED = r"stopped heartbeating|froze|stalled|never entered"
 _RAISED = (r"error occurred on rank|injected exception|closed their transport or exited|"
            r"failed in an earlier")
+# an uncaught exception outside the engine: its rank tells the peers the exception's text
+# (runtime's excepthook) before it exits
+_TOLD = r"injected exception"
 _SLOWED = (r"had not arrived|never arrived|slower than the timeout|stopped heartbeating|"
            r"timed out|unreachable|failed in an earlier")
 _DAMAGED = r"payload|truncat|corrupt|checksum|sent \d+ bytes|never arrived|error occurred on rank"
@@ -438,8 +441,8 @@ CATALOG: Dict[str, Fault] = {f.name: f for f in [
     Fault("kill/encode", rank=1, cause=_KILLED, action="kill", phase="encode"),
     Fault("kill/exchange", rank=1, cause=_KILLED, transport="kill:call=12"),
     Fault("kill/save", rank=1, cause=_KILLED, action="kill", phase="save"),
-    Fault("raise/forward", rank=1, cause=_RAISED, action="raise", phase="forward"),
-    Fault("raise/backward", rank=1, cause=_RAISED, action="raise", phase="backward"),
+    Fault("raise/forward", rank=1, cause=_TOLD, action="raise", phase="forward"),
+    Fault("raise/backward", rank=1, cause=_TOLD, action="raise", phase="backward"),
     Fault("raise/exchange", rank=1, cause=_RAISED, transport="raise:call=12"),
     Fault("raise/save", rank=1, cause=_RAISED, action="raise", phase="save"),
     Fault("stop/forward", rank=1, cause=_STALLED, action="stop", phase="forward"),
@@ -460,7 +463,7 @@ CATALOG: Dict[str, Fault] = {f.name: f for f in [
     # 4 ranks, a non-zero rank dies: survivors name it, not rank 0 (the store's host)
     Fault("kill/forward@4", rank=2, cause=_KILLED, action="kill", phase="forward", ranks=4),
     Fault("kill/exchange@4", rank=3, cause=_KILLED, transport="kill:call=12", ranks=4),
-    Fault("raise/backward@4", rank=3, cause=_RAISED, action="raise", phase="backward",
+    Fault("raise/backward@4", rank=3, cause=_TOLD, action="raise", phase="backward",
           ranks=4),
     # plan="adaptive": a rank killed as every rank enters the plan switch
     Fault("kill/switch@3", rank=1, cause=_KILLED, action="kill", phase="switch", ranks=3,
@@ -472,5 +475,5 @@ CATALOG: Dict[str, Fault] = {f.name: f for f in [
     Fault("slow-link/forward", rank=1, cause=_SLOWED, action="slow", phase="forward",
           link=0, netem="1gbit"),
 ]}
-DEFAULT_TIER = ("kill/forward", "raise/encode", "stop/exchange", "drop/exchange",
-                "mismatch/world_size", "mismatch/compressor")
+DEFAULT_TIER = ("kill/forward", "raise/encode", "raise/forward", "stop/exchange",
+                "drop/exchange", "mismatch/world_size", "mismatch/compressor")
