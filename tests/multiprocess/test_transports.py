@@ -118,6 +118,42 @@ def test_rank_leaving_early_is_named(how):
         assert f"[{leaver}]" in msg or f"rank {leaver}" in msg, msg
 
 
+def _death_relayed(ctx):
+    import signal
+    import time
+
+    t, r = ctx.transport, ctx.rank
+    t.barrier(timeout=30)
+    if r == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # posts nothing: no abort, no closed key
+    if r == 1:  # waits on rank 2 only, finds it dead, then stays (no closed connection)
+        try:
+            t.alltoallv([None] * 3, [0, 0, 4], timeout=30)
+        except PeerError as e:
+            time.sleep(8)
+            return list(e.ranks), str(e)
+        raise AssertionError("exchange with a dead rank completed")
+    try:  # rank 0 waits on rank 1 only, which never sends: only the relay can end it
+        t.alltoallv([None] * 3, [0, 4, 0], timeout=60)
+    except PeerError as e:
+        return list(e.ranks), str(e)
+    raise AssertionError("exchange completed without rank 1's message")
+
+
+def test_dead_rank_found_by_one_survivor_is_named_by_all():
+    # Rank 0 never talks to the killed rank 2, and rank 1 (which rank 0 waits for)
+    # stays alive: rank 0 learns of the death from rank 1's diagnosis (the relay),
+    # not from a closed connection or its own 60 s timeout.
+    with pytest.raises(WorkerError) as info:
+        run_workers(_death_relayed, 3, timeout=120)
+    assert set(info.value.failures) == {2}, info.value
+    res = info.value.results
+    ranks1, msg1 = res[1]
+    assert ranks1 == [2] and "stopped heartbeating" in msg1, msg1
+    ranks0, msg0 = res[0]
+    assert ranks0 == [2] and "found by a peer" in msg0 and "rank 1's diagnosis" in msg0, msg0
+
+
 def _stalls(ctx):
     import time
 

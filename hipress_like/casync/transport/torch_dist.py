@@ -38,9 +38,15 @@ Timeouts and naming the culprit:
    on gloo, a collective is waited on by a waiter thread while the caller
    polls for an abort, so a peer blocked waiting for the failed rank raises
    ``PeerError`` naming it and its reason within about a heartbeat, not at
-   its timeout. (NCCL waits directly: its waits do not block the CPU the
-   same way; an abort is still seen before the next call and by the
-   diagnosis.)
+   its timeout. NCCL's works are polled the same way (``is_completed()``,
+   from the caller: an NCCL wait does not block inside gloo's sockets).
+6. A killed rank posts nothing. The survivor whose diagnosis finds it
+   (item 3: no heartbeat) posts that finding under the death key;
+   the other survivors, blocked on other channels or on peers that only
+   reacted, read it with their next beat and raise ``PeerError`` naming the
+   dead rank, instead of each waiting for a closed connection and running
+   the diagnosis again. The finding is about a process, so it is posted
+   once per process under a global key and read by every transport.
 
 ``store(prefix)`` hands out the same rendezvous store to protocols built on
 the transport (``c10d_store``: a ``dist.PrefixStore`` over a client
@@ -196,7 +202,9 @@ class TorchDistTransport(Transport):
                 return
 
     def _read_aborts(self) -> None:
-        """Read the abort counter; when it moved, collect the peers' reasons."""
+        """Read the abort counter; when it moved, collect the peers' reasons. Then the
+        death counter likewise (item 6)."""
+        _deaths.read_from(self._store, self._global)
         a = self._aborts
         n = int(self._store.add(self._abort_key, 0))
         if n <= a.read:
@@ -223,8 +231,26 @@ class TorchDistTransport(Transport):
                               _ABORT_REASON_CHARS)
         return a.posted
 
+    def _dead_peers(self) -> Dict[int, str]:
+        """Peers (group ranks) another survivor's diagnosis found dead (item 6)."""
+        if not _deaths.found:
+            return {}
+        return {r: _deaths.found[g] for r, g in enumerate(self._global)
+                if g in _deaths.found and r != self.rank}
+
+    def _stopped(self) -> bool:
+        """No wait of this transport can complete any more: a peer or this rank
+        aborted, or a peer was found dead."""
+        return self._aborts.stop or bool(_deaths.found and self._dead_peers())
+
     def _abort_error(self, where: str) -> TransportError:
         peers = self._aborts.peers
+        dead = self._dead_peers()
+        if not peers and dead:
+            ranks = sorted(dead)
+            why = "; ".join(f"rank {r} {dead[r]}" for r in ranks)
+            return PeerError(f"{where}: rank(s) {ranks} stopped heartbeating (process died or "
+                             f"froze), found by a peer: {why}", ranks=ranks)
         if not peers:
             return TransportError(f"{where}: this rank failed and told its peers "
                                   f"({self._aborts.own})")
@@ -271,6 +297,8 @@ class TorchDistTransport(Transport):
         ``missing``: the peer whose message a receive of this call timed out waiting
         for (gloo's point-to-point exchange), named when no peer left or stalled."""
         where = f"rank {self.rank}: {op} (call #{seq}) failed ({cause})"
+        if self._dead_peers() and not self._aborts.peers:
+            return self._abort_error(where)  # a survivor found the dead rank already
         found: Dict[str, object] = {}
 
         def probe() -> None:
@@ -290,7 +318,7 @@ class TorchDistTransport(Transport):
         t = threading.Thread(target=probe, daemon=True, name="hipress-diagnose")
         t.start()
         t.join(3 * self._interval + 5.0)
-        if self._aborts.peers:  # a peer said why (its leaving made this call fail)
+        if self._aborts.peers or self._dead_peers():  # a peer said why, or found it
             return self._abort_error(where)
         store_error = found.get("store_error") or self._store_error
         if t.is_alive() or store_error:
@@ -305,6 +333,9 @@ class TorchDistTransport(Transport):
         dead = [r for r in range(self.size) if r != self.rank and r not in closed
                 and r not in failed and found["hb1"][r] == found["hb0"][r]]
         self._aborts.dead.update(dead)  # the store host's linger at exit waits for none
+        if dead:  # tell the survivors blocked elsewhere (item 6)
+            _deaths.post(self._store, [self._global[r] for r in dead],
+                         f"(rank {self.rank}'s diagnosis of {op} call #{seq}: {cause})")
         behind = [r for r in range(self.size) if r != self.rank and r not in closed
                   and r not in failed and r not in dead and found["seqs"][r] <= seq]
         parts = []
@@ -367,14 +398,14 @@ class TorchDistTransport(Transport):
         deadline = time.monotonic() + timeout
         self._labels, self._failed_at = [], None
         try:
-            if self._aborts.stop:
+            if self._stopped():
                 raise _Aborted()
             works = start(seq)
             self._wait(works if isinstance(works, list) else [works], deadline)
         except _Aborted:
             err = self._abort_error(f"rank {self.rank}: {op} (call #{seq}) aborted")
             self._broken = f"{op} (call #{seq}) aborted: {err}"
-            if self._aborts.peers:  # this rank only reacted (its own abort blames itself)
+            if self._aborts.peers or self._dead_peers():  # this rank only reacted
                 self._post_failed()
             raise err from None
         except Exception as e:
@@ -395,19 +426,47 @@ class TorchDistTransport(Transport):
         if not works:
             return
         if self.backend == "nccl":
-            for work in works:
-                work.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+            self._poll(works, deadline)
             return
         if self._waiter is None:
             self._waiter = Waiter(f"hipress-wait-r{self.rank}")
             weakref.finalize(self, self._waiter.stop)  # ends the waiter with the transport
         pending = self._waiter.submit(works, deadline)
         while not pending.done.wait(_ABORT_POLL):
-            if self._aborts.stop:
+            if self._stopped():
                 raise _Aborted()
         if pending.error is not None:
             self._failed_at = pending.at
             raise pending.error
+
+    def _poll(self, works: list, deadline: float) -> None:
+        """NCCL: poll ``works`` until done, a peer's abort or death, or ``deadline``. An
+        NCCL wait cannot be left early, so the caller polls; on any failure the group's
+        communicators are aborted, which frees the kernels still waiting on the GPU
+        (the transport is unusable after a failure anyway, item 4)."""
+        pending, nap = list(works), 5e-5
+        try:
+            while pending:
+                pending = [w for w in pending if not w.is_completed()]
+                if not pending:
+                    break
+                if self._stopped():
+                    raise _Aborted()
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("NCCL work timed out")
+                time.sleep(nap)  # short first: a collective's latency is the poll's
+                nap = min(2 * nap, _ABORT_POLL / 4)
+            for w in works:
+                w.wait()  # raises the work's own error, if it failed
+        except BaseException:
+            self._abort_group()
+            raise
+
+    def _abort_group(self) -> None:
+        try:
+            self.group.abort()
+        except Exception as e:  # older torch, or already aborted
+            log.debug("could not abort the NCCL group: %s", e)
 
     def _on_device(self, t: torch.Tensor) -> torch.Tensor:
         if t.device == self.device and t.is_contiguous():
@@ -594,6 +653,40 @@ class TorchDistTransport(Transport):
 
 
 _FAILED_PREFIX = "hipress/failed"  # + global rank: the process saw a collective fail
+_DEAD_KEY = "hipress/dead"  # + global rank: a survivor's diagnosis found it dead (item 6)
+
+
+class _Deaths:
+    """The peers (global ranks) survivors' diagnoses found dead, with each finding
+    (module docstring, item 6): posted once per process, read by every transport's
+    heartbeat."""
+
+    def __init__(self) -> None:
+        self.found: Dict[int, str] = {}
+        self.posted: set = set()
+        self.read = 0
+        self._lock = threading.Lock()
+
+    def post(self, store, ranks: List[int], text: str) -> None:
+        """Post ``ranks`` as dead (those not posted yet by this process)."""
+        with self._lock:
+            new = [g for g in ranks if g not in self.posted]
+            self.posted.update(new)
+        for g in new:
+            post_abort(store, _DEAD_KEY, g, text, _ABORT_REASON_CHARS)
+
+    def read_from(self, store, members: List[int]) -> None:
+        """Read the counter; when it moved, the findings about ``members``."""
+        n = int(store.add(_DEAD_KEY, 0))
+        if n <= self.read:
+            return
+        found = read_aborts(store, _DEAD_KEY, max(members) + 1, -1)
+        with self._lock:
+            self.read = n
+            self.found.update({g: t for g, t in found.items() if g in members})
+
+
+_deaths = _Deaths()
 
 
 class _Aborted(TransportError):
@@ -627,7 +720,8 @@ _families: Dict[str, _Aborts] = {}
 def _undiagnosed(t: TorchDistTransport, seen: Dict[tuple, tuple], now: float) -> List[int]:
     """Peers of ``t`` that neither posted a failure nor aborted nor closed and still
     heartbeat."""
-    failed = set(t._read_failed()) | set(t._aborts.peers or ()) | t._aborts.dead
+    failed = (set(t._read_failed()) | set(t._aborts.peers or ()) | t._aborts.dead
+              | set(t._dead_peers()))
     closed = {r for r, v in t._read_counters("closed").items() if v}
     beats = t._read_counters("hb")
     out = []
