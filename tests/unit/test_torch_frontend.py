@@ -76,6 +76,9 @@ def test_named_parameters_none_uses_positional_names():
     opt = hpt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1))
     try:
         assert sorted(opt.engine.layout()) == [f"allreduce.noname.0.{j}" for j in range(4)]
+        # Horovod's attribute of the same name and layout (parameter -> name)
+        assert opt._parameter_names == {p: f"allreduce.noname.0.{j}"
+                                        for j, p in enumerate(m.parameters())}
         _loss(m).backward()
         opt.step()
     finally:

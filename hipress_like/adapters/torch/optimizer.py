@@ -70,6 +70,13 @@ class _Step:
 class _DistributedOptimizerMixin(EngineHolder):
     """Methods placed in front of the user's optimizer class in the MRO."""
 
+    @property
+    def _parameter_names(self) -> Dict[torch.Tensor, str]:
+        """Parameter -> the name it is synchronised under: Horovod's attribute of the
+        same name and layout (``allreduce.noname.<group>.<index>`` when no
+        ``named_parameters`` were given), which Horovod's users and tests read."""
+        return {p: self._hp_names[id(p)] for g in self.param_groups for p in g["params"]}
+
     # -- set-up -----------------------------------------------------------------------
     def _hp_setup(self, named_parameters: Any, compression: Any, strategy: str, plan: Any,
                   backward_passes_per_step: int, op: str, sparse_as_dense: bool,
