@@ -7,7 +7,9 @@ exchange rank 0 waits in. Rank 0 must raise ``PeerError`` naming rank 1 and
 carrying its reason, on the split channel too: that text can only come from
 the abort (a timeout would say "timed out", after 120 s), so no timing is
 asserted. Rank 1's own wait in a collective its peer never joins ends as
-well, with an error that blames no peer.
+well, with an error that blames no peer. The same holds when rank 0's waits
+are polled, as NCCL's are (``_poll``; run here on gloo's works, since NCCL
+needs a GPU per rank).
 """
 import pytest
 from env_ranks import result, run_env_ranks
@@ -70,3 +72,16 @@ def test_ranks_exit_cleanly_with_waits_they_gave_up_on():
         assert all("RESULT" in o for o in outs), outs
         assert rcs == [0, 0], [o[-1500:] for o in outs]
         assert not any("terminate called" in o for o in outs), outs
+
+
+_POLLED = _SCRIPT.replace("rank = tr.rank\n", "rank = tr.rank\ntr._polls = data._polls = True\n")
+
+
+def test_an_abort_ends_polled_waits_too():
+    assert _POLLED != _SCRIPT
+    rcs, outs = run_env_ranks(_POLLED, 2, timeout=100)
+    r0 = result(outs[0])
+    for name in ("data", "main"):
+        kind, ranks, text = r0[name]
+        assert kind == "PeerError" and ranks == [1], r0
+        assert "boom in rank 1's exchange" in text and "timed out" not in text, text

@@ -154,6 +154,37 @@ def test_dead_rank_found_by_one_survivor_is_named_by_all():
     assert ranks0 == [2] and "found by a peer" in msg0 and "rank 1's diagnosis" in msg0, msg0
 
 
+def _released_at_exit(ctx, flag):
+    import time
+
+    from hipress_like.casync.transport import torch_dist, waiter
+
+    t = ctx.transport
+    t.barrier(timeout=30)
+    if ctx.rank == 0:  # as after a failure: the exit hooks release the group
+        torch_dist._failed_here.set()
+        time.sleep(1.0)  # rank 1 is inside its exchange by now
+        waiter.join_waiters_at_exit()
+        released = (t.group is None, t._broken)
+        time.sleep(10)  # alive: only the released group can end rank 1's wait
+        open(flag, "w").close()
+        return released
+    try:
+        t.alltoallv([None, None], [4, 0], timeout=60)
+    except TransportError as e:
+        return str(e), os.path.exists(flag)
+    raise AssertionError("exchange completed without rank 0's message")
+
+
+def test_exit_hooks_release_the_group_so_a_peers_abandoned_wait_ends(tmp_path):
+    flag = str(tmp_path / "rank0-done")
+    res = run_workers(_released_at_exit, 2, args=(flag,), timeout=120)
+    assert res[0] == (True, "its group was released at exit"), res[0]
+    msg, rank0_done = res[1]
+    assert "Connection closed" in msg or "Connection reset" in msg, msg
+    assert not rank0_done, "rank 1's wait ended only when rank 0 was done"
+
+
 def _stalls(ctx):
     import time
 

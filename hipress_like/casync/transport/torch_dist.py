@@ -70,7 +70,7 @@ import torch.distributed as dist
 
 from .base import DEFAULT_TIMEOUT, PeerError, Transport, TransportError
 from .c10d_store import C10dStore, own_store_client, post_abort, read_aborts, rendezvous_store
-from .waiter import Waiter
+from .waiter import Waiter, when_idle_at_exit
 
 __all__ = ["TorchDistTransport"]
 
@@ -162,10 +162,13 @@ class TorchDistTransport(Transport):
         # shared by the channels of one family (this transport and its splits)
         self._aborts = _families.setdefault(self._abort_key, _Aborts())
         self._waiter: Optional[Waiter] = None  # waits on gloo works for ``_wait``
+        self._polls = self.backend == "nccl"  # the caller polls the works (``_poll``)
         # of the call in progress (``_run``): the source rank of each receive its works
         # begin with (gloo's exchange), and the index of the work whose wait failed
         self._labels: List[int] = []
         self._failed_at: Optional[int] = None
+        # the collective works (not point-to-point) of the last call (``_release_at_exit``)
+        self._collective_works: list = []
         self._beat()  # first heartbeat before any collective, so peers see us
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                            name=f"hipress-heartbeat-r{self.rank}")
@@ -317,7 +320,11 @@ class TorchDistTransport(Transport):
 
         t = threading.Thread(target=probe, daemon=True, name="hipress-diagnose")
         t.start()
-        t.join(3 * self._interval + 5.0)
+        until = time.monotonic() + 3 * self._interval + 5.0
+        while t.is_alive() and time.monotonic() < until:
+            t.join(_ABORT_POLL)
+            if self._aborts.peers or self._dead_peers():
+                break  # a peer said why, or another survivor's probe ended first
         if self._aborts.peers or self._dead_peers():  # a peer said why, or found it
             return self._abort_error(where)
         store_error = found.get("store_error") or self._store_error
@@ -401,7 +408,9 @@ class TorchDistTransport(Transport):
             if self._stopped():
                 raise _Aborted()
             works = start(seq)
-            self._wait(works if isinstance(works, list) else [works], deadline)
+            works = works if isinstance(works, list) else [works]
+            self._collective_works = [] if op == "alltoallv" and self.bulk == "p2p" else works
+            self._wait(works, deadline)
         except _Aborted:
             err = self._abort_error(f"rank {self.rank}: {op} (call #{seq}) aborted")
             self._broken = f"{op} (call #{seq}) aborted: {err}"
@@ -425,7 +434,7 @@ class TorchDistTransport(Transport):
         as a peer aborts (the waiter thread waits; this thread polls)."""
         if not works:
             return
-        if self.backend == "nccl":
+        if self._polls:
             self._poll(works, deadline)
             return
         if self._waiter is None:
@@ -764,6 +773,36 @@ def _linger_as_store_host() -> None:
 
 
 atexit.register(_linger_as_store_host)
+
+
+def _release_at_exit() -> None:
+    """At exit after a failure, once no waiter thread is inside a wait (the waiter's
+    ``when_idle_at_exit``): destroy each transport's own group whose collective works
+    have all ended, which closes its connections now. A peer whose wait was given up
+    (it reacted to the same failure) is held inside that wait until this rank's
+    connections close; they would otherwise close only when this interpreter ends,
+    which under load is seconds after the last exit handler, and each survivor's exit
+    would wait for the one before it. A collective work still running (a timed-out
+    wait) keeps its group: gloo's group destructor would wait for it. Point-to-point
+    works do not hold the destructor."""
+    if not _failed_here.is_set() or not dist.is_initialized():
+        return
+    for t in list(_live):
+        group = t.group
+        if not t._owns_group or group is None:
+            continue
+        if not all(w.is_completed() for w in t._collective_works):
+            continue
+        try:
+            dist.destroy_process_group(group)
+        except Exception as e:  # already destroyed, or the package is shutting down
+            log.debug("could not release the group at exit: %s", e)
+            continue
+        t._owns_group, t.group, t._collective_works = False, None, []
+        t._broken = t._broken or "its group was released at exit"
+
+
+when_idle_at_exit.append(_release_at_exit)
 
 
 def _close_at_exit(ref: "weakref.ref[TorchDistTransport]") -> None:

@@ -9,7 +9,10 @@ until the peer it waits for exits or the deadline passes.
 
 At exit such an abandoned wait must end before the interpreter finalises:
 ``join_waiters_at_exit`` (registered with ``atexit``) ends idle waiters and
-gives a busy one up to ``EXIT_JOIN`` seconds.
+gives a busy one up to ``EXIT_JOIN`` seconds. Once none is left inside a
+wait, it runs the ``when_idle_at_exit`` hooks (the transport releases its
+groups there, so a peer's abandoned wait on this rank ends now, not when
+this interpreter has finished finalising).
 """
 from __future__ import annotations
 
@@ -20,9 +23,10 @@ import threading
 import time
 import weakref
 from datetime import timedelta
-from typing import Optional
+from typing import Callable, List, Optional
 
-__all__ = ["Waiter", "Pending", "wait_loop", "join_waiters_at_exit", "EXIT_JOIN"]
+__all__ = ["Waiter", "Pending", "wait_loop", "join_waiters_at_exit", "when_idle_at_exit",
+           "EXIT_JOIN"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,8 @@ EXIT_JOIN = 3.0
 # Every waiter thread of this process, with its queue.
 _waiters: "weakref.WeakKeyDictionary[threading.Thread, queue.SimpleQueue]" = \
     weakref.WeakKeyDictionary()
+# Run at exit once no waiter thread is inside a wait (``join_waiters_at_exit``).
+when_idle_at_exit: List[Callable[[], None]] = []
 
 
 class Waiter:
@@ -106,10 +112,19 @@ def join_waiters_at_exit() -> None:
     for _, q in waiters:
         q.put(None)  # an idle waiter ends at once
     deadline = time.monotonic() + EXIT_JOIN
+    busy = False
     for thread, _ in waiters:
         thread.join(max(deadline - time.monotonic(), 0.0))
         if thread.is_alive():
+            busy = True
             log.debug("a waiter is still inside an abandoned wait at exit")
+    if busy:
+        return
+    for hook in when_idle_at_exit:
+        try:
+            hook()
+        except Exception as e:  # exit goes on whatever a hook does
+            log.debug("exit hook %r failed: %s", hook, e)
 
 
 atexit.register(join_waiters_at_exit)
