@@ -532,6 +532,9 @@ def reform() -> None:
     from ..casync.transport.horovod import restart_channel_numbers
 
     restart_channel_numbers()  # as a new process's: the world may hold new ones
+    from ..casync.transport.torch_dist import forget_failures
+
+    forget_failures()  # the old world's deaths name ranks the new one numbers afresh
     _rt = None
     _rt = _init_horovod(detect(), rt.timeout)
     log.warning("hipress_like: the elastic driver re-formed the world: rank %d of %d "

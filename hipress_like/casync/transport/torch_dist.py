@@ -698,6 +698,15 @@ class _Deaths:
 _deaths = _Deaths()
 
 
+def forget_failures() -> None:
+    """Forget this process's failure state (the deaths read, that a collective failed):
+    for a process that leaves its world and joins a new one (``runtime.reform``), where
+    ranks are numbered afresh and the store is new."""
+    global _deaths
+    _deaths = _Deaths()
+    _failed_here.clear()
+
+
 class _Aborted(TransportError):
     """A peer, or this rank, aborted while this rank waited (internal to ``_run``, which
     turns it into the ``PeerError`` that names them)."""
