@@ -326,8 +326,11 @@ def render_gpu(rec: Dict[str, Any]) -> Rendered:
         size = (f"{r['numel'] * 4 / 2**20:.0f} MB" if r["numel"] >= 1 << 20
                 else f"{r['numel']} values")
         if "cuda_equals_c_bits" in r:  # PowerSGD's round program
-            same = (f"CUDA = C bits: {r['cuda_equals_c_bits']}; vs hand-written within "
-                    f"{r['max_rel_vs_hand']:.1e} (tolerance {r['tolerance']:g})")
+            same = (f"CUDA = C bits: {r['cuda_equals_c_bits']}; "
+                    + (f"= hand-written bits: {r['cuda_equals_hand_bits']}"
+                       if "cuda_equals_hand_bits" in r else  # the lane-order kernels
+                       f"vs hand-written within {r['max_rel_vs_hand']:.1e} "
+                       f"(tolerance {r['tolerance']:g})"))
             enc = (f"{r['round0_hand_ms']:.3f} / {r['round0_dsl_ms']:.3f} (round 0)"
                    if "copy_ms" in r else "")
             dec = ""
