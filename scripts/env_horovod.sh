@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build Horovod 0.28.1 (PyTorch + gloo + MPI, CPU) into the project's .venv.
+# Build Horovod 0.28.1 (PyTorch + gloo + MPI, CPU; + MXNet when the venv has it) into
+# the project's .venv (or HIPRESS_VENV, e.g. .venv-mxnet).
 #
 # Usage:  scripts/env_horovod.sh            # one command; ~3-10 min the first time,
 #                                           # seconds once its wheel is cached
@@ -34,11 +35,18 @@ HVD_VERSION=${HIPRESS_HOROVOD_VERSION:-0.28.1}
 die() { echo "[env_horovod] error: $*" >&2; exit 1; }
 say() { echo "[env_horovod] $*" >&2; }
 
+# MXNet in the venv (scripts/env_mxnet.sh's): Horovod is built with it too
+WITH_MXNET=0
+[ -x "$PY" ] && "$PY" -c "import mxnet" >/dev/null 2>&1 && WITH_MXNET=1
+
 # --- already built? -------------------------------------------------------
 check_built() {
-  "$PY" - <<'EOF' 2>/dev/null
+  WITH_MXNET=$WITH_MXNET "$PY" - <<'EOF' 2>/dev/null
+import os
 import horovod, horovod.torch as hvd
 assert hvd.gloo_built() and hvd.mpi_built(), "gloo/mpi missing"
+if os.environ["WITH_MXNET"] == "1":
+    import horovod.mxnet
 print(horovod.__version__)
 EOF
 }
@@ -103,6 +111,7 @@ chmod +x "$WRAPDIR/cxx17"
 # --- the wheel: from the cache, or built once into it ------------------------
 CACHE=${HIPRESS_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hipress-like/wheels}
 key=$( { echo "$HVD_VERSION"; "$PY" -c 'import sys, platform, torch; print(sys.version.split()[0], platform.machine(), torch.__version__)';
+         if [ "$WITH_MXNET" = 1 ]; then "$PY" -c 'import mxnet; print("mxnet", mxnet.__version__)'; fi;
          "$REAL_CXX" --version | head -1; mpicxx --showme:version 2>&1 | head -1; } | sha256sum | cut -c1-16)
 SLOT=$CACHE/horovod-$HVD_VERSION-$key
 wheel=$(ls "$SLOT"/horovod-*.whl 2>/dev/null | head -1 || true)
@@ -111,10 +120,10 @@ if [ -z "$wheel" ]; then
   mkdir -p "$CACHE"
   tmp=$(mktemp -d "$CACHE/.build.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
+  mx_flag=HOROVOD_WITHOUT_MXNET; [ "$WITH_MXNET" = 1 ] && mx_flag=HOROVOD_WITH_MXNET
   CXX=$WRAPDIR/cxx17 CC=$(command -v gcc) MAKEFLAGS=${MAKEFLAGS:--j2} \
-  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-  HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
-    "$PY" -m pip wheel --no-cache-dir --no-build-isolation --no-deps -w "$tmp" "horovod==$HVD_VERSION" \
+  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+    env "$mx_flag=1" "$PY" -m pip wheel --no-cache-dir --no-build-isolation --no-deps -w "$tmp" "horovod==$HVD_VERSION" \
     || die "the Horovod build failed (see the compiler output above). Check: g++ >= 7, cmake < 4 in $VENV, libopenmpi-dev, and that torch imports in $VENV."
   # publish the slot whole (a rename), so a build cut short never leaves a wheel behind
   rm -rf "$SLOT" && mv "$tmp" "$SLOT" && trap - EXIT

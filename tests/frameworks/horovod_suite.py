@@ -1,12 +1,20 @@
-"""Run Horovod's own ``test/parallel/test_torch.py`` on ``hipress_like.torch`` and real Horovod.
+"""Run Horovod's own test files on this project's faces and on real Horovod.
+
+``--file torch`` (the default) is ``test/parallel/test_torch.py`` against
+``hipress_like.torch``; ``--file mxnet`` is ``test/parallel/test_mxnet1.py``
+(its ``MX1Tests``, which inherit ``base_test_mxnet.py``'s ``MXTests``) against
+``hipress_like.mxnet``, run with the MXNet environment's Python
+(``scripts/env_mxnet.sh``, Horovod built into it by ``HIPRESS_VENV=.venv-mxnet
+scripts/env_horovod.sh``).
 
 Horovod's test code stays outside this project: this tool reads it from a
 Horovod checkout (a work tree or a bare git mirror, at tag v0.28.1 by
 default) into a temporary directory, in two copies:
 
 - ``hipress``: exactly one change, the import line (``import horovod.torch as
-  hvd`` -> ``import hipress_like.torch as hvd``), run under every launcher
-  asked for (``horovodrun --gloo -np N`` and ``torchrun``);
+  hvd`` -> ``import hipress_like.torch as hvd``; for MXNet the same line of
+  ``base_test_mxnet.py``), run under every launcher asked for
+  (``horovodrun --gloo -np N`` and ``torchrun``);
 - ``horovod`` (``--reference``): the file unmodified, real Horovod under
   ``horovodrun --gloo -np N`` on the same machine: the pass set to compare with.
 
@@ -68,7 +76,18 @@ DEFAULT_TESTS = (
 TORCHRUN_NOT_APPLICABLE = ("test_horovod_rank", "test_horovod_size", "test_horovod_reinit",
                            "test_horovod_is_initialized")
 
-_IMPORT = "import horovod.torch as hvd\n"
+# Each file: where it is, the TestCase its tests run in, and the one import line
+# switched (in the file that holds it) for this project's side.
+FILES = {
+    "torch": {"test": "test/parallel/test_torch.py", "cls": "TorchTests",
+              "switch": ("test/parallel/test_torch.py", "import horovod.torch as hvd\n",
+                         "import hipress_like.torch as hvd\n"),
+              "bases": ()},
+    "mxnet": {"test": "test/parallel/test_mxnet1.py", "cls": "MX1Tests",
+              "switch": ("test/parallel/base_test_mxnet.py", "    import horovod.mxnet as hvd\n",
+                         "    import hipress_like.mxnet as hvd\n"),
+              "bases": ("test/parallel/base_test_mxnet.py",)},
+}
 
 # Runs on every rank: pytest on the given tests, each start and outcome appended
 # (and flushed) to log-<rank>.jsonl the moment it happens.
@@ -95,7 +114,7 @@ class Record:
                                   "when": report.when, "outcome": report.outcome,
                                   "msg": msg[-400:], "t": time.time()}) + "\\n")
 
-ids = [f"test_torch.py::TorchTests::{t}" for t in sys.argv[1].split(",")]
+ids = [f"{sys.argv[2]}::{t}" for t in sys.argv[1].split(",")]
 args = ["-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", "."]
 t = os.environ.get("HVD_SUITE_TEST_TIMEOUT")
 if t:
@@ -115,46 +134,63 @@ def _read(source: Path, rel: str, ref: str) -> str:
                           check=True, capture_output=True, text=True).stdout
 
 
-def all_tests(source: Path, ref: str) -> tuple:
-    """Every ``test_*`` method of test_torch.py's TorchTests, in file order."""
-    text = _read(source, "test/parallel/test_torch.py", ref)
-    return tuple(re.findall(r"^    def (test_\w+)\(self", text, flags=re.M))
+def all_tests(source: Path, ref: str, file: str = "torch") -> tuple:
+    """Every ``test_*`` method the file's TestCase runs (its bases' first), in file
+    order, each once."""
+    spec = FILES[file]
+    names = []
+    for rel in (*spec["bases"], spec["test"]):
+        text = _read(source, rel, ref)
+        names += re.findall(r"^    def (test_\w+)\(self", text, flags=re.M)
+    return tuple(dict.fromkeys(names))
 
 
-def prepare(source: Path, ref: str, into: Path, side: str = "hipress") -> None:
-    """Write test_torch.py and its helper module into ``into``.
+def test_id(file: str = "torch") -> str:
+    """The pytest id prefix of the file's tests (``module.py::Class``)."""
+    spec = FILES[file]
+    return f"{Path(spec['test']).name}::{spec['cls']}"
+
+
+def prepare(source: Path, ref: str, into: Path, side: str = "hipress",
+            file: str = "torch") -> None:
+    """Write the test file, its bases and helper modules into ``into``.
 
     Args:
         source: Horovod work tree or bare mirror.
         ref: git ref when ``source`` is a mirror.
         into: directory to write to (created).
-        side: "hipress" (import switched to ``hipress_like.torch``) or "horovod"
-            (the file unmodified).
+        side: "hipress" (the one import line switched to this project's face) or
+            "horovod" (the files unmodified).
+        file: a key of ``FILES``.
     """
-    text = _read(source, "test/parallel/test_torch.py", ref)
-    if text.count(_IMPORT) != 1:
-        raise SystemExit(f"expected one line {_IMPORT!r} in test_torch.py, "
-                         f"found {text.count(_IMPORT)}")
-    if side == "hipress":
-        text = text.replace(_IMPORT, "import hipress_like.torch as hvd\n")
+    spec = FILES[file]
     into.mkdir(parents=True, exist_ok=True)
-    (into / "test_torch.py").write_text(text)
+    where, line, ours = spec["switch"]
+    for rel in (*spec["bases"], spec["test"]):
+        text = _read(source, rel, ref)
+        if rel == where:
+            if text.count(line) != 1:
+                raise SystemExit(f"expected one line {line!r} in {rel}, "
+                                 f"found {text.count(line)}")
+            if side == "hipress":
+                text = text.replace(line, ours)
+        (into / Path(rel).name).write_text(text)
     (into / "common.py").write_text(_read(source, "test/utils/common.py", ref))
     (into / "run_rank.py").write_text(_RANK_WRAPPER)
     # common.py imports the PyPI backport ``mock``; the standard library's is the same API
     (into / "mock.py").write_text("from unittest.mock import *  # noqa: F401,F403\n")
 
 
-def _command(launcher: str, np: int, expr: str) -> list:
+def _command(launcher: str, np: int, expr: str, file: str = "torch") -> list:
     bindir = Path(sys.executable).parent
     if launcher == "torchrun":
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         return [str(bindir / "torchrun"), f"--nproc-per-node={np}", "--master-addr=127.0.0.1",
-                f"--master-port={port}", "run_rank.py", expr]
+                f"--master-port={port}", "run_rank.py", expr, test_id(file)]
     return [str(bindir / "horovodrun"), "--gloo", "-np", str(np), "-H", f"localhost:{np}",
-            sys.executable, "run_rank.py", expr]
+            sys.executable, "run_rank.py", expr, test_id(file)]
 
 
 def _env(test_timeout: float) -> dict:
@@ -195,7 +231,8 @@ def _logs(workdir: Path, np: int) -> list:
 
 
 def run(launcher: str, np: int, tests, workdir: Path, test_timeout: float = 120,
-        start_timeout: float = 600, retries: int = 1, isolate: bool = True) -> tuple:
+        start_timeout: float = 600, retries: int = 1, isolate: bool = True,
+        file: str = "torch") -> tuple:
     """Run ``tests`` on ``np`` ranks; a hung test costs ``test_timeout`` seconds.
 
     Returns:
@@ -218,7 +255,8 @@ def run(launcher: str, np: int, tests, workdir: Path, test_timeout: float = 120,
         for f in workdir.glob("log-*.jsonl"):
             f.unlink()
         with open(out_path, "a") as out:
-            proc = subprocess.Popen(_command(launcher, np, ",".join(remaining)), cwd=workdir,
+            proc = subprocess.Popen(_command(launcher, np, ",".join(remaining), file),
+                                    cwd=workdir,
                                     env=env, stdout=out, stderr=subprocess.STDOUT)
             began = time.monotonic()
             killed = False
@@ -320,6 +358,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reference-from", type=Path, default=None,
                     help="take real Horovod's results from this earlier --out JSON")
     ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--file", choices=sorted(FILES), default="torch",
+                    help="which Horovod test file (and face): torch or mxnet")
     ap.add_argument("--tests", default="default", help="default, all, or name,name,...")
     ap.add_argument("--test-timeout", type=float, default=120,
                     help="seconds one test may take before it is stopped as hung")
@@ -331,7 +371,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", "--json", dest="out", default=None,
                     help="write the results here as JSON")
     ns = ap.parse_args(argv)
-    tests = (DEFAULT_TESTS if ns.tests == "default" else all_tests(ns.source, ns.ref)
+    if ns.tests == "default" and ns.file != "torch":
+        ns.tests = "all"
+    tests = (DEFAULT_TESTS if ns.tests == "default" else all_tests(ns.source, ns.ref, ns.file)
              if ns.tests == "all" else tuple(ns.tests.split(",")))
     columns, reasons = {}, {}
     with tempfile.TemporaryDirectory(prefix="hvd-suite-") as d:
@@ -340,11 +382,12 @@ def main(argv=None) -> int:
             [("hipress", launcher) for launcher in ns.launchers.split(",") if launcher]
         for side, launcher in runs:
             workdir = Path(d) / f"{side}-{launcher}"
-            prepare(ns.source, ns.ref, workdir, side)
+            prepare(ns.source, ns.ref, workdir, side, ns.file)
             name = f"{side}/{launcher}"
             t0 = time.monotonic()
             columns[name], reasons[name] = run(launcher, ns.np, tests, workdir,
-                                               ns.test_timeout, retries=ns.retries)
+                                               ns.test_timeout, retries=ns.retries,
+                                               file=ns.file)
             print(f"[{name}] {time.monotonic() - t0:.0f}s", flush=True)
     if ns.update:  # the earlier results, with the rerun tests replaced
         earlier = json.loads(ns.update.read_text())
@@ -384,7 +427,8 @@ def main(argv=None) -> int:
     if ns.out:
         Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.out).write_text(json.dumps(
-            {"np": ns.np, "ref": ns.ref, "tests": list(tests), "results": columns,
+            {"np": ns.np, "ref": ns.ref, "file": ns.file, "tests": list(tests),
+             "results": columns,
              "summary": summary, "reasons": reasons}, indent=1))
     return 0
 
