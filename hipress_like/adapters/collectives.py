@@ -140,7 +140,7 @@ class _Wire:
     default group, or Horovod in a horovodrun job (``runtime`` decided at init).
 
     ``process_set``: a process set made outside horovodrun
-    (``adapters/torch/horovod_calls.ProcessSet``, which holds a torch.distributed
+    (``adapters/horovod_calls.ProcessSet``, which holds a torch.distributed
     group): the collectives then span its ranks only.
     """
 

@@ -1,7 +1,7 @@
 """One rank of the handed-to-Horovod checks (run by test_horovod_calls.py under horovodrun).
 
 Through ``hipress_like.torch`` only, the calls this project hands to Horovod
-(``adapters/torch/horovod_calls.py``) must give Horovod's results, appear in
+(``adapters/horovod_calls.py``) must give Horovod's results, appear in
 Horovod's timeline, and run on process sets; prints ``CHECK <name> ok`` or
 ``CHECK <name> FAIL <why>`` per check (every check is collective, so all
 ranks run them in the same order). argv[1]: a directory for the timeline.

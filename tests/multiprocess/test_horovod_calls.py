@@ -2,7 +2,7 @@
 
 Outside horovodrun, ``hipress_like.torch`` runs ``reducescatter``,
 ``alltoall``, the grouped forms and sparse allreduce over torch.distributed
-(``adapters/torch/horovod_calls.py``), with Horovod's semantics: the split of
+(``adapters/horovod_calls.py``), with Horovod's semantics: the split of
 rows (the first ``rows % size`` ranks get one more), the received splits,
 any dtype, and the gradients Horovod defines (also for allreduce, allgather
 and broadcast). The calls only Horovod's runtime provides (join, the

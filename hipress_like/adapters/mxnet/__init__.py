@@ -17,6 +17,10 @@ hands MXNet's arrays to them without copying (DLPack, ``tensors``):
 - ``parameters``: ``broadcast_parameters`` (deferred initialisation too).
 - ``collectives``: ``allreduce``, ``allgather``, ``broadcast`` (and
   in-place forms), ``broadcast_object``, ``allgather_object``.
+- ``horovod_calls``: the rest of ``horovod.mxnet`` (``alltoall``,
+  ``reducescatter``, the grouped forms, process sets), over the PyTorch
+  face's calls: Horovod's own ops under ``horovodrun``, torch.distributed
+  otherwise.
 
 ``init()`` joins the ranks exactly as the PyTorch face does (torchrun's
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``, mpirun through
@@ -36,6 +40,20 @@ from .collectives import (
     grouped_allreduce,
     grouped_allreduce_,
 )
+from .horovod_calls import (
+    ProcessSet,
+    add_process_set,
+    alltoall,
+    ccl_built,
+    ddl_built,
+    global_process_set,
+    grouped_allgather,
+    grouped_reducescatter,
+    reducescatter,
+    remove_process_set,
+    start_timeline,
+    stop_timeline,
+)
 from .optimizer import DistributedOptimizer
 from .parameters import broadcast_parameters
 from .trainer import STATE_SUFFIX, DistributedTrainer, OrderingError
@@ -43,6 +61,9 @@ from .trainer import STATE_SUFFIX, DistributedTrainer, OrderingError
 __all__ = [
     "allgather", "allgather_object", "allreduce", "allreduce_", "broadcast", "broadcast_",
     "broadcast_object", "grouped_allreduce", "grouped_allreduce_",
+    "ProcessSet", "add_process_set", "alltoall", "ccl_built", "ddl_built",
+    "global_process_set", "grouped_allgather", "grouped_reducescatter", "reducescatter",
+    "remove_process_set", "start_timeline", "stop_timeline",
     "DistributedOptimizer", "DistributedTrainer",
     "OrderingError", "STATE_SUFFIX", "broadcast_parameters",
 ] + _BASICS

@@ -52,11 +52,11 @@ from ..collectives import (
     broadcast_async_,
     grouped_allreduce,
 )
+from ..horovod_calls import *  # noqa: F403 (reducescatter, alltoall, join, process sets, ...)
+from ..horovod_calls import __all__ as _HOROVOD_CALLS
 from ..objects import allgather_object, broadcast_object, broadcast_parameters
 from ..ordering import OrderingError
 from .ddp import CaSyncHookState, casync_hook
-from .horovod_calls import *  # noqa: F403 (reducescatter, alltoall, join, process sets, ...)
-from .horovod_calls import __all__ as _HOROVOD_CALLS
 from .objects import broadcast_optimizer_state
 from .optimizer import DistributedOptimizer
 

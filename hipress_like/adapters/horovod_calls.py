@@ -5,7 +5,10 @@ The project implements the collectives it can compress or fuse (``allreduce``,
 path of ``DistributedOptimizer``). The rest of ``horovod.torch``'s surface
 (``reducescatter``, ``alltoall``, the grouped forms, ``join``, process sets,
 ``SyncBatchNorm``, the timeline, sparse allreduce) is what a plugin owes its
-users, so each call here goes one of two ways, decided per call by the
+users. Like ``adapters.collectives`` it works on torch tensors and serves
+every face: the PyTorch face exports it as it is, the MXNet face hands its
+arrays to it through DLPack (``adapters.mxnet.horovod_calls``). Each call here
+goes one of two ways, decided per call by the
 runtime's wire (``collectives._Wire``):
 
 - in a job started by ``horovodrun`` (Horovod installed and initialized), the
@@ -35,9 +38,9 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-from ...errors import HipressError
-from .. import collectives as C
-from ..runtime import rank as _rank
+from ..errors import HipressError
+from . import collectives as C
+from .runtime import rank as _rank
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +197,7 @@ def add_process_set(process_set: Any) -> Any:
         ValueError: a rank out of range, or a set already added.
         CollectiveMismatchError: ranks passed different sets.
     """
-    from ..runtime import _track
+    from .runtime import _track
 
     hvd = _horovod()
     if hvd is not None:
@@ -243,7 +246,7 @@ def remove_process_set(process_set: Any) -> bool:
 
 def _horovod_if_initialized() -> Any:
     """``_horovod()`` once ``init()`` ran, else None (for queries Horovod answers before init)."""
-    from ..runtime import is_initialized
+    from .runtime import is_initialized
 
     return _horovod() if is_initialized() else None
 
@@ -268,14 +271,14 @@ def barrier(process_set: Any = None) -> None:
     _global_only(process_set, "barrier(process_set=...)")
     group = getattr(process_set, "_group", None)
     if group is None:
-        from ..runtime import barrier as all_ranks_barrier
+        from .runtime import barrier as all_ranks_barrier
 
         return all_ranks_barrier()
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    from ..runtime import default_timeout
+    from .runtime import default_timeout
 
     dist.barrier(group=group, async_op=True).wait(timeout=timedelta(seconds=default_timeout()))
 
