@@ -415,8 +415,10 @@ def grouped_allreduce(tensors: List[torch.Tensor], average: Optional[bool] = Non
         return [allreduce(t, average, f"{name}.{i}" if name else None, compression, op,
                           prescale_factor, postscale_factor, process_set)
                 for i, t in enumerate(tensors)]
-    handles = [allreduce_async(t, average, name, op, prescale_factor, postscale_factor,
-                               process_set, compression) for t in tensors]
+    # one name per tensor: Horovod (a set handed to it) refuses two in flight alike
+    handles = [allreduce_async(t, average, f"{name}.{i}" if name else None, op,
+                               prescale_factor, postscale_factor, process_set, compression)
+               for i, t in enumerate(tensors)]
     return [h.wait() for h in handles]
 
 

@@ -23,6 +23,17 @@ __all__ = ["Compression", "CompressionSpec", "resolve_compression", "is_auto"]
 _ALIASES = {"none": "identity", "noop": "identity"}
 
 
+def _fp16_array(arr: Any) -> Tuple[Any, Any]:
+    """``Compression.fp16.compress`` of an array with numpy dtypes (an MXNet NDArray, as
+    ``horovod.mxnet``'s face passes): floats other than float16 cast to float16, the
+    original dtype as the context; anything else unchanged."""
+    import numpy as np
+
+    if np.issubdtype(np.dtype(arr.dtype), np.floating) and np.dtype(arr.dtype) != np.float16:
+        return arr.astype("float16"), arr.dtype
+    return arr, None
+
+
 class CompressionSpec:
     """A compressor name and its parameters (a Horovod ``Compressor`` look-alike).
 
@@ -64,6 +75,8 @@ class CompressionSpec:
         if self.name == "identity":
             return tensor, None
         if self.name == "fp16":
+            if not isinstance(tensor, torch.Tensor) and hasattr(tensor, "astype"):
+                return _fp16_array(tensor)  # an MXNet NDArray (or numpy array)
             if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
                 return tensor.to(torch.float16), tensor.dtype
             return tensor, None
@@ -76,7 +89,7 @@ class CompressionSpec:
         if self.name == "identity" or ctx is None:
             return tensor
         if self.name == "fp16":
-            return tensor.to(ctx)
+            return tensor.astype(ctx) if hasattr(tensor, "astype") else tensor.to(ctx)
         return self.build().decode(tensor).to(ctx)
 
 

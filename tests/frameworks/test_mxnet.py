@@ -377,6 +377,35 @@ def test_collectives_on_one_rank(single):
         hvd.DistributedOptimizer(mx.optimizer.SGD(), compression=hvd.Compression.onebit)
 
 
+def test_horovod_mxnet_calls_on_one_rank(single):
+    """horovod.mxnet's calls beyond the collectives (adapters/mxnet/horovod_calls.py):
+    results on one rank, fp16 compression of NDArrays, and refusals that Horovod
+    scripts catch as RuntimeError (horovod.mxnet raises MXNetError, one)."""
+    import mxnet as mx
+    import numpy as np
+
+    hvd = single
+    x = mx.nd.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    assert hvd.reducescatter(x, op=hvd.Sum).asnumpy().tolist() == x.asnumpy().tolist()
+    assert [a.shape for a in hvd.grouped_allgather([x, x[0]])] == [(3, 2), (2,)]
+    out, received = hvd.alltoall(x, splits=[3])
+    assert out.asnumpy().tolist() == x.asnumpy().tolist() and received.asnumpy().tolist() == [3]
+    with pytest.raises(RuntimeError, match="alltoall") as info:
+        hvd.alltoall(x, splits=mx.nd.array([5], dtype="int32"))  # more rows than there are
+    assert isinstance(info.value, (hvd.MXNetCallError, ValueError))
+    for dtype in ("float16", "float32", "float64", "uint8", "int32"):
+        t = mx.nd.ones((17, 3), dtype=dtype)
+        wire, ctx = hvd.Compression.fp16.compress(t)
+        assert wire.dtype == (np.float16 if dtype.startswith("float") else np.dtype(dtype))
+        back = hvd.Compression.fp16.decompress(wire, ctx)
+        assert back.dtype == np.dtype(dtype) and back.asnumpy().tolist() == t.asnumpy().tolist()
+    opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0),
+                                   process_set=hvd.global_process_set)
+    w, g = mx.nd.ones((2,)), mx.nd.array([0.5, 0.25])
+    opt.update(0, w, g, opt.create_state(0, w))
+    assert w.asnumpy().tolist() == [0.5, 0.75]
+
+
 def _tiny(hvd, **kw):
     import mxnet as mx
     from mxnet import autograd, gluon

@@ -41,6 +41,7 @@ from .collectives import (
     grouped_allreduce_,
 )
 from .horovod_calls import (
+    MXNetCallError,
     ProcessSet,
     add_process_set,
     alltoall,
@@ -61,7 +62,7 @@ from .trainer import STATE_SUFFIX, DistributedTrainer, OrderingError
 __all__ = [
     "allgather", "allgather_object", "allreduce", "allreduce_", "broadcast", "broadcast_",
     "broadcast_object", "grouped_allreduce", "grouped_allreduce_",
-    "ProcessSet", "add_process_set", "alltoall", "ccl_built", "ddl_built",
+    "MXNetCallError", "ProcessSet", "add_process_set", "alltoall", "ccl_built", "ddl_built",
     "global_process_set", "grouped_allgather", "grouped_reducescatter", "reducescatter",
     "remove_process_set", "start_timeline", "stop_timeline",
     "DistributedOptimizer", "DistributedTrainer",

@@ -13,17 +13,22 @@ collective of this face takes it as ``process_set=``.
 
 ``priority`` (Horovod's hint to MXNet's engine) is accepted and ignored: each
 call blocks until its result is ready, as Horovod's MXNet ops do on return.
+Arguments the calls refuse raise ``MXNetCallError``: a ``ValueError`` as the
+PyTorch face raises, and a ``RuntimeError`` as ``horovod.mxnet``'s
+``MXNetError`` is, so a Horovod script's handler catches it.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, List, Optional, Sequence
 
+from ...errors import HipressError
 from .. import collectives as _tc
 from .. import horovod_calls as _th
 from .tensors import as_torch, check_dense, to_mxnet
 
 __all__ = [
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "MXNetCallError", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "ccl_built", "ddl_built", "start_timeline", "stop_timeline",
     "alltoall", "reducescatter", "grouped_reducescatter", "grouped_allgather",
 ]
@@ -36,6 +41,20 @@ ccl_built = _th.ccl_built
 ddl_built = _th.ddl_built
 start_timeline = _th.start_timeline
 stop_timeline = _th.stop_timeline
+
+
+class MXNetCallError(HipressError, ValueError, RuntimeError):
+    """A call of the MXNet face refused its arguments (see the module docstring)."""
+
+
+@contextmanager
+def _refusals(call: str) -> Iterator[None]:
+    try:
+        yield
+    except RuntimeError:
+        raise
+    except ValueError as e:
+        raise MXNetCallError(f"{call}: {e}") from e
 
 
 def _splits(splits: Any) -> Any:
@@ -66,7 +85,8 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None, priori
         NDArray of the rows received from each rank, as ``horovod.mxnet`` returns.
     """
     check_dense(tensor, "alltoall")
-    out = _th.alltoall(as_torch(tensor, write=False), _splits(splits), name, process_set)
+    with _refusals("alltoall"):
+        out = _th.alltoall(as_torch(tensor, write=False), _splits(splits), name, process_set)
     if splits is None:
         return to_mxnet(out, tensor)
     import mxnet as mx
@@ -90,9 +110,10 @@ def reducescatter(tensor: Any, op: Optional[str] = _tc.Average, name: Optional[s
         prescale_factor, postscale_factor: multiply before / after reducing.
     """
     check_dense(tensor, "reducescatter")
-    out = _th.reducescatter(as_torch(tensor, write=False), name=name, op=op,
-                            process_set=process_set, prescale_factor=prescale_factor,
-                            postscale_factor=postscale_factor)
+    with _refusals("reducescatter"):
+        out = _th.reducescatter(as_torch(tensor, write=False), name=name, op=op,
+                                process_set=process_set, prescale_factor=prescale_factor,
+                                postscale_factor=postscale_factor)
     return to_mxnet(out, tensor)
 
 
@@ -103,10 +124,11 @@ def grouped_reducescatter(tensors: Sequence[Any], op: Optional[str] = _tc.Averag
     """``reducescatter`` of every array in the list (all in flight together)."""
     for t in tensors:
         check_dense(t, "grouped_reducescatter")
-    outs = _th.grouped_reducescatter([as_torch(t, write=False) for t in tensors], name=name,
-                                     op=op, process_set=process_set,
-                                     prescale_factor=prescale_factor,
-                                     postscale_factor=postscale_factor)
+    with _refusals("grouped_reducescatter"):
+        outs = _th.grouped_reducescatter([as_torch(t, write=False) for t in tensors],
+                                         name=name, op=op, process_set=process_set,
+                                         prescale_factor=prescale_factor,
+                                         postscale_factor=postscale_factor)
     return [to_mxnet(o, t) for o, t in zip(outs, tensors)]
 
 
@@ -115,6 +137,7 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, priori
     """``allgather`` of every array in the list: each rank's rows concatenated."""
     for t in tensors:
         check_dense(t, "grouped_allgather")
-    outs = _th.grouped_allgather([as_torch(t, write=False) for t in tensors], name=name,
-                                 process_set=process_set)
+    with _refusals("grouped_allgather"):
+        outs = _th.grouped_allgather([as_torch(t, write=False) for t in tensors], name=name,
+                                     process_set=process_set)
     return [to_mxnet(o, t) for o, t in zip(outs, tensors)]

@@ -38,7 +38,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         gradient_predivide_factor: Horovod option; averaging is exact here,
             so it does not change the result.
         num_groups: Horovod's fusion option; accepted and ignored.
-        process_set: only ``None`` (all ranks).
+        process_set: average over this set only (``add_process_set``); a rank
+            outside it updates with its own gradient, as Horovod's does.
         compression: ``Compression.none`` (default) or ``Compression.fp16``.
 
     Raises:
@@ -59,7 +60,6 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                 isinstance(optimizer, DistributedOptimizer):
             raise TypeError(f"expected an mx.optimizer.Optimizer, found "
                             f"{type(optimizer).__name__}")
-        _tc._no_process_set(process_set)
         spec = _tc._spec(compression)
         if spec.name not in ("identity", "fp16"):
             raise ValueError(f"DistributedOptimizer supports Compression.none and "
@@ -67,6 +67,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                              "hvd.DistributedTrainer(params, optimizer, compression=...)")
         object.__setattr__(self, "_hp_inner", optimizer)
         object.__setattr__(self, "_hp_compression", spec)
+        object.__setattr__(self, "_hp_process_set", process_set)
 
     def unwrap(self) -> mx.optimizer.Optimizer:
         """The wrapped optimizer."""
@@ -118,13 +119,16 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     # -- the update -----------------------------------------------------------------------
     def _hp_average(self, index: Any, grad: Any) -> None:
+        ps = self._hp_process_set
+        if ps is not None and (not ps.included() or ps.size() == 1):
+            return  # Horovod's rule: outside the set (or alone in it), no averaging
         if isinstance(index, (list, tuple)):
-            handles = [_tc.allreduce_async_(as_torch(g), name=f"grad.{i}",
+            handles = [_tc.allreduce_async_(as_torch(g), name=f"grad.{i}", process_set=ps,
                                             compression=self._hp_compression)
                        for i, g in zip(index, grad)]
         else:
             handles = [_tc.allreduce_async_(as_torch(grad), name=f"grad.{index}",
-                                            compression=self._hp_compression)]
+                                            process_set=ps, compression=self._hp_compression)]
         for h in handles:
             h.wait()
 
