@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build Horovod 0.28.1 (PyTorch + gloo + MPI, CPU; + MXNet when the venv has it) into
-# the project's .venv (or HIPRESS_VENV, e.g. .venv-mxnet).
+# Build Horovod 0.28.1 (PyTorch + gloo + MPI, CPU; + MXNet or TensorFlow when the venv
+# has it) into the project's .venv (or HIPRESS_VENV, e.g. .venv-mxnet, .venv-tf).
 #
 # Usage:  scripts/env_horovod.sh            # one command; ~3-10 min the first time,
 #                                           # seconds once its wheel is cached
@@ -38,15 +38,31 @@ say() { echo "[env_horovod] $*" >&2; }
 # MXNet in the venv (scripts/env_mxnet.sh's): Horovod is built with it too
 WITH_MXNET=0
 [ -x "$PY" ] && "$PY" -c "import mxnet" >/dev/null 2>&1 && WITH_MXNET=1
+# TensorFlow in the venv (scripts/env_tensorflow.sh's): likewise
+WITH_TF=0
+[ -x "$PY" ] && "$PY" -c "import tensorflow" >/dev/null 2>&1 && WITH_TF=1
+
+# TensorFlow's wheel must ship the headers its own headers include: TF 2.21's
+# xla/printer.h includes highwayhash/arch_specific.h, which the wheel lacks, and
+# Horovod's TF ops then fail to compile (measured; no source change fixes a header
+# that is not there). Refuse before a 10-minute build instead of after it.
+if [ "$WITH_TF" = 1 ]; then
+  tfinc=$("$PY" -c 'import tensorflow as t; print(t.sysconfig.get_include())' 2>/dev/null)
+  if grep -qs "highwayhash/" "$tfinc/xla/printer.h" && [ ! -e "$tfinc/highwayhash/arch_specific.h" ]; then
+    die "TensorFlow $("$PY" -c 'import tensorflow as t; print(t.__version__)' 2>/dev/null) in $VENV ships headers that include highwayhash/, which its wheel does not contain, so Horovod's TensorFlow ops cannot compile. Fix: build Horovod into an environment with an older TensorFlow whose wheel is complete, or leave TensorFlow out (HIPRESS_VENV=.venv)."
+  fi
+fi
 
 # --- already built? -------------------------------------------------------
 check_built() {
-  WITH_MXNET=$WITH_MXNET "$PY" - <<'EOF' 2>/dev/null
+  WITH_MXNET=$WITH_MXNET WITH_TF=$WITH_TF "$PY" - <<'EOF' 2>/dev/null
 import os
 import horovod, horovod.torch as hvd
 assert hvd.gloo_built() and hvd.mpi_built(), "gloo/mpi missing"
 if os.environ["WITH_MXNET"] == "1":
     import horovod.mxnet
+if os.environ["WITH_TF"] == "1":
+    import horovod.tensorflow
 print(horovod.__version__)
 EOF
 }
@@ -112,6 +128,7 @@ chmod +x "$WRAPDIR/cxx17"
 CACHE=${HIPRESS_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hipress-like/wheels}
 key=$( { echo "$HVD_VERSION"; "$PY" -c 'import sys, platform, torch; print(sys.version.split()[0], platform.machine(), torch.__version__)';
          if [ "$WITH_MXNET" = 1 ]; then "$PY" -c 'import mxnet; print("mxnet", mxnet.__version__)'; fi;
+         if [ "$WITH_TF" = 1 ]; then "$PY" -c 'import tensorflow as t; print("tf", t.__version__)' 2>/dev/null; fi;
          "$REAL_CXX" --version | head -1; mpicxx --showme:version 2>&1 | head -1; } | sha256sum | cut -c1-16)
 SLOT=$CACHE/horovod-$HVD_VERSION-$key
 wheel=$(ls "$SLOT"/horovod-*.whl 2>/dev/null | head -1 || true)
@@ -121,9 +138,10 @@ if [ -z "$wheel" ]; then
   tmp=$(mktemp -d "$CACHE/.build.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   mx_flag=HOROVOD_WITHOUT_MXNET; [ "$WITH_MXNET" = 1 ] && mx_flag=HOROVOD_WITH_MXNET
+  tf_flag=HOROVOD_WITHOUT_TENSORFLOW; [ "$WITH_TF" = 1 ] && tf_flag=HOROVOD_WITH_TENSORFLOW
   CXX=$WRAPDIR/cxx17 CC=$(command -v gcc) MAKEFLAGS=${MAKEFLAGS:--j2} \
-  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
-    env "$mx_flag=1" "$PY" -m pip wheel --no-cache-dir --no-build-isolation --no-deps -w "$tmp" "horovod==$HVD_VERSION" \
+  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+    env "$mx_flag=1" "$tf_flag=1" "$PY" -m pip wheel --no-cache-dir --no-build-isolation --no-deps -w "$tmp" "horovod==$HVD_VERSION" \
     || die "the Horovod build failed (see the compiler output above). Check: g++ >= 7, cmake < 4 in $VENV, libopenmpi-dev, and that torch imports in $VENV."
   # publish the slot whole (a rename), so a build cut short never leaves a wheel behind
   rm -rf "$SLOT" && mv "$tmp" "$SLOT" && trap - EXIT

@@ -3,9 +3,12 @@
 ``--file torch`` (the default) is ``test/parallel/test_torch.py`` against
 ``hipress_like.torch``; ``--file mxnet`` is ``test/parallel/test_mxnet1.py``
 (its ``MX1Tests``, which inherit ``base_test_mxnet.py``'s ``MXTests``) against
-``hipress_like.mxnet``, run with the MXNet environment's Python
-(``scripts/env_mxnet.sh``, Horovod built into it by ``HIPRESS_VENV=.venv-mxnet
-scripts/env_horovod.sh``).
+``hipress_like.mxnet``; ``--file tensorflow`` and ``--file keras`` are
+``test_tensorflow.py`` and ``test_tensorflow2_keras.py`` against
+``hipress_like.tensorflow`` and ``hipress_like.tensorflow.keras``. Each runs with
+its framework environment's Python (``scripts/env_mxnet.sh``,
+``scripts/env_tensorflow.sh``), Horovod built into it by
+``HIPRESS_VENV=<that venv> scripts/env_horovod.sh``.
 
 Horovod's test code stays outside this project: this tool reads it from a
 Horovod checkout (a work tree or a bare git mirror, at tag v0.28.1 by
@@ -87,6 +90,16 @@ FILES = {
               "switch": ("test/parallel/base_test_mxnet.py", "    import horovod.mxnet as hvd\n",
                          "    import hipress_like.mxnet as hvd\n"),
               "bases": ("test/parallel/base_test_mxnet.py",)},
+    "tensorflow": {"test": "test/parallel/test_tensorflow.py", "cls": "TensorFlowTests",
+                   "switch": ("test/parallel/test_tensorflow.py",
+                              "import horovod.tensorflow as hvd\n",
+                              "import hipress_like.tensorflow as hvd\n"),
+                   "bases": ("test/parallel/base_test_tensorflow.py",)},
+    "keras": {"test": "test/parallel/test_tensorflow2_keras.py", "cls": "Tf2KerasTests",
+              "switch": ("test/parallel/test_tensorflow2_keras.py",
+                         "import horovod.tensorflow.keras as hvd\n",
+                         "import hipress_like.tensorflow.keras as hvd\n"),
+              "bases": ()},
 }
 
 # Runs on every rank: pytest on the given tests, each start and outcome appended
