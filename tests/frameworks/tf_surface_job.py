@@ -130,6 +130,65 @@ def identity_compression_is_the_exact_average():
         np.testing.assert_allclose(a, hvd.allreduce(g), rtol=1e-6, atol=1e-7)
 
 
+@check
+def horovod_calls_eager_and_in_tf_function():
+    """horovod.tensorflow's calls beyond the collectives: alltoall (its received splits),
+    reducescatter (Horovod's row split), the grouped forms, broadcast_, the *_op
+    queries, a process set; eagerly and inside tf.function."""
+    r, n = hvd.rank(), hvd.size()
+    x = tf.reshape(tf.range(4 * n, dtype=tf.float32), (2 * n, 2)) + 100.0 * r
+    out, recv = hvd.alltoall(x)
+    want = np.concatenate([(np.arange(4 * n, dtype="float32").reshape(2 * n, 2) + 100.0 * p)
+                           [2 * r:2 * r + 2] for p in range(n)])
+    np.testing.assert_array_equal(out, want)
+    assert recv.numpy().tolist() == [2] * n
+    g_out, g_recv = tf.function(lambda t: hvd.alltoall(t))(x)
+    np.testing.assert_array_equal(g_out, want)
+    assert g_recv.numpy().tolist() == [2] * n
+    sp = [r + 1 if p == 0 else 0 for p in range(n)]  # everything to rank 0
+    rows = tf.fill([r + 1, 3], float(r))
+    o, rv = hvd.alltoall(rows, splits=sp)
+    if r == 0:
+        assert rv.numpy().tolist() == [p + 1 for p in range(n)], rv
+        assert o.shape[0] == n * (n + 1) // 2
+    else:
+        assert o.shape[0] == 0 and rv.numpy().tolist() == [0] * n
+    summed = hvd.reducescatter(tf.ones((n + 1, 2)) * (r + 1), op=hvd.Sum)
+    mine = 2 if r == 0 else 1  # Horovod's split: the first rows % n ranks get one more
+    np.testing.assert_array_equal(summed, np.full((mine, 2), n * (n + 1) / 2, "float32"))
+    f = tf.function(lambda t: hvd.reducescatter(t, op=hvd.Sum))(tf.ones((n + 1, 2)))
+    assert f.shape == (mine, 2)
+    a, b = hvd.grouped_allgather([tf.constant([r]), tf.constant([[r, r]])])
+    assert a.numpy().tolist() == list(range(n)) and b.shape == (n, 2)
+    c, d = hvd.grouped_reducescatter([tf.ones((n, 1)), tf.ones((n,))], op=hvd.Sum)
+    assert c.numpy().tolist() == [[float(n)]] and d.numpy().tolist() == [float(n)]
+    v = tf.Variable([float(r), 7.0])
+    assert hvd.broadcast_([v], root_rank=n - 1)[0] is v
+    assert v.numpy().tolist() == [float(n - 1), 7.0]
+    assert int(hvd.size_op()) == n and int(hvd.rank_op()) == r
+    assert int(hvd.local_size_op()) == hvd.local_size() and int(hvd.local_rank_op()) == \
+        hvd.local_rank()
+    ps = hvd.add_process_set([0])  # every rank adds it; only its member uses it
+    try:
+        if r == 0:
+            np.testing.assert_array_equal(hvd.allreduce(tf.constant([3.0]), op=hvd.Sum,
+                                                        process_set=ps), [3.0])
+    finally:
+        hvd.remove_process_set(ps)
+    assert not hvd.ccl_built() and not hvd.ddl_built()
+
+
+@check
+def horovod_calls_refuse_bad_arguments():
+    """Refusals a Horovod TF script catches as RuntimeError (and ValueError)."""
+    n = hvd.size()
+    text = _expect_error(lambda: hvd.alltoall(tf.ones((n + 1, 2))), "alltoall")
+    assert text.startswith("TFCallError"), text
+    _expect_error(lambda: hvd.alltoall(tf.ones((2, 2)), splits=[5] + [0] * (n - 1)), "alltoall")
+    _expect_error(lambda: hvd.broadcast_([tf.constant(1.0)], root_rank=0), "tf.Variable")
+    assert issubclass(hvd.TFCallError, RuntimeError) and issubclass(hvd.TFCallError, ValueError)
+
+
 # -- bad input, refused as the PyTorch face refuses it --------------------------------------
 
 @check

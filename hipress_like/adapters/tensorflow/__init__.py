@@ -20,6 +20,10 @@ loops. By module:
   ``LearningRateWarmupCallback``.
 - ``collectives``: ``allreduce``, ``allgather``, ``broadcast``,
   ``broadcast_variables``, ``broadcast_object``, ``allgather_object``.
+- ``horovod_calls``: the rest of ``horovod.tensorflow`` (``alltoall``,
+  ``reducescatter``, the grouped forms, process sets, ``broadcast_``, the
+  ``*_op`` queries), over the calls every face shares
+  (``adapters.horovod_calls``).
 
 Framework-neutral, shared with the other faces: ``adapters.runtime``
 (``init``, ``rank``, ``size``, launchers), ``adapters.engine_builder`` and
@@ -42,6 +46,26 @@ from .collectives import (
     broadcast_variables,
     grouped_allreduce,
 )
+from .horovod_calls import (
+    ProcessSet,
+    TFCallError,
+    add_process_set,
+    alltoall,
+    broadcast_,
+    ccl_built,
+    ddl_built,
+    global_process_set,
+    grouped_allgather,
+    grouped_reducescatter,
+    local_rank_op,
+    local_size_op,
+    rank_op,
+    reducescatter,
+    remove_process_set,
+    size_op,
+    start_timeline,
+    stop_timeline,
+)
 from .optimizer import DistributedOptimizer
 from .sync import GradientSync
 from .tape import DistributedGradientTape, compressor_state, load_compressor_state
@@ -53,4 +77,8 @@ __all__ = [
     "GradientSync", "BroadcastGlobalVariablesCallback", "LearningRateWarmupCallback",
     "MetricAverageCallback", "callbacks",
     "compressor_state", "load_compressor_state",
+    "ProcessSet", "TFCallError", "add_process_set", "alltoall", "broadcast_", "ccl_built",
+    "ddl_built", "global_process_set", "grouped_allgather", "grouped_reducescatter",
+    "local_rank_op", "local_size_op", "rank_op", "reducescatter", "remove_process_set",
+    "size_op", "start_timeline", "stop_timeline",
 ] + _BASICS
