@@ -207,7 +207,7 @@ class TorchDistTransport(Transport):
     def _read_aborts(self) -> None:
         """Read the abort counter; when it moved, collect the peers' reasons. Then the
         death counter likewise (item 6)."""
-        _deaths.read_from(self._store, self._global)
+        _deaths.read_from(self._store)
         a = self._aborts
         n = int(self._store.add(self._abort_key, 0))
         if n <= a.read:
@@ -684,15 +684,16 @@ class _Deaths:
         for g in new:
             post_abort(store, _DEAD_KEY, g, text, _ABORT_REASON_CHARS)
 
-    def read_from(self, store, members: List[int]) -> None:
-        """Read the counter; when it moved, the findings about ``members``."""
+    def read_from(self, store) -> None:
+        """Read the counter; when it moved, every finding (each transport picks its own
+        members' from ``found``)."""
         n = int(store.add(_DEAD_KEY, 0))
         if n <= self.read:
             return
-        found = read_aborts(store, _DEAD_KEY, max(members) + 1, -1)
+        found = read_aborts(store, _DEAD_KEY, dist.get_world_size(), -1)
         with self._lock:
             self.read = n
-            self.found.update({g: t for g, t in found.items() if g in members})
+            self.found.update(found)
 
 
 _deaths = _Deaths()
