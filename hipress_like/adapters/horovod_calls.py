@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, List, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -53,6 +54,19 @@ __all__ = [
     "grouped_allreduce_async_", "sparse_allreduce_async", "start_timeline", "stop_timeline",
     "SyncBatchNorm", "synchronize", "poll",
 ]
+
+@contextmanager
+def refused_as(error: type, call: str) -> Iterator[None]:
+    """Re-raise a ``ValueError`` from the block as ``error`` (a face's own class, also a
+    ``RuntimeError``, which is what Horovod's framework ops raise), naming ``call``;
+    ``RuntimeError`` (this project's mismatch errors are both) passes as it is."""
+    try:
+        yield
+    except RuntimeError:
+        raise
+    except ValueError as e:
+        raise error(f"{call}: {e}") from e
+
 
 _HOW = ("install Horovod with PyTorch (scripts/env_horovod.sh) and launch with "
         "horovodrun (e.g. horovodrun -np 2 python train.py)")

@@ -19,12 +19,22 @@ PyTorch face raises, and a ``RuntimeError`` as ``horovod.mxnet``'s
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from ...errors import HipressError
 from .. import collectives as _tc
 from .. import horovod_calls as _th
+from ..horovod_calls import (
+    ProcessSet,
+    add_process_set,
+    ccl_built,
+    ddl_built,
+    global_process_set,
+    refused_as,
+    remove_process_set,
+    start_timeline,
+    stop_timeline,
+)
 from .tensors import as_torch, check_dense, to_mxnet
 
 __all__ = [
@@ -33,28 +43,12 @@ __all__ = [
     "alltoall", "reducescatter", "grouped_reducescatter", "grouped_allgather",
 ]
 
-ProcessSet = _th.ProcessSet
-global_process_set = _th.global_process_set
-add_process_set = _th.add_process_set
-remove_process_set = _th.remove_process_set
-ccl_built = _th.ccl_built
-ddl_built = _th.ddl_built
-start_timeline = _th.start_timeline
-stop_timeline = _th.stop_timeline
 
 
 class MXNetCallError(HipressError, ValueError, RuntimeError):
     """A call of the MXNet face refused its arguments (see the module docstring)."""
 
 
-@contextmanager
-def _refusals(call: str) -> Iterator[None]:
-    try:
-        yield
-    except RuntimeError:
-        raise
-    except ValueError as e:
-        raise MXNetCallError(f"{call}: {e}") from e
 
 
 def _splits(splits: Any) -> Any:
@@ -85,7 +79,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None, priori
         NDArray of the rows received from each rank, as ``horovod.mxnet`` returns.
     """
     check_dense(tensor, "alltoall")
-    with _refusals("alltoall"):
+    with refused_as(MXNetCallError, "alltoall"):
         out = _th.alltoall(as_torch(tensor, write=False), _splits(splits), name, process_set)
     if splits is None:
         return to_mxnet(out, tensor)
@@ -110,7 +104,7 @@ def reducescatter(tensor: Any, op: Optional[str] = _tc.Average, name: Optional[s
         prescale_factor, postscale_factor: multiply before / after reducing.
     """
     check_dense(tensor, "reducescatter")
-    with _refusals("reducescatter"):
+    with refused_as(MXNetCallError, "reducescatter"):
         out = _th.reducescatter(as_torch(tensor, write=False), name=name, op=op,
                                 process_set=process_set, prescale_factor=prescale_factor,
                                 postscale_factor=postscale_factor)
@@ -124,7 +118,7 @@ def grouped_reducescatter(tensors: Sequence[Any], op: Optional[str] = _tc.Averag
     """``reducescatter`` of every array in the list (all in flight together)."""
     for t in tensors:
         check_dense(t, "grouped_reducescatter")
-    with _refusals("grouped_reducescatter"):
+    with refused_as(MXNetCallError, "grouped_reducescatter"):
         outs = _th.grouped_reducescatter([as_torch(t, write=False) for t in tensors],
                                          name=name, op=op, process_set=process_set,
                                          prescale_factor=prescale_factor,
@@ -137,7 +131,7 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, priori
     """``allgather`` of every array in the list: each rank's rows concatenated."""
     for t in tensors:
         check_dense(t, "grouped_allgather")
-    with _refusals("grouped_allgather"):
+    with refused_as(MXNetCallError, "grouped_allgather"):
         outs = _th.grouped_allgather([as_torch(t, write=False) for t in tensors], name=name,
                                      process_set=process_set)
     return [to_mxnet(o, t) for o, t in zip(outs, tensors)]

@@ -19,14 +19,24 @@ Horovod script catching that does not catch this: the docs say so).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
 from ...errors import HipressError
 from .. import collectives as _tc
 from .. import horovod_calls as _hc
+from ..horovod_calls import (
+    ProcessSet,
+    add_process_set,
+    ccl_built,
+    ddl_built,
+    global_process_set,
+    refused_as,
+    remove_process_set,
+    start_timeline,
+    stop_timeline,
+)
 from ..runtime import local_rank, local_size, size
 from .bridge import as_tf, as_torch, to_torch_dtype
 from .collectives import _eager_or_graph, broadcast
@@ -38,28 +48,12 @@ __all__ = [
     "size_op", "rank_op", "local_size_op", "local_rank_op",
 ]
 
-ProcessSet = _hc.ProcessSet
-global_process_set = _hc.global_process_set
-add_process_set = _hc.add_process_set
-remove_process_set = _hc.remove_process_set
-ccl_built = _hc.ccl_built
-ddl_built = _hc.ddl_built
-start_timeline = _hc.start_timeline
-stop_timeline = _hc.stop_timeline
 
 
 class TFCallError(HipressError, ValueError, RuntimeError):
     """A call of the TensorFlow face refused its arguments (see the module docstring)."""
 
 
-@contextmanager
-def _refusals(call: str) -> Iterator[None]:
-    try:
-        yield
-    except RuntimeError:
-        raise
-    except ValueError as e:
-        raise TFCallError(f"{call}: {e}") from e
 
 
 def _rows_unknown(tensor: tf.Tensor) -> tf.TensorShape:
@@ -100,7 +94,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
         s = torch.tensor(sp.numpy(), dtype=torch.int32) if given else None
         if s is None and x.dim() and x.shape[0] % n == 0:
             s = torch.full((n,), x.shape[0] // n, dtype=torch.int32)  # the equal split
-        with _refusals("alltoall"):
+        with refused_as(TFCallError, "alltoall"):
             out = _hc.alltoall(x, s, name, process_set)  # s None: refused, with the reason
         data, recv = out
         res = as_tf(data)
@@ -140,7 +134,7 @@ def reducescatter(tensor: Any, op: Optional[str] = _tc.Average, name: Optional[s
     to_torch_dtype(tensor.dtype, "reducescatter's tensor")
 
     def run(t: Any) -> Any:
-        with _refusals("reducescatter"):
+        with refused_as(TFCallError, "reducescatter"):
             return _hc.reducescatter(t, name=name, op=op, process_set=process_set,
                                      prescale_factor=prescale_factor,
                                      postscale_factor=postscale_factor)
