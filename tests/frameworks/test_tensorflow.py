@@ -207,6 +207,21 @@ def test_surface_and_bad_input(surface, name):
     assert got == ["ok", "ok"], f"{name}: {got}\n{out[-3000:]}"
 
 
+HOROVOD_CALLS = ("horovod_calls_eager_and_in_tf_function", "horovod_calls_refuse_bad_arguments")
+
+
+def test_horovod_calls_under_horovodrun():
+    """The same checks with the calls handed to Horovod's own ops (horovodrun)."""
+    if _HVD_WHY:
+        pytest.skip(_HVD_WHY)
+    # Horovod adds process sets after init only when told so (its own tests set it too)
+    _, rc, out = run(SURFACE, np=2, launcher="gloo", HIPRESS_TIMEOUT="60", timeout=600,
+                     SURFACE_ONLY=",".join(HOROVOD_CALLS), HOROVOD_DYNAMIC_PROCESS_SETS="1")
+    for name in HOROVOD_CALLS:
+        got = re.findall(rf"CHECK {name} (ok|FAIL.*)", out)
+        assert got == ["ok", "ok"], f"{name}: {got}\n{out[-3000:]}"
+
+
 # -- launchers and a Horovod-style script --------------------------------------------------------
 
 HOROVOD_STYLE = HERE / "tf_horovod_keras.py"
