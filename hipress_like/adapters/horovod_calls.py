@@ -190,11 +190,13 @@ def _global_only(process_set: Any, call: str) -> None:
 
 
 def _set_size(process_set: Any) -> int:
-    return process_set.size() if isinstance(process_set, ProcessSet) else C._Wire().size
+    """Ranks in ``process_set`` (None: all): ours or Horovod's, which both have ``size()``."""
+    return C._Wire().size if process_set is None else process_set.size()
 
 
 def _set_rank(process_set: Any) -> int:
-    return process_set.rank() if isinstance(process_set, ProcessSet) else _rank()
+    """This rank within ``process_set`` (None: all), ours or Horovod's."""
+    return _rank() if process_set is None else process_set.rank()
 
 
 def add_process_set(process_set: Any) -> Any:

@@ -23,7 +23,7 @@ from typing import Any, List, Optional, Sequence
 
 from ...errors import HipressError
 from .. import collectives as _tc
-from .. import horovod_calls as _th
+from .. import horovod_calls as _hc
 from ..horovod_calls import (
     ProcessSet,
     add_process_set,
@@ -80,7 +80,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None, priori
     """
     check_dense(tensor, "alltoall")
     with refused_as(MXNetCallError, "alltoall"):
-        out = _th.alltoall(as_torch(tensor, write=False), _splits(splits), name, process_set)
+        out = _hc.alltoall(as_torch(tensor, write=False), _splits(splits), name, process_set)
     if splits is None:
         return to_mxnet(out, tensor)
     import mxnet as mx
@@ -105,7 +105,7 @@ def reducescatter(tensor: Any, op: Optional[str] = _tc.Average, name: Optional[s
     """
     check_dense(tensor, "reducescatter")
     with refused_as(MXNetCallError, "reducescatter"):
-        out = _th.reducescatter(as_torch(tensor, write=False), name=name, op=op,
+        out = _hc.reducescatter(as_torch(tensor, write=False), name=name, op=op,
                                 process_set=process_set, prescale_factor=prescale_factor,
                                 postscale_factor=postscale_factor)
     return to_mxnet(out, tensor)
@@ -119,7 +119,7 @@ def grouped_reducescatter(tensors: Sequence[Any], op: Optional[str] = _tc.Averag
     for t in tensors:
         check_dense(t, "grouped_reducescatter")
     with refused_as(MXNetCallError, "grouped_reducescatter"):
-        outs = _th.grouped_reducescatter([as_torch(t, write=False) for t in tensors],
+        outs = _hc.grouped_reducescatter([as_torch(t, write=False) for t in tensors],
                                          name=name, op=op, process_set=process_set,
                                          prescale_factor=prescale_factor,
                                          postscale_factor=postscale_factor)
@@ -132,6 +132,6 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, priori
     for t in tensors:
         check_dense(t, "grouped_allgather")
     with refused_as(MXNetCallError, "grouped_allgather"):
-        outs = _th.grouped_allgather([as_torch(t, write=False) for t in tensors], name=name,
+        outs = _hc.grouped_allgather([as_torch(t, write=False) for t in tensors], name=name,
                                      process_set=process_set)
     return [to_mxnet(o, t) for o, t in zip(outs, tensors)]

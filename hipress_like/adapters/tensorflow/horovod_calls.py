@@ -37,7 +37,7 @@ from ..horovod_calls import (
     start_timeline,
     stop_timeline,
 )
-from ..runtime import local_rank, local_size, size
+from ..runtime import local_rank, local_size
 from .bridge import as_tf, as_torch, to_torch_dtype
 from .collectives import _eager_or_graph, broadcast
 
@@ -90,7 +90,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
 
     def body(t: tf.Tensor, sp: tf.Tensor) -> List[tf.Tensor]:
         x = as_torch(t)
-        n = _set_size(process_set)
+        n = _hc._set_size(process_set)
         s = torch.tensor(sp.numpy(), dtype=torch.int32) if given else None
         if s is None and x.dim() and x.shape[0] % n == 0:
             s = torch.full((n,), x.shape[0] // n, dtype=torch.int32)  # the equal split
@@ -109,10 +109,6 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
     data.set_shape(_rows_unknown(tensor))
     recv.set_shape([None])
     return data, recv
-
-
-def _set_size(process_set: Any) -> int:
-    return size() if process_set is None else process_set.size()
 
 
 @tf.autograph.experimental.do_not_convert
