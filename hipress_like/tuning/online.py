@@ -68,6 +68,24 @@ training runs:
    ``"hipress_adaptive"``). Loading switches to that plan before the
    compressor state is restored, so a job resumed after a switch goes on
    with the switched plan and its state, as if it had not stopped.
+7. **Exploration** (``Adaptive(explore=...)``, on by default with measured
+   links; ``tuning/explore.py``): a check whose link moved by more than
+   ``margin`` as the plans priced see it, or whose agreed step time moved
+   from the decided plan's by more than twice ``margin`` at two checks in a
+   row while the link did not (the work changed: a straggling host, a CPU
+   hog), does not trust the
+   model's single answer: the model's plan on the link, its plans on the
+   link with a quarter and four times the bandwidth, and that plan with
+   nothing compressed (distinct, unlike the plan in force, priced within 2x
+   of the best) each run ``explore_steps``
+   real steps; the ranks agree on each window's median step time, and the
+   fastest measured plan is kept (the plan in force unless another beat it
+   by more than ``margin``). The steps decide, so the plan follows the
+   compute as well as the link, and a plan the model priced wrongly is not
+   kept (the model's plan at 10 Gbit/s was 1.6x slower than "nothing
+   compressed" on the 2-core test host). Explorations are capped
+   (``max_explorations``), a kept change counts as a switch, and trials
+   (item 5) have nothing left to judge.
 
 The compressor curves come from a ``Profile``: the one ``plan="auto"``
 measured at ``register`` (kept in the plan's ``meta["profile"]``), or one
@@ -101,6 +119,7 @@ from ..cost_model.model import Link
 from ..cost_model.plan import Plan
 from ..cost_model.planner import Planner, plan_per_gradient
 from ..cost_model.profile import Profile
+from .explore import Exploration, alternatives
 from .link import measure_link
 from .link_estimate import LinkEstimator, agree, agree_values, timeline_samples
 
@@ -149,6 +168,15 @@ class Adaptive:
             that measured slower (item 5 of the module's description). None:
             on, unless ``estimate`` is given (an injected link is not the
             network the wall times are measured on).
+        explore: when the link or the step time moved, try the model's plan,
+            its plans at a quarter and four times the bandwidth and with
+            nothing compressed on real steps and keep the fastest measured
+            (``tuning/explore.py``; item 7 of the module's description); a
+            switch is then its exploration's
+            outcome and ``verify`` has nothing left to judge. None: on, unless
+            ``estimate`` is given (as ``verify``).
+        explore_steps: steps each plan tried by an exploration runs.
+        max_explorations: explorations allowed in the whole run.
 
     Raises:
         ValueError: a knob out of range.
@@ -164,6 +192,9 @@ class Adaptive:
     measure: str = "probe"
     probe_s: float = 0.004
     probe_every: int = 5
+    explore: Optional[bool] = None
+    explore_steps: int = 5  # a window's median: one slow step (a switch's rebuild) is ignored
+    max_explorations: int = 8
 
     def __post_init__(self) -> None:
         if isinstance(self.check_every, bool) or not isinstance(self.check_every, int) \
@@ -195,11 +226,24 @@ class Adaptive:
         if self.verify is not None and not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True, False or None (None: on unless estimate "
                              f"is given), found {self.verify!r}")
+        if self.explore is not None and not isinstance(self.explore, bool):
+            raise ValueError(f"explore must be True, False or None (None: on unless estimate "
+                             f"is given), found {self.explore!r}")
+        for knob in ("explore_steps", "max_explorations"):
+            v = getattr(self, knob)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (knob == "explore_steps"):
+                raise ValueError(f"{knob} must be an int >= {int(knob == 'explore_steps')}, "
+                                 f"found {v!r}")
 
     @property
     def verifies(self) -> bool:
         """Whether switches are judged by measured step times (``verify``)."""
         return self.estimate is None if self.verify is None else self.verify
+
+    @property
+    def explores(self) -> bool:
+        """Whether a moved link or step time starts an exploration (``explore``)."""
+        return self.estimate is None if self.explore is None else self.explore
 
     def load_profile(self) -> Optional[Profile]:
         """The given profile (loaded from its path), or None."""
@@ -326,6 +370,10 @@ class OnlinePlanner:
         self._checks_unprobed = 0
         self._planners_cache: Dict[Any, List[Planner]] = {}  # ``planners``, by link
         self.reverts = 0
+        self._exploration: Optional[Exploration] = None  # the open one (``explore``)
+        self.explorations = 0
+        self._settled_s: Optional[float] = None  # agreed step time of the plan decided on
+        self._work_moved = 0  # checks in a row whose step time moved from it
         self._reference_planners = _planners(profile, self.labels, n, strategy,
                                              self.raw_collective)
 
@@ -362,7 +410,8 @@ class OnlinePlanner:
         now = time.perf_counter()
         if self._last_t is not None:
             self._steps_s.append(now - self._last_t)
-            del self._steps_s[:-max(AFTER_STEPS, self.settings.check_every)]
+            s = self.settings
+            del self._steps_s[:-max(AFTER_STEPS, s.check_every, s.explore_steps)]
         self._last_t = now
         rec = self._after_switch
         if rec is not None and len(self._steps_s) >= AFTER_STEPS:
@@ -372,8 +421,8 @@ class OnlinePlanner:
                       "each (median), %.2f ms before it", AFTER_STEPS, rec["step"],
                       1e3 * rec["step_s_after"], 1e3 * (rec["step_s_before"] or math.nan))
 
-    def _median_step(self) -> Optional[float]:
-        xs = sorted(self._steps_s[-AFTER_STEPS:])
+    def _median_step(self, n: int = AFTER_STEPS) -> Optional[float]:
+        xs = sorted(self._steps_s[-n:])
         return xs[len(xs) // 2] if xs else None
 
     def calibrated(self, link: Link) -> Profile:
@@ -442,6 +491,7 @@ class OnlinePlanner:
                 "rejected": [[k, link(x), at] for k, x, at in self.rejected],
                 "reference": link(self.reference), "decided_on": link(self.decided_on),
                 "estimate": None if est.alpha is None else [est.alpha, est.beta, est.steps],
+                "explorations": self.explorations, "settled_s": self._settled_s,
                 "history": json.dumps(self.history, sort_keys=True, default=str)}
 
     def load_state_dict(self, engine: Any, d: Mapping[str, Any]) -> bool:
@@ -487,6 +537,9 @@ class OnlinePlanner:
         self.reverts = int(d.get("reverts", 0))  # absent in states saved before trials
         self.rejected = [(str(k), link(x), int(at)) for k, x, at in d.get("rejected", [])]
         self._trial = None  # an open trial is not resumed: the saved plan stays
+        self._exploration = None  # nor an open exploration
+        self.explorations = int(d.get("explorations", 0))  # absent before explorations
+        self._settled_s = d.get("settled_s")
         self.reference, self.decided_on = link(d["reference"]), link(d["decided_on"])
         est = d.get("estimate")
         self.estimator = LinkEstimator(self.settings.gain)
@@ -528,6 +581,8 @@ class OnlinePlanner:
             self.estimator.update(timeline_samples(new, step - 1, engine.size))
         if self._trial is not None:
             return self._judge(engine, step) if step >= self._trial["at"] else None
+        if self._exploration is not None:
+            return self._explore_step(engine, step) if step >= self._exploration.at else None
         if step % self.settings.check_every:
             return None
         return self._check(engine, step)
@@ -548,6 +603,7 @@ class OnlinePlanner:
                                "bandwidth_Bps": link.bandwidth, "switched": False}
         if self.reference is None:
             self.reference = self.decided_on = link
+            self._settled_s = step_s
             rec["reference"] = True
             self.history.append(rec)
             _log.info("plan='adaptive' step %d: reference link %.3g ms + %.3g Gbit/s (agreed "
@@ -576,6 +632,9 @@ class OnlinePlanner:
         rec["moved"] = max(abs(current - before) / before if before > 0 else 0.0,
                            abs(best_s - best_before) / best_before
                            if best_before else 0.0)
+        if s.explores:
+            self.history.append(rec)
+            return self._explore_start(engine, step, link, rec, planners, meta, step_s, t0)
         wanted = rec["moved"] > s.margin and should_switch(
             current, best_s, margin=s.margin, switches=self.switches,
             max_switches=s.max_switches)
@@ -626,11 +685,15 @@ class OnlinePlanner:
         last probe (the link or the work changed), at the first check, after a
         switch, and at least every ``probe_every`` checks (a change the step
         time hides is still seen). The timeline and injected estimates cost
-        nothing: every check uses them (no step time is agreed).
+        nothing: every check uses them (the step time is agreed only for
+        ``explore``'s work trigger).
         """
         s = self.settings
         if s.estimate is not None or s.measure != "probe":
-            return True, None
+            if not s.explores:
+                return True, None
+            got = agree_values(engine.transport, [self._median_step()], self.timeout)
+            return True, None if got is None else got[0]  # for exploration's work trigger
         got = agree_values(engine.transport, [self._median_step()], self.timeout)
         t = None if got is None else got[0]
         if self.reference is None or self._probe_step_s is None:
@@ -743,6 +806,111 @@ class OnlinePlanner:
                       tr["switch"])
         self.history.append(rec)
         return None
+
+    # -- exploration (``Adaptive.explore``, ``tuning/explore.py``) ----------------------
+    def _explore_start(self, engine: Any, step: int, link: Link, rec: Dict[str, Any],
+                       planners: Sequence[Planner], meta: Mapping[str, Any],
+                       step_s: Optional[float], t0: float) -> Optional[Plan]:
+        """A check with ``explore``: when the link moved (as the plans priced see it) or
+        the agreed step time moved from the decided plan's by more than twice
+        ``margin`` at two checks in a row (the work changed: a straggler, a busy
+        host; the plan's time is taken at the first check after a decision), start
+        an exploration of the model's plans (``explore.alternatives``) and switch to
+        the first."""
+        s = self.settings
+        base = self._settled_s
+        if base is None:  # the first check after a decision times the plan kept
+            self._settled_s = base = step_s
+        moved = (step_s is not None and base is not None and base > 0
+                 and abs(step_s - base) > 2 * s.margin * base)
+        # the work trigger needs two checks in a row (one slow window is noise)
+        self._work_moved = self._work_moved + 1 if moved else 0
+        work = self._work_moved >= 2
+        rec["step_s"] = step_s
+        if rec["moved"] <= s.margin and not work:
+            _log.info("plan='adaptive' step %d: keep the plan (link %.3g ms + %.3g Gbit/s, "
+                      "moved %.0f %%; step %s ms against %s ms decided)", step,
+                      1e3 * link.latency, 8e-9 * link.bandwidth, 100 * rec["moved"],
+                      _ms(step_s), _ms(base))
+            return None
+        reason = "link moved" if rec["moved"] > s.margin else "step time moved"
+        self._work_moved = 0
+        if self.switches >= s.max_switches or self.explorations >= s.max_explorations:
+            rec["capped"] = True
+            _log.info("plan='adaptive' step %d: %s, but the caps are reached (%d switch(es), "
+                      "%d exploration(s)); the plan stays", step, reason, self.switches,
+                      self.explorations)
+            return None
+
+        def plan_at(x: Link) -> Plan:
+            return _best_plan(self.planners(x), self.sizes, meta, fit_rule=True)
+
+        cands = alternatives(plan_at, lambda p: price_plan(p, planners, self.sizes, self.n),
+                             link, engine.plan)
+        if not cands:
+            rec["explored"] = []
+            _log.info("plan='adaptive' step %d: %s, and the model proposes no other plan; the "
+                      "plan stays", step, reason)
+            self.decided_on, self._settled_s = link, step_s
+            return None
+        self.explorations += 1
+        self._exploration = Exploration(engine.plan, step_s, cands, steps=s.explore_steps,
+                                        start=step, margin=s.margin, reason=reason, link=link)
+        rec.update(exploring=reason, candidates=[why for why, _ in cands])
+        _log.warning("plan='adaptive' step %d: %s (link %.3g ms + %.3g Gbit/s, step %s ms "
+                     "against %s ms decided); trying %d plan(s) for %d steps each: %s", step,
+                     reason, 1e3 * link.latency, 8e-9 * link.bandwidth, _ms(step_s), _ms(base),
+                     len(cands), s.explore_steps, ", ".join(why for why, _ in cands))
+        return self._explore_next(engine, step, t0)
+
+    def _explore_next(self, engine: Any, step: int, t0: float) -> Optional[Plan]:
+        """Switch to the exploration's next plan, or end it (``_explore_end``)."""
+        ex = self._exploration
+        nxt = ex.next_plan()
+        if nxt is None:
+            return self._explore_end(engine, step, t0)
+        states = engine.set_plan(nxt[1])
+        self.history.append({"step": step, "trying": nxt[0], "switched": True, **states})
+        self._mark(engine, "plan_explore", self.explorations, t0, step)
+        return nxt[1]
+
+    def _explore_step(self, engine: Any, step: int) -> Optional[Plan]:
+        """A trial window ended (collective): agree on its median step time, go on."""
+        t0 = time.perf_counter()
+        got = agree_values(engine.transport, [self._median_step(self.settings.explore_steps)],
+                           self.timeout)
+        self._exploration.record(None if got is None else got[0])
+        return self._explore_next(engine, step, t0)
+
+    def _explore_end(self, engine: Any, step: int, t0: float) -> Optional[Plan]:
+        """Keep the fastest measured plan (``Exploration.choose``); a switch when it is
+        not the plan in force before the exploration."""
+        ex, self._exploration = self._exploration, None
+        why, plan, t = ex.choose()
+        switched = plan is not ex.before
+        rec: Dict[str, Any] = {"step": step, "explored": ex.summary(), "chose": why,
+                               "step_s": t, "switched": switched}
+        states = engine.set_plan(plan) if plan is not engine.plan else {}
+        rec.update(states)
+        # the windows were short and the plan kept may have been timed before: the
+        # next check times it again (``_settled_s``)
+        self.decided_on, self._settled_s = ex.link, None
+        if switched:
+            self.switches += 1
+            self._after_switch = None
+        _log.warning("plan='adaptive' step %d: explored %s; %s (%s)", step,
+                     ", ".join(f"{r['why']} {_ms(r['step_s'])} ms" for r in ex.summary()),
+                     f"switched to the {why} plan" if switched else "the plan in force stays",
+                     f"switch {self.switches} of at most {self.settings.max_switches}"
+                     if switched else "no switch")
+        self.history.append(rec)
+        self._mark(engine, "plan_switch" if switched else "plan_explore",
+                   self.switches if switched else self.explorations, t0, step)
+        return plan if states else None
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "?" if seconds is None else f"{1e3 * seconds:.1f}"
 
 
 def _best_plan(planners: Sequence[Planner], sizes: Mapping[str, int],

@@ -90,18 +90,21 @@ def noise_worker(ctx, profile_path, latency, bandwidth):
     return _run(ctx, settings, 15)
 
 
-# verify=False in both: a switch on measured numbers would open a trial, which skips the
+# verify=False, explore=False in both: a switch on measured numbers would open a trial (or
+# an exploration: tests/multiprocess/test_adaptive_explore.py), which skips the
 # checks until it is judged (tests/unit/test_online.py pins trials), and these jobs check
 # that every check step decides alike on every rank
 def measured_worker(ctx):
     # the default path: profiled at start (as plan="auto"), the link probed at every check
     # (probe_every=1: the default probes only when the step time moved)
-    return _run(ctx, hpt.Adaptive(check_every=3, probe_every=1, verify=False), 9)
+    return _run(ctx, hpt.Adaptive(check_every=3, probe_every=1, verify=False,
+                                  explore=False), 9)
 
 
 def timeline_worker(ctx):
     # measure="timeline": estimates from the engine's own rounds, agreed as medians
-    return _run(ctx, hpt.Adaptive(check_every=3, measure="timeline", verify=False), 9)
+    return _run(ctx, hpt.Adaptive(check_every=3, measure="timeline", verify=False,
+                                  explore=False), 9)
 
 
 def _decisions(history):

@@ -1,0 +1,236 @@
+"""plan="adaptive"'s exploration (tuning/explore.py): the candidates the model proposes,
+the choice on measured times, and the engine trying them on real steps.
+
+The engine runs on two in-process ranks (``run_threads``); the loop sleeps a time that
+depends on whether the big gradient travels compressed, which is the wall time the
+exploration measures. Every rank decides from agreed numbers, so both ranks try the
+same plans at the same steps and end with the same gradients.
+"""
+import time
+
+import pytest
+import torch
+from test_online import FAST, SIZES, SLOW, _profile, _random_step  # tests/unit (rootdir)
+
+from hipress_like.casync.engine import Engine, EngineConfig
+from hipress_like.casync.transport.inproc import run_threads
+from hipress_like.cost_model import Link, Planner
+from hipress_like.tuning.explore import Exploration, alternatives, plan_key, uncompressed
+from hipress_like.tuning.online import Adaptive, OnlinePlanner, price_plan, profile_plan
+
+# -- the candidates ---------------------------------------------------------------------
+
+
+def _plans():
+    prof = _profile()
+    return prof, {bw: profile_plan(prof.with_link(Link(1e-3, bw)), ["onebit"], SIZES, 2, "ps")
+                  for bw in (1e5, 1.25e6, 5e6, 12.5e9)}
+
+
+def test_alternatives_are_the_models_plans_at_scaled_links_distinct_and_unlike_the_current():
+    prof, _ = _plans()
+
+    def plan_at(link):
+        return profile_plan(prof.with_link(link), ["onebit"], SIZES, 2, "ps")
+
+    def price(plan):
+        return 1.0
+
+    current = plan_at(Link(1e-3, 12.5e9))  # fast: nothing compressed
+    got = alternatives(plan_at, price, Link(1e-3, 1.25e6), current)
+    assert got, "a slow link: the model compresses, unlike the plan in force"
+    keys = [plan_key(p) for _, p in got]
+    assert len(set(keys)) == len(keys) and plan_key(current) not in keys
+    assert got[0][0] in ("model", "model at 0.25x bandwidth", "model at 4x bandwidth")
+    # on the current plan's own link, the model's plan is the current one: only scaled
+    # links can propose another
+    same = alternatives(plan_at, price, Link(1e-3, 12.5e9), current)
+    assert all(why != "model" for why, _ in same)
+
+
+def test_alternatives_drop_a_plan_priced_past_within_times_the_best():
+    prof, plans = _plans()
+    slow, fast = plans[1e5], plans[12.5e9]
+    price = {plan_key(slow): 1.0, plan_key(fast): 3.0}
+    current = plans[1.25e6]
+    price[plan_key(current)] = 1.0
+
+    def plan_at(link):
+        return slow if link.bandwidth < 1e9 else fast
+
+    got = alternatives(plan_at, lambda p: price.get(plan_key(p)), Link(1e-3, 1e8), current,
+                       scales=(1e3,))
+    assert [plan_key(p) for _, p in got] == [plan_key(slow)]  # fast: 3x the best
+    got = alternatives(plan_at, lambda p: price.get(plan_key(p)), Link(1e-3, 1e8), current,
+                       scales=(1e3,), within=4.0)
+    assert [plan_key(p) for _, p in got] == [plan_key(slow), plan_key(fast)]
+
+
+def test_the_plan_in_force_stays_unless_another_measured_faster_by_the_margin():
+    ex = Exploration("A", 1.0, [("x", "B")], steps=3, start=0, margin=0.1)
+    assert ex.next_plan() == ("x", "B") and ex.at == 3
+    ex.record(0.95)
+    assert ex.next_plan() is None
+    assert ex.choose() == ("in force", "A", 1.0)  # 5 % faster: within the margin
+    ex = Exploration("A", 1.0, [("x", "B")], steps=3, start=0, margin=0.1)
+    ex.next_plan()
+    ex.record(0.8)
+    assert ex.choose() == ("x", "B", 0.8)
+
+
+def test_a_plan_in_force_without_a_time_is_measured_after_the_candidates():
+    ex = Exploration("A", None, [("x", "B")], steps=2, start=10, margin=0.1)
+    assert ex.next_plan() == ("x", "B")
+    ex.record(0.5)
+    assert ex.next_plan() == ("in force", "A") and ex.at == 14
+    ex.record(0.4)
+    assert ex.next_plan() is None
+    assert ex.choose() == ("in force", "A", 0.4)
+    ex = Exploration("A", None, [("x", "B")], steps=2, start=10, margin=0.1)
+    ex.next_plan()
+    ex.record(0.5)
+    ex.next_plan()
+    ex.record(None)  # a rank had no times: nothing to compare with, the plan stays
+    assert ex.choose() == ("in force", "A", None)
+    with pytest.raises(RuntimeError, match="next_plan"):
+        Exploration("A", 1.0, [], steps=2, start=0, margin=0.1).record(1.0)
+
+
+@pytest.mark.parametrize("kw", [{"explore": "yes"}, {"explore_steps": 0},
+                                {"explore_steps": True}, {"max_explorations": -1}])
+def test_bad_exploration_knobs_are_refused(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        Adaptive(**kw)
+
+
+def test_exploration_defaults_on_for_measured_links_and_off_for_injected_ones():
+    assert Adaptive().explores and not Adaptive(estimate=lambda s, r: None).explores
+    assert Adaptive(explore=True, estimate=lambda s, r: None).explores
+    assert not Adaptive(explore=False).explores
+
+
+# -- the engine tries them on real steps -------------------------------------------------
+
+def _explore_run(t, sleep_s, schedule, steps=26, **kw):
+    """FAST or SLOW as ``schedule(step)`` says; the loop sleeps ``sleep_s(step, on)``
+    a step (``on``: w1 travels compressed), the wall time the exploration sees."""
+    prof = _profile()
+    plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps", meta={"profile": prof.to_dict()})
+    eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+    eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+    settings = Adaptive(check_every=4, explore=True, explore_steps=3,
+                        estimate=lambda s, r: schedule(s), **kw)
+    online = OnlinePlanner.for_engine(eng, settings)
+    g = torch.Generator().manual_seed(t.rank)
+    out, compressed = [], []
+    for step in range(steps):
+        on = eng.layout()["w1"]["compress"]
+        compressed.append(on)
+        time.sleep(sleep_s(step, on))
+        out.append(_random_step(eng, online, g))
+    eng.close()
+    kinds = [(e.kind, e.step) for e in eng.timeline.events if e.kind.startswith("plan_")]
+    return online, out, compressed, kinds
+
+
+def _alike(res):
+    (a, out0, c0, k0), (b, out1, c1, k1) = res
+    assert c0 == c1 and k0 == k1
+    assert all(torch.equal(x, y) for x, y in zip(out0, out1))
+    assert a.history == b.history or [_agreed(h) for h in a.history] == \
+        [_agreed(h) for h in b.history]
+    return a, c0, k0
+
+
+def _agreed(h):
+    return {k: v for k, v in h.items() if not k.startswith("step_s_")}
+
+
+def _slow_after_5(step):
+    return FAST if step < 5 else SLOW
+
+
+def test_a_moved_link_tries_the_models_plans_and_keeps_the_fastest_measured():
+    # compressing measures faster: the exploration at the check of step 8 tries the
+    # model's plans for 3 steps each (the plan in force was timed before it), and switches
+    online, compressed, kinds = _alike(run_threads(
+        lambda t: _explore_run(t, lambda s, on: 0.002 if on else 0.03, _slow_after_5), 2))
+    start = next(h for h in online.history if h.get("exploring"))
+    assert start["step"] == 8 and start["exploring"] == "link moved"
+    ends = [h for h in online.history if "explored" in h and "chose" in h]
+    assert ends[0]["switched"] and ends[0]["chose"] != "in force"
+    n = len(start["candidates"])
+    assert len(ends[0]["explored"]) == n + 1  # every candidate, and the plan in force
+    assert ends[0]["step"] == 8 + 3 * n
+    assert all(compressed[ends[0]["step"]:])
+    first = kinds[:n + 1]  # (a loaded host may start more explorations on noise)
+    assert first == [("plan_explore", 8 + 3 * i) for i in range(n)] + \
+        [("plan_switch", ends[0]["step"])]
+    assert online.switches >= 1
+
+
+def test_a_model_that_wants_compression_is_overruled_by_measured_steps():
+    # the same link change, but compressing measures slower (60 ms a step against 20):
+    # the plan in force stays and no switch is counted (a loaded host may start more
+    # explorations on noise; each measures the same and keeps the plan)
+    online, compressed, kinds = _alike(run_threads(
+        lambda t: _explore_run(t, lambda s, on: 0.06 if on else 0.02, _slow_after_5), 2))
+    ends = [h for h in online.history if "chose" in h]
+    assert ends and all(h["chose"] == "in force" and not h["switched"] for h in ends)
+    assert online.switches == 0 and online.explorations == len(ends)
+    assert not any(compressed[ends[-1]["step"]:])
+    assert ("plan_explore", ends[0]["step"]) in kinds
+    assert not any(k == "plan_switch" for k, _ in kinds)
+
+
+def _mid_link():
+    """A link on which the model compresses w1 but prices the plan with nothing
+    compressed within 2x of its best (a candidate an exploration tries)."""
+    prof = _profile()
+    for e in range(80):
+        link = Link(FAST.latency, FAST.bandwidth / 1.25 ** e)
+        planners = [Planner(prof.with_link(link), "onebit", 2, "ps")]
+        best = profile_plan(prof.with_link(link), ["onebit"], SIZES, 2, "ps")
+        if not best.decide("w1", SIZES["w1"], 2).compress:
+            continue
+        t_best = price_plan(best, planners, SIZES, 2)
+        if price_plan(uncompressed(best), planners, SIZES, 2) < 1.5 * t_best:
+            return link
+    raise AssertionError("no such link for this profile")
+
+
+def test_a_slower_step_on_an_unchanged_link_explores_as_the_work_changed():
+    # the link moves at step 5 to one where compressing w1 pays, and measures so: the
+    # exploration switches to a compressed plan. From step 24 compressing costs more
+    # (a CPU hog: 90 ms a step against 30 ms uncompressed) on the same link: two checks
+    # in a row see the step time moved, and the second explores again, a plan with w1
+    # uncompressed among the candidates (the model's at 4x bandwidth or "nothing
+    # compressed": the same plan here)
+    mid = _mid_link()
+
+    def schedule(step):
+        return FAST if step < 5 else mid
+
+    def sleep_s(step, on):
+        return (0.01 if step < 24 else 0.09) if on else 0.03
+
+    res = run_threads(lambda t: _explore_run(t, sleep_s, schedule, steps=52), 2)
+    online, compressed, kinds = _alike(res)
+    starts = [h for h in online.history if h.get("exploring")]
+    ends = [h for h in online.history if "chose" in h]
+    assert starts[0]["exploring"] == "link moved" and starts[0]["step"] == 8
+    assert ends[0]["switched"] and compressed[ends[0]["step"]]
+    # (a loaded host may start an exploration on noise before the hog: it keeps the plan)
+    hog = [h for h in starts if h["step"] > 24]
+    assert hog and hog[0]["exploring"] == "step time moved", starts
+    end = next(h for h in ends if h["step"] > hog[0]["step"])
+    assert end["switched"] and not any(compressed[end["step"]:])
+    assert online.switches >= 2
+
+
+def test_the_exploration_caps_hold():
+    online, compressed, kinds = _alike(run_threads(
+        lambda t: _explore_run(t, lambda s, on: 0.002 if on else 0.03, _slow_after_5,
+                               max_explorations=0), 2))
+    assert online.explorations == 0 and kinds == [] and not any(compressed)
+    assert any(h.get("capped") for h in online.history)
