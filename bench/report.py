@@ -369,7 +369,8 @@ def render_adaptive(rec: Dict[str, Any]) -> Rendered:
     goals = d.get("goals", [])
     text += "\n\n" + md_table(["ratio", "value", "goal", "met"], [
         [g["name"], f"{g['value']:.2f}" if isinstance(g["value"], float) else str(g["value"]),
-         g["target"], "yes" if g["pass"] else "**no**"] for g in goals])
+         g["target"], "" if g["pass"] is None else "yes" if g["pass"] else "**no**"]
+        for g in goals])
     switches = "; ".join(f"repeat {i + 1}: switches at {r['switches']}, reverted at "
                          f"{r.get('reverts', [])}" for i, r in enumerate(rows["adaptive"]))
     text += (f"\n\n{d['args']['ranks']} ranks, {d['args']['steps']} steps a phase, medians "

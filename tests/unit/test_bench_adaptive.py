@@ -1,4 +1,5 @@
-"""bench/adaptive.py's pure part: the plot of step time against training time.
+"""bench/adaptive.py's pure parts: the plot of step time against training time, and the
+settled windows read from the adaptive job's decisions.
 
 The bench itself needs root (tc in network namespaces) and runs whole jobs;
 here the plot is drawn from rows shaped as ``run_job`` returns them, with a
@@ -30,3 +31,19 @@ def test_plot_marks_switches_reverts_and_restores(tmp_path):
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
+
+
+def test_a_phase_settles_after_the_decisions_begun_in_it_end():
+    hist = [{"step": 5, "reference": True},
+            {"step": 45, "exploring": "link moved"}, {"step": 45, "trying": "m", "switched": True},
+            {"step": 50, "trying": "x", "switched": True},
+            {"step": 55, "chose": "m", "switched": True},   # phase 2's exploration: to 55
+            {"step": 118, "exploring": "step time moved"},
+            {"step": 118, "trying": "m", "switched": True},
+            {"step": 128, "chose": "in force"},              # phase 3's: past its end
+            {"step": 150, "switched": True}, {"step": 152, "judged": "new"},
+            {"step": 155, "judged": "old"}]                 # phase 4's trial: to 155
+    hist.sort(key=lambda h: h["step"])
+    got = _bench().settle_starts({"history": hist, "after_steps": 5}, 40, 4, 5)
+    assert got == [10, 15, 40, 35]
+    assert _bench().settle_starts({"history": [], "after_steps": 5}, 40, 2, 5) == [10, 10]
