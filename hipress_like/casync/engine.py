@@ -63,6 +63,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import types
 import zlib
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -540,6 +541,28 @@ class Engine:
         self._ctx.st.index = self._step
         if d.get("replay_schedule") is not None and self._comm.replayable:
             self._comm.schedule = Schedule.from_list(d["replay_schedule"])
+
+    def compressors_in_use(self) -> List[Compressor]:
+        """The distinct compressor instances the current layout encodes with (one per
+        plan entry's compressor and parameters); ``plan="adaptive"``'s ratio search
+        sets their ``ratio`` between steps (``tuning/ratio_search.py``)."""
+        return self._layout.compressor_instances()
+
+    def compressor_states(self) -> Mapping[str, Mapping[str, Any]]:
+        """The live compressor states by key, read-only (copy what is kept: the next
+        encode updates them)."""
+        return types.MappingProxyType(self._states)
+
+    def load_compressor_states(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+        """Replace the compressor states by ``states`` (a copy taken from
+        ``compressor_states``, of this layout) between steps; the step count and the
+        replay schedule stay."""
+        with self._ctx.cv:
+            if self._ctx.st.submitted:
+                raise RuntimeError("load_compressor_states() inside a step: call it after "
+                                   "synchronize()")
+        self._states.clear()
+        self._states.update({k: dict(v) for k, v in states.items()})
 
     def reset_state(self) -> None:
         """Forget every compressor state (they start fresh at the next encode)."""

@@ -138,6 +138,14 @@ class Layout:
         """Gradient index -> its lane bucket."""
         return {idx: b for b in self.lane for idx in b.slots}
 
+    def compressor_instances(self) -> List[Compressor]:
+        """The distinct compressor instances the compressed gradients encode with."""
+        seen: Dict[int, Compressor] = {}
+        for g in self.grads.values():
+            if g.compressor is not None:
+                seen.setdefault(id(g.compressor), g.compressor)
+        return list(seen.values())
+
     def compressors(self) -> Dict[str, str]:
         """Compressed gradient -> its compressor's repr (saved in engine states)."""
         return {n: repr(g.compressor) + (f" back {g.back!r}" if g.back is not None else "")

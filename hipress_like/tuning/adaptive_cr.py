@@ -309,6 +309,7 @@ class AdaptiveCR:
         self._ref_link: Optional[Tuple[float, float]] = None
         self._ref_gain: Optional[float] = None
         self._pending_link: Optional[Tuple[float, float]] = None
+        self._search: Optional[Dict[str, Any]] = None  # a search begun at a step boundary
 
     def observe(self, step: int, stats: StepStats) -> None:
         """Record a training step's gain (exploration steps are not observed)."""
@@ -352,6 +353,101 @@ class AdaptiveCR:
         self._pending_link = link
         return "; ".join(reasons)
 
+    def state_dict(self) -> Dict[str, Any]:
+        """The CR chosen and the references the triggers compare with (a running
+        search is not saved: the CR in force when it began is)."""
+        cr = self._search["before"] if self._search is not None else self.cr
+        return {"cr": cr, "ref_gain": self._ref_gain,
+                "ref_link": None if self._ref_link is None else list(self._ref_link),
+                "decisions": len(self.decisions)}
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        """Restore ``state_dict``: the CR (set through ``set_cr``) and the references."""
+        if d.get("cr") is not None:
+            self.cr = float(d["cr"])
+            self._set_cr(self.cr)
+        self._ref_gain = d.get("ref_gain")
+        link = d.get("ref_link")
+        self._ref_link = None if link is None else (float(link[0]), float(link[1]))
+        if d.get("decisions"):  # a CR was chosen before: no search for "no CR chosen yet"
+            self.decisions.append(Decision(-1, "restored from a checkpoint", None,
+                                           float(d["cr"]) if d.get("cr") else 0.0))
+
+    # -- the search, driven by the loop (``search``) or at step boundaries (``begin``) --
+    @property
+    def searching(self) -> bool:
+        """Whether a search begun with ``begin`` is running (``feed`` its steps)."""
+        return self._search is not None
+
+    @property
+    def running_cr(self) -> Optional[float]:
+        """The candidate CR a running search is trying (None when none runs)."""
+        return None if self._search is None else self._search["cr"]
+
+    def begin(self, step: int, reason: str) -> float:
+        """Start a search at a step boundary: checkpoint the training state and set the
+        first candidate CR (returned); ``feed`` then takes each step's statistics.
+        This is ``search`` turned inside out, for a caller that cannot run training
+        iterations itself (``plan="adaptive"``, ``tuning/online.py``)."""
+        if self._search is not None:
+            raise RuntimeError("a search is already running: feed() it to its end")
+        self._search = {"snap": self._checkpoint(), "before": self.cr, "step": step,
+                        "reason": reason, "queue": list(self.config.candidates),
+                        "trials": [], "stats": [], "cr": None}
+        return self._next_candidate()
+
+    def _next_candidate(self) -> float:
+        sr = self._search
+        self._restore(sr["snap"])
+        sr["cr"], sr["stats"] = sr["queue"].pop(0), []
+        self._set_cr(sr["cr"])
+        return sr["cr"]
+
+    def feed(self, stats: StepStats) -> Optional[Decision]:
+        """One step's statistics under the running candidate (collective after every
+        ``explore_iters``-th: the means are agreed). Returns the ``Decision`` when
+        the last candidate's steps are in (the checkpoint restored, the chosen CR
+        set), else None."""
+        sr = self._search
+        if sr is None:
+            raise RuntimeError("no search is running (begin() first)")
+        sr["stats"].append(stats)
+        if len(sr["stats"]) < self.config.explore_iters:
+            return None
+        self._trial(sr["stats"])
+        if sr["queue"]:
+            self._next_candidate()
+            return None
+        return self._finish()
+
+    def _trial(self, stats: Sequence[StepStats]) -> None:
+        sr = self._search
+        if not stats:
+            raise ValueError("run_iters returned no step statistics")
+        mean = [statistics.fmean(getattr(s, f) for s in stats)
+                for f in ("t_comp", "t_sync", "gain")]
+        t_comp, t_sync, gain = self._agree(mean)
+        sr["trials"].append(Trial(sr["cr"], t_comp, t_sync, gain))
+        _log.info("adaptive CR: explored %g: t_comp %.3g s, t_sync %.3g s, gain %.3g",
+                  sr["cr"], t_comp, t_sync, gain)
+
+    def _finish(self) -> Decision:
+        sr, self._search = self._search, None
+        cfg, trials = self.config, sr["trials"]
+        self._restore(sr["snap"])
+        chosen, front = choose_cr(trials, cfg.base_time, cfg.seed)
+        self._set_cr(chosen)
+        self.cr = chosen
+        self._ref_gain = next(t.gain for t in trials if t.cr == chosen)
+        if self._pending_link is not None:
+            self._ref_link = self._pending_link
+        d = Decision(sr["step"], sr["reason"], sr["before"], chosen, trials, front)
+        self.decisions.append(d)
+        _log.info("adaptive CR at step %d: %s -> %g because %s (Pareto set %s)", sr["step"],
+                  "none" if sr["before"] is None else f"{sr['before']:g}", chosen,
+                  sr["reason"], front)
+        return d
+
     def search(self, step: int, reason: str,
                run_iters: Callable[[int], Sequence[StepStats]]) -> Decision:
         """Explore every candidate from one in-memory checkpoint, restore it, choose (Eq. 6).
@@ -365,34 +461,12 @@ class AdaptiveCR:
         Returns:
             The ``Decision`` (also appended to ``decisions`` and logged at INFO).
         """
-        cfg = self.config
-        snap = self._checkpoint()
-        before = self.cr
-        trials = []
-        for cr in cfg.candidates:
-            self._restore(snap)
-            self._set_cr(cr)
-            stats = list(run_iters(cfg.explore_iters))
-            if not stats:
-                raise ValueError("run_iters returned no step statistics")
-            mean = [statistics.fmean(getattr(s, f) for s in stats)
-                    for f in ("t_comp", "t_sync", "gain")]
-            t_comp, t_sync, gain = self._agree(mean)
-            trials.append(Trial(cr, t_comp, t_sync, gain))
-            _log.info("adaptive CR: explored %g: t_comp %.3g s, t_sync %.3g s, gain %.3g",
-                      cr, t_comp, t_sync, gain)
-        self._restore(snap)
-        chosen, front = choose_cr(trials, cfg.base_time, cfg.seed)
-        self._set_cr(chosen)
-        self.cr = chosen
-        self._ref_gain = next(t.gain for t in trials if t.cr == chosen)
-        if self._pending_link is not None:
-            self._ref_link = self._pending_link
-        d = Decision(step, reason, before, chosen, trials, front)
-        self.decisions.append(d)
-        _log.info("adaptive CR at step %d: %s -> %g because %s (Pareto set %s)", step,
-                  "none" if before is None else f"{before:g}", chosen, reason, front)
-        return d
+        self.begin(step, reason)
+        while True:
+            self._trial(list(run_iters(self.config.explore_iters)))
+            if not self._search["queue"]:
+                return self._finish()
+            self._next_candidate()
 
 
 def snapshot_torch(model: Any, optimizer: Any, extra: Optional[Callable[[], Any]] = None,

@@ -86,6 +86,22 @@ training runs:
    compressed" on the 2-core test host). Explorations are capped
    (``max_explorations``), a kept change counts as a switch, and trials
    (item 5) have nothing left to judge.
+8. **AR-Topk's ratio** (``Adaptive(ratio=...)``; ``tuning/ratio_search.py``):
+   with AR-Topk (``star_topk``, ``var_topk``; or any top-k family compressor
+   given ``Adaptive(ratio=AdaptiveCRConfig(...))``: ``topk`` is what the cost
+   model's collective selection puts in AR-Topk's place as an Allgather of
+   top-k, and records the gain when searched), the flexible-communication paper's
+   ratio controller (``adaptive_cr.AdaptiveCR``, Sec. 3-E, Eq. 6) runs in
+   the same mechanism: it observes every step's compression and
+   communication seconds (the timeline) and gain (the compressor states),
+   and searches the ratio when none was chosen yet, when the gain drifted,
+   or when a check saw the link move: each candidate ratio runs a few real
+   steps from a snapshot of the training state the face gives
+   (``for_engine(..., snapshot=...)``), the snapshot is restored, and the
+   ratio on NSGA-II's Pareto set with the least time per unit of gain is set.
+   One decision runs at a time: no check or exploration during a search,
+   no search during an exploration or a trial. A checkpoint taken during a
+   search holds the state being explored and the ratio from before it.
 
 The compressor curves come from a ``Profile``: the one ``plan="auto"``
 measured at ``register`` (kept in the plan's ``meta["profile"]``), or one
@@ -122,6 +138,7 @@ from ..cost_model.profile import Profile
 from .explore import Exploration, alternatives
 from .link import measure_link
 from .link_estimate import LinkEstimator, agree, agree_values, timeline_samples
+from .ratio_search import RatioSearch
 
 __all__ = ["Adaptive", "OnlinePlanner", "should_switch", "price_plan", "profile_plan"]
 
@@ -177,6 +194,11 @@ class Adaptive:
             ``estimate`` is given (as ``verify``).
         explore_steps: steps each plan tried by an exploration runs.
         max_explorations: explorations allowed in the whole run.
+        ratio: AR-Topk's compression ratio search (``tuning/ratio_search.py``;
+            item 8 of the module's description): None searches it with
+            ``AdaptiveCRConfig()``'s settings when the compressor asked for is
+            AR-Topk's (star_topk, var_topk); an ``AdaptiveCRConfig`` searches
+            any top-k family compressor's with those; False keeps the ratio.
 
     Raises:
         ValueError: a knob out of range.
@@ -195,6 +217,7 @@ class Adaptive:
     explore: Optional[bool] = None
     explore_steps: int = 5  # a window's median: one slow step (a switch's rebuild) is ignored
     max_explorations: int = 8
+    ratio: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.check_every, bool) or not isinstance(self.check_every, int) \
@@ -229,6 +252,13 @@ class Adaptive:
         if self.explore is not None and not isinstance(self.explore, bool):
             raise ValueError(f"explore must be True, False or None (None: on unless estimate "
                              f"is given), found {self.explore!r}")
+        from .adaptive_cr import AdaptiveCRConfig
+
+        if self.ratio is not None and self.ratio is not False and \
+                not isinstance(self.ratio, AdaptiveCRConfig):
+            raise ValueError(f"ratio must be None (search AR-Topk's ratio with the default "
+                             f"settings), False (keep it) or an AdaptiveCRConfig, found "
+                             f"{self.ratio!r}")
         for knob in ("explore_steps", "max_explorations"):
             v = getattr(self, knob)
             if isinstance(v, bool) or not isinstance(v, int) or v < (knob == "explore_steps"):
@@ -374,13 +404,24 @@ class OnlinePlanner:
         self.explorations = 0
         self._settled_s: Optional[float] = None  # agreed step time of the plan decided on
         self._work_moved = 0  # checks in a row whose step time moved from it
+        self.ratio: Optional[RatioSearch] = None  # AR-Topk's ratio search (``for_engine``)
+        self._link_moved = False  # a check saw the link move: the ratio search's trigger
         self._reference_planners = _planners(profile, self.labels, n, strategy,
                                              self.raw_collective)
 
     @classmethod
-    def for_engine(cls, engine: Any, settings: Adaptive) -> Optional["OnlinePlanner"]:
+    def for_engine(cls, engine: Any, settings: Adaptive, snapshot: Optional[Tuple[
+            Callable[[], Any], Callable[[Any], None]]] = None) -> Optional["OnlinePlanner"]:
         """The online planner of a registered engine, or None (logged) when there is
-        nothing to adapt: one rank, or no plan or profile (nothing is compressed)."""
+        nothing to adapt: one rank, or no plan or profile (nothing is compressed).
+
+        Args:
+            engine: the registered engine.
+            settings: the ``Adaptive`` knobs.
+            snapshot: the face's ``(checkpoint, restore)`` of its training state
+                (parameters and optimizer state, in memory), which AR-Topk's ratio
+                search restores after trying each ratio; None: no ratio search.
+        """
         plan = engine.plan
         profile = settings.load_profile()
         if profile is None and plan is not None and "profile" in plan.meta:
@@ -400,8 +441,10 @@ class OnlinePlanner:
                              f"{sorted(profile.compressors)}); profile that compressor")
         cfg = engine.config
         sizes = engine.gradient_sizes
-        return cls(settings, profile, labels, sizes, engine.size, cfg.strategy,
-                   raw_collective=cfg.raw_collective, timeout=cfg.timeout)
+        online = cls(settings, profile, labels, sizes, engine.size, cfg.strategy,
+                     raw_collective=cfg.raw_collective, timeout=cfg.timeout)
+        online.ratio = RatioSearch.for_engine(engine, settings.ratio, snapshot, cfg.timeout)
+        return online
 
     def _time_step(self, step: int) -> None:
         """Record the wall time of the step just done (from the previous call); once
@@ -492,6 +535,7 @@ class OnlinePlanner:
                 "reference": link(self.reference), "decided_on": link(self.decided_on),
                 "estimate": None if est.alpha is None else [est.alpha, est.beta, est.steps],
                 "explorations": self.explorations, "settled_s": self._settled_s,
+                "ratio": None if self.ratio is None else self.ratio.state_dict(),
                 "history": json.dumps(self.history, sort_keys=True, default=str)}
 
     def load_state_dict(self, engine: Any, d: Mapping[str, Any]) -> bool:
@@ -524,7 +568,7 @@ class OnlinePlanner:
         plan = Plan.from_dict(json.loads(d["plan"]))
         if engine.plan is None or json.dumps(engine.plan.to_dict(), sort_keys=True) != \
                 json.dumps(plan.to_dict(), sort_keys=True):
-            engine.set_plan(plan)
+            self._set_plan(engine, plan)
 
         def link(x: Any) -> Optional[Link]:
             return None if x is None else Link(float(x[0]), float(x[1]))
@@ -538,6 +582,8 @@ class OnlinePlanner:
         self.rejected = [(str(k), link(x), int(at)) for k, x, at in d.get("rejected", [])]
         self._trial = None  # an open trial is not resumed: the saved plan stays
         self._exploration = None  # nor an open exploration
+        if self.ratio is not None and d.get("ratio") is not None:  # before compressor states
+            self.ratio.load_state_dict(d["ratio"])
         self.explorations = int(d.get("explorations", 0))  # absent before explorations
         self._settled_s = d.get("settled_s")
         self.reference, self.decided_on = link(d["reference"]), link(d["decided_on"])
@@ -583,6 +629,8 @@ class OnlinePlanner:
             return self._judge(engine, step) if step >= self._trial["at"] else None
         if self._exploration is not None:
             return self._explore_step(engine, step) if step >= self._exploration.at else None
+        if self.ratio is not None and self._ratio_step(engine, step):
+            return None
         if step % self.settings.check_every:
             return None
         return self._check(engine, step)
@@ -632,6 +680,7 @@ class OnlinePlanner:
         rec["moved"] = max(abs(current - before) / before if before > 0 else 0.0,
                            abs(best_s - best_before) / best_before
                            if best_before else 0.0)
+        self._link_moved = self._link_moved or rec["moved"] > s.margin
         if s.explores:
             self.history.append(rec)
             return self._explore_start(engine, step, link, rec, planners, meta, step_s, t0)
@@ -647,7 +696,7 @@ class OnlinePlanner:
         elif wanted:
             old = engine.plan
             best = _best_plan(planners, self.sizes, meta, fit_rule=True)  # the same entries
-            states = engine.set_plan(best)
+            states = self._set_plan(engine, best)
             self.switches += 1
             self.decided_on = link
             rec.update(switched=True, **states)
@@ -775,7 +824,7 @@ class OnlinePlanner:
         if stage == "new":
             rec.update(step_s_old=t_then, step_s_new=t_now)
             if t_now > t_then * (1 + s.margin):
-                rec.update(engine.set_plan(tr["old"]), switched=True, verdict="reverted")
+                rec.update(self._set_plan(engine, tr["old"]), switched=True, verdict="reverted")
                 self.reverts += 1
                 self._trial = {**tr, "stage": "old", "at": step + AFTER_STEPS,
                                "t_new": t_now}
@@ -792,7 +841,7 @@ class OnlinePlanner:
         else:
             rec.update(step_s_new=t_then, step_s_old=t_now)
             if t_now > t_then:  # the steps before the switch were on another link
-                rec.update(engine.set_plan(tr["new"]), switched=True, verdict="restored")
+                rec.update(self._set_plan(engine, tr["new"]), switched=True, verdict="restored")
                 _log.warning("plan='adaptive' restored the switch of step %d at step %d: the "
                              "plan it replaced measured %.2f ms a step against its %.2f ms",
                              tr["switch"], step, 1e3 * t_now, 1e3 * t_then)
@@ -806,6 +855,27 @@ class OnlinePlanner:
                       tr["switch"])
         self.history.append(rec)
         return None
+
+    def _set_plan(self, engine: Any, plan: Plan) -> Dict[str, List[str]]:
+        """``Engine.set_plan``, then the searched AR-Topk ratio again on the layout's
+        compressors (a rebuilt layout builds them with the plan's parameters)."""
+        states = engine.set_plan(plan)
+        if self.ratio is not None and self.ratio.cr is not None:
+            self.ratio.set_cr(self.ratio.running_cr or self.ratio.cr)
+        return states
+
+    def _ratio_step(self, engine: Any, step: int) -> bool:
+        """AR-Topk's ratio search's turn (``ratio_search.RatioSearch.after_step``): it
+        observes the step, or feeds a running search; a history entry and a timeline
+        mark when one begins or ends. True while a search runs (no check then)."""
+        t0 = time.perf_counter()
+        moved, self._link_moved = self._link_moved, False
+        rec = self.ratio.after_step(step, link_moved=moved)
+        if rec is not None:
+            self.history.append(rec)
+            self._mark(engine, "ratio_search" if "ratio_search" in rec else "ratio_chosen",
+                       len(self.ratio.ctl.decisions), t0, step)
+        return self.ratio.searching
 
     # -- exploration (``Adaptive.explore``, ``tuning/explore.py``) ----------------------
     def _explore_start(self, engine: Any, step: int, link: Link, rec: Dict[str, Any],
@@ -869,7 +939,7 @@ class OnlinePlanner:
         nxt = ex.next_plan()
         if nxt is None:
             return self._explore_end(engine, step, t0)
-        states = engine.set_plan(nxt[1])
+        states = self._set_plan(engine, nxt[1])
         self.history.append({"step": step, "trying": nxt[0], "switched": True, **states})
         self._mark(engine, "plan_explore", self.explorations, t0, step)
         return nxt[1]
@@ -890,7 +960,7 @@ class OnlinePlanner:
         switched = plan is not ex.before
         rec: Dict[str, Any] = {"step": step, "explored": ex.summary(), "chose": why,
                                "step_s": t, "switched": switched}
-        states = engine.set_plan(plan) if plan is not engine.plan else {}
+        states = self._set_plan(engine, plan) if plan is not engine.plan else {}
         rec.update(states)
         # the windows were short and the plan kept may have been timed before: the
         # next check times it again (``_settled_s``)

@@ -187,3 +187,39 @@ def test_docstring_examples():
 
     r = doctest.testmod(acr, optionflags=doctest.ELLIPSIS)
     assert r.attempted > 0 and r.failed == 0
+
+
+def test_a_search_driven_at_step_boundaries_decides_as_the_loop_driven_one():
+    """``begin``/``feed`` (plan="adaptive") is ``search`` turned inside out: the same
+    trials, the same choice, the checkpoint restored, the state dict round trip."""
+    loop, stepped = _Run(), _Run()
+    a, b = _controller(loop), _controller(stepped)
+    got = a.search(3, "why", lambda n: [loop.step() for _ in range(n)])
+    before = dict(stepped.state)
+    assert b.begin(3, "why") == acr.CANDIDATES[0] and b.searching
+    decision, fed = None, 0
+    while decision is None:
+        assert b.running_cr == stepped.cr
+        decision = b.feed(stepped.step())
+        fed += 1
+    assert fed == 2 * len(acr.CANDIDATES) and not b.searching
+    assert stepped.state == before and stepped.cr == decision.cr_after == got.cr_after
+    assert [t.cr for t in decision.trials] == [t.cr for t in got.trials]
+    with pytest.raises(RuntimeError, match="begin"):
+        b.feed(stepped.step())
+    fresh_run = _Run()
+    fresh = _controller(fresh_run)
+    fresh.load_state_dict(b.state_dict())
+    assert fresh.cr == fresh_run.cr == decision.cr_after
+    assert fresh.should_search(4) is None  # a CR was chosen: not "no CR chosen yet"
+
+
+def test_topk_records_its_gain_only_when_asked():
+    c = hp.compressors.get("topk", ratio=0.25)
+    x = torch.tensor([4.0, -3.0, 1.0, 0.5])
+    _, st = c.encode(x, c.init(x))
+    assert "gain" not in st
+    c.records_gain = True
+    _, st = c.encode(x, c.init(x))
+    assert st["gain"] == (16.0, 26.25)
+    assert gain_of_states({"w": st}) == pytest.approx(16.0 / 26.25)

@@ -97,7 +97,8 @@ def test_a_plan_in_force_without_a_time_is_measured_after_the_candidates():
 
 
 @pytest.mark.parametrize("kw", [{"explore": "yes"}, {"explore_steps": 0},
-                                {"explore_steps": True}, {"max_explorations": -1}])
+                                {"explore_steps": True}, {"max_explorations": -1},
+                                {"ratio": 0.1}, {"ratio": True}])
 def test_bad_exploration_knobs_are_refused(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         Adaptive(**kw)
@@ -154,7 +155,7 @@ def test_a_moved_link_tries_the_models_plans_and_keeps_the_fastest_measured():
     # compressing measures faster: the exploration at the check of step 8 tries the
     # model's plans for 3 steps each (the plan in force was timed before it), and switches
     online, compressed, kinds = _alike(run_threads(
-        lambda t: _explore_run(t, lambda s, on: 0.002 if on else 0.03, _slow_after_5), 2))
+        lambda t: _explore_run(t, lambda s, on: 0.002 if on else 0.08, _slow_after_5), 2))
     start = next(h for h in online.history if h.get("exploring"))
     assert start["step"] == 8 and start["exploring"] == "link moved"
     ends = [h for h in online.history if "explored" in h and "chose" in h]
@@ -202,7 +203,7 @@ def _mid_link():
 def test_a_slower_step_on_an_unchanged_link_explores_as_the_work_changed():
     # the link moves at step 5 to one where compressing w1 pays, and measures so: the
     # exploration switches to a compressed plan. From step 24 compressing costs more
-    # (a CPU hog: 90 ms a step against 30 ms uncompressed) on the same link: two checks
+    # (a CPU hog: 200 ms a step against 60 ms uncompressed) on the same link: two checks
     # in a row see the step time moved, and the second explores again, a plan with w1
     # uncompressed among the candidates (the model's at 4x bandwidth or "nothing
     # compressed": the same plan here)
@@ -212,7 +213,7 @@ def test_a_slower_step_on_an_unchanged_link_explores_as_the_work_changed():
         return FAST if step < 5 else mid
 
     def sleep_s(step, on):
-        return (0.01 if step < 24 else 0.09) if on else 0.03
+        return (0.005 if step < 24 else 0.2) if on else 0.06
 
     res = run_threads(lambda t: _explore_run(t, sleep_s, schedule, steps=52), 2)
     online, compressed, kinds = _alike(res)

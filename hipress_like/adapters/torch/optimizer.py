@@ -36,6 +36,7 @@ world size can also reshard; ``hpt.save_checkpoint`` does that atomically).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import warnings
 import weakref
@@ -132,7 +133,21 @@ class _DistributedOptimizerMixin(EngineHolder):
         if settings is not None:
             from ...tuning.online import OnlinePlanner
 
-            self._hp_online = OnlinePlanner.for_engine(self._hp_engine, settings)
+            self._hp_online = OnlinePlanner.for_engine(
+                self._hp_engine, settings, snapshot=(self._hp_snapshot, self._hp_restore))
+
+    def _hp_snapshot(self) -> Dict[str, Any]:
+        """The training state in memory (parameters, the wrapped optimizer's state), for
+        ``plan="adaptive"``'s ratio search to put back after trying each ratio."""
+        return {"params": [p.detach().clone() for p in self._hp_params],
+                "opt": copy.deepcopy(super().state_dict())}
+
+    def _hp_restore(self, snap: Dict[str, Any]) -> None:
+        """Put ``_hp_snapshot``'s state back (between steps)."""
+        with torch.no_grad():
+            for p, x in zip(self._hp_params, snap["params"]):
+                p.copy_(x)
+        super().load_state_dict(copy.deepcopy(snap["opt"]))
 
     # -- elastic re-formation (runtime.reform, horovodrun's elastic mode) ----------------
     def _hp_detach(self) -> None:

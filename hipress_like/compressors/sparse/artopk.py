@@ -121,6 +121,9 @@ class ARTopk(MultiRoundCompressor):
     name = "artopk"
     _owner_rounds = 0  # rounds before the index broadcast (VAR: 1)
     kernels_class = _ARKernels
+    # its state records the step's gain terms (``"gain"``), and ``ratio`` may be set
+    # between steps: plan="adaptive" searches it (tuning/ratio_search.py)
+    records_gain = True
 
     def __init__(self, ratio: float = 0.01) -> None:
         self.ratio = _check_ratio(self.name, ratio)

@@ -505,6 +505,10 @@ class TopK(Sparsifier):
     name = "topk"
     algo_id = 20
     capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=True)
+    # when set (plan="adaptive"'s ratio search sets it on the instances it searches,
+    # tuning/ratio_search.py), the state records AR-Topk's gain terms, as AR-Topk's do:
+    # one more pass over the gradient, so it is off by default
+    records_gain = False
 
     def __init__(self, ratio: float = 0.01, index_codec: str = "plain",
                  value_codec: str = "plain", **codec_params: Any) -> None:
@@ -521,7 +525,12 @@ class TopK(Sparsifier):
         x = grad.detach().reshape(-1)
         idx = _sorted(topk_abs(x, num_selected(self.ratio, x.numel()))[0])
         seed = self._codec_seed(int(state.get("seed", 0)), idx)
-        return self._pack(grad, idx, lambda i: extract(x, i), seed).payload, state
+        payload = self._pack(grad, idx, lambda i: extract(x, i), seed).payload
+        if self.records_gain:  # ||g_c||^2 and ||g_e||^2 (AR-Topk Sec. 3-E's gain terms)
+            xf = x.float()
+            state = {**state, "gain": (float(extract(xf, idx).square().sum()),
+                                       float(xf.square().sum()))}
+        return payload, state
 
 
 @register("randomk")
