@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Deque, Dict, Iterable, List, Optional, Tuple, Union
 
-__all__ = ["Event", "Timeline"]
+__all__ = ["Event", "Timeline", "COMPRESSION_KINDS", "COMMUNICATION_KINDS"]
+
+# The kinds of event, grouped: compression work (compute tasks, casync/tasks.py), and the
+# transfers themselves: the coordinator's bulk rounds (casync/rounds.py), the lane's
+# fused buckets (casync/fused.py), round allreduces.
+COMPRESSION_KINDS = ("encode", "decode", "merge", "write")
+COMMUNICATION_KINDS = ("round", "bucket", "allreduce")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..casync.timeline import COMMUNICATION_KINDS, COMPRESSION_KINDS  # the picture's groups
 from ..cost_model.plan import COLLECTIVES
 
 __all__ = ["DigitsConfig", "DigitsNet", "load_digits_split", "train_digits", "main"]
@@ -252,11 +253,6 @@ def train_digits(ctx: Any, cfg_dict: Dict[str, Any]) -> Dict[str, Any]:
             "breakdown": breakdown}
 
 
-# The engine's timeline kinds, grouped as the main job's picture shows them: compute
-# tasks (casync/tasks.py), and the transfers themselves: the coordinator's bulk rounds
-# (casync/rounds.py), the lane's fused buckets (casync/fused.py), round allreduces.
-COMPRESSION_KINDS = ("encode", "decode", "merge", "write")
-COMMUNICATION_KINDS = ("round", "bucket", "allreduce")
 
 
 def step_breakdown(spent: Dict[str, float], summary: Dict[str, Dict[str, float]],

@@ -41,16 +41,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from ..casync.timeline import COMMUNICATION_KINDS, COMPRESSION_KINDS
 from .adaptive_cr import AdaptiveCR, AdaptiveCRConfig, Decision, StepStats, gain_of_states
 
-__all__ = ["COMPRESSION_KINDS", "COMMUNICATION_KINDS", "RatioSearch", "step_stats",
-           "searchable"]
+__all__ = ["RatioSearch", "step_stats", "searchable"]
 
 _log = logging.getLogger(__name__)
 
-# the timeline's event kinds that are compression work and communication
-COMPRESSION_KINDS = ("encode", "decode", "merge", "write")
-COMMUNICATION_KINDS = ("round", "bucket", "allreduce")
 
 Snapshot = Tuple[Callable[[], Any], Callable[[Any], None]]
 
