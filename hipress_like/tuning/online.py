@@ -126,226 +126,43 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..cost_model.model import Link
 from ..cost_model.plan import Plan
-from ..cost_model.planner import Planner, plan_per_gradient
+from ..cost_model.planner import Planner
 from ..cost_model.profile import Profile
-from .explore import Exploration, alternatives
+from .explore import Exploration, alternatives, plan_key
 from .link import measure_link
 from .link_estimate import LinkEstimator, agree, agree_values, timeline_samples
+from .online_pricing import (  # noqa: F401 - re-exported: this module's public names
+    adaptive_plan,
+    best_plan,
+    compressor_key,
+    planners_for,
+    price_plan,
+    profile_plan,
+    source_for,
+)
+from .online_settings import (  # noqa: F401 - re-exported
+    AFTER_STEPS,
+    MEASURES,
+    PROBE_MAX,
+    PROBE_MIN,
+    PROBE_ROUNDS,
+    PROBE_SMALL,
+    STATE_FORMAT,
+    STATE_VERSION,
+    Adaptive,
+    should_switch,
+)
 from .ratio_search import RatioSearch
 
-__all__ = ["Adaptive", "OnlinePlanner", "should_switch", "price_plan", "profile_plan"]
+__all__ = ["Adaptive", "OnlinePlanner", "should_switch", "price_plan", "profile_plan",
+           "source_for", "adaptive_plan", "AFTER_STEPS"]
 
 _log = logging.getLogger(__name__)
-
-EstimateFn = Callable[[int, int], Optional[Link]]
-# steps timed after a switch (and before it) for its report
-AFTER_STEPS = 5
-# how the link is measured (``Adaptive.measure``), and the probe's small message
-MEASURES = ("probe", "timeline")
-PROBE_SMALL, PROBE_MIN, PROBE_MAX = 4 << 10, 64 << 10, 4 << 20
-PROBE_ROUNDS = 3  # probes in one check at most, each sized by the one before
-# the controller's entry in a checkpoint (``OnlinePlanner.state_dict``)
-STATE_FORMAT, STATE_VERSION = "hipress-like-adaptive", 1
-
-
-@dataclass(frozen=True)
-class Adaptive:
-    """What ``plan="adaptive"`` does (``DistributedOptimizer(plan=hpt.Adaptive(...))``).
-
-    Attributes:
-        check_every: steps between checks (each measures the link: a probe of a few
-            small exchanges, or one small allgather of the running estimates).
-        margin: the predicted sync time must improve by more than this
-            fraction for a switch (hysteresis).
-        max_switches: switches allowed in the whole run.
-        gain: the moving average's weight of a new step's estimate (0, 1].
-        profile: a ``Profile`` or a path to a profile JSON; None takes the
-            profile ``plan="auto"`` measures at start-up.
-        estimate: for tests and what-if runs: ``estimate(step, rank) ->
-            Link | None`` replaces the measurement (None: no estimate this
-            step); every rank's are agreed on as timeline estimates are.
-        measure: "probe" (a timed exchange at every check, plan-independent)
-            or "timeline" (the engine's own rounds and buckets, no extra
-            traffic; what it sees depends on the plan). Item 1 of the
-            module's description.
-        probe_s: seconds the probe's large message should take at the last
-            measured bandwidth (its size is kept within 64 KB .. 4 MB; the
-            small one is 4 KB).
-        probe_every: a check probes when the step time moved by more than
-            ``margin`` since the last probe, and at least every this many
-            checks.
-        verify: judge every switch by measured step times and revert one
-            that measured slower (item 5 of the module's description). None:
-            on, unless ``estimate`` is given (an injected link is not the
-            network the wall times are measured on).
-        explore: when the link or the step time moved, try the model's plan,
-            its plans at a quarter and four times the bandwidth and with
-            nothing compressed on real steps and keep the fastest measured
-            (``tuning/explore.py``; item 7 of the module's description); a
-            switch is then its exploration's
-            outcome and ``verify`` has nothing left to judge. None: on, unless
-            ``estimate`` is given (as ``verify``).
-        explore_steps: steps each plan tried by an exploration runs.
-        max_explorations: explorations allowed in the whole run.
-        ratio: AR-Topk's compression ratio search (``tuning/ratio_search.py``;
-            item 8 of the module's description): None searches it with
-            ``AdaptiveCRConfig()``'s settings when the compressor asked for is
-            AR-Topk's (star_topk, var_topk); an ``AdaptiveCRConfig`` searches
-            any top-k family compressor's with those; False keeps the ratio.
-
-    Raises:
-        ValueError: a knob out of range.
-    """
-
-    check_every: int = 20
-    margin: float = 0.10
-    max_switches: int = 4
-    gain: float = 0.25
-    profile: Any = None
-    estimate: Optional[EstimateFn] = field(default=None, compare=False)
-    verify: Optional[bool] = None
-    measure: str = "probe"
-    probe_s: float = 0.004
-    probe_every: int = 5
-    explore: Optional[bool] = None
-    explore_steps: int = 5  # a window's median: one slow step (a switch's rebuild) is ignored
-    max_explorations: int = 8
-    ratio: Any = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.check_every, bool) or not isinstance(self.check_every, int) \
-                or self.check_every < 1:
-            raise ValueError(f"check_every must be an int >= 1 (steps between checks), found "
-                             f"{self.check_every!r}")
-        if not (isinstance(self.margin, (int, float)) and 0 <= self.margin < 1):
-            raise ValueError(f"margin must be a fraction in [0, 1) (0.1: a switch needs a "
-                             f"predicted gain over 10 %), found {self.margin!r}")
-        if isinstance(self.max_switches, bool) or not isinstance(self.max_switches, int) \
-                or self.max_switches < 0:
-            raise ValueError(f"max_switches must be an int >= 0, found {self.max_switches!r}")
-        if not (isinstance(self.gain, (int, float)) and 0 < self.gain <= 1):
-            raise ValueError(f"gain must be in (0, 1], found {self.gain!r}")
-        if self.estimate is not None and not callable(self.estimate):
-            raise ValueError(f"estimate must be a callable (step, rank) -> Link or None, "
-                             f"found {self.estimate!r}")
-        if self.measure not in MEASURES:
-            raise ValueError(f"measure must be one of {', '.join(MEASURES)} (how the link is "
-                             f"measured), found {self.measure!r}")
-        if isinstance(self.probe_s, bool) or not isinstance(self.probe_s, (int, float)) \
-                or not 0 < self.probe_s <= 1:
-            raise ValueError(f"probe_s must be seconds in (0, 1] (how long the probe's large "
-                             f"message should take), found {self.probe_s!r}")
-        if isinstance(self.probe_every, bool) or not isinstance(self.probe_every, int) \
-                or self.probe_every < 1:
-            raise ValueError(f"probe_every must be an int >= 1 (checks between probes at "
-                             f"most), found {self.probe_every!r}")
-        if self.verify is not None and not isinstance(self.verify, bool):
-            raise ValueError(f"verify must be True, False or None (None: on unless estimate "
-                             f"is given), found {self.verify!r}")
-        if self.explore is not None and not isinstance(self.explore, bool):
-            raise ValueError(f"explore must be True, False or None (None: on unless estimate "
-                             f"is given), found {self.explore!r}")
-        from .adaptive_cr import AdaptiveCRConfig
-
-        if self.ratio is not None and self.ratio is not False and \
-                not isinstance(self.ratio, AdaptiveCRConfig):
-            raise ValueError(f"ratio must be None (search AR-Topk's ratio with the default "
-                             f"settings), False (keep it) or an AdaptiveCRConfig, found "
-                             f"{self.ratio!r}")
-        for knob in ("explore_steps", "max_explorations"):
-            v = getattr(self, knob)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (knob == "explore_steps"):
-                raise ValueError(f"{knob} must be an int >= {int(knob == 'explore_steps')}, "
-                                 f"found {v!r}")
-
-    @property
-    def verifies(self) -> bool:
-        """Whether switches are judged by measured step times (``verify``)."""
-        return self.estimate is None if self.verify is None else self.verify
-
-    @property
-    def explores(self) -> bool:
-        """Whether a moved link or step time starts an exploration (``explore``)."""
-        return self.estimate is None if self.explore is None else self.explore
-
-    def load_profile(self) -> Optional[Profile]:
-        """The given profile (loaded from its path), or None."""
-        if self.profile is None or isinstance(self.profile, Profile):
-            return self.profile
-        if isinstance(self.profile, (str, os.PathLike)):
-            return Profile.load(self.profile)
-        raise TypeError(f"Adaptive(profile=...) takes a Profile or a path to a profile JSON, "
-                        f"found {type(self.profile).__name__}")
-
-
-def should_switch(current_s: float, best_s: float, *, margin: float, switches: int,
-                  max_switches: int) -> bool:
-    """The decision rule: switch when the best plan is predicted faster by more than
-    ``margin`` (relative to the current plan's time) and the cap is not reached.
-
-    Example:
-        >>> should_switch(1.0, 0.95, margin=0.1, switches=0, max_switches=3)
-        False
-        >>> should_switch(1.0, 0.5, margin=0.1, switches=3, max_switches=3)
-        False
-    """
-    if switches >= max_switches or not (current_s > 0 and math.isfinite(current_s)):
-        return False
-    return (current_s - best_s) / current_s > margin
-
-
-def _key(name: str, params: Mapping[str, Any]) -> Tuple[str, str]:
-    return name, json.dumps(dict(params), sort_keys=True)
-
-
-def _planners(profile: Profile, labels: Sequence[str], n: int, strategy: str,
-              raw_collective: bool) -> List[Planner]:
-    return [Planner(profile, c, n, strategy, raw_collective=raw_collective) for c in labels]
-
-
-def profile_plan(profile: Profile, labels: Sequence[str], sizes: Mapping[str, int], n: int,
-                 strategy: str, raw_collective: bool = True,
-                 meta: Optional[Mapping[str, Any]] = None) -> Plan:
-    """The cost model's best plan for ``sizes`` on ``profile`` (its link as it is),
-    per gradient over the compressors ``labels`` (``plan_per_gradient``)."""
-    planners = _planners(profile, labels, n, strategy, raw_collective)
-    if len(planners) == 1:
-        return planners[0].plan(dict(sizes), meta=meta)
-    return plan_per_gradient(planners, dict(sizes), meta=meta)
-
-
-def price_plan(plan: Plan, planners: Sequence[Planner], sizes: Mapping[str, int], n: int
-               ) -> Optional[float]:
-    """Predicted seconds of one synchronisation of every gradient under ``plan``: per
-    gradient, the planner of its compressor's ``t_cpr`` at its K, or ``t_orig``
-    (the strategy's workflow: a top-k entry's named collective is priced as PS
-    or Ring, alike for the plans compared).
-
-    Returns:
-        The sum, or None when a gradient's compressor is not among the planners.
-    """
-    by_key = {_key(p.cp.name, p.cp.params): p for p in planners}
-    total = 0.0
-    for name, nbytes in sizes.items():
-        dec = plan.decide(name, nbytes, n)
-        k = max(1, int(dec.partitions))
-        if not dec.compress:
-            total += planners[0].t_orig(float(nbytes), k)
-            continue
-        comp, params = plan.compressor_of(dec)
-        p = by_key.get(_key(comp, params))
-        if p is None:
-            return None
-        total += p.t_cpr(float(nbytes), k)
-    return total
-
 
 class OnlinePlanner:
     """Watches an engine after every step and switches its plan when it pays.
@@ -406,8 +223,8 @@ class OnlinePlanner:
         self._work_moved = 0  # checks in a row whose step time moved from it
         self.ratio: Optional[RatioSearch] = None  # AR-Topk's ratio search (``for_engine``)
         self._link_moved = False  # a check saw the link move: the ratio search's trigger
-        self._reference_planners = _planners(profile, self.labels, n, strategy,
-                                             self.raw_collective)
+        self._reference_planners = planners_for(profile, self.labels, n, strategy,
+                                                self.raw_collective)
 
     @classmethod
     def for_engine(cls, engine: Any, settings: Adaptive, snapshot: Optional[Tuple[
@@ -433,8 +250,9 @@ class OnlinePlanner:
             return None
         labels = list(plan.meta.get("candidates") or [])
         if not labels:
+            mine = compressor_key(plan.compressor, plan.params)
             labels = [k for k, c in profile.compressors.items()
-                      if _key(c.name, c.params) == _key(plan.compressor, plan.params)][:1]
+                      if compressor_key(c.name, c.params) == mine][:1]
         if not labels:
             raise ValueError(f"plan='adaptive': the profile has no curves for the plan's "
                              f"compressor {plan.compressor!r} (it has "
@@ -500,8 +318,8 @@ class OnlinePlanner:
         key = (link, self.reference, tuple(self.labels), id(self.profile))
         ps = self._planners_cache.get(key)
         if ps is None:
-            ps = _planners(self.calibrated(link), self.labels, self.n, self.strategy,
-                           self.raw_collective)
+            ps = planners_for(self.calibrated(link), self.labels, self.n, self.strategy,
+                              self.raw_collective)
             for p, r in zip(ps, self._reference_planners):
                 p.engine_term = r.engine_term
             self._planners_cache[key] = ps
@@ -575,8 +393,8 @@ class OnlinePlanner:
 
         self.profile = Profile.from_dict(json.loads(d["profile"]))
         self.labels = [str(x) for x in d["labels"]]
-        self._reference_planners = _planners(self.profile, self.labels, self.n, self.strategy,
-                                             self.raw_collective)
+        self._reference_planners = planners_for(self.profile, self.labels, self.n,
+                                                self.strategy, self.raw_collective)
         self.switches = int(d["switches"])
         self.reverts = int(d.get("reverts", 0))  # absent in states saved before trials
         self.rejected = [(str(k), link(x), int(at)) for k, x, at in d.get("rejected", [])]
@@ -663,7 +481,7 @@ class OnlinePlanner:
         meta = {"adaptive": {"step": step, "latency": link.latency,
                              "bandwidth": link.bandwidth},
                 "profile": self.profile.to_dict(), "candidates": self.labels}
-        best = _best_plan(planners, self.sizes, meta, fit_rule=False)  # priced, not used yet
+        best = best_plan(planners, self.sizes, meta, fit_rule=False)  # priced, not used yet
         best_s = price_plan(best, planners, self.sizes, self.n)
         rec.update(current_s=current, best_s=best_s, before_s=before)
         s = self.settings
@@ -695,7 +513,7 @@ class OnlinePlanner:
                       step, refused)
         elif wanted:
             old = engine.plan
-            best = _best_plan(planners, self.sizes, meta, fit_rule=True)  # the same entries
+            best = best_plan(planners, self.sizes, meta, fit_rule=True)  # the same entries
             states = self._set_plan(engine, best)
             self.switches += 1
             self.decided_on = link
@@ -793,7 +611,7 @@ class OnlinePlanner:
         is still within ``margin`` of the link it was measured on (priced as the
         switch rule prices a move: the refused plan's predicted time there and
         here); else None."""
-        key = _plan_key(plan)
+        key = plan_key(plan)
         for ref_key, ref_link, at in self.rejected:
             if ref_key != key:
                 continue
@@ -849,7 +667,7 @@ class OnlinePlanner:
                 self.history.append(rec)
                 return tr["new"]
             rec["verdict"] = "revert stands"
-            self.rejected.append((_plan_key(tr["new"]), tr["link"], tr["switch"]))
+            self.rejected.append((plan_key(tr["new"]), tr["link"], tr["switch"]))
             _log.info("plan='adaptive': the revert stands (%.2f ms a step against %.2f ms); the "
                       "plan of step %d is refused near this link", 1e3 * t_now, 1e3 * t_then,
                       tr["switch"])
@@ -913,7 +731,7 @@ class OnlinePlanner:
             return None
 
         def plan_at(x: Link) -> Plan:
-            return _best_plan(self.planners(x), self.sizes, meta, fit_rule=True)
+            return best_plan(self.planners(x), self.sizes, meta, fit_rule=True)
 
         cands = alternatives(plan_at, lambda p: price_plan(p, planners, self.sizes, self.n),
                              link, engine.plan)
@@ -981,56 +799,3 @@ class OnlinePlanner:
 
 def _ms(seconds: Optional[float]) -> str:
     return "?" if seconds is None else f"{1e3 * seconds:.1f}"
-
-
-def _best_plan(planners: Sequence[Planner], sizes: Mapping[str, int],
-               meta: Mapping[str, Any], fit_rule: bool) -> Plan:
-    """The cost model's best plan over the candidates' planners (``plan_per_gradient``;
-    one candidate: its planner's plan)."""
-    if len(planners) > 1:
-        return plan_per_gradient(planners, sizes, meta=meta, fit_rule=fit_rule)
-    return planners[0].plan(sizes, meta=meta, fit_rule=fit_rule)
-
-
-def _plan_key(plan: Plan) -> str:
-    """What makes two plans the same plan: every gradient's decision."""
-    return json.dumps({n: g.to_dict() for n, g in plan.gradients.items()}, sort_keys=True)
-
-
-class adaptive_plan:  # noqa: N801 - a callable used like a function, as auto_plan
-    """The plan source of ``plan="adaptive"`` with a given profile: the cost model's
-    best plan on the profile's own link, planned inside ``register`` without
-    profiling (every rank plans from the same file, so every rank gets the same
-    plan; the engine checks it). Without a profile the front ends use
-    ``auto_plan``, whose measured profile the online planner then reuses.
-
-    Args:
-        profile: the ``Profile``.
-        labels: compressors to choose from per gradient (default: all the
-            profile's).
-    """
-
-    def __init__(self, profile: Profile, labels: Optional[Sequence[str]] = None) -> None:
-        self.profile = profile
-        self.labels = list(labels) if labels else sorted(profile.compressors)
-
-    def __call__(self, transport: Any, sizes: Mapping[str, int], config: Any) -> Plan:
-        return profile_plan(self.profile, self.labels, sizes, transport.size, config.strategy,
-                            config.raw_collective,
-                            meta={"adaptive": "start", "candidates": self.labels,
-                                  "profile": self.profile.to_dict()})
-
-    def __repr__(self) -> str:
-        return f"adaptive_plan(labels={self.labels!r})"
-
-
-def source_for(settings: Union[Adaptive, str], candidates: Any = None) -> Any:
-    """The plan source ``register`` calls for ``plan="adaptive"``: ``adaptive_plan``
-    on a given profile, else ``auto_plan`` (profiles at start-up)."""
-    settings = Adaptive() if isinstance(settings, str) else settings
-    profile = settings.load_profile()
-    if profile is not None:
-        return adaptive_plan(profile, list(candidates) if candidates else None)
-    from .auto import auto_plan
-
-    return auto_plan(candidates=candidates)
