@@ -70,7 +70,8 @@ training runs:
    with the switched plan and its state, as if it had not stopped.
 7. **Exploration** (``Adaptive(explore=...)``, on by default with measured
    links; ``tuning/explore.py``): a check whose link moved by more than
-   ``margin`` as the plans priced see it, or whose agreed step time moved
+   three times ``margin`` as the plans priced see it (or by more than
+   ``margin`` at two checks in a row), or whose agreed step time moved
    from the decided plan's by more than twice ``margin`` at two checks in a
    row while the link did not (the work changed: a straggling host, a CPU
    hog), does not trust the
@@ -221,6 +222,7 @@ class OnlinePlanner:
         self.explorations = 0
         self._settled_s: Optional[float] = None  # agreed step time of the plan decided on
         self._work_moved = 0  # checks in a row whose step time moved from it
+        self._link_moves = 0  # checks in a row whose link moved by more than the margin
         self.ratio: Optional[RatioSearch] = None  # AR-Topk's ratio search (``for_engine``)
         self._link_moved = False  # a check saw the link move: the ratio search's trigger
         self._reference_planners = planners_for(profile, self.labels, n, strategy,
@@ -699,30 +701,35 @@ class OnlinePlanner:
     def _explore_start(self, engine: Any, step: int, link: Link, rec: Dict[str, Any],
                        planners: Sequence[Planner], meta: Mapping[str, Any],
                        step_s: Optional[float], t0: float) -> Optional[Plan]:
-        """A check with ``explore``: when the link moved (as the plans priced see it) or
-        the agreed step time moved from the decided plan's by more than twice
+        """A check with ``explore``: when the link moved (as the plans priced see it) by
+        more than three times ``margin``, or by more than ``margin`` at two checks in a
+        row, or the agreed step time moved from the decided plan's by more than twice
         ``margin`` at two checks in a row (the work changed: a straggler, a busy
         host; the plan's time is taken at the first check after a decision), start
         an exploration of the model's plans (``explore.alternatives``) and switch to
         the first."""
         s = self.settings
         base = self._settled_s
-        if base is None:  # the first check after a decision times the plan kept
+        if base is None and len(self._steps_s) >= AFTER_STEPS:
+            # the first check after a decision with a whole window times the plan kept
             self._settled_s = base = step_s
         moved = (step_s is not None and base is not None and base > 0
                  and abs(step_s - base) > 2 * s.margin * base)
-        # the work trigger needs two checks in a row (one slow window is noise)
+        # the work trigger needs two checks in a row (one slow window is noise); so does a
+        # link move within three margins (a probe on a loaded host reads +-30 %)
         self._work_moved = self._work_moved + 1 if moved else 0
         work = self._work_moved >= 2
+        self._link_moves = self._link_moves + 1 if rec["moved"] > s.margin else 0
+        link_moved = rec["moved"] > 3 * s.margin or self._link_moves >= 2
         rec["step_s"] = step_s
-        if rec["moved"] <= s.margin and not work:
+        if not link_moved and not work:
             _log.info("plan='adaptive' step %d: keep the plan (link %.3g ms + %.3g Gbit/s, "
                       "moved %.0f %%; step %s ms against %s ms decided)", step,
                       1e3 * link.latency, 8e-9 * link.bandwidth, 100 * rec["moved"],
                       _ms(step_s), _ms(base))
             return None
-        reason = "link moved" if rec["moved"] > s.margin else "step time moved"
-        self._work_moved = 0
+        reason = "link moved" if link_moved else "step time moved"
+        self._work_moved = self._link_moves = 0
         if self.switches >= s.max_switches or self.explorations >= s.max_explorations:
             rec["capped"] = True
             _log.info("plan='adaptive' step %d: %s, but the caps are reached (%d switch(es), "
