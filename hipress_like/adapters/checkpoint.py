@@ -12,6 +12,11 @@ all wrap ``Engine.state_dict()`` in the same envelope::
 
 and read it back by the same rules (``unpack``): another rank's state is
 refused, since it would resume this rank with someone else's residuals.
+With ``plan="adaptive"`` the faces whose checkpoint is this envelope alone
+(TensorFlow's, the Gluon trainer's) add the online planner's state under
+``"adaptive"`` (``tuning.online.OnlinePlanner.state_dict``: the active plan
+and the controller, ``ADAPTIVE``); the PyTorch optimizer keeps it beside the
+envelope, under ``"hipress_adaptive"``.
 
 **Another world size (N -> M).** An envelope with every rank's state and
 the saved layout is *resharded* (``reshard``); otherwise the compressor
@@ -61,11 +66,12 @@ import torch
 from ..compressors.base import mix_seed
 from ..errors import HipressError
 
-__all__ = ["FORMAT", "VERSION", "CompressorStateReset", "pack", "check_format", "unpack",
-           "restore", "layout_of", "reshard"]
+__all__ = ["FORMAT", "VERSION", "ADAPTIVE", "CompressorStateReset", "pack", "check_format",
+           "unpack", "restore", "layout_of", "reshard"]
 
 FORMAT = "hipress-like-optimizer-state"
 VERSION = 1
+ADAPTIVE = "adaptive"  # the envelope's optional plan="adaptive" entry (module docstring)
 
 # Fields that enter the averaged update linearly: resharded as (1/N) sum_i (module docstring).
 _LINEAR = frozenset({"error", "error_p", "residual", "u", "v"})
@@ -81,7 +87,8 @@ class CompressorStateReset(HipressError, UserWarning):
 
 def pack(local: Dict[str, Any], rank: int, size: int,
          engines: Optional[List[Dict[str, Any]]] = None,
-         layout: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+         layout: Optional[Dict[str, Any]] = None,
+         adaptive: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The envelope of this rank's engine state ``local``, or of every rank's
     (``engines``, index = rank, from an ``allgather_object`` the caller ran).
 
@@ -91,10 +98,14 @@ def pack(local: Dict[str, Any], rank: int, size: int,
         engines: every rank's state (``state_dict(all_ranks=True)``).
         layout: ``layout_of(engine)``; with ``engines`` it lets another
             world size reshard the state (``reshard``).
+        adaptive: ``OnlinePlanner.state_dict(engine)`` with ``plan="adaptive"``
+            (kept under ``ADAPTIVE``; its agreed fields are equal on every rank).
     """
     hip: Dict[str, Any] = {"format": FORMAT, "version": VERSION, "world_size": size}
     if layout is not None:
         hip["layout"] = layout
+    if adaptive is not None:
+        hip[ADAPTIVE] = adaptive
     if engines is not None:
         hip["engines"] = engines
     else:

@@ -5,7 +5,8 @@ into an ``EngineConfig``, opens a transport of its own and registers the
 gradients. It also decides each gradient's wire dtype: fp16/bf16 gradients
 are reduced in float32 (the compressors' maths and the averaging are done
 at full precision, then cast back), float32/float64 go as they are, and
-anything else is refused with a message.
+anything else is refused with a message. ``online_planner`` gives a face
+that re-plans (``plan="adaptive"``) the planner to call after each step.
 """
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from ..cost_model.plan import STRATEGIES
+from .adaptive_start import AdaptiveStart
 from .compression import is_auto, resolve_compression
 from .runtime import _require, check_timeout, default_timeout, engine_transport
 
 __all__ = ["build_engine", "close_engine", "EngineHolder", "wire_dtype", "resolve_plan",
-           "adaptive_settings", "refuse_adaptive", "STRATEGIES"]
+           "adaptive_settings", "online_planner", "refuse_adaptive", "STRATEGIES"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,8 @@ def wire_dtype(dtype: torch.dtype, name: str) -> torch.dtype:
 
 
 def resolve_plan(plan: Any) -> Any:
-    """``"auto"``, ``None``, a ``Plan`` or a path to a plan JSON file -> engine argument.
+    """``"auto"``, ``None``, a ``Plan`` or a path to a plan JSON file -> engine argument
+    (``"adaptive"`` -> an ``Adaptive``; an ``Adaptive`` or ``AdaptiveStart`` as it is).
 
     Raises:
         hipress_like.cost_model.PlanError: an unreadable or invalid plan file.
@@ -54,8 +57,8 @@ def resolve_plan(plan: Any) -> Any:
     from ..cost_model import Plan
     from ..tuning.online import Adaptive
 
-    if plan is None or plan == "auto" or isinstance(plan, Plan):
-        return plan
+    if plan is None or isinstance(plan, (Plan, AdaptiveStart)) or plan == "auto":
+        return plan  # an AdaptiveStart: a face's own first plan (adaptive_start.py)
     if plan == "adaptive":
         return Adaptive()
     if isinstance(plan, Adaptive):
@@ -67,10 +70,13 @@ def resolve_plan(plan: Any) -> Any:
 
 
 def adaptive_settings(plan: Any) -> Any:
-    """The ``Adaptive`` settings of a ``plan=`` argument ("adaptive" or an instance),
-    else None (the option is off: nothing of ``tuning/online.py`` runs)."""
+    """The ``Adaptive`` settings of a ``plan=`` argument ("adaptive", an instance, or
+    an ``AdaptiveStart``'s), else None (the option is off: nothing of
+    ``tuning/online.py`` runs)."""
     from ..tuning.online import Adaptive
 
+    if isinstance(plan, AdaptiveStart):
+        return plan.settings
     if isinstance(plan, Adaptive):
         return plan
     return Adaptive() if isinstance(plan, str) and plan == "adaptive" else None
@@ -81,10 +87,12 @@ def refuse_adaptive(plan: Any, face: str,
                     use: str = "plan='auto' (planned once at start) on this face") -> None:
     """Refuse ``plan="adaptive"`` (or an ``Adaptive``) on a face that does not re-plan.
 
-    Only ``hipress_like.torch.DistributedOptimizer`` runs the online planner
-    after each step (``tuning/online.py``); a face that took the option and
-    kept its first plan would silently not adapt, so it is refused where the
-    face is built, before any transport opens.
+    A face that runs the online planner after each step (``tuning/online.py``:
+    PyTorch's and TensorFlow's optimizers, the TensorFlow tape, the Gluon
+    trainer, the BytePS-style faces; ``online_planner`` builds it) takes the
+    option; one that does not (the DDP comm hook)
+    would keep its first plan and silently not adapt, so it calls this where it
+    is built, before any transport opens.
 
     Args:
         plan: the face's ``plan=`` argument.
@@ -96,10 +104,29 @@ def refuse_adaptive(plan: Any, face: str,
     """
     if adaptive_settings(plan) is None:
         return
-    raise ValueError(f"{face}: plan='adaptive' re-plans at step boundaries, which only "
-                     f"hpt.DistributedOptimizer (hipress_like.torch) does yet; expected "
-                     f"{expected} here, found {plan!r}; use {use}, or "
+    raise ValueError(f"{face}: plan='adaptive' re-plans at step boundaries, which this face "
+                     f"does not do; expected {expected} here, found {plan!r}; use {use}, or "
                      f"hipress_like.torch.DistributedOptimizer(..., plan='adaptive')")
+
+
+def online_planner(engine: Any, plan: Any, snapshot: Any = None) -> Any:
+    """The ``tuning.online.OnlinePlanner`` that re-plans ``engine`` for a face's ``plan=``
+    argument, or None: the option is off, or there is nothing to adapt (one rank,
+    nothing compressed; logged by ``OnlinePlanner.for_engine``).
+
+    The face calls its ``after_step(engine)`` once per synchronised step, on every
+    rank at the same step, and keeps its ``state_dict(engine)`` with the
+    compressor state (``load_state_dict(engine, d)`` before the compressor state
+    is restored: it switches to the saved plan first). ``snapshot``: the face's
+    ``(checkpoint, restore)`` of its training state in memory, for AR-Topk's
+    ratio search (``tuning/ratio_search.py``); None: no ratio search.
+    """
+    settings = adaptive_settings(plan)
+    if settings is None:
+        return None
+    from ..tuning.online import OnlinePlanner
+
+    return OnlinePlanner.for_engine(engine, settings, snapshot=snapshot)
 
 
 def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
@@ -195,7 +222,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
     elif adaptive is not None:
         from ..tuning.online import source_for
 
-        plan = source_for(adaptive, candidates)  # plans inside register()
+        # plans inside register(); an AdaptiveStart starts on the face's own plan
+        plan = plan.start if isinstance(plan, AdaptiveStart) else source_for(adaptive, candidates)
     # collective="auto" (from the argument or a plan entry) measures links in register()
     from ..tuning.link import collective_links
 

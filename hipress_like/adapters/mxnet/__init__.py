@@ -10,8 +10,9 @@ ones (``adapters.runtime``, ``adapters.engine_builder``,
 hands MXNet's arrays to them without copying (DLPack, ``tensors``):
 
 - ``trainer``: ``DistributedTrainer``, a Gluon ``Trainer`` whose gradients
-  are averaged by CaSync (compression, PS/Ring strategy, plans), with the
-  compressor state in ``save_states``/``load_states``.
+  are averaged by CaSync (compression, PS/Ring strategy, plans; with
+  ``plan="adaptive"``, ``hvd.Adaptive``, re-planned while training runs), with
+  the compressor state in ``save_states``/``load_states``.
 - ``optimizer``: ``DistributedOptimizer``, Horovod's per-update allreduce
   around any ``mx.optimizer.Optimizer`` (no compression beyond fp16).
 - ``parameters``: ``broadcast_parameters`` (deferred initialisation too).
@@ -27,6 +28,7 @@ hands MXNet's arrays to them without copying (DLPack, ``tensors``):
 mpi4py, a bpslaunch-style environment, or a single process). MXNet needs
 numpy 1.23.5, so it lives in its own environment: ``scripts/env_mxnet.sh``.
 """
+from ...tuning.online import Adaptive
 from ..basics import *  # noqa: F403 (init, rank, size, Compression, ...: every face's)
 from ..basics import __all__ as _BASICS
 from .collectives import (
@@ -65,6 +67,6 @@ __all__ = [
     "MXNetCallError", "ProcessSet", "add_process_set", "alltoall", "ccl_built", "ddl_built",
     "global_process_set", "grouped_allgather", "grouped_reducescatter", "reducescatter",
     "remove_process_set", "start_timeline", "stop_timeline",
-    "DistributedOptimizer", "DistributedTrainer",
+    "Adaptive", "DistributedOptimizer", "DistributedTrainer",
     "OrderingError", "STATE_SUFFIX", "broadcast_parameters",
 ] + _BASICS

@@ -13,7 +13,10 @@ kvstore is created) that replaces the trainer's gradient reduction. One
    the first ones. Then ``engine.synchronize()``: the averages are written
    into the gradients' own memory.
 2. ``_update``: Gluon's update runs on the averaged gradients (identical
-   bits on every rank, so replicas never drift).
+   bits on every rank, so replicas never drift). With ``plan="adaptive"``
+   the online planner (``tuning.online.OnlinePlanner.after_step``) runs
+   after it, as after the PyTorch optimizer's step: every rank at the same
+   step, so every rank switches at the same step boundary to the same plan.
 
 Gradients are named by their position in the trainer (Gluon sorts the
 parameters by name), as Horovod names them, so ranks whose automatic block
@@ -34,7 +37,10 @@ round on 3 or more ranks) to ``fname + ".hipress"`` (``torch.save``, read back w
 ``weights_only=True``); ``load_states(fname)`` reads both, so a resumed run
 continues exactly. Compressor state is per rank: every rank saves its own
 file, or every rank calls ``save_states(fname, all_ranks=True)`` and rank 0
-writes one file holding every rank's state.
+writes one file holding every rank's state. With ``plan="adaptive"`` that
+file also holds the active plan and the planner (``checkpoint.ADAPTIVE``);
+``load_states`` switches to the saved plan (a collective when it differs:
+every rank loads) before restoring the compressor state.
 """
 from __future__ import annotations
 
@@ -57,7 +63,7 @@ from ..engine_builder import (
     STRATEGIES,
     EngineHolder,
     build_engine,
-    refuse_adaptive,
+    online_planner,
     resolve_plan,
     wire_dtype,
 )
@@ -102,7 +108,11 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
         process_set: only ``None`` (all ranks).
         strategy: "ps" (co-located parameter servers) or "ring".
         plan: "auto" (the cost model decides per gradient), a ``Plan``, a
-            plan file, or ``None`` (the engine's size rule).
+            plan file, or ``None`` (the engine's size rule). "adaptive" or
+            ``hvd.Adaptive(check_every=20, margin=0.1, ...)``: planned as
+            "auto" (or from ``Adaptive.profile``), then re-planned after the
+            steps while training runs, every rank switching at the same step
+            (``tuning/online.py``; ``trainer.online.history`` lists every check).
         nonfinite: a NaN/Inf gradient on some rank: "propagate" (default,
             as Horovod: every rank's averages are non-finite, compressor
             state is rolled back), "skip" (no rank updates its weights this
@@ -153,7 +163,6 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
             resolve_compression(compression)  # an unknown name lists the known ones
         if compression_back is not None:
             resolve_compression(compression_back)
-        refuse_adaptive(plan, "hipress_like.mxnet.DistributedTrainer")
         resolve_plan(plan)
         if collective is not None:
             check_collective_name(collective)
@@ -178,11 +187,14 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
         self._hp_prefix = prefix or ""
         self._hp_rank, self._hp_size = rt.rank, rt.size
         self._hp_engine: Any = None
+        self._hp_online: Any = None  # plan="adaptive": tuning.online.OnlinePlanner
+        self._hp_online_at = -1  # the engine step the planner last ran after
         self._hp_synced: List[Tuple[str, Any, torch.dtype]] = []
         self._hp_wire: Dict[str, torch.Tensor] = {}
         self._hp_reduced = False  # allreduce_grads() ran; update() comes next
         self._hp_ok = True  # the last step's averages may be applied (nonfinite="skip")
         self._hp_pending: Optional[Dict[str, Any]] = None  # state loaded before the engine
+        self._hp_pending_adaptive: Optional[Dict[str, Any]] = None  # its plan="adaptive" part
         self._hp_gluon: Dict[str, str] = {}  # gradient name -> Gluon parameter name
         if all(p._data is not None for p in self._params):
             self._hp_build()
@@ -213,12 +225,16 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
             self._hp_synced.append((name, p, wdt))
         self._hp_gluon = names
         try:
-            self._hp_engine = build_engine(specs, **self._hp_kwargs)
+            self._hp_engine = build_engine(specs, online=True, **self._hp_kwargs)
         except (EngineError, ValueError) as e:
             named = self._hp_named(e)
             if named is e:
                 raise
             raise named from e
+        self._hp_online = online_planner(self._hp_engine, self._hp_kwargs["plan"])
+        if self._hp_pending_adaptive is not None and self._hp_online is not None:
+            self._hp_online.load_state_dict(self._hp_engine, self._hp_pending_adaptive)
+        self._hp_pending_adaptive = None
         if self._hp_pending is not None:
             self._hp_engine.load_state_dict(self._hp_pending)
             self._hp_pending = None
@@ -289,8 +305,18 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
         if not self._hp_ok:
             log.warning("step skipped on every rank: a gradient was NaN/Inf "
                         "(nonfinite='skip')")
-            return
-        super()._update(ignore_stale_grad)
+        else:
+            super()._update(ignore_stale_grad)
+        online, eng = self._hp_online, self._hp_engine
+        if online is not None and eng.step != self._hp_online_at:
+            self._hp_online_at = eng.step  # once per synchronised step, every rank
+            online.after_step(eng)
+
+    @property
+    def online(self) -> Any:
+        """The ``tuning.online.OnlinePlanner`` of ``plan="adaptive"`` (None otherwise,
+        before the engine is built, or when there is nothing to adapt)."""
+        return self._hp_online
 
     # -- checkpoints ----------------------------------------------------------------------
     def save_states(self, fname: str, all_ranks: bool = False) -> None:
@@ -315,7 +341,9 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
         local = self._hp_engine.state_dict() if self._hp_engine is not None \
             else self._hp_pending
         engines = allgather_object(local, name="trainer.save_states") if all_ranks else None
-        hip = checkpoint.pack(local, self._hp_rank, self._hp_size, engines)
+        adaptive = self._hp_online.state_dict(self._hp_engine) \
+            if self._hp_online is not None else self._hp_pending_adaptive
+        hip = checkpoint.pack(local, self._hp_rank, self._hp_size, engines, adaptive=adaptive)
         if not all_ranks or self._hp_rank == 0:
             super().save_states(fname)
             torch.save(hip, fname + STATE_SUFFIX)
@@ -328,6 +356,9 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
 
         State saved with another world size, or a states file without its
         compressor state, starts the compressor state fresh (with a warning).
+        With ``plan="adaptive"`` the plan the state was saved with is switched
+        to first (a collective when it differs: every rank loads), so the
+        compressor state fits it.
 
         Raises:
             ValueError: the file holds another rank's compressor state (save
@@ -343,6 +374,13 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
             self._hp_set_state(None)
             return
         hip = torch.load(side, weights_only=True)
+        checkpoint.check_format(hip, side)
+        adaptive = hip.get(checkpoint.ADAPTIVE)
+        if adaptive is not None:
+            if self._hp_engine is None:
+                self._hp_pending_adaptive = adaptive
+            elif self._hp_online is not None:
+                self._hp_online.load_state_dict(self._hp_engine, adaptive)
         self._hp_set_state(checkpoint.unpack(
             hip, self._hp_rank, self._hp_size, where=side,
             fix="Save with trainer.save_states(fname, all_ranks=True) (every rank's state in "
@@ -358,4 +396,5 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
     # -- teardown -----------------------------------------------------------------------
     def close(self) -> None:
         """Close the engine and its transport (also done by ``hvd.shutdown()``)."""
+        self._hp_online = None
         self._hp_close_engine()

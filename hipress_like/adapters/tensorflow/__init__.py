@@ -27,8 +27,11 @@ loops. By module:
 
 Framework-neutral, shared with the other faces: ``adapters.runtime``
 (``init``, ``rank``, ``size``, launchers), ``adapters.engine_builder`` and
-``adapters.compression`` (the ``Compression`` namespace).
+``adapters.compression`` (the ``Compression`` namespace), and
+``tuning.online.Adaptive``, the settings of ``plan="adaptive"`` (exported as
+``hvd.Adaptive``, as ``hpt.Adaptive`` is by the PyTorch face).
 """
+from ...tuning.online import Adaptive
 from ..basics import *  # noqa: F403 (init, rank, size, Compression, ...: every face's)
 from ..basics import __all__ as _BASICS
 from . import callbacks
@@ -73,7 +76,7 @@ from .tape import DistributedGradientTape, compressor_state, load_compressor_sta
 __all__ = [
     "allgather", "allgather_object", "allreduce", "broadcast", "broadcast_object",
     "broadcast_variables", "grouped_allreduce",
-    "DistributedGradientTape", "DistributedOptimizer",
+    "Adaptive", "DistributedGradientTape", "DistributedOptimizer",
     "GradientSync", "BroadcastGlobalVariablesCallback", "LearningRateWarmupCallback",
     "MetricAverageCallback", "callbacks",
     "compressor_state", "load_compressor_state",

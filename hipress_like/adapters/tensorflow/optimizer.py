@@ -15,7 +15,9 @@ optimizer apply them. One step in ``model.fit``:
    is skipped on every rank (a ``tf.cond``) when any rank saw NaN/Inf.
 
 The engine is built in ``build`` (``model.fit`` builds the optimizer before
-the first step; a collective: every rank builds at the same point). The
+the first step; a collective: every rank builds at the same point). With
+``plan="adaptive"`` the online planner runs after every step's averaging
+(``sync.GradientSync``), as on the PyTorch face; ``opt.online`` is it. The
 train function cannot be XLA-compiled (``compile(jit_compile=True)``):
 ``tf.py_function`` needs the interpreter. Keras's default ("auto") does not
 compile on CPU-only hosts.
@@ -25,7 +27,10 @@ Checkpoints: ``save_own_variables`` adds this rank's compressor state
 beside the optimizer's variables, so ``model.save_weights`` /
 ``model.load_weights`` (and ``ModelCheckpoint``) resume exactly. The state
 is per rank: every rank saves its own file (with ``hvd.rank()`` in its
-name); a file holding another rank's non-empty state is refused.
+name); a file holding another rank's non-empty state is refused. With
+``plan="adaptive"`` that entry also holds the active plan and the planner, so
+``load_weights`` switches to the saved plan before restoring the compressor
+state.
 """
 from __future__ import annotations
 
@@ -85,6 +90,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         strategy: "ps" (co-located parameter servers) or "ring".
         plan: "auto" (the cost model decides per gradient), a ``Plan``, a
             plan file path, or ``None`` (the engine's size rule).
+            "adaptive" or ``hvd.Adaptive(check_every=20, margin=0.1, ...)``:
+            planned as "auto" (or from ``Adaptive.profile``), then re-planned
+            while training runs, every rank switching at the same step
+            (``tuning/online.py``; ``opt.online.history`` lists every check).
+            ``get_config`` keeps "adaptive" but not an ``Adaptive`` (its profile
+            and ``estimate`` are not JSON; saved as ``None``, like a ``Plan``).
         nonfinite: "propagate" (default), "skip" (no rank steps when any
             rank's gradient holds NaN/Inf) or "raise".
         timeout: seconds before a stalled or dead peer becomes an error.
@@ -211,6 +222,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def engine(self) -> Any:
         """The CaSync engine (None until ``build``)."""
         return self._hp_sync.engine
+
+    @property
+    def online(self) -> Any:
+        """The ``tuning.online.OnlinePlanner`` of ``plan="adaptive"`` (None otherwise,
+        until ``build``, or when there is nothing to adapt)."""
+        return self._hp_sync.online
 
     # -- checkpoints --------------------------------------------------------------------
     def compressor_state(self, all_ranks: bool = False) -> Dict[str, Any]:

@@ -31,10 +31,19 @@ How gradients cross into the engine:
   Python interpreter: such functions cannot be XLA-compiled
   (``jit_compile=True``) or exported to a SavedModel.
 
+With ``plan="adaptive"`` (or an ``Adaptive``) the engine is re-planned as
+on the PyTorch face: ``finish`` calls the online planner
+(``tuning.online.OnlinePlanner.after_step``) once the step's averages are
+in, on every rank at the same step, so every rank switches at the same
+step boundary to the same plan.
+
 Compressor state (error-feedback residuals, PowerSGD's Q, DGC's momentum) is
-per rank; ``state_dict``/``load_state_dict`` follow the PyTorch face's rules,
-and ``to_bytes``/``from_bytes`` carry it in checkpoints (``torch.save``
-bytes, read back with ``torch.load(weights_only=True)``: never unpickled).
+per rank; ``state_dict``/``load_state_dict`` follow the PyTorch face's rules
+(with ``plan="adaptive"`` the envelope also holds the active plan and the
+planner, ``checkpoint.ADAPTIVE``, switched to before the compressor state is
+restored), and ``to_bytes``/``from_bytes`` carry it in checkpoints
+(``torch.save`` bytes, read back with ``torch.load(weights_only=True)``:
+never unpickled).
 """
 from __future__ import annotations
 
@@ -53,7 +62,7 @@ from ..engine_builder import (
     STRATEGIES,
     build_engine,
     close_engine,
-    refuse_adaptive,
+    online_planner,
     wire_dtype,
 )
 from ..runtime import _require, _track
@@ -109,6 +118,9 @@ class GradientSync:
         collective:
             as for ``hipress_like.torch.DistributedOptimizer``; checked here,
             before any engine exists, so a typo fails at once on every rank.
+            ``plan="adaptive"`` (or ``Adaptive(...)``) re-plans after each
+            step (``online``); ``compression_back`` is refused with it when
+            the engine is built.
         op: ``Average`` (default) or ``Sum``.
         what: how errors name the owner ("DistributedOptimizer", ...).
 
@@ -138,7 +150,6 @@ class GradientSync:
             resolve_compression(compression_back)
         if collective is not None:
             check_collective_name(collective)
-        refuse_adaptive(plan, f"hipress_like.tensorflow.{what}")
         self.options = dict(compression=compression, strategy=strategy, plan=plan,
                             nonfinite=nonfinite, timeout=timeout, seed=int(seed),
                             compression_back=compression_back, collective=collective)
@@ -149,6 +160,8 @@ class GradientSync:
         self._dtypes: List[tf.DType] = []
         self._wire: List[torch.dtype] = []
         self._engine: Any = None
+        self._online: Any = None  # plan="adaptive": tuning.online.OnlinePlanner
+        self._online_at = -1  # the engine step the planner last ran after
         self._staging = Staging()
         self._lock = threading.Lock()  # submits from TF's inter-op threads, one at a time
         self._pending: Optional[Dict[str, Any]] = None  # state loaded before the engine exists
@@ -165,6 +178,12 @@ class GradientSync:
     def engine(self) -> Any:
         """The CaSync engine (None before ``bind``)."""
         return self._engine
+
+    @property
+    def online(self) -> Any:
+        """The ``tuning.online.OnlinePlanner`` of ``plan="adaptive"`` (None otherwise,
+        before ``bind``, or when there is nothing to adapt)."""
+        return self._online
 
     @tf.autograph.experimental.do_not_convert
     def bind(self, variables: Sequence[Any], names: Optional[Sequence[str]] = None) -> None:
@@ -185,7 +204,8 @@ class GradientSync:
         wire = [wire_dtype(to_torch_dtype(d, f"variable {n!r}"), n)
                 for n, d in zip(names, dtypes)]
         specs = [(n, s, w) for n, s, w in zip(names, shapes, wire)]
-        self._engine = build_engine(specs, **self.options)
+        self._engine = build_engine(specs, online=True, **self.options)
+        self._online = online_planner(self._engine, self.options["plan"])
         self.names, self._shapes, self._dtypes, self._wire = names, shapes, dtypes, wire
         self._size = rt.size
         _track(self)
@@ -265,6 +285,10 @@ class GradientSync:
                     buf.mul_(self._size)
                 t = as_tf(buf)
                 outs.append(t if t.dtype == dt else tf.cast(t, dt))
+            online, eng = self._online, self._engine
+            if online is not None and eng.step != self._online_at:
+                self._online_at = eng.step  # once per synchronised step, every rank
+                online.after_step(eng)
         return outs + [tf.constant(ok)]
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -290,10 +314,15 @@ class GradientSync:
             from ..objects import allgather_object
 
             engines = allgather_object(local, name=f"{self.what} state")
-        return checkpoint.pack(local, rt.rank, rt.size, engines)
+        adaptive = None if self._online is None else self._online.state_dict(self._engine)
+        return checkpoint.pack(local, rt.rank, rt.size, engines, adaptive=adaptive)
 
     def load_state_dict(self, hip: Dict[str, Any]) -> None:
         """Restore ``state_dict()`` output (deferred until the engine is built).
+
+        With ``plan="adaptive"``, the plan the state was saved with is switched
+        to first (a collective when it differs: every rank loads), so the
+        compressor state fits it.
 
         Raises:
             ValueError: an unknown format, or another rank's non-empty
@@ -305,6 +334,9 @@ class GradientSync:
         if self._engine is None:
             self._pending = dict(hip)
             return
+        adaptive = hip.get(checkpoint.ADAPTIVE)
+        if adaptive is not None and self._online is not None:
+            self._online.load_state_dict(self._engine, adaptive)
         saved = checkpoint.unpack(
             hip, rt.rank, rt.size, where=f"the {self.what} checkpoint",
             fix="Save a checkpoint on every rank (e.g. a file name with hvd.rank() in it), "
@@ -315,5 +347,6 @@ class GradientSync:
     def close(self) -> None:
         """Close the engine and its transport (also done by ``shutdown()``)."""
         eng, self._engine = self._engine, None
+        self._online = None
         if eng is not None:
             close_engine(eng)

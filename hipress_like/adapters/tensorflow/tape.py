@@ -15,7 +15,10 @@ compressor state), found in a per-process registry. The first
 ``gradient`` call builds it (a collective: every rank reaches it at the same
 point, eagerly or while tracing). ``compressor_state()`` /
 ``load_compressor_state()`` save and restore every tape engine's state for
-checkpoints, keyed by the sources' names and the settings.
+checkpoints, keyed by the sources' names and the settings. With
+``plan="adaptive"`` each shared engine has its online planner
+(``GradientSync.online``), and its state (the active plan and the
+controller) travels in the same checkpoint.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from ...tuning.online import Adaptive
 from .sync import Average, GradientSync, from_bytes, to_bytes, variable_names
 
 __all__ = ["DistributedGradientTape", "compressor_state", "load_compressor_state"]
@@ -38,16 +42,28 @@ _syncs: Dict[Tuple[Any, ...], Tuple[List[Any], GradientSync]] = {}
 _pending: Dict[str, Dict[str, Any]] = {}
 
 
+def _plan_key(plan: Any) -> Any:
+    """The plan's part of a tape's settings: a name or path as it is; ``Adaptive``
+    settings by value (a script may build ``hvd.Adaptive(...)`` anew every step, and
+    equal settings must find the same engine); a ``Plan`` by identity."""
+    if plan is None or isinstance(plan, str):
+        return plan
+    return repr(plan) if isinstance(plan, Adaptive) else id(plan)
+
+
 def _settings_key(options: Dict[str, Any], op: str) -> Tuple[Any, ...]:
-    plan = options["plan"]
-    return (repr(options["compression"]), options["strategy"],
-            plan if plan is None or isinstance(plan, str) else id(plan), options["nonfinite"],
-            options["seed"], repr(options["compression_back"]), op, options["collective"])
+    return (repr(options["compression"]), options["strategy"], _plan_key(options["plan"]),
+            options["nonfinite"], options["seed"], repr(options["compression_back"]), op,
+            options["collective"])
 
 
 def _label(names: List[str], options: Dict[str, Any], op: str) -> str:
-    """A label for a tape engine that is the same in every run of the same program."""
+    """A label for a tape engine that is the same in every run of the same program
+    (``plan="adaptive"`` and any ``Adaptive(...)`` share one: a resumed job may tune the
+    settings and still find its state)."""
     plan = options["plan"]
+    if isinstance(plan, Adaptive):
+        plan = "adaptive"
     stable = [repr(options["compression"]), options["strategy"],
               plan if plan is None or isinstance(plan, str) else "Plan", options["nonfinite"],
               options["seed"], repr(options["compression_back"]), op]
@@ -92,6 +108,9 @@ class DistributedGradientTape:
         step_ok: after ``gradient``, a scalar bool tensor: False when every
             rank must skip this step (``nonfinite="skip"`` and some rank saw
             NaN/Inf); always True otherwise. Usable inside ``tf.function``.
+        sync: after ``gradient``, the ``GradientSync`` shared by the tapes over
+            these sources and settings (its ``engine``, and its ``online``
+            planner with ``plan="adaptive"``); None before.
     """
 
     def __init__(self, tape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
@@ -113,6 +132,7 @@ class DistributedGradientTape:
         self._op = op
         self._tape = tape
         self.step_ok: Any = None
+        self.sync: Any = None
         if num_groups or groups:
             log.info("num_groups/groups ignored: CaSync batches small gradients itself")
 
@@ -129,7 +149,7 @@ class DistributedGradientTape:
                                     unconnected_gradients=unconnected_gradients)
         flat_src = tf.nest.flatten(sources)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        sync = _sync_for(flat_src, self._options, self._op)
+        sync = self.sync = _sync_for(flat_src, self._options, self._op)
         outs, self.step_ok = sync.reduce(flat, flat_src)
         return tf.nest.pack_sequence_as(grads, outs)
 

@@ -46,7 +46,7 @@ import torch
 
 from .. import checkpoint
 from ..collectives import Average, Sum
-from ..engine_builder import EngineHolder, adaptive_settings, build_engine, resolve_plan, specs_of
+from ..engine_builder import EngineHolder, build_engine, online_planner, resolve_plan, specs_of
 from ..joining import Joining
 from ..ordering import OrderingError
 from ..runtime import _require, _track, check_timeout
@@ -128,13 +128,9 @@ class _DistributedOptimizerMixin(EngineHolder):
         b = self._hp_build
         specs = specs_of([(self._hp_names[id(p)], p) for p in self._hp_params])
         self._hp_engine = build_engine(specs, online=True, **b)
-        settings = adaptive_settings(resolve_plan(b["plan"]))
-        self._hp_online = None  # plan="adaptive": re-plans at step boundaries (tuning/online)
-        if settings is not None:
-            from ...tuning.online import OnlinePlanner
-
-            self._hp_online = OnlinePlanner.for_engine(
-                self._hp_engine, settings, snapshot=(self._hp_snapshot, self._hp_restore))
+        # plan="adaptive": re-plans at step boundaries (tuning/online); None otherwise
+        self._hp_online = online_planner(self._hp_engine, resolve_plan(b["plan"]),
+                                         snapshot=(self._hp_snapshot, self._hp_restore))
 
     def _hp_snapshot(self) -> Dict[str, Any]:
         """The training state in memory (parameters, the wrapped optimizer's state), for

@@ -1,0 +1,115 @@
+"""plan="adaptive" on the Gluon ``DistributedTrainer``, with 2 real ranks, in .venv-mxnet.
+
+The link estimate is injected on a schedule (fast, slow from step 8, fast again
+from step 16: ``mx_adaptive_job.fast_slow_fast``), with
+``hvd.Adaptive(check_every=5, margin=0.1, profile=<file>, estimate=...)``, as
+tests/multiprocess/test_adaptive_plan.py does on the PyTorch face. What must hold:
+
+- every rank checks at the same steps and switches at the same steps (10: to
+  1-bit on the large weight; 20: back to nothing compressed) to the same plan,
+  and the replicas are bitwise identical after every step;
+- ``save_states`` at step 12, after the first switch, and ``load_states`` in a
+  new job resume on the switched plan at once, keep the planner's reference and
+  switch count (it switches back at step 20), and give the uninterrupted run's
+  weights bitwise after every step;
+- ``compression="auto"`` (a compressor per gradient among the defaults) re-plans
+  the same way.
+
+The profiles are measured here (``profile_compressor``) and handed to every rank
+as files. MXNet needs its own venv: ``scripts/env_mxnet.sh --test``.
+"""
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from .test_mxnet import _WHY, INSTALL, results, run
+
+pytestmark = [pytest.mark.frameworks,
+              pytest.mark.skipif(bool(_WHY), reason=f"{_WHY}; MXNet needs numpy 1.23.5 and "
+                                 f"its own venv: run {INSTALL}")]
+
+JOB = Path(__file__).resolve().with_name("mx_adaptive_job.py")
+N, STEPS, SAVE_AT = 2, 24, 12
+
+
+def _profile(path: Path, labels) -> str:
+    """A profile of ``labels`` (compressor curves measured here) on the fast link."""
+    from hipress_like.cost_model import Link, Profile
+    from hipress_like.tuning.auto import DEFAULT_CANDIDATES
+    from hipress_like.tuning.profiler import candidate, profile_compressor
+
+    comps = {c: profile_compressor(*candidate(c, DEFAULT_CANDIDATES[c]),
+                                   sizes=[4096, 16384, 65536], repeats=3, min_time=0.0)
+             for c in labels}
+    Profile(link=Link(2e-6, 12.5e9), compressors=comps, meta={"ranks": N}).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory):
+    d = tmp_path_factory.mktemp("adaptive-mx")
+    return {"onebit": _profile(d / "onebit.json", ["onebit"]),
+            "auto": _profile(d / "auto.json", sorted(["onebit", "terngrad", "dgc",
+                                                      "powersgd"]))}
+
+
+@lru_cache(maxsize=None)
+def _job(*args: str) -> dict:
+    rc, out = run("env", JOB, *args, np=N)
+    res = results(out)
+    assert rc == 0 and sorted(res) == list(range(N)), f"job failed (rc {rc}):\n{out[-5000:]}"
+    return res
+
+
+def _agree(res: dict) -> dict:
+    """Every rank: the same weights after every step, the same plan, the same checks."""
+    r0 = res[0]
+    for r in range(1, N):
+        for key in ("digests", "plans", "compressed", "checks", "switched", "switches"):
+            assert res[r][key] == r0[key], f"rank {r} differs from rank 0 in {key}"
+    return r0
+
+
+def _changes(plans):
+    """Engine steps after which the plan differs from the step before (entry i is after
+    step i + 1)."""
+    return [i + 1 for i in range(1, len(plans)) if plans[i] != plans[i - 1]]
+
+
+@pytest.fixture(scope="module")
+def onebit_jobs(profiles, tmp_path_factory):
+    common = ("--profile", profiles["onebit"], "--compression", "onebit", "--steps",
+              str(STEPS), "--save-at", str(SAVE_AT), "--ckpt",
+              str(tmp_path_factory.mktemp("mx-ckpt")))
+    return _job(*common), _job(*common, "--resume")
+
+
+def test_every_rank_switches_at_the_same_steps_with_identical_replicas(onebit_jobs):
+    r0 = _agree(onebit_jobs[0])
+    assert r0["checks"] == [5, 10, 15, 20]
+    assert r0["switched"] == [10, 20] and r0["switches"] == 2
+    assert _changes(r0["plans"]) == [10, 20]
+    assert r0["compressed"][8] == [] and r0["compressed"][9], "slow link: nothing compressed"
+    assert r0["compressed"][19] == []  # fast again: back to nothing compressed
+    assert len(set(r0["digests"])) == STEPS  # it learned at every step
+
+
+def test_states_saved_after_a_switch_resume_on_the_switched_plan(onebit_jobs):
+    full, resumed = onebit_jobs
+    r0 = _agree(resumed)
+    f0 = full[0]
+    assert r0["plans"][0] == f0["plans"][SAVE_AT - 1] != f0["plans"][0]  # the switched plan
+    assert r0["plans"] == f0["plans"][SAVE_AT:]
+    assert r0["switched"] == [10, 20] and r0["switches"] == 2  # the saved history goes on
+    for r in range(N):
+        assert resumed[r]["digests"] == full[r]["digests"][SAVE_AT:], f"rank {r}"
+
+
+def test_compression_auto_re_plans_alike_on_every_rank(profiles):
+    r0 = _agree(_job("--profile", profiles["auto"], "--compression", "auto", "--steps",
+                     str(STEPS)))
+    assert r0["checks"] == [5, 10, 15, 20]
+    assert r0["switched"] and r0["switched"][0] == 10, r0["switched"]
+    assert _changes(r0["plans"]) == r0["switched"]
+    assert r0["compressed"][8] == [] and r0["compressed"][9], "slow link: nothing compressed"

@@ -1,0 +1,146 @@
+"""plan="adaptive" on the TensorFlow face, with 2 real ranks (torchrun), in .venv-tf.
+
+The link estimate is injected on a schedule (fast, slow from step 8, fast again
+from step 16: ``tf_adaptive_job.fast_slow_fast``), with
+``hvd.Adaptive(check_every=5, margin=0.1, profile=<file>, estimate=...)``, as
+tests/multiprocess/test_adaptive_plan.py does on the PyTorch face. What must hold:
+
+- ``DistributedGradientTape`` inside ``tf.function``: every rank checks at the
+  same steps and switches at the same steps (10: to 1-bit on the large kernel;
+  20: back to nothing compressed) to the same plan, and the replicas are
+  bitwise identical after every step;
+- a checkpoint taken at step 12, after the first switch (``tf.train.Checkpoint``
+  plus ``hvd.compressor_state()``), resumes on the switched plan at once, keeps
+  the planner's reference and switch count (it switches back at step 20), and
+  gives the uninterrupted run's weights bitwise after every step;
+- Keras ``model.fit`` with ``hvd.DistributedOptimizer(compression="auto")``: the
+  same agreement, and ``model.save_weights``/``load_weights`` carries the plan
+  and the planner the same way.
+
+The profile is measured here (``profile_compressor``) and handed to every rank
+as a file. Needs TensorFlow: ``scripts/env_tensorflow.sh --test`` builds .venv-tf.
+"""
+import importlib.util
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.frameworks
+
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip(f"TensorFlow is not installed in this environment ({sys.prefix}); run these "
+                "tests with .venv-tf/bin/python (scripts/env_tensorflow.sh builds it)",
+                allow_module_level=True)
+
+from .test_horovodrun import _env, command, results_of  # noqa: E402
+
+JOB = Path(__file__).resolve().with_name("tf_adaptive_job.py")
+ROOT = Path(__file__).resolve().parents[2]
+N, STEPS, SAVE_AT = 2, 24, 12
+
+
+def _profile(path: Path, labels) -> str:
+    """A profile of ``labels`` (compressor curves measured here) on the fast link."""
+    from hipress_like.cost_model import Link, Profile
+    from hipress_like.tuning.auto import DEFAULT_CANDIDATES
+    from hipress_like.tuning.profiler import candidate, profile_compressor
+
+    comps = {c: profile_compressor(*candidate(c, DEFAULT_CANDIDATES[c]),
+                                   sizes=[4096, 16384, 65536], repeats=3, min_time=0.0)
+             for c in labels}
+    Profile(link=Link(2e-6, 12.5e9), compressors=comps, meta={"ranks": N}).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory):
+    d = tmp_path_factory.mktemp("adaptive-tf")
+    return {"onebit": _profile(d / "onebit.json", ["onebit"]),
+            "auto": _profile(d / "auto.json", sorted(["onebit", "terngrad", "dgc",
+                                                      "powersgd"]))}
+
+
+def _run(*args: str) -> dict:
+    """Run ``N`` ranks of the job under torchrun; their RESULT records by rank."""
+    import subprocess
+
+    cmd = command("torchrun", N, JOB, *args)
+    cmd.insert(1, "--tee=3")  # rank-prefixed lines, each rank's stream read apart
+    proc = subprocess.run(cmd, env=_env(TF_CPP_MIN_LOG_LEVEL="2"), text=True,
+                          capture_output=True, timeout=900, cwd=str(ROOT))
+    out = proc.stdout + proc.stderr
+    res = results_of(out)
+    assert proc.returncode == 0 and sorted(res) == list(range(N)), \
+        f"job failed (rc {proc.returncode}):\n{out[-5000:]}"
+    return res
+
+
+def _agree(res: dict) -> dict:
+    """Every rank: the same weights after every step, the same plan, the same checks."""
+    r0 = res[0]
+    for r in range(1, N):
+        for key in ("digests", "plans", "compressed", "checks", "switched", "switches"):
+            assert res[r][key] == r0[key], f"rank {r} differs from rank 0 in {key}"
+    return r0
+
+
+@lru_cache(maxsize=None)
+def _jobs(mode: str, compression: str, profile: str, ckpt: str):
+    common = ["--mode", mode, "--compression", compression, "--profile", profile,
+              "--steps", str(STEPS), "--save-at", str(SAVE_AT), "--ckpt", ckpt]
+    return _run(*common), _run(*common, "--resume")
+
+
+def _changes(plans):
+    """Engine steps after which the plan differs from the step before (entry i is after
+    step i + 1)."""
+    return [i + 1 for i in range(1, len(plans)) if plans[i] != plans[i - 1]]
+
+
+@pytest.fixture(scope="module")
+def tape_jobs(profiles, tmp_path_factory):
+    return _jobs("tape", "onebit", profiles["onebit"],
+                 str(tmp_path_factory.mktemp("tape-ckpt")))
+
+
+@pytest.fixture(scope="module")
+def fit_jobs(profiles, tmp_path_factory):
+    return _jobs("fit", "auto", profiles["auto"], str(tmp_path_factory.mktemp("fit-ckpt")))
+
+
+def test_tape_every_rank_switches_at_the_same_steps_with_identical_replicas(tape_jobs):
+    r0 = _agree(tape_jobs[0])
+    assert r0["checks"] == [5, 10, 15, 20]
+    assert r0["switched"] == [10, 20] and r0["switches"] == 2
+    assert _changes(r0["plans"]) == [10, 20]
+    assert r0["compressed"][8] == [] and r0["compressed"][9], "slow link: nothing compressed"
+    assert r0["compressed"][19] == []  # fast again: back to nothing compressed
+    assert len(set(r0["digests"])) == STEPS  # it learned at every step
+
+
+def test_tape_checkpoint_after_a_switch_resumes_on_the_switched_plan(tape_jobs):
+    full, resumed = tape_jobs
+    r0 = _agree(resumed)
+    f0 = full[0]
+    assert r0["plans"][0] == f0["plans"][SAVE_AT - 1] != f0["plans"][0]  # the switched plan
+    assert r0["plans"] == f0["plans"][SAVE_AT:]
+    assert r0["switched"] == [10, 20] and r0["switches"] == 2  # the saved history goes on
+    for r in range(N):
+        assert resumed[r]["digests"] == full[r]["digests"][SAVE_AT:], f"rank {r}"
+
+
+def test_fit_with_compression_auto_switches_alike_and_resumes(fit_jobs):
+    full, resumed = fit_jobs
+    f0 = _agree(full)
+    assert f0["checks"] == [5, 10, 15, 20]
+    assert f0["switched"] and f0["switched"][0] == 10, f0["switched"]
+    assert _changes(f0["plans"]) == f0["switched"]
+    assert f0["compressed"][8] == [] and f0["compressed"][9], "slow link: nothing compressed"
+    r0 = _agree(resumed)
+    assert r0["plans"][0] == f0["plans"][SAVE_AT - 1] != f0["plans"][0]
+    assert r0["plans"] == f0["plans"][SAVE_AT:]
+    assert r0["switched"] == f0["switched"]
+    for r in range(N):
+        assert resumed[r]["digests"] == full[r]["digests"][SAVE_AT:], f"rank {r}"
