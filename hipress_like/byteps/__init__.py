@@ -12,6 +12,8 @@ servers) and the framework-neutral core in ``hipress_like.adapters``:
   ``DistributedTrainer(..., compression_params=...)``, ``byteps_push_pull``),
   in MXNet's own environment;
 - ``params``: ``compression_params`` read as BytePS reads them;
+- ``adaptive``: ``plan="adaptive"`` on both faces: BytePS's knobs' plan
+  starts, the online planner re-plans from it;
 - ``ops``: ``push_pull`` and its handles, compressed on the optimizer's
   CaSync-PS path (both ways, as BytePS's server compresses the sum again).
 """

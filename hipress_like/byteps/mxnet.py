@@ -11,7 +11,9 @@ is written twice:
   ``compression_params`` are read as BytePS reads them (``params.py``);
   the gradients go through CaSync-PS and the aggregate is compressed again
   before it comes back, as BytePS's server does; BytePS's knobs
-  (``BYTEPS_MIN_COMPRESS_BYTES``, ``BYTEPS_PARTITION_BYTES``) set the plan;
+  (``BYTEPS_MIN_COMPRESS_BYTES``, ``BYTEPS_PARTITION_BYTES``) set the plan
+  (with ``plan="adaptive"`` or ``Adaptive(...)``, the start: the online planner
+  re-plans from it while training runs, ``adaptive.py``);
   and ``root_rank``'s weights are broadcast once every parameter is
   initialised (BytePS does it at the first ``step``), so a BytePS script
   never calls ``broadcast_parameters`` for Gluon.
@@ -76,6 +78,8 @@ from ..adapters.mxnet.parameters import broadcast_parameters as _broadcast_param
 from ..adapters.mxnet.tensors import as_torch, check_dense
 from ..adapters.mxnet.trainer import DistributedTrainer as _Trainer
 from ..cost_model.plan import GradientPlan, Plan
+from ..tuning.online import Adaptive
+from . import adaptive as _adaptive
 from . import ops as _ops
 from .params import Mapped, map_compression_params
 from .torch import Knobs, read_knobs
@@ -83,6 +87,7 @@ from .torch import Knobs, read_knobs
 __all__ = [
     "init", "shutdown", "rank", "size", "local_rank", "local_size", "DistributedTrainer",
     "DistributedOptimizer", "broadcast_parameters", "byteps_declare_tensor", "byteps_push_pull",
+    "Adaptive",
 ]
 
 log = logging.getLogger(__name__)
@@ -147,10 +152,19 @@ class DistributedTrainer(_Trainer):
             every key accepted whatever the compressor, values validated.
         strategy: "ps" (default, BytePS's parameter servers) or "ring".
         nonfinite, timeout: as ``hipress_like.mxnet.DistributedTrainer``.
+        plan: None (default): BytePS's knobs plan, fixed. "adaptive" or
+            ``bps.Adaptive(...)``: that plan starts, and the online planner
+            re-plans from it as ``hipress_like.mxnet.DistributedTrainer(plan=
+            "adaptive")`` does, pricing the compressor ``compression_params``
+            names (``byteps/adaptive.py``); ``trainer.online`` and
+            ``save_states`` as there. Any other plan is refused.
 
     Raises:
         ValueError: bad ``compression_params`` (an unknown compressor names
-            the known ones), ``root_rank`` out of range, ``momentum="nesterov"``.
+            the known ones), ``root_rank`` out of range, ``momentum="nesterov"``,
+            a ``plan`` other than None, "adaptive" or an ``Adaptive``, or
+            ``plan="adaptive"`` with an integer ``k`` or a profile without the
+            compressor's curves.
         TypeError: ``compression_params`` not a dict, or a non-str
             ``compressor``/``ef``/``momentum``.
 
@@ -165,7 +179,9 @@ class DistributedTrainer(_Trainer):
     def __init__(self, params: Any, optimizer: Any, optimizer_params: Any = None,
                  root_rank: int = 0, compression_params: Optional[Mapping[str, Any]] = None,
                  *, strategy: str = "ps", nonfinite: str = "propagate",
-                 timeout: Optional[float] = None):
+                 timeout: Optional[float] = None, plan: Any = None):
+        settings = _adaptive.settings_of(plan, "hipress_like.byteps.mxnet.DistributedTrainer",
+                                         "hipress_like.mxnet.DistributedTrainer(..., plan=...)")
         n = _runtime._require().size
         if not isinstance(root_rank, int) or not 0 <= root_rank < n:
             raise ValueError(f"root_rank must be a rank in [0, {n}), found {root_rank!r}")
@@ -182,6 +198,9 @@ class DistributedTrainer(_Trainer):
             params = [params[k] for k in sorted(params.keys())]  # BytePS's order
         self._bps_mapped = mapped
         self._bps_spec = spec
+        # plan="adaptive": (settings, candidate label, given profile), checked here
+        self._bps_adaptive = None if settings is None else (settings, *_adaptive.candidate_of(
+            settings, spec, mapped.count if mapped is not None else None))
         self._bps_root = root_rank
         self._bps_rule = _knobs.rule()
         if spec.name == "fp16":  # BytePS casts every gradient (a wire type)
@@ -216,7 +235,10 @@ class DistributedTrainer(_Trainer):
         _broadcast_parameters(list(self._params), root_rank=self._bps_root)
         # BytePS adds error feedback only for ef="vanilla" (then the spec is the ef
         # wrapper already), never the engine's automatic one for biased compressors
-        self._hp_kwargs.update(plan=self._bps_plan(), error_feedback=False)
+        plan = self._bps_plan()
+        if self._bps_adaptive is not None:  # the knobs' plan starts; the planner goes on
+            plan = _adaptive.start(self._bps_adaptive[0], plan, *self._bps_adaptive[1:])
+        self._hp_kwargs.update(plan=plan, error_feedback=False)
         super()._hp_build()
 
 

@@ -16,7 +16,9 @@ and the PyTorch face's ``DistributedOptimizer``, so nothing is written twice:
   post_scale_factor=...)``: CaSync-PS by default (BytePS is a parameter
   server; here every worker is also the aggregator of a byte-balanced share).
   Gradients from ``BYTEPS_MIN_COMPRESS_BYTES`` up are compressed, in
-  partitions of ``BYTEPS_PARTITION_BYTES``, as BytePS does.
+  partitions of ``BYTEPS_PARTITION_BYTES``, as BytePS does. With
+  ``plan="adaptive"`` (or ``Adaptive(...)``) that plan is the start, and the
+  online planner re-plans from it while training runs (``adaptive.py``).
 - ``push_pull``, ``push_pull_inplace``, ``push_pull_async`` and
   ``push_pull_async_inplace`` with ``poll``/``synchronize(handle)``;
   ``declare``: with a compressor, over the same compressed PS path as the
@@ -102,6 +104,8 @@ from ..adapters.torch.gradients import resolve_names
 from ..adapters.torch.objects import broadcast_optimizer_state as _broadcast_optimizer_state
 from ..adapters.torch.optimizer import DistributedOptimizer as _DistributedOptimizer
 from ..cost_model.plan import GradientPlan, Plan, SizeRule
+from ..tuning.online import Adaptive
+from . import adaptive as _adaptive
 from . import ops as _ops
 from .params import Mapped, map_compression_params
 
@@ -110,7 +114,7 @@ __all__ = [
     "DistributedOptimizer", "Compression", "map_compression_params", "Knobs", "read_knobs",
     "push_pull", "push_pull_inplace", "push_pull_async", "push_pull_async_inplace",
     "poll", "synchronize", "declare", "broadcast_parameters", "broadcast_optimizer_state",
-    "broadcast_object",
+    "broadcast_object", "Adaptive",
 ]
 
 log = logging.getLogger(__name__)
@@ -252,24 +256,23 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         nonfinite: "propagate" (default, as BytePS and DDP), "skip" or "raise";
             see ``hipress_like.torch.DistributedOptimizer``.
         timeout: seconds before a stalled or dead peer becomes an error.
-        plan: None only: BytePS's knobs plan (the size rule, ``Knobs``); the
-            argument exists to refuse ``plan="adaptive"`` and other plans
-            with a message rather than Python's unexpected-keyword error.
+        plan: None (default): BytePS's knobs plan (the size rule, ``Knobs``),
+            fixed. "adaptive" or ``bps.Adaptive(...)``: the job starts on
+            that plan and re-plans at step boundaries as
+            ``hipress_like.torch.DistributedOptimizer(plan="adaptive")`` does,
+            pricing the compressor ``compression_params`` names (``byteps/
+            adaptive.py``: its profile is ``Adaptive(profile=...)``'s, or
+            taken at start as ``plan="auto"`` takes one); ``opt.online``
+            and ``state_dict()`` as there. Any other plan is refused.
 
     Raises:
         ValueError: bad ``compression_params``, ``staleness``, or scale factors,
-            or a ``plan`` (``"adaptive"`` included).
+            a ``plan`` other than None, "adaptive" or an ``Adaptive``, or
+            ``plan="adaptive"`` with an integer ``k`` or a profile without
+            the compressor's curves (``byteps/adaptive.py``).
     """
-    if plan is not None:
-        from ..adapters.engine_builder import refuse_adaptive
-
-        refuse_adaptive(plan, "hipress_like.byteps.torch.DistributedOptimizer",
-                        expected="plan=None (BytePS's knobs plan)",
-                        use="the knobs (BYTEPS_MIN_COMPRESS_BYTES, BYTEPS_PARTITION_BYTES)")
-        raise ValueError(f"hipress_like.byteps.torch.DistributedOptimizer plans from BytePS's "
-                         f"knobs (BYTEPS_MIN_COMPRESS_BYTES, BYTEPS_PARTITION_BYTES); expected "
-                         f"plan=None, found {plan!r}; set the knobs, or use "
-                         f"hipress_like.torch.DistributedOptimizer(..., plan=...)")
+    settings = _adaptive.settings_of(plan, "hipress_like.byteps.torch.DistributedOptimizer",
+                                     "hipress_like.torch.DistributedOptimizer(..., plan=...)")
     if staleness != 0:
         raise ValueError(f"staleness={staleness!r}: BytePS's pipelined SGD is not implemented "
                          "by hipress-like; pass staleness=0")
@@ -291,7 +294,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     else:  # no compressor in compression_params (BytePS: none): compression= holds
         spec = compression if isinstance(compression, CompressionSpec) else \
             _coll._spec(compression)
+    if settings is not None:  # checked before the knobs' plan is made (a count of k)
+        label, profile = _adaptive.candidate_of(settings, spec,
+                                                mapped.count if mapped is not None else None)
     plan = _plan(mapped, spec, strategy, named, optimizer)
+    if settings is not None:  # the knobs' plan starts; the online planner takes it from there
+        plan = _adaptive.start(settings, plan, label, profile)
     opt = _DistributedOptimizer(optimizer, named_parameters=named or None, compression=spec,
                                 backward_passes_per_step=backward_passes_per_step,
                                 strategy=strategy, plan=plan, nonfinite=nonfinite,

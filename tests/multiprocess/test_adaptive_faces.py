@@ -1,13 +1,19 @@
-"""plan="adaptive" on the faces that do not re-plan: refused where the face is built.
+"""plan="adaptive" on every face: taken where the face re-plans, refused where it does not.
 
-Only ``hipress_like.torch.DistributedOptimizer`` runs the online planner; the
-DDP comm hook, the BytePS-style optimizer, TensorFlow's optimizer and tape and
-the Gluon trainer refuse the option (``engine_builder.refuse_adaptive``) with
-a message that names the face, what it takes, what it found and what to use,
-rather than keep their first plan and never adapt. The TensorFlow and MXNet
-faces are checked in their own environments (``.venv-tf``, ``.venv-mxnet``
-beside this one, built by ``scripts/env_tensorflow.sh`` / ``env_mxnet.sh``),
-one process each, when those exist.
+``hipress_like.torch.DistributedOptimizer`` runs the online planner; the DDP comm
+hook refuses the option (``engine_builder.refuse_adaptive``) with a message that
+names the face, what it takes, what it found and what to use, rather than keep its
+first plan and never adapt. The BytePS-style optimizer
+takes it (BytePS's knobs' plan starts, ``hipress_like/byteps/adaptive.py``) and
+still refuses any other plan; tests/multiprocess/test_adaptive_byteps.py
+re-plans it on two ranks. TensorFlow's optimizer and
+tape and the Gluon trainer run the online planner too: here they are checked
+to take ``"adaptive"`` and ``Adaptive(...)`` (one rank: nothing to adapt, so
+no planner) and to keep refusing ``compression_back`` with it, in their own
+environments (``.venv-tf``, ``.venv-mxnet`` beside this one, built by
+``scripts/env_tensorflow.sh`` / ``env_mxnet.sh``), one process each, when those
+exist; tests/frameworks/test_adaptive_tensorflow.py and test_adaptive_mxnet.py
+re-plan them on two ranks.
 """
 import os
 import subprocess
@@ -44,23 +50,31 @@ def test_the_ddp_hook_refuses_plan_adaptive(one_rank, plan):
     assert "plan='auto'" in str(e.value)
 
 
-def test_the_byteps_style_optimizer_refuses_plan_adaptive_and_other_plans(one_rank):
+def test_the_byteps_style_optimizer_takes_plan_adaptive_and_refuses_other_plans(one_rank):
     import hipress_like.byteps.torch as bps
 
     m = torch.nn.Linear(6, 3)
-    with pytest.raises(ValueError) as e:
-        bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                 named_parameters=m.named_parameters(), plan="adaptive")
-    msg = str(e.value)
-    _says_what_to_do(msg, "hipress_like.byteps.torch.DistributedOptimizer", "'adaptive'")
-    assert "plan=None (BytePS's knobs plan)" in msg and "BYTEPS_PARTITION_BYTES" in msg
-    with pytest.raises(ValueError, match="expected plan=None, found 'auto'"):
-        bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                 named_parameters=m.named_parameters(), plan="auto")
-    opt = bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                   named_parameters=m.named_parameters(), plan=None)
-    assert opt.online is None  # the default: BytePS's knobs, as before
-    opt.close()
+    for plan in ("auto", "plan.json", hpt.Compression.onebit):
+        with pytest.raises(ValueError) as e:
+            bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                     named_parameters=m.named_parameters(), plan=plan)
+        msg = str(e.value)
+        assert msg.startswith("hipress_like.byteps.torch.DistributedOptimizer plans from "
+                              "BytePS's knobs (BYTEPS_MIN_COMPRESS_BYTES, "
+                              "BYTEPS_PARTITION_BYTES)"), msg
+        assert f"expected plan=None, found {plan!r}; set the knobs, or use " \
+               "hipress_like.torch.DistributedOptimizer(..., plan=...)" in msg, msg
+        assert "plan='adaptive'" in msg, msg
+    for plan in (None, "adaptive", bps.Adaptive(check_every=5)):
+        for params in (None, {"compressor": "onebit", "ef": "vanilla"}):
+            opt = bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                           named_parameters=m.named_parameters(), plan=plan,
+                                           compression_params=params)
+            assert opt.online is None  # one rank: nothing to adapt (or the knobs, fixed)
+            if params is not None:  # BytePS's knobs' plan, with or without re-planning
+                assert opt.engine.plan.rule.min_compress_bytes == 65536
+                assert (opt.engine.plan.meta.get("byteps") == "knobs") == (plan is not None)
+            opt.close()
 
 
 def _venv(name):
@@ -79,27 +93,42 @@ def _run(python, code):
     return [ln[len("REFUSED "):] for ln in res.stdout.splitlines() if ln.startswith("REFUSED ")]
 
 
+# the faces that re-plan take the option (asserted in the script: a failure is its
+# exit status and traceback) and still refuse compression_back with it (REFUSED lines)
 _TF = """
 import tensorflow as tf
 import hipress_like.tensorflow as hvd
-for build in (lambda: hvd.DistributedGradientTape(tf.GradientTape(), plan="adaptive"),
-              lambda: hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), plan="adaptive")):
-    try:
-        build()
-        print("ACCEPTED")
-    except ValueError as e:
-        print("REFUSED", str(e).replace("\\n", " "))
+hvd.init()
+v = [tf.Variable(tf.zeros((64, 64)))]
+for plan in ("adaptive", hvd.Adaptive(check_every=5)):
+    tape = hvd.DistributedGradientTape(tf.GradientTape(), compression="onebit", plan=plan)
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression="onebit",
+                                   plan=plan)
+    opt.build(v)
+    assert opt.engine is not None and opt.online is None  # one rank: nothing to adapt
+    opt.close()
+opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression="onebit",
+                               compression_back="onebit", plan="adaptive")
+try:
+    opt.build(v)
+except ValueError as e:
+    print("REFUSED", str(e).replace("\\n", " "))
+hvd.shutdown()
 """
 
 _MX = """
 import mxnet as mx
 import hipress_like.mxnet as hvd
 hvd.init()
-net = mx.gluon.nn.Dense(3)
+net = mx.gluon.nn.Dense(64, in_units=64)
 net.initialize()
+for plan in ("adaptive", hvd.Adaptive(check_every=5)):
+    tr = hvd.DistributedTrainer(net.collect_params(), "sgd", compression="onebit", plan=plan)
+    assert tr.engine is not None and tr.online is None  # one rank: nothing to adapt
+    tr.close()
 try:
-    hvd.DistributedTrainer(net.collect_params(), "sgd", plan="adaptive")
-    print("ACCEPTED")
+    hvd.DistributedTrainer(net.collect_params(), "sgd", compression="onebit",
+                           compression_back="onebit", plan="adaptive")
 except ValueError as e:
     print("REFUSED", str(e).replace("\\n", " "))
 hvd.shutdown()
@@ -107,15 +136,12 @@ hvd.shutdown()
 
 
 @pytest.mark.frameworks
-def test_the_tensorflow_faces_refuse_plan_adaptive():
+def test_the_tensorflow_faces_take_plan_adaptive():
     msgs = _run(_venv(".venv-tf"), _TF)
-    assert len(msgs) == 2, msgs
-    for msg, face in zip(msgs, ("DistributedGradientTape", "DistributedOptimizer")):
-        _says_what_to_do(msg, f"hipress_like.tensorflow.{face}", "'adaptive'")
+    assert len(msgs) == 1 and "compression_back is not supported with it" in msgs[0], msgs
 
 
 @pytest.mark.frameworks
-def test_the_mxnet_trainer_refuses_plan_adaptive():
+def test_the_mxnet_trainer_takes_plan_adaptive():
     msgs = _run(_venv(".venv-mxnet"), _MX)
-    assert len(msgs) == 1, msgs
-    _says_what_to_do(msgs[0], "hipress_like.mxnet.DistributedTrainer", "'adaptive'")
+    assert len(msgs) == 1 and "compression_back is not supported with it" in msgs[0], msgs
