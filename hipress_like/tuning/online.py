@@ -65,9 +65,11 @@ training runs:
 6. A checkpoint holds the active plan and the controller (``state_dict``:
    plan, profile, candidates, reference, the link of the last decision,
    switches, refused plans, estimate, history; the PyTorch optimizer saves it under
-   ``"hipress_adaptive"``). Loading switches to that plan before the
-   compressor state is restored, so a job resumed after a switch goes on
-   with the switched plan and its state, as if it had not stopped.
+   ``"hipress_adaptive"``, the TensorFlow and Gluon faces in their compressor-state
+   envelope under ``"adaptive"``, ``adapters/checkpoint.ADAPTIVE``). Loading
+   switches to that plan before the compressor state is restored, so a job
+   resumed after a switch goes on with the switched plan and its state, as
+   if it had not stopped.
 7. **Exploration** (``Adaptive(explore=...)``, on by default with measured
    links; ``tuning/explore.py``): a check whose link moved by more than
    three times ``margin`` as the plans priced see it (or by more than
