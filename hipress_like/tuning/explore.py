@@ -14,7 +14,7 @@ settings on real steps, Bayesian search over measured step times):
 
 1. **Candidates** (``alternatives``): the model's best plan on the agreed
    link, its best plans on that link with the bandwidth scaled by each of
-   ``SCALES`` (a quarter and four times): what the model would choose were
+   ``SCALES`` (a hundredth, a quarter and four times): what the model would choose were
    the network slower or faster than it believes, which is where its error
    on a CPU-bound host lies (the plan with more, or less, compression), and
    the model's plan with nothing compressed (``uncompressed``: where the
@@ -63,8 +63,10 @@ from ..cost_model.plan import Plan
 __all__ = ["SCALES", "alternatives", "uncompressed", "Exploration", "plan_key"]
 
 # the bandwidths the model's plan is made at besides the agreed one: a quarter and four
-# times (the model's errors on the test host moved its choice by about that much)
-SCALES = (0.25, 4.0)
+# times (the model's errors on the test host moved its choice by about that much), and
+# a hundredth (the most the model would ever compress: 1-bit on every large gradient
+# measured best at 1 Gbit/s where the model compressed only the largest)
+SCALES = (0.01, 0.25, 4.0)
 
 
 def plan_key(plan: Plan) -> str:

@@ -9,7 +9,7 @@ training runs:
    "all" pattern (every rank sends to its ring successor at once, as
    CaSync's bulk rounds do) at two sizes, 4 KB and one whose transfer takes
    about ``probe_s`` at the last measured bandwidth (the profile's at the
-   first check; 64 KB to 4 MB; probed again, up to three times, while the
+   first check; 64 KB to 4 MB; probed once more when the
    large message took under half of that), the median of three timings of
    the slowest rank per size, fitted to ``t = alpha + m beta``; rank 0's fit is
    broadcast, so every rank decides from the same numbers. The probe
@@ -71,24 +71,24 @@ training runs:
    resumed after a switch goes on with the switched plan and its state, as
    if it had not stopped.
 7. **Exploration** (``Adaptive(explore=...)``, on by default with measured
-   links; ``tuning/explore.py``): a check whose link moved by more than
-   three times ``margin`` as the plans priced see it (or by more than
-   ``margin`` at two checks in a row), or whose agreed step time moved
-   from the decided plan's by more than twice ``margin`` at two checks in a
-   row while the link did not (the work changed: a straggling host, a CPU
-   hog), does not trust the
-   model's single answer: the model's plan on the link, its plans on the
-   link with a quarter and four times the bandwidth, and that plan with
-   nothing compressed (distinct, unlike the plan in force, priced within 2x
-   of the best) each run ``explore_steps``
-   real steps; the ranks agree on each window's median step time, and the
-   fastest measured plan is kept (the plan in force unless another beat it
-   by more than ``margin``). The steps decide, so the plan follows the
-   compute as well as the link, and a plan the model priced wrongly is not
-   kept (the model's plan at 10 Gbit/s was 1.6x slower than "nothing
-   compressed" on the 2-core test host). Explorations are capped
-   (``max_explorations``), a kept change counts as a switch, and trials
-   (item 5) have nothing left to judge.
+   links; ``tuning/explore.py``): a check whose agreed bandwidth moved by 2x
+   or more since the link decided on (or by more than ``margin`` at two
+   checks in a row; the probe's latency swings too much on a shaped link to
+   trigger anything), or whose agreed step time moved from the decided
+   plan's by more than twice ``margin`` at two checks in a row while the
+   link did not (the work changed: a straggling host, a CPU hog), does not
+   trust the model's single answer: the model's plan on the link, its plans
+   on the link with a hundredth, a quarter and four times the bandwidth,
+   and that plan with nothing compressed (distinct, unlike the plan in
+   force, priced within 2x of the best) each run ``explore_steps`` real
+   steps; the ranks agree on each window's mean step time (its first step,
+   the switch's rebuild, left out), and the fastest measured plan is kept
+   (the plan in force unless another beat it by more than ``margin``). The
+   steps decide, so the plan follows the compute as well as the link, and a
+   plan the model priced wrongly is not kept (the model's plan at 10 Gbit/s
+   was 1.6x slower than "nothing compressed" on the 2-core test host).
+   Explorations are capped (``max_explorations``), a kept change counts as a
+   switch, and trials (item 5) have nothing left to judge.
 8. **AR-Topk's ratio** (``Adaptive(ratio=...)``; ``tuning/ratio_search.py``):
    with AR-Topk (``star_topk``, ``var_topk``; or any top-k family compressor
    given ``Adaptive(ratio=AdaptiveCRConfig(...))``: ``topk`` is what the cost
@@ -225,6 +225,7 @@ class OnlinePlanner:
         self._settled_s: Optional[float] = None  # agreed step time of the plan decided on
         self._work_moved = 0  # checks in a row whose step time moved from it
         self._link_moves = 0  # checks in a row whose link moved by more than the margin
+        self._agreed_mean: Optional[float] = None  # ``_agree_step_times``'s mean
         self.ratio: Optional[RatioSearch] = None  # AR-Topk's ratio search (``for_engine``)
         self._link_moved = False  # a check saw the link move: the ratio search's trigger
         self._reference_planners = planners_for(profile, self.labels, n, strategy,
@@ -552,10 +553,12 @@ class OnlinePlanner:
 
         A probe costs a few exchanges, so with ``measure="probe"`` a check first
         agrees (median over ranks) on the median step time of the last steps: the
-        link is probed only when that moved by more than ``margin`` since the
-        last probe (the link or the work changed), at the first check, after a
-        switch, and at least every ``probe_every`` checks (a change the step
-        time hides is still seen). The timeline and injected estimates cost
+        link is probed only when that moved by more than twice ``margin`` since
+        the last probe or (``explore``) from the decided plan's (the link or the
+        work changed; a step time on a loaded host moves by 10-20 % on its own),
+        at the first check, and at least every ``probe_every`` checks (a change
+        the step time hides is still seen). After a switch the next check's step
+        time is the new baseline, without a probe. The timeline and injected estimates cost
         nothing: every check uses them (the step time is agreed only for
         ``explore``'s work trigger).
         """
@@ -563,20 +566,36 @@ class OnlinePlanner:
         if s.estimate is not None or s.measure != "probe":
             if not s.explores:
                 return True, None
-            got = agree_values(engine.transport, [self._median_step()], self.timeout)
-            return True, None if got is None else got[0]  # for exploration's work trigger
-        got = agree_values(engine.transport, [self._median_step()], self.timeout)
-        t = None if got is None else got[0]
-        if self.reference is None or self._probe_step_s is None:
+            t = self._agree_step_times(engine)  # for exploration's work trigger
             return True, t
+        t = self._agree_step_times(engine)
+        if self.reference is None:
+            return True, t
+        if self._probe_step_s is None:  # a decision made the step time new: the baseline
+            self._probe_step_s = t
         self._checks_unprobed += 1
-        if t is None or self._checks_unprobed >= s.probe_every or \
-                abs(t - self._probe_step_s) > s.margin * self._probe_step_s:
+
+        def moved(base: Optional[float]) -> bool:
+            return base is not None and t is not None and abs(t - base) > 2 * s.margin * base
+
+        if t is None or self._checks_unprobed >= s.probe_every or moved(self._probe_step_s) \
+                or (s.explores and moved(self._settled_s)):
             return True, t
         _log.debug("plan='adaptive' step %d: step time %.2f ms within %.0f %% of the last "
-                   "probe's %.2f ms; no probe", step, 1e3 * t, 100 * s.margin,
+                   "probe's %.2f ms; no probe", step, 1e3 * t, 200 * s.margin,
                    1e3 * self._probe_step_s)
         return False, t
+
+    def _agree_step_times(self, engine: Any) -> Optional[float]:
+        """The agreed (median over ranks) median step time of the last steps (returned)
+        and mean of the last ``explore_steps - 1`` (kept as ``_agreed_mean``: the plan
+        in force's time an exploration compares with). Collective."""
+        n = max(1, self.settings.explore_steps - 1)
+        xs = self._steps_s[-n:]
+        mean = sum(xs) / len(xs) if xs else None
+        got = agree_values(engine.transport, [self._median_step(), mean], self.timeout)
+        self._agreed_mean = None if got is None else got[1]
+        return None if got is None else got[0]
 
     def _measure(self, engine: Any, step_s: Optional[float]) -> Optional[Link]:
         """The link every rank holds alike (collective): the probe's fit, or the agreed
@@ -606,7 +625,7 @@ class OnlinePlanner:
 
         engine.timeline.add(Event(kind, "", index, t0, time.perf_counter(), 0, "compute",
                                   step))
-        self._probe_step_s = None  # the next check probes: the plan's step time is new
+        self._probe_step_s = None  # the plan's step time is new: the next check's is the base
         self._steps_s.clear()
         self._last_t = time.perf_counter()
 
@@ -703,9 +722,9 @@ class OnlinePlanner:
     def _explore_start(self, engine: Any, step: int, link: Link, rec: Dict[str, Any],
                        planners: Sequence[Planner], meta: Mapping[str, Any],
                        step_s: Optional[float], t0: float) -> Optional[Plan]:
-        """A check with ``explore``: when the link moved (as the plans priced see it) by
-        more than three times ``margin``, or by more than ``margin`` at two checks in a
-        row, or the agreed step time moved from the decided plan's by more than twice
+        """A check with ``explore``: when the agreed bandwidth moved by 2x or more since
+        the link decided on, or by more than ``margin`` at two checks in a row, or the
+        agreed step time moved from the decided plan's by more than twice
         ``margin`` at two checks in a row (the work changed: a straggler, a busy
         host; the plan's time is taken at the first check after a decision), start
         an exploration of the model's plans (``explore.alternatives``) and switch to
@@ -718,11 +737,17 @@ class OnlinePlanner:
         moved = (step_s is not None and base is not None and base > 0
                  and abs(step_s - base) > 2 * s.margin * base)
         # the work trigger needs two checks in a row (one slow window is noise); so does a
-        # link move within three margins (a probe on a loaded host reads +-30 %)
+        # bandwidth move under 2x (a probe on a loaded host reads +-30 %)
         self._work_moved = self._work_moved + 1 if moved else 0
         work = self._work_moved >= 2
-        self._link_moves = self._link_moves + 1 if rec["moved"] > s.margin else 0
-        link_moved = rec["moved"] > 3 * s.margin or self._link_moves >= 2
+        # the link trigger reads the bandwidth only: the probe's latency fit swings by
+        # 10x on a shaped link (1.7 ms, 0.12 ms, 1.7 ms at one 1 Gbit/s rate), and a
+        # latency change that matters moves the step time (the work trigger)
+        ref = self.decided_on
+        r = max(link.bandwidth / ref.bandwidth, ref.bandwidth / link.bandwidth)
+        self._link_moves = self._link_moves + 1 if r > 1 + s.margin else 0
+        link_moved = r >= 2 or self._link_moves >= 2
+        rec["bandwidth_ratio"] = r
         rec["step_s"] = step_s
         if not link_moved and not work:
             _log.info("plan='adaptive' step %d: keep the plan (link %.3g ms + %.3g Gbit/s, "
@@ -751,7 +776,8 @@ class OnlinePlanner:
             self.decided_on, self._settled_s = link, step_s
             return None
         self.explorations += 1
-        self._exploration = Exploration(engine.plan, step_s, cands, steps=s.explore_steps,
+        self._exploration = Exploration(engine.plan, self._agreed_mean, cands,
+                                        steps=s.explore_steps,
                                         start=step, margin=s.margin, reason=reason, link=link)
         rec.update(exploring=reason, candidates=[why for why, _ in cands])
         _log.warning("plan='adaptive' step %d: %s (link %.3g ms + %.3g Gbit/s, step %s ms "
@@ -774,7 +800,10 @@ class OnlinePlanner:
     def _explore_step(self, engine: Any, step: int) -> Optional[Plan]:
         """A trial window ended (collective): agree on its median step time, go on."""
         t0 = time.perf_counter()
-        got = agree_values(engine.transport, [self._median_step(self.settings.explore_steps)],
+        # the window's mean without its first step (the switch's rebuild): a plan whose
+        # steps are slow now and then costs that (a median would hide it)
+        xs = self._steps_s[-self.settings.explore_steps:][1:] or self._steps_s[-1:]
+        got = agree_values(engine.transport, [sum(xs) / len(xs) if xs else None],
                            self.timeout)
         self._exploration.record(None if got is None else got[0])
         return self._explore_next(engine, step, t0)

@@ -23,7 +23,7 @@ AFTER_STEPS = 5
 # how the link is measured (``Adaptive.measure``), and the probe's small message
 MEASURES = ("probe", "timeline")
 PROBE_SMALL, PROBE_MIN, PROBE_MAX = 4 << 10, 64 << 10, 4 << 20
-PROBE_ROUNDS = 3  # probes in one check at most, each sized by the one before
+PROBE_ROUNDS = 2  # probes in one check at most, the second sized by the first
 # the controller's entry in a checkpoint (``OnlinePlanner.state_dict``)
 STATE_FORMAT, STATE_VERSION = "hipress-like-adaptive", 1
 
@@ -59,11 +59,11 @@ class Adaptive:
             on, unless ``estimate`` is given (an injected link is not the
             network the wall times are measured on).
         explore: when the link or the step time moved, try the model's plan,
-            its plans at a quarter and four times the bandwidth and with
-            nothing compressed on real steps and keep the fastest measured
-            (``tuning/explore.py``; item 7 of the module's description); a
-            switch is then its exploration's
-            outcome and ``verify`` has nothing left to judge. None: on, unless
+            its plans at a hundredth, a quarter and four times the bandwidth
+            and with nothing compressed on real steps and keep the fastest
+            measured (``tuning/explore.py``; item 7 of the module's
+            description); a switch is then its exploration's outcome and
+            ``verify`` has nothing left to judge. None: on, unless
             ``estimate`` is given (as ``verify``).
         explore_steps: steps each plan tried by an exploration runs.
         max_explorations: explorations allowed in the whole run.
