@@ -225,6 +225,7 @@ class OnlinePlanner:
         self._settled_s: Optional[float] = None  # agreed step time of the plan decided on
         self._work_moved = 0  # checks in a row whose step time moved from it
         self._link_moves = 0  # checks in a row whose link moved by more than the margin
+        self._probe_moves = 0  # checks in a row whose step time moved from the last probe's
         self._agreed_mean: Optional[float] = None  # ``_agree_step_times``'s mean
         self.ratio: Optional[RatioSearch] = None  # AR-Topk's ratio search (``for_engine``)
         self._link_moved = False  # a check saw the link move: the ratio search's trigger
@@ -554,10 +555,12 @@ class OnlinePlanner:
         A probe costs a few exchanges, so with ``measure="probe"`` a check first
         agrees (median over ranks) on the median step time of the last steps: the
         link is probed only when that moved by more than twice ``margin`` since
-        the last probe or (``explore``) from the decided plan's (the link or the
-        work changed; a step time on a loaded host moves by 10-20 % on its own),
-        at the first check, and at least every ``probe_every`` checks (a change
-        the step time hides is still seen). After a switch the next check's step
+        the last probe at two checks in a row (or by four times at once), or
+        (``explore``) from the decided plan's at two checks in a row (the link or
+        the work changed; a step time on a loaded host moves by 10-20 % on its
+        own, and a probe on a shaped link costs a few steps), at the first check,
+        and at least every ``probe_every`` checks (a change the step time hides
+        is still seen). After a switch the next check's step
         time is the new baseline, without a probe. The timeline and injected estimates cost
         nothing: every check uses them (the step time is agreed only for
         ``explore``'s work trigger).
@@ -567,24 +570,43 @@ class OnlinePlanner:
             if not s.explores:
                 return True, None
             t = self._agree_step_times(engine)  # for exploration's work trigger
+            self._count_work(t)
             return True, t
         t = self._agree_step_times(engine)
+        self._count_work(t)
         if self.reference is None:
             return True, t
         if self._probe_step_s is None:  # a decision made the step time new: the baseline
             self._probe_step_s = t
         self._checks_unprobed += 1
 
-        def moved(base: Optional[float]) -> bool:
-            return base is not None and t is not None and abs(t - base) > 2 * s.margin * base
+        def moved(base: Optional[float], by: float) -> bool:
+            return base is not None and t is not None and abs(t - base) > by * base
 
-        if t is None or self._checks_unprobed >= s.probe_every or moved(self._probe_step_s) \
-                or (s.explores and moved(self._settled_s)):
+        # a step time moved by 2 margins at two checks in a row (or by 4 at once) probes
+        self._probe_moves = self._probe_moves + 1 if moved(self._probe_step_s,
+                                                           2 * s.margin) else 0
+        if t is None or self._checks_unprobed >= s.probe_every or self._probe_moves >= 2 \
+                or moved(self._probe_step_s, 4 * s.margin) or self._work_moved >= 2:
             return True, t
         _log.debug("plan='adaptive' step %d: step time %.2f ms within %.0f %% of the last "
                    "probe's %.2f ms; no probe", step, 1e3 * t, 200 * s.margin,
                    1e3 * self._probe_step_s)
         return False, t
+
+    def _count_work(self, t: Optional[float]) -> None:
+        """``explore``'s work trigger: count the checks in a row whose agreed step time
+        ``t`` moved from the decided plan's by more than twice ``margin``; the first
+        check after a decision with a whole window of steps times the plan kept."""
+        s = self.settings
+        if not s.explores:
+            return
+        base = self._settled_s
+        if base is None and len(self._steps_s) >= AFTER_STEPS:
+            self._settled_s = base = t
+        moved = t is not None and base is not None and base > 0 and \
+            abs(t - base) > 2 * s.margin * base
+        self._work_moved = self._work_moved + 1 if moved else 0
 
     def _agree_step_times(self, engine: Any) -> Optional[float]:
         """The agreed (median over ranks) median step time of the last steps (returned)
@@ -731,14 +753,8 @@ class OnlinePlanner:
         the first."""
         s = self.settings
         base = self._settled_s
-        if base is None and len(self._steps_s) >= AFTER_STEPS:
-            # the first check after a decision with a whole window times the plan kept
-            self._settled_s = base = step_s
-        moved = (step_s is not None and base is not None and base > 0
-                 and abs(step_s - base) > 2 * s.margin * base)
-        # the work trigger needs two checks in a row (one slow window is noise); so does a
-        # bandwidth move under 2x (a probe on a loaded host reads +-30 %)
-        self._work_moved = self._work_moved + 1 if moved else 0
+        # the work trigger needs two checks in a row (``_count_work``: one slow window is
+        # noise); so does a bandwidth move under 2x (a probe on a loaded host reads +-30 %)
         work = self._work_moved >= 2
         # the link trigger reads the bandwidth only: the probe's latency fit swings by
         # 10x on a shaped link (1.7 ms, 0.12 ms, 1.7 ms at one 1 Gbit/s rate), and a
