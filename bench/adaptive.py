@@ -254,11 +254,22 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     ap.add_argument("--out", default="results/adaptive.json")
+    ap.add_argument("--summarize", default=None, metavar="JSON",
+                    help="no run: read an earlier run's JSON (its rows and arguments), print "
+                         "its tables and ratios again and write them to --out")
     ap.add_argument("--plot", default=None,
                     help="the plot's path (default: --out with .png; '' for none)")
     a = ap.parse_args(argv)
     if a.plot is None:
         a.plot = os.path.splitext(a.out)[0] + ".png"
+    if a.summarize:  # the arguments and rows of the run read, the outputs of this call
+        with open(a.summarize) as f:
+            old = json.load(f)
+        old = old.get("data", old)  # a bench JSON, or a docs/results record of one
+        keep = {k: getattr(a, k) for k in ("out", "plot", "summarize")}
+        a = argparse.Namespace(**{**old["args"], "hog": old["args"].get("hog"),
+                                  "hog_rank": old["args"].get("hog_rank", 1),
+                                  "pin": old["args"].get("pin", False), **keep})
     rates = [r.strip() for r in a.rates.split(",") if r.strip()]
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     hogs = [0] * len(rates) if a.hog is None else [int(x) for x in a.hog.split(",")]
@@ -266,6 +277,8 @@ def main(argv=None) -> int:
         ap.error(f"--hog takes a 0 or 1 per phase ({len(rates)} phases), found {a.hog!r}")
     if a.pin is None:
         a.pin = any(hogs)
+    if a.summarize:
+        return summarize(old["rows"], a, rates, hogs, configs)
     if os.geteuid() != 0 or shutil.which("tc") is None:
         print("bench/adaptive.py needs root and iproute2's tc (network namespaces shaped with "
               "tc tbf): run it as root on a host with iproute2", file=sys.stderr)
@@ -293,7 +306,12 @@ def main(argv=None) -> int:
     finally:
         netem.down()
         shutil.rmtree(plans, ignore_errors=True)
+    return summarize(rows, a, rates, hogs, configs)
 
+
+def summarize(rows: dict, a: argparse.Namespace, rates, hogs, configs) -> int:
+    """The settled windows, the tables and issue 49's ratios of ``rows`` (every
+    configuration's repeats); printed, written as JSON to ``--out``, plotted."""
     # the settled windows: per repeat and phase, from the adaptive job's decisions
     for rep in range(a.repeats):
         starts = settle_starts(rows["adaptive"][rep], a.steps, len(rates), a.check_every)
@@ -355,10 +373,10 @@ def main(argv=None) -> int:
 
 def settle_starts(adaptive: dict, steps: int, phases: int, check_every: int) -> list:
     """Per phase, the first step (0-based, in the phase) of its settled window: after
-    every decision the adaptive job began in the phase ended (an exploration ends at
-    its "chose" entry, a switch's trial at its last "judged" one), and no sooner
-    than ``check_every + AFTER_STEPS`` steps in; the whole phase when a decision ran
-    past its end."""
+    every decision the adaptive job began in the phase, before its last step, ended
+    (an exploration ends at its "chose" entry, a switch's trial at its last "judged"
+    one), and no sooner than ``check_every + AFTER_STEPS`` steps in; the whole phase
+    when a decision ran past its end."""
     hist = adaptive["history"]
     floor = check_every + adaptive["after_steps"]
     began = sorted(h["step"] for h in hist if h.get("exploring") or (
@@ -368,7 +386,7 @@ def settle_starts(adaptive: dict, steps: int, phases: int, check_every: int) -> 
     for k in range(phases):
         lo, hi = k * steps, (k + 1) * steps
         last = lo
-        for b in (b for b in began if lo < b <= hi):
+        for b in (b for b in began if lo <= b < hi):  # begun at hi: runs in the next
             nxt = min((x for x in began if x > b), default=math.inf)
             last = max(last, max((e for e in ends if b <= e < nxt), default=b))
         out.append(min(steps, max(floor, last - lo)))

@@ -47,3 +47,7 @@ def test_a_phase_settles_after_the_decisions_begun_in_it_end():
     got = _bench().settle_starts({"history": hist, "after_steps": 5}, 40, 4, 5)
     assert got == [10, 15, 40, 35]
     assert _bench().settle_starts({"history": [], "after_steps": 5}, 40, 2, 5) == [10, 10]
+    # an exploration begun at a phase's last step runs in the next phase only
+    late = [{"step": 40, "exploring": "link moved"}, {"step": 40, "trying": "m"},
+            {"step": 55, "chose": "m"}]
+    assert _bench().settle_starts({"history": late, "after_steps": 5}, 40, 2, 5) == [10, 15]
