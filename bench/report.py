@@ -519,6 +519,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="the run's machine's cores, where it ran elsewhere (a GPU machine)")
     r.add_argument("--cpu", default=None,
                    help="the run's machine, where it ran elsewhere (e.g. 'NVIDIA H200 machine')")
+    r.add_argument("--no-headline", action="store_true",
+                   help="keep the record's headline row off the README's table")
     r.add_argument("-o", "--out", required=True)
     g = sub.add_parser("render", help="results page + README headline table from records")
     g.add_argument("folder", nargs="?", default=os.path.join("docs", "results"))
@@ -536,7 +538,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             machine = {"cores": a.cores if a.cores is not None else "?",
                        "cpu": a.cpu or "?", "link": a.link}
         rec = make_record(a.kind, data, command=a.command, date=date,
-                          machine=machine, title=a.title, notes=a.notes)
+                          machine=machine, title=a.title, notes=a.notes,
+                          headline=not a.no_headline)
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out, "w") as f:
             json.dump(rec, f, indent=1)

@@ -72,10 +72,11 @@ training runs:
    if it had not stopped.
 7. **Exploration** (``Adaptive(explore=...)``, on by default with measured
    links; ``tuning/explore.py``): a check whose agreed bandwidth moved by 2x
-   or more since the link decided on (or by more than ``margin`` at two
-   checks in a row; the probe's latency swings too much on a shaped link to
-   trigger anything), or whose agreed step time moved from the decided
-   plan's by more than twice ``margin`` at two checks in a row while the
+   or more since the link decided on (or by 1.5x at two checks in a row: a
+   probe on a shaped link read 1.5x apart at one rate; its latency swings
+   too much to trigger anything), or whose agreed step time moved from the
+   decided plan's by more than three times ``margin`` at two checks in a
+   row while the
    link did not (the work changed: a straggling host, a CPU hog), does not
    trust the model's single answer: the model's plan on the link, its plans
    on the link with a hundredth, a quarter and four times the bandwidth,
@@ -161,6 +162,10 @@ from .online_settings import (  # noqa: F401 - re-exported
     should_switch,
 )
 from .ratio_search import RatioSearch
+
+# a bandwidth ratio the probe reads between two checks at one rate on a shaped link: a move
+# beyond it must hold at two checks in a row to start an exploration (2x starts one at once)
+LINK_NOISE = 1.5
 
 __all__ = ["Adaptive", "OnlinePlanner", "should_switch", "price_plan", "profile_plan",
            "source_for", "adaptive_plan", "AFTER_STEPS"]
@@ -596,7 +601,8 @@ class OnlinePlanner:
 
     def _count_work(self, t: Optional[float]) -> None:
         """``explore``'s work trigger: count the checks in a row whose agreed step time
-        ``t`` moved from the decided plan's by more than twice ``margin``; the first
+        ``t`` moved from the decided plan's by more than three times ``margin`` (a
+        median of five steps moved by 20 % on its own on the 2-core host); the first
         check after a decision with a whole window of steps times the plan kept."""
         s = self.settings
         if not s.explores:
@@ -605,7 +611,7 @@ class OnlinePlanner:
         if base is None and len(self._steps_s) >= AFTER_STEPS:
             self._settled_s = base = t
         moved = t is not None and base is not None and base > 0 and \
-            abs(t - base) > 2 * s.margin * base
+            abs(t - base) > 3 * s.margin * base
         self._work_moved = self._work_moved + 1 if moved else 0
 
     def _agree_step_times(self, engine: Any) -> Optional[float]:
@@ -745,8 +751,8 @@ class OnlinePlanner:
                        planners: Sequence[Planner], meta: Mapping[str, Any],
                        step_s: Optional[float], t0: float) -> Optional[Plan]:
         """A check with ``explore``: when the agreed bandwidth moved by 2x or more since
-        the link decided on, or by more than ``margin`` at two checks in a row, or the
-        agreed step time moved from the decided plan's by more than twice
+        the link decided on, or by more than ``LINK_NOISE`` at two checks in a row, or
+        the agreed step time moved from the decided plan's by more than three times
         ``margin`` at two checks in a row (the work changed: a straggler, a busy
         host; the plan's time is taken at the first check after a decision), start
         an exploration of the model's plans (``explore.alternatives``) and switch to
@@ -761,7 +767,7 @@ class OnlinePlanner:
         # latency change that matters moves the step time (the work trigger)
         ref = self.decided_on
         r = max(link.bandwidth / ref.bandwidth, ref.bandwidth / link.bandwidth)
-        self._link_moves = self._link_moves + 1 if r > 1 + s.margin else 0
+        self._link_moves = self._link_moves + 1 if r > LINK_NOISE else 0
         link_moved = r >= 2 or self._link_moves >= 2
         rec["bandwidth_ratio"] = r
         rec["step_s"] = step_s
