@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from . import adaptive_profiles
 from .test_mxnet import _WHY, INSTALL, results, run
 
 pytestmark = [pytest.mark.frameworks,
@@ -33,25 +34,9 @@ JOB = Path(__file__).resolve().with_name("mx_adaptive_job.py")
 N, STEPS, SAVE_AT = 2, 24, 12
 
 
-def _profile(path: Path, labels) -> str:
-    """A profile of ``labels`` (compressor curves measured here) on the fast link."""
-    from hipress_like.cost_model import Link, Profile
-    from hipress_like.tuning.auto import DEFAULT_CANDIDATES
-    from hipress_like.tuning.profiler import candidate, profile_compressor
-
-    comps = {c: profile_compressor(*candidate(c, DEFAULT_CANDIDATES[c]),
-                                   sizes=[4096, 16384, 65536], repeats=3, min_time=0.0)
-             for c in labels}
-    Profile(link=Link(2e-6, 12.5e9), compressors=comps, meta={"ranks": N}).save(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
-    d = tmp_path_factory.mktemp("adaptive-mx")
-    return {"onebit": _profile(d / "onebit.json", ["onebit"]),
-            "auto": _profile(d / "auto.json", sorted(["onebit", "terngrad", "dgc",
-                                                      "powersgd"]))}
+    return adaptive_profiles.profiles(tmp_path_factory.mktemp("adaptive-mx"), N)
 
 
 @lru_cache(maxsize=None)

@@ -34,6 +34,7 @@ if importlib.util.find_spec("tensorflow") is None:
                 "tests with .venv-tf/bin/python (scripts/env_tensorflow.sh builds it)",
                 allow_module_level=True)
 
+from . import adaptive_profiles  # noqa: E402
 from .test_horovodrun import _env, command, results_of  # noqa: E402
 
 JOB = Path(__file__).resolve().with_name("tf_adaptive_job.py")
@@ -41,25 +42,9 @@ ROOT = Path(__file__).resolve().parents[2]
 N, STEPS, SAVE_AT = 2, 24, 12
 
 
-def _profile(path: Path, labels) -> str:
-    """A profile of ``labels`` (compressor curves measured here) on the fast link."""
-    from hipress_like.cost_model import Link, Profile
-    from hipress_like.tuning.auto import DEFAULT_CANDIDATES
-    from hipress_like.tuning.profiler import candidate, profile_compressor
-
-    comps = {c: profile_compressor(*candidate(c, DEFAULT_CANDIDATES[c]),
-                                   sizes=[4096, 16384, 65536], repeats=3, min_time=0.0)
-             for c in labels}
-    Profile(link=Link(2e-6, 12.5e9), compressors=comps, meta={"ranks": N}).save(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
-    d = tmp_path_factory.mktemp("adaptive-tf")
-    return {"onebit": _profile(d / "onebit.json", ["onebit"]),
-            "auto": _profile(d / "auto.json", sorted(["onebit", "terngrad", "dgc",
-                                                      "powersgd"]))}
+    return adaptive_profiles.profiles(tmp_path_factory.mktemp("adaptive-tf"), N)
 
 
 def _run(*args: str) -> dict:

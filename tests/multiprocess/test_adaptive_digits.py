@@ -9,8 +9,9 @@ schedule (``Adaptive(estimate=...)``, the tests' link-change mechanism):
 that compresses, and back, the second switch resetting the error-feedback
 memory it cannot carry), keep both ranks bitwise identical, and end within
 0.5 points of test accuracy of the same job on the fixed plan chosen at
-start (the fast link's plan, what ``plan="auto"`` would have kept). The
-fixed slow-link plan runs too, for the record.
+start (the fast link's plan, what ``plan="auto"`` would have kept). So must
+the same job with exploration on (the plans tried on real loopback steps
+at each change). The fixed slow-link plan runs too, for the record.
 """
 import pytest
 import torch
@@ -50,7 +51,8 @@ def digits_worker(ctx, profile_path, which):
         return Link(*SLOW) if third <= step < 2 * third else Link(*FAST)
 
     plan = hpt.Adaptive(check_every=max(1, third // 4), margin=0.1, profile=profile_path,
-                        estimate=link) if which == "adaptive" else which
+                        estimate=link, explore=which == "explore") \
+        if which in ("adaptive", "explore") else which
     opt = hpt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression="onebit", plan=plan)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
@@ -84,13 +86,16 @@ def test_adaptive_through_two_link_changes_matches_the_fixed_plan_accuracy(tmp_p
         Plan.save(plan, fixed[name])
     runs = {"adaptive": run_workers(digits_worker, N, args=(prof_path, "adaptive"),
                                     timeout=900)}
+    # the same schedule with exploration on: the plans tried on real (loopback) steps
+    runs["explore"] = run_workers(digits_worker, N, args=(prof_path, "explore"), timeout=900)
     for name, path in fixed.items():
         runs[name] = run_workers(digits_worker, N, args=(prof_path, path), timeout=900)
     for name, res in runs.items():
         assert len({r["digest"] for r in res}) == 1, f"{name}: replicas diverged"
     acc = {name: res[0]["acc"] for name, res in runs.items()}
-    print(f"digits accuracy: adaptive {acc['adaptive']:.2f} %, fixed fast-link plan "
-          f"{acc['fast']:.2f} %, fixed slow-link plan {acc['slow']:.2f} %")
+    print(f"digits accuracy: adaptive {acc['adaptive']:.2f} %, exploring {acc['explore']:.2f} "
+          f"%, fixed fast-link plan {acc['fast']:.2f} %, fixed slow-link plan "
+          f"{acc['slow']:.2f} %")
     a0 = runs["adaptive"][0]
     assert [h["step"] for h in a0["history"] if h["switched"]] and \
         len([h for h in a0["history"] if h["switched"]]) == 2, a0["history"]
@@ -101,3 +106,6 @@ def test_adaptive_through_two_link_changes_matches_the_fixed_plan_accuracy(tmp_p
     assert runs["slow"][0]["compressed"] and not runs["fast"][0]["compressed"]
     assert a0["compressed"] == runs["fast"][0]["compressed"]  # back on the fast plan
     assert acc["adaptive"] >= acc["fast"] - 0.5, acc
+    explored = [h for h in runs["explore"][0]["history"] if h.get("exploring")]
+    assert explored, "the link changes started no exploration"
+    assert acc["explore"] >= acc["fast"] - 0.5, acc
