@@ -140,6 +140,7 @@ if __name__ == "__main__":
 
 
 # -- running jobs -------------------------------------------------------------------------------
+from . import adaptive_common  # noqa: E402 (as below)
 from .test_mxnet import needs_mxnet, results, run  # noqa: E402 (the job above needs none)
 
 pytestmark = [pytest.mark.frameworks, needs_mxnet]
@@ -156,11 +157,6 @@ def _run(*args: str) -> dict:
                     "switches"):
             assert res[r][key] == r0[key], f"rank {r} differs from rank 0 in {key}"
     return res
-
-
-def _changes(plans):
-    """Engine steps after which the plan differs from the step before."""
-    return [i + 1 for i in range(1, len(plans)) if plans[i] != plans[i - 1]]
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +189,7 @@ def test_byteps_mxnet_knobs_start_then_every_rank_switches_alike(jobs):
     assert r0["compressed"][0] == []  # every gradient is under 64 KB
     assert r0["checks"] == [5, 10, 15, 20]
     assert r0["switched"] == [10, 20] and r0["switches"] == 2
-    assert _changes(r0["plans"]) == [10, 20]
+    assert adaptive_common.changes(r0["plans"]) == [10, 20]
     assert r0["compressed"][8] == [] and r0["compressed"][9], "slow link: nothing compressed"
     assert r0["compressed"][19] == []  # fast again: back to nothing compressed
     assert r0["compressors"][9] == [json.dumps(SPEC, sort_keys=True)]

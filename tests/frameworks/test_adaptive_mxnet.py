@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from . import adaptive_profiles
+from . import adaptive_common
 from .test_mxnet import _WHY, INSTALL, results, run
 
 pytestmark = [pytest.mark.frameworks,
@@ -36,7 +36,7 @@ N, STEPS, SAVE_AT = 2, 24, 12
 
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
-    return adaptive_profiles.profiles(tmp_path_factory.mktemp("adaptive-mx"), N)
+    return adaptive_common.profiles(tmp_path_factory.mktemp("adaptive-mx"), N)
 
 
 @lru_cache(maxsize=None)
@@ -56,12 +56,6 @@ def _agree(res: dict) -> dict:
     return r0
 
 
-def _changes(plans):
-    """Engine steps after which the plan differs from the step before (entry i is after
-    step i + 1)."""
-    return [i + 1 for i in range(1, len(plans)) if plans[i] != plans[i - 1]]
-
-
 @pytest.fixture(scope="module")
 def onebit_jobs(profiles, tmp_path_factory):
     common = ("--profile", profiles["onebit"], "--compression", "onebit", "--steps",
@@ -71,24 +65,12 @@ def onebit_jobs(profiles, tmp_path_factory):
 
 
 def test_every_rank_switches_at_the_same_steps_with_identical_replicas(onebit_jobs):
-    r0 = _agree(onebit_jobs[0])
-    assert r0["checks"] == [5, 10, 15, 20]
-    assert r0["switched"] == [10, 20] and r0["switches"] == 2
-    assert _changes(r0["plans"]) == [10, 20]
-    assert r0["compressed"][8] == [] and r0["compressed"][9], "slow link: nothing compressed"
-    assert r0["compressed"][19] == []  # fast again: back to nothing compressed
-    assert len(set(r0["digests"])) == STEPS  # it learned at every step
+    adaptive_common.check_switches(_agree(onebit_jobs[0]), STEPS)
 
 
 def test_states_saved_after_a_switch_resume_on_the_switched_plan(onebit_jobs):
     full, resumed = onebit_jobs
-    r0 = _agree(resumed)
-    f0 = full[0]
-    assert r0["plans"][0] == f0["plans"][SAVE_AT - 1] != f0["plans"][0]  # the switched plan
-    assert r0["plans"] == f0["plans"][SAVE_AT:]
-    assert r0["switched"] == [10, 20] and r0["switches"] == 2  # the saved history goes on
-    for r in range(N):
-        assert resumed[r]["digests"] == full[r]["digests"][SAVE_AT:], f"rank {r}"
+    adaptive_common.check_resume(full, resumed, _agree(resumed), SAVE_AT, N)
 
 
 def test_compression_auto_re_plans_alike_on_every_rank(profiles):
@@ -96,5 +78,5 @@ def test_compression_auto_re_plans_alike_on_every_rank(profiles):
                      str(STEPS)))
     assert r0["checks"] == [5, 10, 15, 20]
     assert r0["switched"] and r0["switched"][0] == 10, r0["switched"]
-    assert _changes(r0["plans"]) == r0["switched"]
+    assert adaptive_common.changes(r0["plans"]) == r0["switched"]
     assert r0["compressed"][8] == [] and r0["compressed"][9], "slow link: nothing compressed"

@@ -34,7 +34,7 @@ if importlib.util.find_spec("tensorflow") is None:
                 "tests with .venv-tf/bin/python (scripts/env_tensorflow.sh builds it)",
                 allow_module_level=True)
 
-from . import adaptive_profiles  # noqa: E402
+from . import adaptive_common  # noqa: E402
 from .test_horovodrun import _env, command, results_of  # noqa: E402
 
 JOB = Path(__file__).resolve().with_name("tf_adaptive_job.py")
@@ -44,7 +44,7 @@ N, STEPS, SAVE_AT = 2, 24, 12
 
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
-    return adaptive_profiles.profiles(tmp_path_factory.mktemp("adaptive-tf"), N)
+    return adaptive_common.profiles(tmp_path_factory.mktemp("adaptive-tf"), N)
 
 
 def _run(*args: str) -> dict:
@@ -78,12 +78,6 @@ def _jobs(mode: str, compression: str, profile: str, ckpt: str):
     return _run(*common), _run(*common, "--resume")
 
 
-def _changes(plans):
-    """Engine steps after which the plan differs from the step before (entry i is after
-    step i + 1)."""
-    return [i + 1 for i in range(1, len(plans)) if plans[i] != plans[i - 1]]
-
-
 @pytest.fixture(scope="module")
 def tape_jobs(profiles, tmp_path_factory):
     return _jobs("tape", "onebit", profiles["onebit"],
@@ -96,24 +90,12 @@ def fit_jobs(profiles, tmp_path_factory):
 
 
 def test_tape_every_rank_switches_at_the_same_steps_with_identical_replicas(tape_jobs):
-    r0 = _agree(tape_jobs[0])
-    assert r0["checks"] == [5, 10, 15, 20]
-    assert r0["switched"] == [10, 20] and r0["switches"] == 2
-    assert _changes(r0["plans"]) == [10, 20]
-    assert r0["compressed"][8] == [] and r0["compressed"][9], "slow link: nothing compressed"
-    assert r0["compressed"][19] == []  # fast again: back to nothing compressed
-    assert len(set(r0["digests"])) == STEPS  # it learned at every step
+    adaptive_common.check_switches(_agree(tape_jobs[0]), STEPS)
 
 
 def test_tape_checkpoint_after_a_switch_resumes_on_the_switched_plan(tape_jobs):
     full, resumed = tape_jobs
-    r0 = _agree(resumed)
-    f0 = full[0]
-    assert r0["plans"][0] == f0["plans"][SAVE_AT - 1] != f0["plans"][0]  # the switched plan
-    assert r0["plans"] == f0["plans"][SAVE_AT:]
-    assert r0["switched"] == [10, 20] and r0["switches"] == 2  # the saved history goes on
-    for r in range(N):
-        assert resumed[r]["digests"] == full[r]["digests"][SAVE_AT:], f"rank {r}"
+    adaptive_common.check_resume(full, resumed, _agree(resumed), SAVE_AT, N)
 
 
 def test_fit_with_compression_auto_switches_alike_and_resumes(fit_jobs):
@@ -121,7 +103,7 @@ def test_fit_with_compression_auto_switches_alike_and_resumes(fit_jobs):
     f0 = _agree(full)
     assert f0["checks"] == [5, 10, 15, 20]
     assert f0["switched"] and f0["switched"][0] == 10, f0["switched"]
-    assert _changes(f0["plans"]) == f0["switched"]
+    assert adaptive_common.changes(f0["plans"]) == f0["switched"]
     assert f0["compressed"][8] == [] and f0["compressed"][9], "slow link: nothing compressed"
     r0 = _agree(resumed)
     assert r0["plans"][0] == f0["plans"][SAVE_AT - 1] != f0["plans"][0]
