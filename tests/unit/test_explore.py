@@ -6,17 +6,15 @@ depends on whether the big gradient travels compressed, which is the wall time t
 exploration measures. Every rank decides from agreed numbers, so both ranks try the
 same plans at the same steps and end with the same gradients.
 """
-import time
 
 import pytest
 import torch
-from test_online import FAST, SIZES, SLOW, _profile, _random_step  # tests/unit (rootdir)
+from test_online import FAST, SIZES, SLOW, _profile, _sleeping_run  # tests/unit (rootdir)
 
-from hipress_like.casync.engine import Engine, EngineConfig
 from hipress_like.casync.transport.inproc import run_threads
 from hipress_like.cost_model import Link, Planner
 from hipress_like.tuning.explore import Exploration, alternatives, plan_key, uncompressed
-from hipress_like.tuning.online import Adaptive, OnlinePlanner, price_plan, profile_plan
+from hipress_like.tuning.online import Adaptive, price_plan, profile_plan
 
 # -- the candidates ---------------------------------------------------------------------
 
@@ -115,23 +113,9 @@ def test_exploration_defaults_on_for_measured_links_and_off_for_injected_ones():
 def _explore_run(t, sleep_s, schedule, steps=26, **kw):
     """FAST or SLOW as ``schedule(step)`` says; the loop sleeps ``sleep_s(step, on)``
     a step (``on``: w1 travels compressed), the wall time the exploration sees."""
-    prof = _profile()
-    plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps", meta={"profile": prof.to_dict()})
-    eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
-    eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
     settings = Adaptive(check_every=4, explore=True, explore_steps=3,
                         estimate=lambda s, r: schedule(s), **kw)
-    online = OnlinePlanner.for_engine(eng, settings)
-    g = torch.Generator().manual_seed(t.rank)
-    out, compressed = [], []
-    for step in range(steps):
-        on = eng.layout()["w1"]["compress"]
-        compressed.append(on)
-        time.sleep(sleep_s(step, on))
-        out.append(_random_step(eng, online, g))
-    eng.close()
-    kinds = [(e.kind, e.step) for e in eng.timeline.events if e.kind.startswith("plan_")]
-    return online, out, compressed, kinds
+    return _sleeping_run(t, settings, sleep_s, steps)
 
 
 def _alike(res):

@@ -439,17 +439,24 @@ def test_a_check_probes_only_when_the_step_time_moved_or_probe_every_says_so():
 def _trial_run(t, sleep_s, steps=24):
     """FAST until step 5, SLOW after (the model then wants onebit on w1 and w2); the
     loop sleeps ``sleep_s(step, compressed)`` a step: the wall time the trial sees."""
-    import time
-
     def schedule(step):
         return FAST if step < 5 else SLOW
+
+    return _sleeping_run(t, Adaptive(check_every=4, verify=True,
+                                     estimate=lambda s, r: schedule(s)), sleep_s, steps)
+
+
+def _sleeping_run(t, settings, sleep_s, steps):
+    """``steps`` random steps under ``settings`` on ``_profile``'s plan, each after a sleep
+    of ``sleep_s(step, on)`` (``on``: w1 travels compressed): (planner, each step's
+    gradients, ``on`` per step, the timeline's plan events)."""
+    import time
 
     prof = _profile()
     plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps", meta={"profile": prof.to_dict()})
     eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
     eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
-    online = OnlinePlanner.for_engine(eng, Adaptive(check_every=4, verify=True,
-                                                    estimate=lambda s, r: schedule(s)))
+    online = OnlinePlanner.for_engine(eng, settings)
     g = torch.Generator().manual_seed(t.rank)
     out, compressed = [], []
     for step in range(steps):
