@@ -13,20 +13,23 @@ field measure rather than trust a model (Horovod's autotune samples fusion
 settings on real steps, Bayesian search over measured step times):
 
 1. **Candidates** (``alternatives``): the model's best plan on the agreed
-   link, its best plans on that link with the bandwidth scaled by each of
-   ``SCALES`` (a hundredth, a quarter and four times): what the model would choose were
-   the network slower or faster than it believes, which is where its error
-   on a CPU-bound host lies (the plan with more, or less, compression), and
+   link; its best plans on that link with the bandwidth scaled by each of
+   ``SCALES`` (a hundredth, a quarter and four times: what the model would
+   choose were the network slower or faster than it believes, which is
+   where its error on a CPU-bound host lies: more, or less, compression);
    the model's plan with nothing compressed (``uncompressed``: where the
    compressors' CPU time, not the link, bounds the step, as under a CPU
-   hog). Plans equal to the current one, or to each other, are dropped, and
-   so is a candidate the model prices more than ``within`` times the best
-   (2x by default: past the model's worst measured error on the test host,
-   it would only cost steps).
+   hog); and with one partition per gradient (``one_partition``: the tasks
+   and messages partitions add are not in the model). Plans equal to the
+   current one, or to each other, are dropped, and so is a candidate the
+   model prices more than ``within`` times the best (2x by default: past
+   the model's worst measured error on the test host, it would only cost
+   steps).
 2. **Trials** (``Exploration``): each candidate runs for ``steps`` real
-   steps; the ranks agree (median over ranks) on the median step time of
-   each window, so every rank sees the same numbers. The current plan's
-   time is the agreed median of the steps just before the exploration.
+   steps; the ranks agree (median over ranks) on the mean step time of each
+   window without its first step (the switch's rebuild), so every rank sees
+   the same numbers. The current plan's time is the agreed mean of the
+   steps just before the exploration (the online planner measures both).
 3. **Choice** (``Exploration.choose``): the fastest measured plan, the plan
    in force before the exploration keeping its place unless another measured
    faster by more than ``margin`` (the hysteresis of the switch rule, on
@@ -60,7 +63,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..cost_model.model import Link
 from ..cost_model.plan import Plan
 
-__all__ = ["SCALES", "alternatives", "uncompressed", "Exploration", "plan_key"]
+__all__ = ["SCALES", "alternatives", "uncompressed", "one_partition", "Exploration",
+           "plan_key"]
 
 # the bandwidths the model's plan is made at besides the agreed one: a quarter and four
 # times (the model's errors on the test host moved its choice by about that much), and
@@ -87,6 +91,15 @@ def uncompressed(plan: Plan) -> Plan:
     return dataclasses.replace(plan, gradients=grads, rule=rule)
 
 
+def one_partition(plan: Plan) -> Plan:
+    """``plan`` with every named gradient in one partition (HiPress Sec. 3.3's K = 1):
+    the model prices partitions by Eq. 2, which leaves out the tasks and messages each
+    one adds on a host whose cores are busy with backward (its 8 partitions of an 8 MB
+    weight at 4 ranks measured slower than one on the 2-core test host)."""
+    grads = {n: dataclasses.replace(g, partitions=1) for n, g in plan.gradients.items()}
+    return dataclasses.replace(plan, gradients=grads)
+
+
 def alternatives(plan_at: Callable[[Link], Plan], price: Callable[[Plan], Optional[float]],
                  link: Link, current: Plan, *, within: float = 2.0,
                  scales: Sequence[float] = SCALES) -> List[Tuple[str, Plan]]:
@@ -104,12 +117,13 @@ def alternatives(plan_at: Callable[[Link], Plan], price: Callable[[Plan], Option
     Returns:
         (why, plan) pairs, distinct and unlike ``current``, cheapest predicted first;
         ``why`` says which plan it is ("model", "model at 0.25x bandwidth",
-        "nothing compressed").
+        "nothing compressed", "model, one partition each").
     """
     made = [("model", plan_at(link))]
     made += [(f"model at {s:g}x bandwidth", plan_at(Link(link.latency, link.bandwidth * s)))
              for s in scales]
     made.append(("nothing compressed", uncompressed(made[0][1])))
+    made.append(("model, one partition each", one_partition(made[0][1])))
     seen = {plan_key(current)}
     out: List[Tuple[float, str, Plan]] = []
     for why, plan in made:

@@ -219,3 +219,15 @@ def test_the_exploration_caps_hold():
                                max_explorations=0), 2))
     assert online.explorations == 0 and kinds == [] and not any(compressed)
     assert any(h.get("capped") for h in online.history)
+
+
+def test_one_partition_keeps_every_decision_but_its_partitions():
+    from hipress_like.tuning.explore import one_partition
+
+    _, plans = _plans()
+    slow = plans[1e5]
+    got = one_partition(slow)
+    assert {n: g.compress for n, g in got.gradients.items()} == \
+        {n: g.compress for n, g in slow.gradients.items()}
+    assert all(g.partitions == 1 for g in got.gradients.values())
+    assert got.rule == slow.rule and got.compressor == slow.compressor
