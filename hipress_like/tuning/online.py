@@ -80,8 +80,9 @@ training runs:
    link did not (the work changed: a straggling host, a CPU hog), does not
    trust the model's single answer: the model's plan on the link, its plans
    on the link with a hundredth, a quarter and four times the bandwidth,
-   and that plan with nothing compressed (distinct, unlike the plan in
-   force, priced within 2x of the best) each run ``explore_steps`` real
+   and that plan with nothing compressed and with one partition per
+   gradient (distinct, unlike the plan in force, priced within 2x of the
+   best) each run ``explore_steps`` real
    steps; the ranks agree on each window's mean step time (its first step,
    the switch's rebuild, left out), and the fastest measured plan is kept
    (the plan in force unless another beat it by more than ``margin``). The

@@ -59,10 +59,11 @@ class Adaptive:
             on, unless ``estimate`` is given (an injected link is not the
             network the wall times are measured on).
         explore: when the link or the step time moved, try the model's plan,
-            its plans at a hundredth, a quarter and four times the bandwidth
-            and with nothing compressed on real steps and keep the fastest
-            measured (``tuning/explore.py``; item 7 of the module's
-            description); a switch is then its exploration's outcome and
+            its plans at a hundredth, a quarter and four times the bandwidth,
+            with nothing compressed and with one partition per gradient, on
+            real steps, and keep the fastest measured (``tuning/explore.py``;
+            item 7 of the module's description); a switch is then its
+            exploration's outcome and
             ``verify`` has nothing left to judge. None: on, unless
             ``estimate`` is given (as ``verify``).
         explore_steps: steps each plan tried by an exploration runs.
