@@ -455,6 +455,9 @@ class OnlinePlanner:
         elif self.settings.measure == "timeline":
             new, self._mark_events = engine.timeline.since(self._mark_events)
             self.estimator.update(timeline_samples(new, step - 1, engine.size))
+        if self.ratio is not None and (self._trial is not None or
+                                       self._exploration is not None):
+            self.ratio.skip()  # one decision at a time: this step is another's trial
         if self._trial is not None:
             return self._judge(engine, step) if step >= self._trial["at"] else None
         if self._exploration is not None:

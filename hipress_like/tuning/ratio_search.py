@@ -161,6 +161,11 @@ class RatioSearch:
         self._face_restore(snap["face"])
         self.engine.load_compressor_states(copy.deepcopy(snap["states"]))
 
+    def skip(self) -> None:
+        """Leave the step just done out of the statistics (the planner was trying another
+        plan in it): its timeline events are passed over, not read into the next step."""
+        _, self._mark = self.engine.timeline.since(self._mark)
+
     def after_step(self, step: int, link_moved: bool = False) -> Optional[Dict[str, Any]]:
         """The step just done (collective on agreement steps: every rank, same step):
         feed a running search, or check the triggers and maybe begin one.

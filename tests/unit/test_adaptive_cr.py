@@ -223,3 +223,32 @@ def test_topk_records_its_gain_only_when_asked():
     _, st = c.encode(x, c.init(x))
     assert st["gain"] == (16.0, 26.25)
     assert gain_of_states({"w": st}) == pytest.approx(16.0 / 26.25)
+
+
+def test_the_ratio_search_leaves_a_skipped_steps_events_out():
+    """``RatioSearch.skip`` (the planner was trying another plan in that step): what the
+    next ``after_step`` reads is that step's engine events only, not the skipped one's."""
+    from hipress_like.casync.engine import Engine, EngineConfig
+    from hipress_like.casync.transport.inproc import run_threads
+    from hipress_like.tuning.ratio_search import RatioSearch
+
+    def job(t):
+        eng = Engine(t, EngineConfig(compressor="topk", params={"ratio": 0.1}, threads=False))
+        eng.register([("w", (4096,), torch.float32)])
+        search = RatioSearch(eng, AdaptiveCRConfig(check_every=100), (dict, lambda s: None),
+                             timeout=60)
+
+        def step():
+            eng.submit("w", torch.randn(4096))
+            eng.synchronize()
+
+        step()
+        per_step = len(eng.timeline.since(0)[0])
+        search.skip()
+        step()
+        step()
+        unread = len(eng.timeline.since(search._mark)[0])  # what after_step reads next
+        eng.close()
+        return per_step, unread
+    for per_step, unread in run_threads(job, 2):
+        assert per_step > 0 and unread == 2 * per_step
