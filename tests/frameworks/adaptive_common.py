@@ -58,3 +58,13 @@ def check_resume(full: Dict, resumed: Dict, r0: Dict, save_at: int, n: int) -> N
     assert r0["switched"] == [10, 20] and r0["switches"] == 2  # the saved history goes on
     for r in range(n):
         assert resumed[r]["digests"] == full[r]["digests"][save_at:], f"rank {r}"
+
+
+def agree(res: Dict, n: int) -> Dict:
+    """Every rank of a job's outcome ``res``: the same weights after every step, the same
+    plan, the same checks; rank 0's outcome."""
+    r0 = res[0]
+    for r in range(1, n):
+        for key in ("digests", "plans", "compressed", "checks", "switched", "switches"):
+            assert res[r][key] == r0[key], f"rank {r} differs from rank 0 in {key}"
+    return r0

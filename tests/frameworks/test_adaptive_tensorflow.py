@@ -63,12 +63,7 @@ def _run(*args: str) -> dict:
 
 
 def _agree(res: dict) -> dict:
-    """Every rank: the same weights after every step, the same plan, the same checks."""
-    r0 = res[0]
-    for r in range(1, N):
-        for key in ("digests", "plans", "compressed", "checks", "switched", "switches"):
-            assert res[r][key] == r0[key], f"rank {r} differs from rank 0 in {key}"
-    return r0
+    return adaptive_common.agree(res, N)
 
 
 @lru_cache(maxsize=None)
