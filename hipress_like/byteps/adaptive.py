@@ -39,7 +39,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
@@ -48,6 +47,7 @@ from ..adapters.compression import CompressionSpec
 from ..adapters.engine_builder import adaptive_settings
 from ..cost_model.plan import Plan
 from ..cost_model.profile import Profile
+from ..tuning.online_pricing import compressor_key
 
 __all__ = ["settings_of", "candidate_of", "knobs_start", "start"]
 
@@ -77,10 +77,6 @@ def settings_of(plan: Any, face: str, use: str) -> Any:
     return settings
 
 
-def _key(name: str, params: Mapping[str, Any]) -> Tuple[str, str]:
-    return name, json.dumps(dict(params), sort_keys=True)
-
-
 def candidate_of(settings: Any, spec: CompressionSpec, count: Optional[int]
                  ) -> Tuple[str, Optional[Profile]]:
     """The candidate the online planner prices and the profile it prices it on
@@ -108,9 +104,9 @@ def candidate_of(settings: Any, spec: CompressionSpec, count: Optional[int]
     profile = settings.load_profile()
     if profile is None or spec.name == "identity":
         return spec.name, profile
-    want = _key(spec.name, spec.params)
+    want = compressor_key(spec.name, spec.params)
     for label, cp in sorted(profile.compressors.items()):
-        if _key(cp.name, cp.params) == want:
+        if compressor_key(cp.name, cp.params) == want:
             return label, profile
     have = ", ".join(f"{k}: {c.name}{dict(c.params)}" for k, c in
                      sorted(profile.compressors.items())) or "none"
