@@ -46,7 +46,8 @@ the next step) and named in a ``CompressorStateReset`` warning:
 * state at a PS or Ring site (``push``, ``pull``, ``own``, ``final``,
   ``hop``...): which rank aggregates a partition (PS) and where the ring's
   chunks fall (Ring) depend on N, and the aggregating rank keeps no
-  worker memory (it adds its own gradient uncompressed), so
+  worker memory (it adds its own gradient uncompressed, unless
+  ``EngineConfig.own_push``), so
   ``(1/N) sum_i e_i`` cannot be put back by giving every rank the same
   memory. Only the symmetric ``rounds`` site (every rank encodes the whole
   partition each step: PowerSGD, THC, AR-Topk) is resharded;

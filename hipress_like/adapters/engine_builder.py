@@ -133,7 +133,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                  compression: Any, strategy: str, plan: Any, nonfinite: str,
                  timeout: Optional[float], seed: int, compression_back: Any = None,
                  collective: Optional[str] = None, joining: Any = None,
-                 online: bool = False, error_feedback: Any = "auto") -> Any:
+                 online: bool = False, error_feedback: Any = "auto",
+                 own_push: bool = False) -> Any:
     """Open a transport, build an engine and register ``specs`` (collective).
 
     Args:
@@ -165,6 +166,9 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
             that do not are refused it rather than left on a fixed plan.
         error_feedback: ``EngineConfig.error_feedback`` ("auto", True or
             False; BytePS's face passes False when ``ef`` is not asked for).
+        own_push: ``EngineConfig.own_push`` (the BytePS-style faces: the PS
+            aggregator compresses its own partition too, as BytePS's server
+            sees every push compressed).
 
     Returns:
         The registered engine.
@@ -231,7 +235,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                       params_back=back_params, strategy=strategy, plan=plan,
                       timeout=timeout, coordinator=True, nonfinite=nonfinite, seed=int(seed),
                       replay=replay == "1", collective=collective,
-                      link_source=collective_links, error_feedback=error_feedback)
+                      link_source=collective_links, error_feedback=error_feedback,
+                      own_push=own_push)
     cfg = config_cls(**cfg_kwargs) if config_cls is not None else cfg_kwargs
     if joining is not None:
         joining.ready()

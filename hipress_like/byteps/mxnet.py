@@ -37,13 +37,11 @@ each gradient by ``1 / (batch_size * size)`` before compressing and sums,
 which is the same for these positively homogeneous compressors
 (``C(a x) = a C(x)`` for ``a > 0``) up to float rounding.
 
-Differences from BytePS, stated rather than hidden: CaSync-PS's aggregators
-are the workers themselves, and an aggregator adds its own gradient to the
-sum as it is, uncompressed (it does not travel), where every BytePS worker
-compresses its push; so on 2 workers the update is
-``C(g_a + C(g_b))`` against BytePS's ``C(C(g_a) + C(g_b))``, ``a`` being the
-tensor's aggregator (on one worker, both are ``C(g)`` for top-k and onebit,
-which are idempotent). This project's onebit
+CaSync-PS's aggregators are the workers themselves; as every BytePS worker
+compresses its push, the aggregating worker compresses its own gradient
+before adding it (``EngineConfig.own_push``), so on 2 workers the update is
+BytePS's ``C(C(g_a) + C(g_b))``. Differences from BytePS, stated rather than
+hidden: this project's onebit
 reconstructs with two means (Seide et al. 2014), where BytePS's sends
 ``sign`` or ``||x||_1 / n * sign`` (``scaling``); random-k and dithering
 draw their randomness from this project's counter RNG, not BytePS's
@@ -238,7 +236,8 @@ class DistributedTrainer(_Trainer):
         plan = self._bps_plan()
         if self._bps_adaptive is not None:  # the knobs' plan starts; the planner goes on
             plan = _adaptive.start(self._bps_adaptive[0], plan, *self._bps_adaptive[1:])
-        self._hp_kwargs.update(plan=plan, error_feedback=False)
+        # and, as a BytePS server sees every push compressed, so does the aggregator
+        self._hp_kwargs.update(plan=plan, error_feedback=False, own_push=True)
         super()._hp_build()
 
 

@@ -167,7 +167,8 @@ def _engine_for(name: str, t: torch.Tensor, mapped: Mapped, rule: SizeRule) -> A
     engine = build_engine([(name, tuple(t.shape), t.dtype)], compression=mapped.spec,
                           strategy="ps", plan=_plan(name, mapped, rule, t.numel() *
                                                     t.element_size(), t.numel()),
-                          nonfinite="propagate", timeout=None, seed=mapped.seed or 0)
+                          nonfinite="propagate", timeout=None, seed=mapped.seed or 0,
+                          own_push=True)
     _engines[name] = (engine, key)
     log.debug("push_pull %r: engine built (%s)", name, mapped.spec)
     return engine

@@ -303,7 +303,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     opt = _DistributedOptimizer(optimizer, named_parameters=named or None, compression=spec,
                                 backward_passes_per_step=backward_passes_per_step,
                                 strategy=strategy, plan=plan, nonfinite=nonfinite,
-                                timeout=timeout, seed=seed)
+                                timeout=timeout, seed=seed, own_push=True)
     opt._hp_scale = factor
     return opt
 

@@ -15,7 +15,7 @@ __all__ = ["EngineConfig", "fingerprint", "check_same_config", "SHARED_FIELDS"]
 # coordinator's plan, or what a step means (timeouts and threads stay local).
 SHARED_FIELDS = ("strategy", "error_feedback", "coordinator", "matching", "batch_bytes",
                  "raw_collective", "fusion_bytes", "report_capacity", "nonfinite", "seed",
-                 "replay", "collective", "wire_check")
+                 "replay", "collective", "wire_check", "own_push")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +115,18 @@ class EngineConfig:
             payload. False still checks each message's header, version,
             sender and length. Every rank must agree (it sets the message
             sizes).
+        own_push: a CaSync-PS aggregator compresses its own partition as a
+            push too (``decode(encode(x))`` with the push site's state)
+            before it adds the other ranks' payloads, as a BytePS server
+            receives every worker's push compressed, the co-located worker's
+            included. Off (default): the aggregator adds its partition as it
+            is (it never crosses the network), one encode and one decode
+            less per aggregated partition and nothing lost to the
+            compressor. The BytePS-style faces turn it on, so their results
+            follow BytePS's ``C(sum_r C(g_r))``. It changes only
+            single-round compressors whose payloads do not merge compressed
+            (onebit, top-k, random-k, dithering): aggregatable ones already
+            encode the aggregator's partition.
     """
 
     compressor: Any = None
@@ -158,6 +170,7 @@ class EngineConfig:
     # under 1% of a compressing encode (docs/reliability.md); off saves it where a
     # link already checks its frames and the encode is a copy (identity).
     wire_check: bool = True
+    own_push: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -170,6 +183,8 @@ class EngineConfig:
                              f"found {self.error_feedback!r}")
         if not isinstance(self.wire_check, bool):
             raise ValueError(f"wire_check must be True or False, found {self.wire_check!r}")
+        if not isinstance(self.own_push, bool):
+            raise ValueError(f"own_push must be True or False, found {self.own_push!r}")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, found {self.timeout!r}")
         if self.batch_bytes < 1 or self.report_capacity < 1 or self.fusion_bytes < 1 \

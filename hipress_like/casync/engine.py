@@ -329,7 +329,8 @@ class Engine:
         # does in its first pass: the compressors' separate scans are skipped
         add_gradient_tasks(b, work, self._states, self._seed_of, undo=self._undo,
                            vouched=self.config.nonfinite != "ignore", step=st.index,
-                           on_nonfinite=self._flagger(st) if fused else None)
+                           on_nonfinite=self._flagger(st) if fused else None,
+                           own_push=self.config.own_push)
         b.seal()
         self._start_step()
         handle.release()

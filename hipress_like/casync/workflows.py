@@ -11,7 +11,10 @@ CaSync-PS, co-located (every rank aggregates a byte-balanced share):
     aggregator:  recv(each) -> merge: add each decoded payload into its own
                  (raw) partition in rank order (``decode_add_``) -> encode
                  -> send(all) ; decode(own copy) -> write
-    aggregatable codecs merge the payloads directly (no decode/encode).
+    aggregatable codecs merge the payloads directly (no decode/encode);
+    with ``own_push`` (the BytePS-style faces) the aggregator's own partition
+    is encoded as a push too and decoded in its rank's place, as a BytePS
+    server sees every worker's push compressed.
 
 CaSync-Ring, on N chunks of the partition:
     reduce, N-1 steps:  recv(prev) -> decode, add into own chunk -> encode -> send(next)
@@ -213,11 +216,13 @@ class CompressorCodec:
         _, self.states[f"{self.key}|{site}"] = self.comp.decode_rounds(
             grad, st, aggregate, out=grad, average=True)
 
-    def write_mean(self, payload: torch.Tensor, x: torch.Tensor, n: int) -> None:
+    def write_mean(self, payload: torch.Tensor, x: torch.Tensor, n: int, *,
+                   back: bool = True) -> None:
         """``x = decode(payload) / n`` for an aggregate's payload (the master
-        compressor's when there is one), straight into ``x`` (fused where the
-        compressor can)."""
-        (self.back or self.comp).kernels.decode_div_(payload, x, n)
+        compressor's when there is one; ``back=False``: a worker's payload),
+        straight into ``x`` (fused where the compressor can)."""
+        comp = (self.back or self.comp) if back else self.comp
+        comp.kernels.decode_div_(payload, x, n)
 
     def broadcast_root(self, site: str) -> int:
         """The owner rank of the broadcast round just encoded at ``site``."""
@@ -243,7 +248,8 @@ def _shared_seed(key: str) -> int:
 
 def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of: Any, *,
                        vouched: bool, step: int = 0, undo: Any = None,
-                       on_nonfinite: Optional[Callable[[], None]] = None) -> None:
+                       on_nonfinite: Optional[Callable[[], None]] = None,
+                       own_push: bool = False) -> None:
     """Add every task of gradient ``b.grad`` (its values in ``work``) for one step.
 
     Args:
@@ -257,6 +263,8 @@ def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of:
             changes, or None.
         on_nonfinite: called when the compressor's own pass finds NaN/Inf
             (the engine did not scan: ``Capabilities.checks_finite``), or None.
+        own_push: a PS aggregator compresses its own partition too
+            (``EngineConfig.own_push``).
     """
     g = b.grad
     flat = work.view(-1)
@@ -279,11 +287,16 @@ def add_gradient_tasks(b, work: torch.Tensor, states: Dict[str, State], seed_of:
         elif g.workflow is Workflow.RING:
             ring_workflow(b, p, flat[s:e], codec)
         else:
-            ps_workflow(b, p, flat[s:e], codec, agg)
+            ps_workflow(b, p, flat[s:e], codec, agg, own_push=own_push)
 
 
-def ps_workflow(b, p: int, x: torch.Tensor, codec, agg: int) -> None:
-    """Add the CaSync-PS tasks of partition ``p`` (flat view ``x``) aggregated at ``agg``."""
+def ps_workflow(b, p: int, x: torch.Tensor, codec, agg: int, *, own_push: bool = False) -> None:
+    """Add the CaSync-PS tasks of partition ``p`` (flat view ``x``) aggregated at ``agg``.
+
+    With ``own_push`` the aggregator encodes its own partition as a push (the
+    push site's state, error feedback included) and sums the decoded payloads
+    of every rank, its own in its rank's place, as a BytePS server does; by
+    default it adds its partition as it is (it never crosses the network)."""
     me, n = b.rank, b.size
 
     def write(pull: torch.Tensor) -> None:
@@ -306,6 +319,17 @@ def ps_workflow(b, p: int, x: torch.Tensor, codec, agg: int) -> None:
             def merge(*ps: torch.Tensor) -> torch.Tensor:
                 return codec.reencode(codec.merge(list(ps)), x, "pull")
         last = b.compute(Kind.MERGE, p, merge, [*recvs[:me], own, *recvs[me:]])
+    elif own_push:
+        own = b.compute(Kind.ENCODE, p, lambda: codec.encode(x, "push"))
+
+        def merge_all(*ps: torch.Tensor) -> torch.Tensor:
+            # every rank's decoded push in rank order, summed in x (the pull's
+            # decode overwrites x afterwards): x = decode(p_0), then += the rest
+            codec.write_mean(ps[0], x, 1, back=False)
+            codec.add_decoded_many(list(ps[1:]), x)
+            return codec.encode_back(x, "pull")
+
+        last = b.compute(Kind.MERGE, p, merge_all, [*recvs[:me], own, *recvs[me:]])
     else:
         def merge_encode(*ps: torch.Tensor) -> torch.Tensor:
             # x + the decoded partitions of the other ranks in rank order, summed in

@@ -13,11 +13,9 @@ numpy: for every parameter ``i``,
 
 (one worker there, so the aggregate is ``c``). Ported here to ``size``
 workers, the aggregate is the sum of every worker's ``c`` and the server
-compresses that: ``w_i -= lr * C(sum_r C(g_r))``, except that CaSync-PS's
-aggregator of a tensor (a worker; the job records which) adds its own
-gradient uncompressed: ``C(g_a + sum_{r != a} C(g_r))`` (the face's
-docstring says why; on BytePS's one worker both are ``C(g)`` for top-k and
-onebit). The references' maths is
+compresses that: ``w_i -= lr * C(sum_r C(g_r))``, the co-located
+aggregator's own gradient compressed like every push (the face turns on
+``EngineConfig.own_push``). The references' maths is
 written again below from the formulas (not BytePS's code), on 2 real ranks,
 a CPU context and a small local Gluon model where BytePS uses a GPU and
 gluoncv; ``BYTEPS_MIN_COMPRESS_BYTES=0`` so that every gradient is
@@ -91,10 +89,8 @@ def _job(compression_params: dict, steps: int, lr: float) -> None:
     y = mx.nd.array(rng.randint(0, 5, BATCH).astype("float32"))
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     params = [p for p in trainer._params if p.grad_req != "null"]
-    layout = trainer._hp_engine.layout()  # gradients are named by their position
     record = {"rank": bps.rank(), "local": local,
               "w0": [p.data().asnumpy().ravel().tolist() for p in params],
-              "parts": [layout[str(trainer._params.index(p))]["partitions"] for p in params],
               "steps": []}
     for _ in range(steps):
         with autograd.record():
@@ -328,23 +324,14 @@ def _scaled_worker_grads(res: dict, step: int, n: int = 2):
             for r in range(n)]
 
 
-def _aggregator(res: dict, i: int) -> int:
-    """The rank that aggregates parameter ``i`` (one partition: BYTEPS_PARTITION_BYTES)."""
-    parts = res[0]["parts"][i]
-    assert len(parts) == 1 and parts == res[1]["parts"][i], parts
-    return parts[0][2]
-
-
 def _check_weights(res: dict, compress) -> None:
-    """Replay BytePS's update ``w -= lr * C(sum_r C(g_r))`` from the broadcast weights,
-    with the aggregator's own gradient entering the sum as it is (module docstring)."""
+    """Replay BytePS's update ``w -= lr * C(sum_r C(g_r))`` from the broadcast weights:
+    every worker's gradient compressed, the aggregating worker's too."""
     w = _arrays(_weights_before(res))
     for step in range(len(res[0]["steps"])):
         per_rank = _scaled_worker_grads(res, step)
         for i in range(len(w)):
-            a = _aggregator(res, i)
-            agg = sum(per_rank[r][i] if r == a else compress(per_rank[r][i])
-                      for r in range(len(per_rank)))
+            agg = sum(compress(per_rank[r][i]) for r in range(len(per_rank)))
             w[i] = w[i] - LR * compress(agg)
         got = _arrays(res[0]["steps"][step]["w"])
         for i, (a, b) in enumerate(zip(got, w)):
@@ -411,13 +398,13 @@ def test_randomk_keeps_k_unscaled_entries_of_the_summed_gradients():
             c = s / BATCH
             nz = np.flatnonzero(c)
             assert 0 < len(nz) <= k, f"step {step}, parameter {i}: {len(nz)} entries kept"
-            a = _aggregator(res, i)
-            own, other = per_rank[a][i], per_rank[1 - a][i]
-            # a kept entry is the aggregator's own entry plus the other worker's when
-            # that worker kept it too, unscaled (no n/k factor): one of two sums
+            g0, g1 = per_rank[0][i], per_rank[1][i]
+            # a kept entry is the sum of the workers' entries that each worker's push
+            # kept, unscaled (no n/k factor): both, or one of them
             close = [np.isclose(c[nz], v[nz], rtol=1e-5, atol=1e-9)
-                     for v in (own + other, own)]
-            assert np.all(close[0] | close[1]), f"step {step}, parameter {i}: {c[nz]}"
+                     for v in (g0 + g1, g0, g1)]
+            assert np.all(close[0] | close[1] | close[2]), \
+                f"step {step}, parameter {i}: {c[nz]}"
             if i == 0:
                 chosen.append(tuple(nz))
     assert len(set(chosen)) > 1, "random-k kept the same entries at every step"

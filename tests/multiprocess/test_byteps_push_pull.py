@@ -41,6 +41,25 @@ def _count_sent_bytes():
     return sent
 
 
+def _byteps_onebit(xs):
+    """BytePS's push_pull of ``xs`` (one per worker) with onebit, computed here:
+    the decoded pushes summed in rank order, encoded again, decoded, averaged."""
+    import hipress_like as hp
+
+    c = hp.compressors.get("onebit")
+
+    def payload(v):
+        return c.encode(v, c.init(v))[0]
+
+    acc = torch.empty_like(xs[0])
+    c.kernels.decode_div_(payload(xs[0]), acc, 1)
+    for v in xs[1:]:
+        c.kernels.decode_add_(payload(v), acc)
+    out = torch.empty_like(acc)
+    c.kernels.decode_div_(payload(acc), out, len(xs))
+    return out
+
+
 def wire_worker(ctx):
     import hipress_like as hp
     import hipress_like.byteps.torch as bps
@@ -73,6 +92,9 @@ def test_push_pull_with_onebit_moves_compressed_bytes_both_ways():
     # bidirectional: the sum was onebit-encoded again before the pull, so the result
     # has onebit's two reconstruction values (a raw sum of two has up to four)
     assert len(torch.unique(out)) <= 2
+    # BytePS's formula: every push compressed, the aggregator's own too, and the sum
+    # compressed again: C(C(x_0) + C(x_1)) / 2, bit for bit (EngineConfig.own_push)
+    assert torch.equal(out, _byteps_onebit([_x(0), _x(1)]))
     mean = (_x(0) + _x(1)) / 2
     assert (torch.sign(out) == torch.sign(mean)).float().mean() > 0.75
     assert torch.allclose(torch.tensor(res[0]["plain"]), mean, atol=1e-6)

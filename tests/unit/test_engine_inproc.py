@@ -758,3 +758,62 @@ def test_a_resumed_engine_replays_the_saved_schedule_from_its_first_step():
         assert replayed == 2  # no coordinated step to record a new one
         for x, y in zip(tail, again):
             assert all(torch.equal(x[n], y[n]) for n in x)
+
+
+def _onebit_ps_expected(all_g, name, parts, own_push):
+    """CaSync-PS with onebit per partition: the pushes decoded and summed in rank order
+    (the aggregator's own values as they are, or compressed too with ``own_push``),
+    the sum encoded again, decoded, divided by N (no error feedback)."""
+    c = hp.compressors.get("onebit")
+    n = len(all_g)
+
+    def payload(v):
+        return c.encode(v, c.init(v))[0]
+
+    out = torch.empty_like(all_g[0][name])
+    for s, e, agg in parts:
+        acc = torch.empty(e - s)
+        for r in range(n):
+            x = all_g[r][name][s:e]
+            if r == 0 and (own_push or agg != 0):
+                c.kernels.decode_div_(payload(x), acc, 1)
+            elif r == 0:
+                acc.copy_(x)
+            elif own_push or r != agg:
+                c.kernels.decode_add_(payload(x), acc)
+            else:
+                acc += x
+        c.kernels.decode_div_(payload(acc), out[s:e], n)
+    return out
+
+
+@pytest.mark.parametrize("own_push", [False, True])
+def test_own_push_compresses_the_aggregators_own_partition_as_bytepss_server(own_push):
+    # EngineConfig.own_push: every push compressed, the aggregator's own too (BytePS's
+    # C(sum_r C(g_r))); off, the aggregator adds its partition as it is
+    sizes = [4097]
+    res = run_engine(3, all_compressed("onebit", k=3), sizes=sizes,
+                     cfg={"own_push": own_push, "error_feedback": False})
+    all_g = [make_grads(r, sizes) for r in range(3)]
+    parts = res[0][1]["g0"]["partitions"]
+    assert sorted(p[2] for p in parts) == [0, 1, 2]  # every rank aggregates one
+    for outs, _, _ in res:
+        assert torch.equal(outs[0]["g0"], _onebit_ps_expected(all_g, "g0", parts, own_push))
+    assert not torch.equal(_onebit_ps_expected(all_g, "g0", parts, True),
+                           _onebit_ps_expected(all_g, "g0", parts, False))
+
+
+def test_own_push_must_be_a_bool_and_the_same_on_every_rank():
+    with pytest.raises(ValueError, match="own_push must be True or False"):
+        EngineConfig(own_push="yes")
+
+    def body(tr):
+        eng = Engine(tr, EngineConfig(compressor="onebit", timeout=10,
+                                      own_push=tr.rank == 1))
+        try:
+            eng.register([("w", (4096,), torch.float32)])
+        finally:
+            eng.close()
+    errs = _collect_errors(2, body)
+    for e in errs:
+        assert "own_push" in str(e), e

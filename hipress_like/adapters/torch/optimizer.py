@@ -83,7 +83,7 @@ class _DistributedOptimizerMixin(EngineHolder):
                   backward_passes_per_step: int, op: str, sparse_as_dense: bool,
                   nonfinite: str, timeout: Optional[float], seed: int,
                   compression_back: Any = None, collective: Optional[str] = None,
-                  joining: Any = None) -> None:
+                  joining: Any = None, *, own_push: bool = False) -> None:
         rt = _require()
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be an int >= 1, found "
@@ -119,7 +119,7 @@ class _DistributedOptimizerMixin(EngineHolder):
         self._hp_build = dict(compression=compression, strategy=strategy, plan=plan,
                               nonfinite=nonfinite, timeout=timeout, seed=seed,
                               compression_back=compression_back, collective=collective,
-                              joining=joining)
+                              joining=joining, own_push=own_push)
         self._hp_build_engine()
         self._hp_ensure_hooks()
         _track(self)
@@ -466,7 +466,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          seed: int = 0, compression_back: Any = None,
                          collective: Optional[str] = None,
                          stragglers: Any = None,
-                         check_consistency_every: int = 0) -> torch.optim.Optimizer:
+                         check_consistency_every: int = 0,
+                         own_push: bool = False) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged by CaSync.
 
     A collective call: every rank constructs it at the same point, with the
@@ -552,6 +553,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             agree) and every rank raises ``ConsistencyError`` naming the first
             parameter or state entry that differs and the ranks that disagree.
             ``opt.check_consistency()`` runs one check by hand. 0 (default): off.
+        own_push: the CaSync-PS aggregator compresses its own partition too,
+            as a BytePS server sees every push compressed
+            (``EngineConfig.own_push``; ``hipress_like.byteps.torch`` turns it
+            on). False (default): the aggregator adds its own partition as it
+            is, which costs less and loses nothing to the compressor.
 
     Returns:
         The distributed optimizer (an instance of a subclass of
@@ -591,7 +597,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             raise ValueError(f"check_consistency_every must be an int >= 0 (0: off), found "
                              f"{check_consistency_every!r}")
         if stragglers is not None:
-            _quorum_ignores(strategy, plan, nonfinite)
+            _quorum_ignores(strategy, plan, nonfinite, own_push)
             opt = _quorum_optimizer(optimizer, named_parameters, compression, stragglers,
                                     timeout, seed, compression_back, collective,
                                     backward_passes_per_step, op, joining)
@@ -603,11 +609,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         opt._hp_check_every, opt._hp_steps_taken = check_consistency_every, 0
         opt._hp_setup(named_parameters, compression, strategy, plan, backward_passes_per_step,
                       op, sparse_as_dense, nonfinite, timeout, seed, compression_back,
-                      collective, joining)
+                      collective, joining, own_push=own_push)
         return opt
 
 
-def _quorum_ignores(strategy: str, plan: Any, nonfinite: str) -> None:
+def _quorum_ignores(strategy: str, plan: Any, nonfinite: str, own_push: bool = False) -> None:
     """Refuse the options partial aggregation would silently ignore (at construction).
 
     The quorum lane allgathers one flat buffer per step with its own compressor
@@ -628,6 +634,10 @@ def _quorum_ignores(strategy: str, plan: Any, nonfinite: str) -> None:
                          "and the others close it without that rank (counted in "
                          "opt.stragglers()); drop nonfinite=, or drop stragglers= to have "
                          f"nonfinite={nonfinite!r}")
+    if own_push:
+        raise ValueError("stragglers: own_push=True does not apply under partial aggregation "
+                         "(no aggregator: each rank decodes every payload it gathers); drop "
+                         "own_push=, or drop stragglers= to use CaSync-PS")
 
 
 def _quorum_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, compression: Any,
