@@ -22,7 +22,10 @@ k             required by topk, randomk, dithering; ignored by onebit     ratio,
                                                                           levels
 partition     ``linear`` or ``natural``, whatever the compressor          dithering
 normalize     ``max`` or ``l2``, whatever the compressor                  dithering
-seed          an integer (``is not None``)                                seed
+seed          an integer (``is not None``)                                seed;
+                                                                          randomk's
+                                                                          for every
+                                                                          rank
 fp16          truthy: fp16 on the wire when no compressor is chosen       fp16
 ============  ==========================================================  =========
 
@@ -187,6 +190,10 @@ def map_compression_params(params: Mapping[str, Any]) -> Mapped:
         raise ValueError(f"compression_params needs 'k' with compressor {name!r} (a ratio in "
                          "(0, 1) or a count for topk/randomk, the number of levels for "
                          "dithering)")
+    if name == "randomk" and seed is not None:
+        # BytePS seeds every worker's and the server's random-k alike: the same
+        # entries at a step on every rank and in the pull (RandomK's ``seed``)
+        kw["seed"] = seed
     if name in ("topk", "randomk"):
         k = _number("k", p["k"])
         if 0 < k < 1:

@@ -15,7 +15,7 @@ from hipress_like.byteps.torch import Knobs, map_compression_params, read_knobs
     ({"compressor": "TopK", "k": 0.01}, "topk", {"ratio": 0.01}, None, None),
     ({"compressor": "topk", "k": "0.25", "ef": "vanilla"}, "ef",
      {"inner": "topk", "ratio": 0.25}, None, None),
-    ({"compressor": "randomk", "k": 8, "seed": 3}, "randomk", {}, 8, 3),
+    ({"compressor": "randomk", "k": 8, "seed": 3}, "randomk", {"seed": 3}, 8, 3),
     ({"compressor": "dithering", "k": 4}, "dithering", {"s": 4}, None, None),
     ({"compressor": "dithering", "k": 2, "partition": "natural", "normalize": "l2"},
      "natural_dithering", {"s": 2, "normalize": "l2"}, None, None),

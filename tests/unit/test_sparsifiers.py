@@ -96,6 +96,24 @@ def test_randomk_picks_k_distinct_indices_reproducibly():
     assert torch.equal(out[a], g[a])  # unbiased=False sends values as they are
 
 
+def test_randomk_with_a_seed_draws_alike_whatever_the_states_seed():
+    # BytePS's random-k: every worker and the server seeded alike keep the same
+    # entries at a step, whatever seed the engine gave each state (rank, site)
+    c = RandomK(ratio=0.1, unbiased=False, seed=2020)
+    assert c.params()["seed"] == 2020 and "seed" not in RandomK(ratio=0.1).params()
+    g, h = torch.randn(1000), torch.randn(1000)
+    a, b = c.init(g, seed=1), c.init(h, seed=99)
+    for _ in range(3):  # step by step, both states advance alike
+        pa, a = c.encode(g, a)
+        pb, b = c.encode(h, b)
+        kept = torch.nonzero(c.decode(pa)).reshape(-1)
+        assert torch.equal(kept, torch.nonzero(c.decode(pb)).reshape(-1))
+        assert kept.numel() == 100
+    for bad in (-1, 1.5, "3", True):
+        with pytest.raises((TypeError, ValueError), match="seed"):
+            RandomK(ratio=0.1, seed=bad)
+
+
 def test_randomk_is_unbiased_over_seeds():
     # Each entry is kept w.p. k/n and scaled by n/k, so the estimator has
     # variance g_i^2 (n/k - 1). Over T seeds the mean's std is

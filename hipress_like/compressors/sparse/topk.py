@@ -66,7 +66,7 @@ from ..base import (
 )
 from ..kernels import Kernels
 from ..ops import extract, hash32, sample_positions, topk_abs
-from ..params import ParamError, check_bool, check_real
+from ..params import ParamError, check_bool, check_int, check_real
 from ..payload import pad8
 from ..registry import register
 from . import bloom, curvefit  # noqa: F401  (register the codecs before any decode)
@@ -547,20 +547,30 @@ class RandomK(Sparsifier):
     With ``unbiased=False`` values are sent as they are (use with error
     feedback).
 
+    With ``seed`` every state draws with that seed, whatever its rank or site,
+    as BytePS seeds every worker's and the server's random-k alike
+    (``byteps/common/compressor/impl/randomk.h``): at a step, every push and
+    the aggregate's pull keep the same entries, so the pull loses none of
+    what the pushes sent. None (default): each state's own seed (the
+    engine's, per rank and site), so ranks draw independently.
+
     Args:
         ratio: fraction of entries kept, in (0, 1]; default 0.01.
         unbiased: scale by ``n / k``; default True (declared unbiased only
             with lossless codecs).
+        seed: an int >= 0 every state draws with, or None (default).
         index_codec, value_codec, **codec_params: as for ``TopK``.
     """
 
     name = "randomk"
     algo_id = 21
 
-    def __init__(self, ratio: float = 0.01, unbiased: bool = True, index_codec: str = "plain",
+    def __init__(self, ratio: float = 0.01, unbiased: bool = True,
+                 seed: Optional[int] = None, index_codec: str = "plain",
                  value_codec: str = "plain", **codec_params: Any) -> None:
         self.ratio = _check_ratio("randomk", ratio)
         self.unbiased = check_bool("randomk", "unbiased", unbiased)
+        self.seed = None if seed is None else check_int("randomk", "seed", seed, low=0)
         self.capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=True,
                                          unbiased=self.unbiased, stateful=True)
         self._init_codecs(index_codec, value_codec, **codec_params)
@@ -580,7 +590,8 @@ class RandomK(Sparsifier):
         check_gradient(grad)
         x = grad.detach().reshape(-1)
         n = x.numel()
-        seed, step = int(state.get("seed", 0)), int(state.get("step", 0))
+        seed = int(state.get("seed", 0)) if self.seed is None else self.seed
+        step = int(state.get("step", 0))
         idx = self.indices(n, seed, step, x.device)
         scale = n / idx.numel()
 
@@ -593,5 +604,6 @@ class RandomK(Sparsifier):
 
     def params(self) -> Dict[str, object]:
         """Constructor parameters (the codecs' only when they are not plain)."""
-        return {"ratio": self.ratio, "unbiased": self.unbiased, **self._codec_params()}
+        seed = {} if self.seed is None else {"seed": self.seed}
+        return {"ratio": self.ratio, "unbiased": self.unbiased, **seed, **self._codec_params()}
 
