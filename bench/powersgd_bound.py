@@ -9,6 +9,20 @@ floor`` and the same with the scan, lower bounds on the row's ``x floor`` in
 ``bench/train.py --nprocs N`` with a core per rank, and writes
 results/powersgd_bound.json with the fields it always had.
 
+It also times, in the same run and on the same thread, the memory traffic
+PowerSGD's arithmetic is judged against (issue 50, item 2): over buffers of
+the compressed gradients' sizes, ``torch.add(g, e, out=m)`` (two reads of a
+gradient-sized matrix and one write: forming ``M = g + e``) and a memcpy,
+each the fastest of the repetitions, and prints PowerSGD's arithmetic over
+each. What one step of PowerSGD moves at least (``lowrank.py``,
+``powersgd.c``): round 0 reads the gradient and the previous ``M`` (the
+error feedback, kept in factored form) and writes ``M`` with ``P = M Q`` in
+the same sweep; ``P`` is summed over the ranks before it is orthogonalised,
+so round 1's ``Q = M^T P_hat`` reads ``M`` again; the decode writes ``P Q^T``
+into the gradient: three reads and two writes, against the two reads and
+one write of the yardstick, so a kernel at the memory's speed sits near
+5/3 of it (``passes_floor`` printed beside).
+
     python bench/powersgd_bound.py --model vgg --rank 1
 """
 from __future__ import annotations
@@ -23,6 +37,35 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import bound  # noqa: E402
+
+
+def memory_traffic(grads, repeats: int) -> dict:
+    """On one thread, over float32 buffers of the sizes of ``grads``, the fastest of
+    ``repeats`` timings of ``M = g + e`` (``torch.add``: two reads, one write), of a
+    memcpy (one read, one write) and of ``P Q^T``'s write alone (``fill_``), in ms;
+    ``passes_floor``: PowerSGD's three reads and two writes over the yardstick's
+    two and one, at the speeds just measured (read = form - fill, write = fill)."""
+    import torch
+
+    torch.set_num_threads(1)
+    bufs = [tuple(torch.randn(g.numel()) for _ in range(3)) for g in grads]
+
+    def form():
+        for g, e, m in bufs:
+            torch.add(g, e, out=m)
+
+    def copy():
+        for g, _, m in bufs:
+            m.copy_(g)
+
+    def fill():
+        for _, _, m in bufs:
+            m.fill_(1.0)
+
+    form_ms, copy_ms, fill_ms = (bound._fastest_ms(f, repeats) for f in (form, copy, fill))
+    read_ms = max(0.0, (form_ms - fill_ms) / 2)
+    return {"form_ms": form_ms, "copy_ms": copy_ms, "fill_ms": fill_ms,
+            "passes_floor": (3 * read_ms + 2 * fill_ms) / form_ms}
 
 
 def main(argv=None) -> int:
@@ -47,13 +90,21 @@ def main(argv=None) -> int:
     print(f"  (floor + PowerSGD) / floor          {(floor + psgd) / floor:.2f}")
     print(f"  (floor + PowerSGD + scan) / floor   {(floor + psgd + scan) / floor:.2f}")
     print(f"  a lower bound on the row's 'x floor' with a core per rank (--nprocs {ns.nprocs})")
+    traffic = memory_traffic([g for n, g in b.grads if n in r["compressed"]], ns.steps)
+    print(f"  memory traffic over the same {mb:.0f} MB: M = g + e (2 reads, 1 write) "
+          f"{traffic['form_ms']:.1f} ms, memcpy {traffic['copy_ms']:.1f} ms")
+    print(f"  PowerSGD / (2 reads + 1 write)      {psgd / traffic['form_ms']:.2f}   (issue 50 "
+          f"item 2: <= 1.3; 3 reads + 2 writes at memory speed: about "
+          f"{traffic['passes_floor']:.2f})")
     os.makedirs(os.path.dirname(ns.out), exist_ok=True)
     with open(ns.out, "w") as f:
         json.dump({"model": ns.model, "rank": ns.rank, "config": config, "nprocs": ns.nprocs,
                    "floor_ms": floor, "powersgd_ms": psgd, "scan_ms": scan,
                    "weights": sorted(r["compressed"]), "megabytes": mb,
                    "bound": (floor + psgd) / floor,
-                   "bound_with_scan": (floor + psgd + scan) / floor, "row": r}, f, indent=1)
+                   "bound_with_scan": (floor + psgd + scan) / floor, "row": r,
+                   "traffic": traffic, "powersgd_over_traffic": psgd / traffic["form_ms"]},
+                  f, indent=1)
     print(f"wrote {ns.out}")
     return 0
 

@@ -7,6 +7,9 @@
 #         scripts/env_tensorflow.sh --with-horovod [--test] # also build Horovod (PyTorch +
 #                                      gloo + MPI, ~5-10 min) into it, for the horovodrun tests
 #         HIPRESS_TF_VENV=/path/venv scripts/env_tensorflow.sh
+#         HIPRESS_TF_VENV=.venv-tf212 HIPRESS_TF_VERSION=2.12.1 scripts/env_tensorflow.sh
+#                                      # another TensorFlow (e.g. one Horovod 0.28.1's TF ops
+#                                      # compile against, for its own test files' reference)
 #
 # What it installs (measured, ../shared/ENVIRONMENT.md): torch==2.13.0 (the CPU
 # wheel on local disk, pinned as scripts/bootstrap.sh pins it: any range that
@@ -24,7 +27,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HIPRESS_TF_VENV:-$ROOT/.venv-tf}
 PY=${PYTHON:-python3}
 STAMP=$VENV/.hipress-tf-stamp
-want=$(cat "$ROOT/setup.py" "$ROOT/scripts/env_tensorflow.sh" | sha1sum | cut -c1-16)
+TF_VERSION=${HIPRESS_TF_VERSION:-}
+want=$( (cat "$ROOT/setup.py" "$ROOT/scripts/env_tensorflow.sh"; echo "$TF_VERSION") | sha1sum \
+  | cut -c1-16)
 
 say() { echo "[env_tensorflow] $*" >&2; }
 die() { echo "[env_tensorflow] error: $*" >&2; exit 1; }
@@ -50,6 +55,10 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   "$VENV/bin/python" -m pip install -q "torch==${HIPRESS_TORCH:-2.13.0}" \
     || die "pip could not install torch==${HIPRESS_TORCH:-2.13.0} (see above)."
+  if [ -n "$TF_VERSION" ]; then
+    "$VENV/bin/python" -m pip install -q "tensorflow-cpu==$TF_VERSION" \
+      || die "pip could not install tensorflow-cpu==$TF_VERSION (see above)."
+  fi
   extras=tensorflow,dev
   command -v mpicc >/dev/null 2>&1 && extras=tensorflow,dev,mpi
   "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]" \

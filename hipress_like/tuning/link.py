@@ -82,18 +82,21 @@ def measure_link(
     pattern: str = "all",
     round_meta_bytes: int = 0,
     steps: int = 1,
+    warmup: bool = True,
 ) -> Tuple[Link, Tuple[Tuple[int, float], ...]]:
     """Fit alpha and beta of ``transport``'s links. Collective: every rank calls it.
 
-    1. For each size, one untimed warm-up, then ``repeats`` times: a barrier,
-       then ``steps`` back-to-back steps, each an ``allgather`` of
-       ``round_meta_bytes`` (CaSync's coordinator reports; 0 skips it) and
-       one exchange of ``pattern`` (module docstring) with ``size`` bytes per
-       message. The time per step is kept; back-to-back steps include the
-       skew between ranks a multi-step collective pays at every step.
-    2. Every repetition's time is the slowest rank's (an allreduce of the
-       maximum: a step lasts as long as its slowest link), so every rank
-       keeps the same samples; the median over repetitions is kept.
+    1. For each size, one untimed warm-up (``warmup``), then ``repeats``
+       times: a barrier, then ``steps`` back-to-back steps, each an
+       ``allgather`` of ``round_meta_bytes`` (CaSync's coordinator reports; 0
+       skips it) and one exchange of ``pattern`` (module docstring) with
+       ``size`` bytes per message. The time per step is kept; back-to-back
+       steps include the skew between ranks a multi-step collective pays at
+       every step.
+    2. Every repetition's time is the slowest rank's (one allreduce of the
+       maximum over every repetition's time at the end: a step lasts as long
+       as its slowest link), so every rank keeps the same samples; the median
+       over repetitions is kept.
     3. The fit: ``model.fit_link`` (relative error, so both ends count),
        guarded against noisy small messages (``_robust_fit``). Rank 0's fit
        is broadcast, so every rank returns identical numbers.
@@ -108,6 +111,10 @@ def measure_link(
         pattern: "all", "one", "one_way" or "allreduce".
         round_meta_bytes: metadata allgathered before each step.
         steps: back-to-back steps per repetition (>= 1).
+        warmup: one untimed repetition per size first (connections and
+            buffers warmed); False where the links already carry a job's
+            traffic (``tuning/online.py``'s probes), which saves a third of
+            the collectives at ``repeats=3``.
 
     Returns:
         ``(link, samples)``: the ``Link`` (``.alpha`` seconds per message,
@@ -135,7 +142,7 @@ def measure_link(
                          f"steps >= 1, found sizes={sizes}, repeats={repeats}, steps={steps}")
     to, frm = _peers(pattern, rank, n) if pattern != "allreduce" else ([], [])
     meta = torch.zeros(max(1, round_meta_bytes // 8), dtype=torch.int64)
-    samples: List[Tuple[int, float]] = []
+    local: List[List[float]] = []  # per size, this rank's time per step of each repetition
     for nbytes in _iterate(sizes, progress if rank == 0 else None, f"link ({pattern})"):
         send: List[Optional[torch.Tensor]] = [None] * n
         recv = [0] * n
@@ -146,7 +153,7 @@ def measure_link(
         for s in frm:
             recv[s] = nbytes
         ts = []
-        for i in range(repeats + 1):
+        for i in range(repeats + int(warmup)):
             transport.barrier(timeout)
             t0 = time.perf_counter()
             for _ in range(steps):
@@ -156,11 +163,12 @@ def measure_link(
                     transport.allreduce(values, "sum", timeout)
                 else:
                     transport.alltoallv(send, recv, timeout)
-            dt = torch.tensor([(time.perf_counter() - t0) / steps], dtype=torch.float64)
-            transport.allreduce(dt, "max", timeout)
-            if i:  # the first round warms up connections and buffers
-                ts.append(float(dt.item()))
-        samples.append((nbytes, statistics.median(ts)))
+            if i or not warmup:  # the first round warms up connections and buffers
+                ts.append((time.perf_counter() - t0) / steps)
+        local.append(ts)
+    slowest = torch.tensor(local, dtype=torch.float64)
+    transport.allreduce(slowest, "max", timeout)  # every repetition's slowest rank
+    samples = [(nbytes, statistics.median(row)) for nbytes, row in zip(sizes, slowest.tolist())]
     link = _robust_fit([s for s, _ in samples], [t for _, t in samples])
     agreed = torch.tensor([link.latency, link.bandwidth], dtype=torch.float64)
     transport.broadcast(agreed, 0, timeout)

@@ -639,8 +639,9 @@ class OnlinePlanner:
             link = self._probed or self.profile.link
             for _ in range(PROBE_ROUNDS):
                 big = int(min(max(link.bandwidth * s.probe_s, PROBE_MIN), PROBE_MAX))
+                # no warm-up: the job's own traffic keeps the links warm
                 link, _ = measure_link(engine.transport, [PROBE_SMALL, big], repeats=3,
-                                       timeout=self.timeout)
+                                       timeout=self.timeout, warmup=False)
                 # too small for this link (its wire time under half of probe_s, after a
                 # slow phase): again, sized by what it just measured
                 if big >= PROBE_MAX or big / link.bandwidth >= s.probe_s / 2:

@@ -360,6 +360,28 @@ def test_measure_link_inproc_agrees_on_every_rank():
     assert links[0].bandwidth > 0 and links[0].latency >= 0
 
 
+def test_measure_link_without_warmup_runs_only_the_timed_exchanges():
+    # a probe in a running job (tuning/online.py) skips the warm-up, and every
+    # repetition's slowest rank comes from one allreduce at the end
+    from hipress_like.casync.transport.inproc import run_threads
+
+    def body(t):
+        calls = {"alltoallv": 0, "allreduce": 0}
+        for name in calls:
+            orig = getattr(t, name)
+
+            def counted(*a, _orig=orig, _name=name, **kw):
+                calls[_name] += 1
+                return _orig(*a, **kw)
+            setattr(t, name, counted)
+        link, samples = measure_link(t, [4096, 65536], repeats=3, warmup=False)
+        return link, calls
+
+    res = run_threads(body, 3, timeout=60)
+    assert all(lk == res[0][0] for lk, _ in res)
+    assert res[0][1] == {"alltoallv": 6, "allreduce": 1}  # 2 sizes x 3 repetitions
+
+
 def test_measure_link_one_busy_link_with_round_metadata():
     from hipress_like.casync.transport.inproc import run_threads
 
