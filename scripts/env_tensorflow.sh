@@ -7,8 +7,9 @@
 #         scripts/env_tensorflow.sh --with-horovod [--test] # also build Horovod (PyTorch +
 #                                      gloo + MPI, ~5-10 min) into it, for the horovodrun tests
 #         HIPRESS_TF_VENV=/path/venv scripts/env_tensorflow.sh
-#         HIPRESS_TF_VENV=.venv-tf212 HIPRESS_TF_VERSION=2.12.1 scripts/env_tensorflow.sh
-#                                      # another TensorFlow (e.g. one Horovod 0.28.1's TF ops
+#         HIPRESS_TF_VENV=.venv-tf214 HIPRESS_TF_VERSION=2.14.1 scripts/env_tensorflow.sh
+#                                      # a Keras 2 TensorFlow (2.14: 2.12/2.13 pin typing-extensions
+#                                      # below torch 2.13's), one Horovod 0.28.1's TF ops
 #                                      # compile against, for its own test files' reference)
 #
 # What it installs (measured, ../shared/ENVIRONMENT.md): torch==2.13.0 (the CPU
@@ -55,13 +56,11 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   "$VENV/bin/python" -m pip install -q "torch==${HIPRESS_TORCH:-2.13.0}" \
     || die "pip could not install torch==${HIPRESS_TORCH:-2.13.0} (see above)."
-  if [ -n "$TF_VERSION" ]; then
-    "$VENV/bin/python" -m pip install -q "tensorflow-cpu==$TF_VERSION" \
-      || die "pip could not install tensorflow-cpu==$TF_VERSION (see above)."
-  fi
+  pin=()  # HIPRESS_TF_VERSION: held through the extras' install (their numpy may want newer)
+  [ -n "$TF_VERSION" ] && pin=("tensorflow-cpu==$TF_VERSION")
   extras=tensorflow,dev
   command -v mpicc >/dev/null 2>&1 && extras=tensorflow,dev,mpi
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]" \
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]" ${pin[@]+"${pin[@]}"} \
     || die "pip could not install hipress-like[$extras] (see above)."
   "$VENV/bin/python" - <<'EOF' || die "the install finished but torch/tensorflow/hipress_like do not import together (see above)."
 import torch, tensorflow as tf, hipress_like  # noqa: F401

@@ -15,7 +15,8 @@ loops. By module:
   inside ``tf.function`` (through ``tf.py_function``).
 - ``tape``: ``DistributedGradientTape`` and the tape engines' checkpoint
   state (``compressor_state``, ``load_compressor_state``).
-- ``optimizer``: the Keras 3 ``DistributedOptimizer`` for ``model.fit``.
+- ``optimizer`` (Keras 3) and ``optimizer_keras2`` (Keras 2): ``DistributedOptimizer`` for
+  ``model.fit``.
 - ``callbacks``: ``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``,
   ``LearningRateWarmupCallback``.
 - ``collectives``: ``allreduce``, ``allgather``, ``broadcast``,
@@ -30,7 +31,14 @@ Framework-neutral, shared with the other faces: ``adapters.runtime``
 ``adapters.compression`` (the ``Compression`` namespace), and
 ``tuning.online.Adaptive``, the settings of ``plan="adaptive"`` (exported as
 ``hvd.Adaptive``, as ``hpt.Adaptive`` is by the PyTorch face).
+
+``DistributedOptimizer`` is Keras 3's wrapper (``optimizer.py``) under
+TensorFlow 2.16+, and under the Keras 2 of TensorFlow 2.15 and older (the
+TensorFlows Horovod's own ops build against) a run-time subclass of the
+user's optimizer class, as Horovod's (``optimizer_keras2.py``).
 """
+import keras
+
 from ...tuning.online import Adaptive
 from ..basics import *  # noqa: F403 (init, rank, size, Compression, ...: every face's)
 from ..basics import __all__ as _BASICS
@@ -69,7 +77,11 @@ from .horovod_calls import (
     start_timeline,
     stop_timeline,
 )
-from .optimizer import DistributedOptimizer
+
+if int(keras.__version__.split(".")[0]) >= 3:  # TensorFlow 2.16+
+    from .optimizer import DistributedOptimizer
+else:  # Keras 2 (TensorFlow 2.15 and older, what Horovod's TF ops build against)
+    from .optimizer_keras2 import DistributedOptimizer  # type: ignore[assignment]
 from .sync import GradientSync
 from .tape import DistributedGradientTape, compressor_state, load_compressor_state
 

@@ -1,0 +1,156 @@
+"""``DistributedOptimizer`` for Keras 2 (``tf.keras`` of TensorFlow 2.15 and older).
+
+Horovod's own TensorFlow ops build against these TensorFlows, not against
+TensorFlow 2.16+ (Keras 3), so a Horovod user's script is most often a
+Keras 2 script. Keras 2 optimizers (the 2.11+ ``tf.keras.optimizers.*`` and
+``tf.keras.optimizers.legacy.*``) have no wrapper protocol like Keras 3's
+``LossScaleOptimizer``; as ``horovod.tensorflow.keras`` does, the wrapper is
+a subclass of the user's optimizer class made at run time, built from the
+optimizer's config (same hyperparameters, fresh slots), whose
+``apply_gradients`` first averages the gradients over all ranks
+(``sync.GradientSync``: the engine is built at the first call, a collective,
+on the variables it is given) and then applies the averages. With
+``nonfinite="skip"`` no rank applies a step in which some rank saw NaN/Inf
+(a ``tf.cond`` inside ``model.fit``'s traced step).
+
+``isinstance(opt, type(user_optimizer))`` holds, and ``get_config`` is the
+user optimizer's, so a model saved with it loads as that optimizer
+(Horovod's rule; ``hvd.load_model`` wraps it again).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from .sync import Average, GradientSync
+
+__all__ = ["DistributedOptimizer"]
+
+log = logging.getLogger(__name__)
+
+_classes: Dict[type, type] = {}
+
+
+class _Keras2Mixin:
+    """Placed before the user's optimizer class in the MRO (``DistributedOptimizer``)."""
+
+    _hp_sync: GradientSync
+
+    @tf.autograph.experimental.do_not_convert
+    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        """Average the gradients over all ranks, then apply them (the user class's
+        ``apply_gradients``; its other arguments pass through)."""
+        pairs: List[Tuple[Any, Any]] = [(g, v) for g, v in grads_and_vars if g is not None]
+        grads, tvs = [g for g, _ in pairs], [v for _, v in pairs]
+        if not self._hp_sync.built:
+            self._hp_sync.bind(tvs)  # collective: every rank, at its first step
+        averaged, ok = self._hp_sync.reduce(grads, tvs)
+        apply = super().apply_gradients  # type: ignore[misc]
+
+        def step() -> Any:
+            return apply(list(zip(averaged, tvs)), *args, **kwargs)
+
+        if self._hp_sync.options["nonfinite"] != "skip":
+            return step()
+        if tf.executing_eagerly():
+            if bool(ok):
+                return step()
+            log.warning("step skipped on every rank: a gradient was NaN/Inf "
+                        "(nonfinite='skip')")
+            return None
+
+        def skipped() -> Any:
+            return tf.constant(0, dtype=tf.int64)
+
+        def applied() -> Any:
+            step()
+            return tf.constant(1, dtype=tf.int64)
+
+        return tf.cond(ok, applied, skipped)
+
+    @property
+    def engine(self) -> Any:
+        """The CaSync engine (None until the first ``apply_gradients``)."""
+        return self._hp_sync.engine
+
+    @property
+    def online(self) -> Any:
+        """The ``tuning.online.OnlinePlanner`` of ``plan="adaptive"`` (None otherwise)."""
+        return self._hp_sync.online
+
+    def compressor_state(self, all_ranks: bool = False) -> Dict[str, Any]:
+        """This rank's compressor state (``all_ranks=True``: every rank's; collective)."""
+        return self._hp_sync.state_dict(all_ranks=all_ranks)
+
+    def load_compressor_state(self, state: Dict[str, Any]) -> None:
+        """Restore ``compressor_state()`` output (deferred until the engine is built)."""
+        self._hp_sync.load_state_dict(state)
+
+    def close(self) -> None:
+        """Close the engine (also done by ``hvd.shutdown()``)."""
+        self._hp_sync.close()
+
+
+def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",
+                         device_sparse: str = "", compression: Any = None,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: str = Average, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None, process_set: Any = None, *, strategy: str = "ps",
+                         plan: Any = "auto", nonfinite: str = "propagate",
+                         timeout: Optional[float] = None, seed: int = 0,
+                         compression_back: Any = None, collective: Optional[str] = None,
+                         **kwargs: Any) -> Any:
+    """Wrap a Keras 2 optimizer so that it applies gradients averaged over all ranks.
+
+    Shaped like ``horovod.tensorflow.keras.DistributedOptimizer`` (TensorFlow
+    2.15 and older); the options after ``*`` are hipress-like's, as on the
+    Keras 3 face (``optimizer.py``), whose docstring describes each.
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras optimizer.
+        ValueError: ``backward_passes_per_step`` other than 1, a process set,
+            unknown keywords, or a bad compressor, strategy or policy.
+
+    Example:
+        >>> opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01 * hvd.size()),
+        ...                                compression=hvd.Compression.onebit)
+    """
+    keras_optimizers = (tf.keras.optimizers.Optimizer,)
+    legacy = getattr(tf.keras.optimizers, "legacy", None)
+    if legacy is not None:
+        keras_optimizers += (legacy.Optimizer,)
+    if not isinstance(optimizer, keras_optimizers):
+        raise TypeError(f"expected a Keras optimizer (tf.keras.optimizers.*), found "
+                        f"{type(optimizer).__name__}; for a tf.compat.v1 optimizer or a "
+                        "custom loop use hvd.DistributedGradientTape")
+    if isinstance(optimizer, _Keras2Mixin):
+        raise ValueError("this optimizer is already a DistributedOptimizer")
+    if backward_passes_per_step != 1:
+        raise ValueError(f"backward_passes_per_step={backward_passes_per_step} is not "
+                         "supported; accumulate the gradients before apply_gradients")
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        raise ValueError("process sets are not supported; every rank trains together")
+    if kwargs:
+        raise ValueError(f"DistributedOptimizer does not take {sorted(kwargs)}; set them on "
+                         "the wrapped optimizer")
+    if gradient_predivide_factor != 1.0:
+        log.info("gradient_predivide_factor=%s has no effect: averaging is done in float32",
+                 gradient_predivide_factor)
+    sync = GradientSync(compression=compression, strategy=strategy, plan=plan,
+                        nonfinite=nonfinite, timeout=timeout, seed=seed,
+                        compression_back=compression_back, op=op, collective=collective)
+    base = type(optimizer)
+    cls = _classes.get(base)
+    if cls is None:
+        cls = _classes[base] = type(base.__name__, (_Keras2Mixin, base),
+                                    {"__module__": base.__module__,
+                                     "__doc__": f"{base.__name__} averaged by hipress-like."})
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    opt = cls.from_config(config)
+    opt._hp_sync = sync
+    return opt
