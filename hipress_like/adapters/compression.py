@@ -34,6 +34,21 @@ def _fp16_array(arr: Any) -> Tuple[Any, Any]:
     return arr, None
 
 
+def _is_tf(tensor: Any) -> bool:
+    """A TensorFlow tensor or variable (known without importing TensorFlow)."""
+    return type(tensor).__module__.startswith(("tensorflow", "keras"))
+
+
+def _fp16_tf(tensor: Any) -> Tuple[Any, Any]:
+    """``Compression.fp16.compress`` of a TensorFlow tensor, as ``horovod.tensorflow``'s:
+    floats other than float16 cast to float16, the original dtype as the context."""
+    import tensorflow as tf
+
+    if tensor.dtype.is_floating and tensor.dtype != tf.float16:
+        return tf.cast(tensor, tf.float16), tensor.dtype
+    return tensor, None
+
+
 class CompressionSpec:
     """A compressor name and its parameters (a Horovod ``Compressor`` look-alike).
 
@@ -75,6 +90,8 @@ class CompressionSpec:
         if self.name == "identity":
             return tensor, None
         if self.name == "fp16":
+            if _is_tf(tensor):
+                return _fp16_tf(tensor)
             if not isinstance(tensor, torch.Tensor) and hasattr(tensor, "astype"):
                 return _fp16_array(tensor)  # an MXNet NDArray (or numpy array)
             if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
@@ -89,6 +106,10 @@ class CompressionSpec:
         if self.name == "identity" or ctx is None:
             return tensor
         if self.name == "fp16":
+            if _is_tf(tensor):
+                import tensorflow as tf
+
+                return tf.cast(tensor, ctx)
             return tensor.astype(ctx) if hasattr(tensor, "astype") else tensor.to(ctx)
         return self.build().decode(tensor).to(ctx)
 

@@ -19,3 +19,13 @@ Needs TensorFlow (``pip install hipress-like[tensorflow]``, or
 """
 from ..adapters.tensorflow import *  # noqa: F401,F403
 from ..adapters.tensorflow import __all__  # noqa: F401
+
+
+def __getattr__(name: str):  # noqa: ANN202 (PEP 562)
+    """Horovod's own names this face does not define (``SyncBatchNormalization``,
+    ``PartialDistributedGradientTape``, ...): ``horovod.tensorflow``'s under horovodrun with
+    Horovod's TensorFlow ops, else an ``AttributeError`` saying how to get them
+    (``adapters/tensorflow/native.py``)."""
+    from ..adapters.tensorflow.native import face_getattr
+
+    return face_getattr(name, "horovod.tensorflow")

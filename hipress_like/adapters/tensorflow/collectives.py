@@ -21,6 +21,7 @@ import tensorflow as tf
 from .. import collectives as _tc
 from .. import objects as _to
 from .bridge import as_tf, as_torch, to_torch_dtype
+from .native import handed
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "allreduce", "allgather",
            "broadcast", "grouped_allreduce", "broadcast_variables", "broadcast_object",
@@ -44,6 +45,7 @@ def _eager_or_graph(fn: Any, tensor: tf.Tensor, out_shape: Any, name: str) -> tf
 
 
 @tf.autograph.experimental.do_not_convert
+@handed
 def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "",
               device_sparse: str = "", compression: Any = None, op: Optional[str] = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -81,6 +83,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
 
 
 @tf.autograph.experimental.do_not_convert
+@handed
 def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                       compression: Any = None, op: Optional[str] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -92,6 +95,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
 
 
 @tf.autograph.experimental.do_not_convert
+@handed
 def allgather(tensor: Any, name: Optional[str] = None, process_set: Any = None,
               ignore_name_scope: bool = False) -> tf.Tensor:
     """Concatenate every rank's ``tensor`` along the first dimension (sizes may differ).
@@ -109,6 +113,7 @@ def allgather(tensor: Any, name: Optional[str] = None, process_set: Any = None,
 
 
 @tf.autograph.experimental.do_not_convert
+@handed
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
               process_set: Any = None, ignore_name_scope: bool = False) -> tf.Tensor:
     """``root_rank``'s value of ``tensor``, on every rank."""
@@ -120,6 +125,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
 
 
 @tf.autograph.experimental.do_not_convert
+@handed
 def broadcast_variables(variables: Sequence[Any], root_rank: int,
                         process_set: Any = None) -> Any:
     """Assign ``root_rank``'s values to ``variables`` on every rank (eager or in a graph).
@@ -160,6 +166,7 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
 
 
 @tf.autograph.experimental.do_not_convert
+@handed
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: Any = None) -> Any:
     """Send a plain-data object (numbers, strings, lists, dicts, torch tensors) from
@@ -168,6 +175,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
 
 
 @tf.autograph.experimental.do_not_convert
+@handed
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: Any = None
                      ) -> List[Any]:
     """Gather a plain-data object from every rank; list index = rank."""

@@ -40,6 +40,7 @@ from ..horovod_calls import (
 from ..runtime import local_rank, local_size
 from .bridge import as_tf, as_torch, to_torch_dtype
 from .collectives import _eager_or_graph, broadcast
+from .native import handed
 
 __all__ = [
     "TFCallError", "ProcessSet", "global_process_set", "add_process_set",
@@ -62,6 +63,7 @@ def _rows_unknown(tensor: tf.Tensor) -> tf.TensorShape:
 
 
 @tf.autograph.experimental.do_not_convert
+@handed
 def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
              ignore_name_scope: bool = False, process_set: Any = None) -> Any:
     """Send ``splits[r]`` rows of ``tensor`` to rank ``r``; gather what each rank sends.
@@ -112,6 +114,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
 
 
 @tf.autograph.experimental.do_not_convert
+@handed
 def reducescatter(tensor: Any, op: Optional[str] = _tc.Average, name: Optional[str] = None,
                   ignore_name_scope: bool = False, process_set: Any = None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
@@ -138,6 +141,7 @@ def reducescatter(tensor: Any, op: Optional[str] = _tc.Average, name: Optional[s
     return _eager_or_graph(run, tensor, _rows_unknown(tensor), "hipress_reducescatter")
 
 
+@handed
 def grouped_reducescatter(tensors: Sequence[Any], op: Optional[str] = _tc.Average,
                           name: Optional[str] = None, process_set: Any = None,
                           prescale_factor: float = 1.0,
@@ -149,6 +153,7 @@ def grouped_reducescatter(tensors: Sequence[Any], op: Optional[str] = _tc.Averag
 
 
 @tf.autograph.experimental.do_not_convert
+@handed
 def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
                       process_set: Any = None) -> List[tf.Tensor]:
     """``allgather`` of every tensor in the list: each rank's rows concatenated."""
@@ -163,6 +168,7 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
     return out
 
 
+@handed
 def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = None,
                process_set: Any = None) -> Any:
     """Assign ``root_rank``'s values to each variable, in place; returns the variables
