@@ -42,3 +42,38 @@ def test_keras2_fit_replicas_identical_and_the_optimizer_is_the_users_class():
         assert r["skipped"], "a NaN on rank 1 must skip the step on every rank"
         assert "already a DistributedOptimizer" in r["rewrap"], r["rewrap"]
     assert res[0]["losses"][-1] < res[0]["losses"][0], res[0]["losses"]
+
+
+NATIVE = Path(__file__).resolve().parent / "tf_native_job.py"
+
+
+def _horovod_tf_why() -> str:
+    import subprocess
+    import sys
+
+    code = "import horovod.tensorflow as h; h.init(); assert h.gloo_built()"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return "" if res.returncode == 0 else (
+        f"Horovod with its TensorFlow ops is not in {sys.prefix}: HIPRESS_VENV={sys.prefix} "
+        "scripts/env_horovod.sh")
+
+
+def test_under_horovodrun_plain_calls_and_horovod_only_names_are_horovods():
+    why = _horovod_tf_why()
+    if why:
+        pytest.skip(why)
+    res = _ok(*run(NATIVE, np=2, launcher="gloo", timeout=600), np=2)
+    for r in res.values():
+        assert r["syncbn_is_horovods"] is True, r
+        assert r["uint8_sum"] == [3, 3, 3, 3], r  # horovod.torch refuses uint8
+        assert r["grad"] == [2.0, 2.0, 2.0], r  # Horovod's registered gradient (a sum)
+        assert r["onebit_values"] <= 2, r  # this project's compressor: its own call
+
+
+def test_under_torchrun_a_horovod_only_name_says_how_to_get_it():
+    res = _ok(*run(NATIVE, np=2, timeout=600), np=2)
+    for r in res.values():
+        assert r["syncbn_is_horovods"] is None
+        assert "horovodrun" in r["syncbn_error"] and "env_horovod.sh" in r["syncbn_error"], r
+        assert r["uint8_sum"] == [3, 3, 3, 3], r
+        assert r["onebit_values"] <= 2, r
