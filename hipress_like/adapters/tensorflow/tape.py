@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from ...tuning.online import Adaptive
+from ..runtime import size
 from .sync import Average, GradientSync, from_bytes, to_bytes, variable_names
 
 __all__ = ["DistributedGradientTape", "compressor_state", "load_compressor_state"]
@@ -131,6 +132,8 @@ class DistributedGradientTape:
         self._options = probe.options
         self._op = op
         self._tape = tape
+        self._scale_local = bool(scale_local_gradients)
+        self._local: set = set()  # refs of register_local_source's variables
         self.step_ok: Any = None
         self.sync: Any = None
         if num_groups or groups:
@@ -149,9 +152,32 @@ class DistributedGradientTape:
                                     unconnected_gradients=unconnected_gradients)
         flat_src = tf.nest.flatten(sources)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        sync = self.sync = _sync_for(flat_src, self._options, self._op)
-        outs, self.step_ok = sync.reduce(flat, flat_src)
+        shared = [i for i, s in enumerate(flat_src) if s.ref() not in self._local]
+        outs = list(flat)
+        if shared:
+            src = [flat_src[i] for i in shared]
+            sync = self.sync = _sync_for(src, self._options, self._op)
+            reduced, self.step_ok = sync.reduce([flat[i] for i in shared], src)
+            for i, g in zip(shared, reduced):
+                outs[i] = g
+        else:
+            self.step_ok = tf.constant(True)
+        if self._scale_local and len(shared) < len(flat_src):
+            n = float(size())  # Horovod's rule (its pull 3695): local gradients / size
+            for i, s in enumerate(flat_src):
+                g = outs[i]
+                if s.ref() in self._local and g is not None:
+                    outs[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                               if isinstance(g, tf.IndexedSlices) else g / n)
         return tf.nest.pack_sequence_as(grads, outs)
+
+    def register_local_source(self, source: Any) -> None:
+        """Mark ``source`` (a variable) as this worker's own, as Horovod's tape does: its
+        gradient is not averaged over ranks (model parallelism) but returned as
+        computed, divided by the world size when ``scale_local_gradients`` (the
+        default). Every rank must register the same number of sources, since the
+        others' gradients are averaged by one engine over the same list."""
+        self._local.add(source.ref())
 
     def __enter__(self) -> "DistributedGradientTape":
         self._tape.__enter__()
