@@ -149,12 +149,29 @@ def _read(source: Path, rel: str, ref: str) -> str:
 
 def all_tests(source: Path, ref: str, file: str = "torch") -> tuple:
     """Every ``test_*`` method the file's TestCase runs (its bases' first), in file
-    order, each once."""
+    order, each once. A file using ``parameterized.expand`` (the Keras file) names its
+    tests only when collected: pytest collects them from an unmodified copy."""
     spec = FILES[file]
     names = []
-    for rel in (*spec["bases"], spec["test"]):
-        text = _read(source, rel, ref)
+    texts = [_read(source, rel, ref) for rel in (*spec["bases"], spec["test"])]
+    if any("@parameterized" in t for t in texts):
+        return _collected(source, ref, file)
+    for text in texts:
         names += re.findall(r"^    def (test_\w+)\(self", text, flags=re.M)
+    return tuple(dict.fromkeys(names))
+
+
+def _collected(source: Path, ref: str, file: str) -> tuple:
+    """The file's test names as pytest collects them (this Python, Horovod's own copy)."""
+    with tempfile.TemporaryDirectory(prefix="hvd-collect-") as d:
+        prepare(source, ref, Path(d), "horovod", file)
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                              "-p", "no:cacheprovider", "-o", "addopts=",
+                              Path(FILES[file]["test"]).name], cwd=d, text=True,
+                             capture_output=True).stdout
+    names = re.findall(rf"::{FILES[file]['cls']}::(test_\w+)", out)
+    if not names:
+        raise SystemExit(f"collecting {FILES[file]['test']} found no tests:\n{out[-2000:]}")
     return tuple(dict.fromkeys(names))
 
 
@@ -191,7 +208,12 @@ def prepare(source: Path, ref: str, into: Path, side: str = "hipress",
     (into / "common.py").write_text(_read(source, "test/utils/common.py", ref))
     (into / "run_rank.py").write_text(_RANK_WRAPPER)
     # common.py imports the PyPI backport ``mock``; the standard library's is the same API
-    (into / "mock.py").write_text("from unittest.mock import *  # noqa: F401,F403\n")
+    # (used only where the backport is not installed: ``parameterized``, which the Keras
+    # file imports, reads the backport's ``version_info``)
+    import importlib.util
+
+    if importlib.util.find_spec("mock") is None:
+        (into / "mock.py").write_text("from unittest.mock import *  # noqa: F401,F403\n")
 
 
 def _command(launcher: str, np: int, expr: str, file: str = "torch") -> list:

@@ -25,7 +25,7 @@ from ..runtime import size
 from .collectives import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateWarmupCallback"]
+           "LearningRateWarmupCallback", "LearningRateScheduleCallback"]
 
 log = logging.getLogger(__name__)
 
@@ -36,21 +36,30 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Args:
         root_rank: the rank whose values every rank starts from.
         device: accepted for Horovod compatibility.
+        local_variables: variables (or one) each rank keeps as they are, as
+            Horovod's: not broadcast (model-parallel layers).
 
     Example:
         >>> model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None
+                 ) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.broadcast_done = False
+        if local_variables is not None and not isinstance(local_variables, (list, tuple)):
+            local_variables = [local_variables]
+        self._local = {v.ref() for v in local_variables or []}
 
     def _broadcast(self) -> None:
-        broadcast_variables(self.model.variables, root_rank=self.root_rank)
+        def shared(vs: Any) -> list:
+            return [v for v in vs if v.ref() not in self._local]
+
+        broadcast_variables(shared(self.model.variables), root_rank=self.root_rank)
         opt = getattr(self.model, "optimizer", None)
         if opt is not None and getattr(opt, "built", False):
-            broadcast_variables(opt.variables, root_rank=self.root_rank)
+            broadcast_variables(shared(opt.variables), root_rank=self.root_rank)
         self.broadcast_done = True
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
@@ -135,6 +144,60 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
             if self.verbose:
                 log.info("epoch %d: finished gradual learning rate warm-up to %g",
                          epoch + 1, self.initial_lr)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` (Horovod's schedule).
+
+    Between ``start_epoch`` and ``end_epoch`` (exclusive; None: to the end), at
+    the first batch of each epoch (``staircase``) or at every batch with the
+    fractional epoch ``epoch + batch / steps_per_epoch``.
+
+    Args:
+        initial_lr: the learning rate the multiplier scales (required).
+        multiplier: a function of the epoch, or a number ``m`` for
+            ``m ** (epoch - start_epoch)`` (exponential decay).
+        start_epoch, end_epoch: the epochs it acts in.
+        staircase: once per epoch (True) or every batch.
+        momentum_correction: accepted for Horovod compatibility (not applied).
+        steps_per_epoch: batches per epoch (default: what ``fit`` reports).
+
+    Raises:
+        ValueError: no ``initial_lr``.
+    """
+
+    def __init__(self, initial_lr: float, multiplier: Any, start_epoch: int = 0,
+                 end_epoch: Optional[int] = None, staircase: bool = True,
+                 momentum_correction: bool = True, steps_per_epoch: Optional[int] = None
+                 ) -> None:
+        super().__init__()
+        if initial_lr is None:
+            raise ValueError("LearningRateScheduleCallback needs initial_lr")
+        self.initial_lr = float(initial_lr)
+        self.multiplier = multiplier if callable(multiplier) else (
+            lambda epoch: multiplier ** (epoch - start_epoch))
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        """Remember the epoch (batches are counted within it)."""
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        """Set this batch's learning rate when the schedule acts on it."""
+        if self._epoch < self.start_epoch or (self.end_epoch is not None
+                                              and self._epoch >= self.end_epoch):
+            return
+        if self.staircase:
+            if batch == 0:
+                self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(
+                    self._epoch)
+            return
+        steps = self.steps_per_epoch or (self.params or {}).get("steps") or 1
+        self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(
+            self._epoch + batch / steps)
 
 
 def _is_number(v: Any) -> bool:

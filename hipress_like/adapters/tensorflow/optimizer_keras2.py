@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from ..runtime import size
 from .sync import Average, GradientSync
 
 __all__ = ["DistributedOptimizer"]
@@ -33,24 +34,106 @@ log = logging.getLogger(__name__)
 _classes: Dict[type, type] = {}
 
 
+class _Passes:
+    """The local sums of ``backward_passes_per_step`` passes and the passes since the last
+    apply (``counter``, as Horovod's aggregation helper names it), created once."""
+
+    def __init__(self, variables: List[Any]) -> None:
+        with tf.init_scope():  # outside any traced function
+            self.sums = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
+                         for v in variables]
+            self.counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+
 class _Keras2Mixin:
     """Placed before the user's optimizer class in the MRO (``DistributedOptimizer``)."""
 
     _hp_sync: GradientSync
+    _hp_passes: int = 1  # backward_passes_per_step
+    _hp_average_passes: bool = False  # average_aggregated_gradients
+    _hp_acc: Any = None  # _Passes, at the first call with backward_passes_per_step > 1
+    _hp_local: frozenset = frozenset()  # refs of register_local_var's variables
+    _hp_scale_local: bool = True
 
     @tf.autograph.experimental.do_not_convert
     def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         """Average the gradients over all ranks, then apply them (the user class's
-        ``apply_gradients``; its other arguments pass through)."""
+        ``apply_gradients``; its other arguments pass through). With
+        ``backward_passes_per_step=N`` the gradients are summed locally and every N-th
+        call averages and applies the sum (divided by N with
+        ``average_aggregated_gradients``), as Horovod's Keras optimizer does."""
         pairs: List[Tuple[Any, Any]] = [(g, v) for g, v in grads_and_vars if g is not None]
+        if self._hp_passes > 1:
+            return self._hp_aggregate(pairs, args, kwargs)
+        return self._hp_apply(pairs, args, kwargs)
+
+    def _hp_aggregate(self, pairs: List[Tuple[Any, Any]], args: Any, kwargs: Any) -> Any:
+        """Sum this call's gradients locally; every ``_hp_passes``-th call apply the sum."""
+        tvs = [v for _, v in pairs]
+        if self._hp_acc is None:
+            object.__setattr__(self, "_hp_acc", _Passes(tvs))
+        sums, count = self._hp_acc.sums, self._hp_acc.counter
+        for acc, (g, _) in zip(sums, pairs):
+            acc.assign_add(tf.convert_to_tensor(g))  # IndexedSlices summed densely
+        count.assign_add(1)
+        n = self._hp_passes
+
+        def flush() -> Any:
+            grads = [a.read_value() / n if self._hp_average_passes else a.read_value()
+                     for a in sums]
+            self._hp_apply(list(zip(grads, tvs)), args, kwargs)
+            for a in sums:
+                a.assign(tf.zeros_like(a))
+            count.assign(0)
+            return tf.constant(1, dtype=tf.int64)
+
+        def hold() -> Any:  # a pass without an update still counts as a step (Horovod)
+            self.iterations.assign_add(1)
+            return tf.constant(0, dtype=tf.int64)
+
+        if tf.executing_eagerly():
+            return flush() if int(count.numpy()) == n else hold()
+        return tf.cond(tf.equal(count, n), flush, hold)
+
+    @property
+    def _agg_helper(self) -> Any:
+        """The passes' local sums and ``counter`` (Horovod's attribute name), or None
+        before the first call with ``backward_passes_per_step`` > 1."""
+        return self._hp_acc
+
+    def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None,
+                           tape: Any = None) -> List[Tuple[Any, Any]]:
+        """This rank's gradients of ``loss`` (Horovod's hook, which Keras 2 calls from
+        ``minimize``); ``apply_gradients`` averages them over the ranks."""
+        tape = tf.GradientTape() if tape is None else tape
+        base = super()
+        if hasattr(base, "_compute_gradients"):
+            return base._compute_gradients(loss, var_list, grad_loss, tape=tape)
+        return base.compute_gradients(loss, var_list, tape=tape)
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var``'s gradient on this rank, as Horovod's optimizer does: not
+        averaged (model parallelism), divided by the world size unless
+        ``scale_local_gradients=False``."""
+        object.__setattr__(self, "_hp_local", self._hp_local | {var.ref()})
+
+    def _hp_apply(self, pairs: List[Tuple[Any, Any]], args: Any, kwargs: Any) -> Any:
+        """Average ``pairs``' gradients over all ranks and apply them (the policy for
+        NaN/Inf: ``nonfinite``)."""
+        local = [(g, v) for g, v in pairs if v.ref() in self._hp_local]
+        pairs = [(g, v) for g, v in pairs if v.ref() not in self._hp_local]
         grads, tvs = [g for g, _ in pairs], [v for _, v in pairs]
         if not self._hp_sync.built:
             self._hp_sync.bind(tvs)  # collective: every rank, at its first step
         averaged, ok = self._hp_sync.reduce(grads, tvs)
+        if local and self._hp_scale_local:
+            n = float(size())
+            local = [(tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                      if isinstance(g, tf.IndexedSlices) else g / n, v) for g, v in local]
         apply = super().apply_gradients  # type: ignore[misc]
 
         def step() -> Any:
-            return apply(list(zip(averaged, tvs)), *args, **kwargs)
+            return apply(list(zip(averaged, tvs)) + local, *args, **kwargs)
 
         if self._hp_sync.options["nonfinite"] != "skip":
             return step()
@@ -102,16 +185,20 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
                          plan: Any = "auto", nonfinite: str = "propagate",
                          timeout: Optional[float] = None, seed: int = 0,
                          compression_back: Any = None, collective: Optional[str] = None,
-                         **kwargs: Any) -> Any:
+                         scale_local_gradients: bool = True, **kwargs: Any) -> Any:
     """Wrap a Keras 2 optimizer so that it applies gradients averaged over all ranks.
 
     Shaped like ``horovod.tensorflow.keras.DistributedOptimizer`` (TensorFlow
     2.15 and older); the options after ``*`` are hipress-like's, as on the
     Keras 3 face (``optimizer.py``), whose docstring describes each.
 
+    ``backward_passes_per_step=N`` sums N calls' gradients locally and averages
+    and applies every N-th call's sum (divided by N with
+    ``average_aggregated_gradients``), as Horovod's Keras optimizer does.
+
     Raises:
         TypeError: ``optimizer`` is not a Keras optimizer.
-        ValueError: ``backward_passes_per_step`` other than 1, a process set,
+        ValueError: ``backward_passes_per_step`` not an int >= 1, a process set,
             unknown keywords, or a bad compressor, strategy or policy.
 
     Example:
@@ -128,9 +215,10 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
                         "custom loop use hvd.DistributedGradientTape")
     if isinstance(optimizer, _Keras2Mixin):
         raise ValueError("this optimizer is already a DistributedOptimizer")
-    if backward_passes_per_step != 1:
-        raise ValueError(f"backward_passes_per_step={backward_passes_per_step} is not "
-                         "supported; accumulate the gradients before apply_gradients")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(
+            backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, found "
+                         f"{backward_passes_per_step!r}")
     if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
         raise ValueError("process sets are not supported; every rank trains together")
     if kwargs:
@@ -153,4 +241,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
         config["name"] = name
     opt = cls.from_config(config)
     opt._hp_sync = sync
+    opt._hp_passes = backward_passes_per_step
+    opt._hp_average_passes = bool(average_aggregated_gradients)
+    opt._hp_scale_local = bool(scale_local_gradients)
     return opt
