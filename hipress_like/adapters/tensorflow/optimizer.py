@@ -126,8 +126,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                  **kwargs: Any) -> None:
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise TypeError(f"expected a Keras 3 optimizer (keras.optimizers.*), found "
-                            f"{type(optimizer).__name__}. Legacy tf.keras (Keras 2) "
-                            "optimizers are not supported")
+                            f"{type(optimizer).__name__}; a Keras 2 (tf.keras of TensorFlow "
+                            "2.15 and older) optimizer is wrapped under that TensorFlow "
+                            "(optimizer_keras2.py)")
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("this optimizer is already a DistributedOptimizer")
         if backward_passes_per_step != 1:
