@@ -23,6 +23,7 @@ import torch
 from .. import collectives as _tc
 from ..runtime import size
 from .collectives import broadcast_variables
+from .sync import var_key
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateWarmupCallback", "LearningRateScheduleCallback"]
@@ -50,11 +51,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = False
         if local_variables is not None and not isinstance(local_variables, (list, tuple)):
             local_variables = [local_variables]
-        self._local = {v.ref() for v in local_variables or []}
+        self._local = {var_key(v) for v in local_variables or []}
 
     def _broadcast(self) -> None:
         def shared(vs: Any) -> list:
-            return [v for v in vs if v.ref() not in self._local]
+            return [v for v in vs if var_key(v) not in self._local]
 
         broadcast_variables(shared(self.model.variables), root_rank=self.root_rank)
         opt = getattr(self.model, "optimizer", None)

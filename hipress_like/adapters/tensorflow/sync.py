@@ -68,7 +68,7 @@ from ..engine_builder import (
 from ..runtime import _require, _track
 from .bridge import Staging, as_tf, as_torch, to_torch_dtype
 
-__all__ = ["GradientSync", "variable_names", "to_bytes", "from_bytes", "Average", "Sum"]
+__all__ = ["GradientSync", "variable_names", "var_key", "to_bytes", "from_bytes", "Average", "Sum"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,12 @@ def variable_names(variables: Sequence[Any]) -> List[str]:
             seen[n] = 0
         out.append(n)
     return out
+
+
+def var_key(v: Any) -> Any:
+    """A hashable key of variable ``v``: TensorFlow's ``ref()`` where the variable has it
+    (``tf.Variable``), else its identity (Keras 3's variables have no ``ref``)."""
+    return v.ref() if hasattr(v, "ref") else id(v)
 
 
 def to_bytes(obj: Any) -> bytes:

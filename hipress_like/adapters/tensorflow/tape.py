@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from ...tuning.online import Adaptive
 from ..runtime import size
-from .sync import Average, GradientSync, from_bytes, to_bytes, variable_names
+from .sync import Average, GradientSync, from_bytes, to_bytes, var_key, variable_names
 
 __all__ = ["DistributedGradientTape", "compressor_state", "load_compressor_state"]
 
@@ -152,7 +152,7 @@ class DistributedGradientTape:
                                     unconnected_gradients=unconnected_gradients)
         flat_src = tf.nest.flatten(sources)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        shared = [i for i, s in enumerate(flat_src) if s.ref() not in self._local]
+        shared = [i for i, s in enumerate(flat_src) if var_key(s) not in self._local]
         outs = list(flat)
         if shared:
             src = [flat_src[i] for i in shared]
@@ -166,7 +166,7 @@ class DistributedGradientTape:
             n = float(size())  # Horovod's rule (its pull 3695): local gradients / size
             for i, s in enumerate(flat_src):
                 g = outs[i]
-                if s.ref() in self._local and g is not None:
+                if var_key(s) in self._local and g is not None:
                     outs[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
                                if isinstance(g, tf.IndexedSlices) else g / n)
         return tf.nest.pack_sequence_as(grads, outs)
@@ -177,7 +177,7 @@ class DistributedGradientTape:
         computed, divided by the world size when ``scale_local_gradients`` (the
         default). Every rank must register the same number of sources, since the
         others' gradients are averaged by one engine over the same list."""
-        self._local.add(source.ref())
+        self._local.add(var_key(source))
 
     def __enter__(self) -> "DistributedGradientTape":
         self._tape.__enter__()
