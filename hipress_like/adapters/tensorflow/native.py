@@ -75,11 +75,9 @@ def _horovod_kwargs(h: Any, sig: inspect.Signature, target: Any, args: Any,
     process set other than the global one, an argument Horovod's call has no name for."""
     try:
         bound = sig.bind(*args, **kwargs)
-        params = inspect.signature(target).parameters
+        params = _parameters(target)
     except (TypeError, ValueError):
         return None
-    ops = {_tc.Average: h.Average, _tc.Sum: h.Sum, _tc.Adasum: h.Adasum, _tc.Min: h.Min,
-           _tc.Max: h.Max, _tc.Product: h.Product}
     out: Dict[str, Any] = {}
     for k, v in bound.arguments.items():
         if k == "process_set":
@@ -95,11 +93,17 @@ def _horovod_kwargs(h: Any, sig: inspect.Signature, target: Any, args: Any,
             else:
                 return None  # one of this project's compressors
         if k == "op" and isinstance(v, str):
-            v = ops.get(v, v)
+            v = _tc._hop(h, v)  # the shared calls' name -> Horovod's constant
         if k not in params:
             return None
         out[k] = v
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(target: Callable[..., Any]) -> Any:
+    """``target``'s parameter names (read once per Horovod call, not per call made)."""
+    return inspect.signature(target).parameters
 
 
 def handed(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -125,9 +129,9 @@ def face_getattr(name: str, module: str = "horovod.tensorflow") -> Any:
     """A face module's ``__getattr__``: a name the face does not define, taken from
     Horovod's ``module`` (``horovod.tensorflow`` or ``horovod.tensorflow.keras``) where
     ``horovod_tf()`` gives Horovod, else an ``AttributeError`` saying how to get it."""
-    if name.startswith("__") or not is_initialized():
-        raise missing(name) if not name.startswith("__") else AttributeError(name)
-    if horovod_tf() is not None:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if is_initialized() and horovod_tf() is not None:
         import importlib
 
         value = getattr(importlib.import_module(module), name, None)
