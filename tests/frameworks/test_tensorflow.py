@@ -182,6 +182,7 @@ CHECKS = ("rank_and_size", "allreduce_eager_and_in_tf_function",
           "allgather_variable_size_and_broadcast",
           "broadcast_variables_eager_and_in_tf_function", "broadcast_and_allgather_object",
           "identity_compression_is_the_exact_average", "horovod_calls_eager_and_in_tf_function",
+          "collectives_carry_horovods_gradients", "collectives_of_a_session_graph_run_in_one_order",
           "horovod_calls_refuse_bad_arguments", "unknown_compressor_is_refused",
           "bad_options_are_refused", "non_float_gradients_are_refused",
           "models_that_differ_between_ranks_are_refused",
@@ -207,7 +208,8 @@ def test_surface_and_bad_input(surface, name):
     assert got == ["ok", "ok"], f"{name}: {got}\n{out[-3000:]}"
 
 
-HOROVOD_CALLS = ("horovod_calls_eager_and_in_tf_function", "horovod_calls_refuse_bad_arguments")
+HOROVOD_CALLS = ("horovod_calls_eager_and_in_tf_function", "horovod_calls_refuse_bad_arguments",
+                 "collectives_carry_horovods_gradients")
 
 
 def test_horovod_calls_under_horovodrun():

@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hipress_like.tensorflow as hvd  # noqa: E402
+from hipress_like.adapters.tensorflow.native import horovod_tf  # noqa: E402
 
 CHECKS = []
 
@@ -137,12 +138,14 @@ def horovod_calls_eager_and_in_tf_function():
     queries, a process set; eagerly and inside tf.function."""
     r, n = hvd.rank(), hvd.size()
     x = tf.reshape(tf.range(4 * n, dtype=tf.float32), (2 * n, 2)) + 100.0 * r
-    out, recv = hvd.alltoall(x)
+    out = hvd.alltoall(x)  # no splits given: the rows alone, as horovod.tensorflow returns
+    out_, recv = hvd.alltoall(x, splits=[2] * n)
+    np.testing.assert_array_equal(out_, out)
     want = np.concatenate([(np.arange(4 * n, dtype="float32").reshape(2 * n, 2) + 100.0 * p)
                            [2 * r:2 * r + 2] for p in range(n)])
     np.testing.assert_array_equal(out, want)
     assert recv.numpy().tolist() == [2] * n
-    g_out, g_recv = tf.function(lambda t: hvd.alltoall(t))(x)
+    g_out, g_recv = tf.function(lambda t: hvd.alltoall(t, splits=tf.fill([n], 2)))(x)
     np.testing.assert_array_equal(g_out, want)
     assert g_recv.numpy().tolist() == [2] * n
     sp = [r + 1 if p == 0 else 0 for p in range(n)]  # everything to rank 0
@@ -163,8 +166,9 @@ def horovod_calls_eager_and_in_tf_function():
     c, d = hvd.grouped_reducescatter([tf.ones((n, 1)), tf.ones((n,))], op=hvd.Sum)
     assert c.numpy().tolist() == [[float(n)]] and d.numpy().tolist() == [float(n)]
     v = tf.Variable([float(r), 7.0])
-    assert hvd.broadcast_([v], root_rank=n - 1)[0] is v
+    got = hvd.broadcast_([v], root_rank=n - 1)[0]  # the variable (Horovod: its new value)
     assert v.numpy().tolist() == [float(n - 1), 7.0]
+    np.testing.assert_array_equal(got, v.numpy())
     assert int(hvd.size_op()) == n and int(hvd.rank_op()) == r
     assert int(hvd.local_size_op()) == hvd.local_size() and int(hvd.local_rank_op()) == \
         hvd.local_rank()
@@ -179,9 +183,93 @@ def horovod_calls_eager_and_in_tf_function():
 
 
 @check
+def collectives_carry_horovods_gradients():
+    """Each collective's gradient is the one Horovod registers for its op
+    (horovod/tensorflow/mpi_ops.py), eagerly and inside tf.function; the same
+    numbers come from Horovod's own ops under horovodrun."""
+    r, n = hvd.rank(), hvd.size()
+    x = tf.Variable(tf.range(2 * n, dtype=tf.float32) + 10.0 * r)
+    ones = np.ones(2 * n, "float32")
+
+    def grads():
+        with tf.GradientTape(persistent=True) as tape:
+            outs = {
+                "allreduce_sum": hvd.allreduce(x, op=hvd.Sum),
+                "allreduce_average": hvd.allreduce(x * 3.0),
+                "allgather": hvd.allgather(x) * (r + 1.0),
+                "broadcast": hvd.broadcast(x, root_rank=n - 1),
+                "alltoall": hvd.alltoall(x),
+                "reducescatter_sum": hvd.reducescatter(x, op=hvd.Sum),
+                "reducescatter_average": hvd.reducescatter(x),
+                "grouped_allgather": hvd.grouped_allgather([x, x * 2.0])[1],
+                "grouped_allreduce": hvd.grouped_allreduce([x, x * 2.0], op=hvd.Sum)[1],
+            }
+        return {k: tape.gradient(y, x).numpy() for k, y in outs.items()}
+
+    mean_factor = (n + 1) / 2.0  # the average over ranks of (rank + 1)
+    want = {
+        "allreduce_sum": ones * n,          # the same Sum of the upstream ones
+        "allreduce_average": ones * 3.0,    # the average of 3s
+        "allgather": ones * mean_factor,    # averaged, then this rank's rows
+        "broadcast": ones * (r == n - 1),   # the average on the root, zero elsewhere
+        "alltoall": ones,                   # sent back along the received splits
+        "reducescatter_sum": ones * n,      # allgather of the upstream ones times n
+        "reducescatter_average": ones,
+        "grouped_allgather": ones * 2.0,
+        "grouped_allreduce": ones * 2.0 * n,
+    }
+    eager = grads()
+    for k, w in want.items():
+        np.testing.assert_allclose(eager[k], w, err_msg=k)
+
+    @tf.function
+    def in_graph(v):
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+            y = hvd.allgather(v) * 2.0 + 0.0
+            z = hvd.allreduce(v, op=hvd.Sum)
+        return tape.gradient([y, z], v)
+
+    np.testing.assert_allclose(in_graph(tf.ones(3)), np.full(3, 2.0 + n, "float32"))
+    ints = tf.constant([1, 2])
+    with tf.GradientTape() as tape:  # integer collectives: no gradient, no error
+        tape.watch(x)
+        y = hvd.allreduce(ints, op=hvd.Sum)
+    assert tape.gradient(y, x) is None
+
+
+@check
+def collectives_of_a_session_graph_run_in_one_order():
+    """Independent collectives of a tf.compat.v1 session graph (Horovod's graph-mode
+    tests): the session would run them on parallel threads in any order, which
+    crosses two ranks' collectives on the wire; each waits for the one built
+    before it."""
+    r, n = hvd.rank(), hvd.size()
+    graph = tf.Graph()
+    with graph.as_default():
+        outs = [hvd.allgather(tf.fill([r + 1, 3], float(i))) for i in range(4)]
+        outs += [hvd.allreduce(tf.constant([float(r + i)]), op=hvd.Sum) for i in range(4)]
+        outs.append(hvd.broadcast(tf.constant([float(r)]), root_rank=0))
+        with tf.compat.v1.Session(graph=graph) as sess:
+            for _ in range(5):
+                got = sess.run(outs)
+    rows = n * (n + 1) // 2
+    for i in range(4):
+        np.testing.assert_array_equal(got[i], np.full((rows, 3), float(i), "float32"))
+        np.testing.assert_array_equal(got[4 + i], [sum(p + i for p in range(n))])
+    np.testing.assert_array_equal(got[8], [0.0])
+
+
+@check
 def horovod_calls_refuse_bad_arguments():
     """Refusals a Horovod TF script catches as RuntimeError (and ValueError)."""
     n = hvd.size()
+    if horovod_tf() is not None:
+        # handed to horovod.tensorflow's ops (horovodrun): Horovod's own errors
+        _expect_error(lambda: hvd.alltoall(tf.ones((n + 1, 2))), "splits")
+        _expect_error(lambda: hvd.alltoall(tf.ones((2, 2)), splits=[5] + [0] * (n - 1)),
+                      "splits")
+        return
     text = _expect_error(lambda: hvd.alltoall(tf.ones((n + 1, 2))), "alltoall")
     assert text.startswith("TFCallError"), text
     _expect_error(lambda: hvd.alltoall(tf.ones((2, 2)), splits=[5] + [0] * (n - 1)), "alltoall")

@@ -9,16 +9,25 @@ crosses by a zero-copy DLPack view (the collectives never write into their
 input) and the result comes back by DLPack. Eagerly the call is direct;
 inside ``tf.function`` it is a ``tf.py_function``, so the same code runs in both.
 
-Gradients do not go this way: they go through the CaSync engine
-(``DistributedGradientTape``, ``DistributedOptimizer``).
+A model's gradients do not go this way: they go through the CaSync engine
+(``DistributedGradientTape``, ``DistributedOptimizer``). The collectives
+themselves are differentiable, with the gradients Horovod registers for its
+ops (horovod/tensorflow/mpi_ops.py): an allreduce's gradient is the same
+allreduce of the upstream gradient; an allgather's, the average of the
+upstream gradients cut back to this rank's rows; a broadcast's, that average
+on the root and zero elsewhere (``_differentiable``, one ``tf.custom_gradient``
+per call). Under ``horovodrun`` Horovod's own ops run instead, with those
+same gradients (``native``).
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+import weakref
+from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
 from .. import collectives as _tc
+from .. import horovod_calls as _hc
 from .. import objects as _to
 from .bridge import as_tf, as_torch, to_torch_dtype
 from .native import handed
@@ -31,17 +40,79 @@ Average, Sum, Adasum, Min, Max, Product = (_tc.Average, _tc.Sum, _tc.Adasum, _tc
                                            _tc.Product)
 
 
+_LAST_IN_GRAPH: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _py_collective(body: Callable[..., Any], inputs: List[Any], tout: Any, name: str) -> Any:
+    """``tf.py_function(body, inputs, tout)`` for a collective in a graph, run after the
+    graph's previous collective.
+
+    A graph runs independent ops on parallel threads in any order, and two
+    collectives started in different orders on two ranks cross on the wire
+    (gloo aborts); Horovod's ops avoid that by negotiating each by name. Here
+    every collective of a graph waits for the one created before it: graphs
+    are built alike on every rank, so every rank runs them in one order
+    (``tf.function`` orders stateful ops so itself; a ``tf.compat.v1``
+    session graph does not).
+    """
+    graph = tf.compat.v1.get_default_graph()
+    prev = _LAST_IN_GRAPH.get(graph)
+    with tf.control_dependencies([prev] if prev is not None else []):
+        out = tf.py_function(body, inputs, Tout=tout, name=name)
+    _LAST_IN_GRAPH[graph] = (out[0] if isinstance(out, (list, tuple)) else out).op
+    return out
+
+
 def _eager_or_graph(fn: Any, tensor: tf.Tensor, out_shape: Any, name: str) -> tf.Tensor:
-    """Run ``fn(eager tensor) -> torch tensor`` now, or as a ``tf.py_function`` in a graph."""
+    """Run ``fn(eager tensor) -> torch tensor`` now, or as a ``tf.py_function`` in a graph
+    (``_py_collective``)."""
     def body(t: tf.Tensor) -> tf.Tensor:
         out = as_tf(fn(as_torch(t)))
         return out if out.dtype == t.dtype else tf.cast(out, t.dtype)
 
     if tf.executing_eagerly():
         return body(tensor)
-    out = tf.py_function(body, [tensor], Tout=tensor.dtype, name=name)
+    out = _py_collective(body, [tensor], tensor.dtype, name)
     out.set_shape(out_shape)
     return out
+
+
+def _differentiable(forward: Callable[[tf.Tensor], Any], backward: Callable[[tf.Tensor], Any],
+                   tensor: tf.Tensor) -> Any:
+    """``forward(tensor)``, with ``backward(upstream)`` as its gradient.
+
+    Integer and boolean tensors have no gradient: ``forward`` runs as it is.
+    ``forward`` may return a tuple whose first element is the differentiable
+    output (alltoall's received splits are not); ``backward`` then gets that
+    output's upstream gradient and the outputs, and returns the input's.
+    """
+    if not (tensor.dtype.is_floating or tensor.dtype.is_complex):
+        return forward(tensor)
+
+    @tf.custom_gradient
+    def op(x: tf.Tensor) -> Any:
+        out = forward(x)
+        if isinstance(out, tuple):
+            def grad_many(dy: tf.Tensor, *_: Any) -> tf.Tensor:
+                return backward(dy, out)
+            return out, grad_many
+        return out, backward
+
+    return op(tensor)
+
+
+def _average_gradient(dy: tf.Tensor, process_set: Any) -> tf.Tensor:
+    """The upstream gradient averaged over the set's ranks (Horovod's gradients of
+    allgather and broadcast start with it)."""
+    return allreduce(dy, op=Average, process_set=process_set)
+
+
+def _own_rows(dy: tf.Tensor, x: tf.Tensor, process_set: Any) -> tf.Tensor:
+    """This rank's rows of ``dy``, an allgather's gradient: every rank's row count is
+    gathered and ``dy`` cut at them (Horovod's ``_allgather_grad``)."""
+    n = _hc._set_size(process_set)
+    rows = allgather(tf.reshape(tf.shape(x)[0], [1]), process_set=process_set)
+    return tf.split(dy, tf.reshape(rows, [n]), axis=0)[_hc._set_rank(process_set)]
 
 
 @tf.autograph.experimental.do_not_convert
@@ -75,11 +146,19 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
     tensor = tf.convert_to_tensor(tensor)
     to_torch_dtype(tensor.dtype, "allreduce's tensor")
-    return _eager_or_graph(
-        lambda t: _tc.allreduce(t, average=average, name=name, compression=compression, op=op,
-                                prescale_factor=prescale_factor,
-                                postscale_factor=postscale_factor, process_set=process_set),
-        tensor, tensor.shape, "hipress_allreduce")
+
+    def forward(x: tf.Tensor) -> tf.Tensor:
+        return _eager_or_graph(
+            lambda t: _tc.allreduce(t, average=average, name=name, compression=compression,
+                                    op=op, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, process_set=process_set),
+            x, x.shape, "hipress_allreduce")
+
+    def backward(dy: tf.Tensor) -> tf.Tensor:  # the same reduction (Horovod's _allreduce_grad)
+        return allreduce(dy, op=_tc._resolve_op(op, average), prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, process_set=process_set)
+
+    return _differentiable(forward, backward, tensor)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -108,8 +187,10 @@ def allgather(tensor: Any, name: Optional[str] = None, process_set: Any = None,
     to_torch_dtype(tensor.dtype, "allgather's tensor")
     shape = tf.TensorShape([None]).concatenate(tensor.shape[1:]) \
         if tensor.shape.rank else tensor.shape
-    return _eager_or_graph(lambda t: _tc.allgather(t, name=name, process_set=process_set),
-                           tensor, shape, "hipress_allgather")
+    return _differentiable(
+        lambda x: _eager_or_graph(lambda t: _tc.allgather(t, name=name, process_set=process_set),
+                                  x, shape, "hipress_allgather"),
+        lambda dy: _own_rows(_average_gradient(dy, process_set), tensor, process_set), tensor)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -119,9 +200,16 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
     """``root_rank``'s value of ``tensor``, on every rank."""
     tensor = tf.convert_to_tensor(tensor)
     to_torch_dtype(tensor.dtype, "broadcast's tensor")
-    return _eager_or_graph(
-        lambda t: _tc.broadcast(t, root_rank, name=name, process_set=process_set),
-        tensor, tensor.shape, "hipress_broadcast")
+
+    def backward(dy: tf.Tensor) -> tf.Tensor:  # Horovod's _broadcast_grad: the global rank
+        g = _average_gradient(dy, process_set)
+        return g if _tc._dist().get_rank() == root_rank else g * 0
+
+    return _differentiable(
+        lambda x: _eager_or_graph(
+            lambda t: _tc.broadcast(t, root_rank, name=name, process_set=process_set),
+            x, x.shape, "hipress_broadcast"),
+        backward, tensor)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -156,8 +244,8 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
         for v, x in zip(variables, body(*values)):
             v.assign(tf.cast(x, v.dtype) if x.dtype != v.dtype else x)
         return None
-    outs = tf.py_function(body, values, Tout=[x.dtype for x in values],
-                          name="hipress_broadcast_variables")
+    outs = _py_collective(body, values, [x.dtype for x in values],
+                          "hipress_broadcast_variables")
     ops = []
     for v, x, ref in zip(variables, outs, values):
         x.set_shape(ref.shape)

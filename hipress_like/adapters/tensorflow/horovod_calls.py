@@ -10,9 +10,11 @@ tensors to those calls (DLPack, ``bridge``), eagerly or inside ``tf.function``
 Process sets are the shared objects: ``add_process_set`` returns one, and
 every collective of this face takes it as ``process_set=``.
 
-Gradients: as for this face's ``allreduce``/``allgather``, these calls are not
-differentiated (the gradients of a model go through ``DistributedGradientTape``
-or ``DistributedOptimizer``). Arguments they refuse raise ``TFCallError``: a
+Gradients: as this face's ``allreduce``/``allgather``, these calls carry the
+gradients Horovod registers for its ops: an alltoall's is the alltoall of
+the upstream gradient back along the received splits; a reducescatter's, the
+allgather of the upstream gradient (times the set's size for ``Sum``, and the
+pre- and postscale factors). Arguments they refuse raise ``TFCallError``: a
 ``ValueError`` as the PyTorch face raises, and a ``RuntimeError``, which is
 what ``horovod.tensorflow``'s ops raise (``tf.errors.OpError`` is not one, so a
 Horovod script catching that does not catch this: the docs say so).
@@ -39,7 +41,15 @@ from ..horovod_calls import (
 )
 from ..runtime import local_rank, local_size
 from .bridge import as_tf, as_torch, to_torch_dtype
-from .collectives import _eager_or_graph, broadcast
+from .collectives import (
+    _average_gradient,
+    _differentiable,
+    _eager_or_graph,
+    _own_rows,
+    _py_collective,
+    allgather,
+    broadcast,
+)
 from .native import handed
 
 __all__ = [
@@ -79,8 +89,9 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
         process_set: a set from ``add_process_set``; default: every rank.
 
     Returns:
-        ``(received rows, rows received from each rank)``, as ``horovod.tensorflow``
-        returns them (the second an int32 tensor).
+        the received rows; with ``splits`` given, ``(received rows, rows received
+        from each rank)`` (the second an int32 tensor), as ``horovod.tensorflow``
+        returns them.
     """
     import torch
 
@@ -103,14 +114,21 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
         return [res if res.dtype == t.dtype else tf.cast(res, t.dtype),
                 tf.constant(recv.numpy(), dtype=tf.int32)]
 
-    if tf.executing_eagerly():
-        data, recv = body(tensor, split_in)
+    def forward(x: tf.Tensor) -> Any:
+        if tf.executing_eagerly():
+            data, recv = body(x, split_in)
+            return data, recv
+        data, recv = _py_collective(body, [x, split_in], [x.dtype, tf.int32],
+                                    "hipress_alltoall")
+        data.set_shape(_rows_unknown(x))
+        recv.set_shape([None])
         return data, recv
-    data, recv = tf.py_function(body, [tensor, split_in], Tout=[tensor.dtype, tf.int32],
-                                name="hipress_alltoall")
-    data.set_shape(_rows_unknown(tensor))
-    recv.set_shape([None])
-    return data, recv
+
+    def backward(dy: tf.Tensor, out: Any) -> tf.Tensor:  # Horovod's _alltoall_grad
+        return alltoall(dy, splits=out[1], process_set=process_set)[0]
+
+    data, recv = _differentiable(forward, backward, tensor)
+    return (data, recv) if given else data  # horovod.tensorflow's: the splits only if given
 
 
 @tf.autograph.experimental.do_not_convert
@@ -138,7 +156,16 @@ def reducescatter(tensor: Any, op: Optional[str] = _tc.Average, name: Optional[s
                                      prescale_factor=prescale_factor,
                                      postscale_factor=postscale_factor)
 
-    return _eager_or_graph(run, tensor, _rows_unknown(tensor), "hipress_reducescatter")
+    def backward(dy: tf.Tensor) -> tf.Tensor:  # Horovod's _reducescatter_grad
+        if _tc._resolve_op(op, None) == _tc.Sum:
+            dy = dy * _hc._set_size(process_set)
+        if prescale_factor * postscale_factor != 1.0:
+            dy = dy * prescale_factor * postscale_factor
+        return allgather(dy, process_set=process_set)
+
+    return _differentiable(
+        lambda x: _eager_or_graph(run, x, _rows_unknown(x), "hipress_reducescatter"),
+        backward, tensor)
 
 
 @handed
@@ -162,9 +189,11 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
         t = tf.convert_to_tensor(t)
         to_torch_dtype(t.dtype, "grouped_allgather's tensor")
         label = f"{name}.{i}" if name else None
-        out.append(_eager_or_graph(
-            lambda x, label=label: _tc.allgather(x, name=label, process_set=process_set),
-            t, _rows_unknown(t), "hipress_grouped_allgather"))
+        out.append(_differentiable(
+            lambda x, label=label: _eager_or_graph(
+                lambda y: _tc.allgather(y, name=label, process_set=process_set),
+                x, _rows_unknown(x), "hipress_grouped_allgather"),
+            lambda dy, t=t: _own_rows(_average_gradient(dy, process_set), t, process_set), t))
     return out
 
 

@@ -28,6 +28,7 @@ import logging
 from typing import Any, Callable, Dict, Optional
 
 from .. import collectives as _tc
+from .. import horovod_calls as _hc
 from ..runtime import _require, is_initialized
 
 __all__ = ["horovod_tf", "handed", "missing", "face_getattr"]
@@ -72,7 +73,8 @@ def _horovod_kwargs(h: Any, sig: inspect.Signature, target: Any, args: Any,
                     kwargs: Any) -> Optional[Dict[str, Any]]:
     """The arguments of a call as ``horovod.tensorflow``'s ``target`` takes them (by
     keyword), or None when the call is this project's: a compressor of its own, a
-    process set other than the global one, an argument Horovod's call has no name for."""
+    process set of its own (``adapters.horovod_calls.ProcessSet``), an argument
+    Horovod's call has no name for."""
     try:
         bound = sig.bind(*args, **kwargs)
         params = _parameters(target)
@@ -83,7 +85,11 @@ def _horovod_kwargs(h: Any, sig: inspect.Signature, target: Any, args: Any,
         if k == "process_set":
             if v is None or getattr(v, "process_set_id", None) == 0:
                 continue
-            return None  # a process set of this project's: its own call
+            if isinstance(v, _hc.ProcessSet):
+                return None  # a process set of this project's: its own call
+            # Horovod's own set: horovod.common.process_sets registers every set with
+            # the core of the framework imported last, here TensorFlow's, so its
+            # collectives must be TensorFlow's too (the torch core does not know it)
         if k == "compression":
             name = getattr(v, "name", None)
             if v is None or name in ("identity", "none"):
