@@ -18,7 +18,10 @@ Needs TensorFlow (``pip install hipress-like[tensorflow]``, or
 ``scripts/env_tensorflow.sh`` for a ready environment).
 """
 from ..adapters.tensorflow import *  # noqa: F401,F403
-from ..adapters.tensorflow import __all__  # noqa: F401
+from ..adapters.tensorflow import (
+    __all__,  # noqa: F401
+    _executing_eagerly,  # noqa: F401 (Horovod's name)
+)
 
 
 def __getattr__(name: str):  # noqa: ANN202 (PEP 562)

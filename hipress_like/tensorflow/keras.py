@@ -17,8 +17,11 @@ from typing import Any
 
 from ..adapters.tensorflow import *  # noqa: F401,F403
 from ..adapters.tensorflow import __all__ as _all
+from ..adapters.tensorflow import (
+    _executing_eagerly,  # noqa: F401 (Horovod's name)
+    callbacks,  # noqa: F401
+)
 from ..adapters.tensorflow import broadcast_variables as _broadcast_variables
-from ..adapters.tensorflow import callbacks  # noqa: F401
 
 
 def broadcast_global_variables(root_rank: int, model: Any = None) -> None:

@@ -13,8 +13,9 @@ loops. By module:
   the engine writes its averages into (TF tensors are immutable).
 - ``sync``: ``GradientSync``, a gradient list in, averages out, eagerly or
   inside ``tf.function`` (through ``tf.py_function``).
-- ``tape``: ``DistributedGradientTape`` and the tape engines' checkpoint
-  state (``compressor_state``, ``load_compressor_state``).
+- ``tape``: ``DistributedGradientTape``, ``PartialDistributedGradientTape``
+  and the tape engines' checkpoint state (``compressor_state``,
+  ``load_compressor_state``).
 - ``optimizer`` (Keras 3) and ``optimizer_keras2`` (Keras 2): ``DistributedOptimizer`` for
   ``model.fit``.
 - ``callbacks``: ``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``,
@@ -25,6 +26,7 @@ loops. By module:
   ``reducescatter``, the grouped forms, process sets, ``broadcast_``, the
   ``*_op`` queries), over the calls every face shares
   (``adapters.horovod_calls``).
+- ``util``: Horovod's ``_executing_eagerly``.
 
 Framework-neutral, shared with the other faces: ``adapters.runtime``
 (``init``, ``rank``, ``size``, launchers), ``adapters.engine_builder`` and
@@ -82,13 +84,21 @@ if int(keras.__version__.split(".")[0]) >= 3:  # TensorFlow 2.16+
     from .optimizer import DistributedOptimizer
 else:  # Keras 2 (TensorFlow 2.15 and older, what Horovod's TF ops build against)
     from .optimizer_keras2 import DistributedOptimizer  # type: ignore[assignment]
+from . import util
 from .sync import GradientSync
-from .tape import DistributedGradientTape, compressor_state, load_compressor_state
+from .tape import (
+    DistributedGradientTape,
+    PartialDistributedGradientTape,
+    compressor_state,
+    load_compressor_state,
+)
+from .util import _executing_eagerly  # noqa: F401 (Horovod's name; its tests call it)
 
 __all__ = [
     "allgather", "allgather_object", "allreduce", "broadcast", "broadcast_object",
     "broadcast_variables", "grouped_allreduce",
     "Adaptive", "DistributedGradientTape", "DistributedOptimizer",
+    "PartialDistributedGradientTape", "util",
     "GradientSync", "BroadcastGlobalVariablesCallback", "LearningRateWarmupCallback",
     "MetricAverageCallback", "callbacks",
     "compressor_state", "load_compressor_state",

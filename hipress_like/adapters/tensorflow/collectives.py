@@ -125,7 +125,8 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     """Reduce ``tensor`` over all ranks (default: average); eager or in ``tf.function``.
 
     ``tf.IndexedSlices`` are allgathered (values and indices), as Horovod
-    does, and their values averaged unless ``op=Sum``. ``compression`` is
+    does, and their values averaged unless ``op=Sum`` (other ops and pre- or
+    postscaling are ``NotImplementedError``, as Horovod's). ``compression`` is
     ``Compression.none``/``fp16`` (the wire type) or a CompLL compressor, as
     in ``hipress_like.torch.allreduce``.
 
@@ -136,9 +137,17 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     Raises:
         TypeError: a dtype with no torch counterpart (``tf.string``).
         ValueError: an unknown op, a multi-round compressor.
+        NotImplementedError: ``tf.IndexedSlices`` with an op other than Sum or
+            Average, or with a pre- or postscale factor.
     """
     if isinstance(tensor, tf.IndexedSlices):
         op = _tc._resolve_op(op, average)
+        if op not in (Average, Sum):  # as horovod.tensorflow.allreduce refuses them
+            raise NotImplementedError("Only Sum and Average ops are supported with "
+                                      f"tf.IndexedSlices, found {op!r}")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("Pre/postscale_factor are not supported with "
+                                      "tf.IndexedSlices")
         values = allgather(tensor.values, name=name)
         indices = allgather(tensor.indices, name=name)
         if op == Average:

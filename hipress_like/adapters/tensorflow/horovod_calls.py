@@ -15,9 +15,13 @@ gradients Horovod registers for its ops: an alltoall's is the alltoall of
 the upstream gradient back along the received splits; a reducescatter's, the
 allgather of the upstream gradient (times the set's size for ``Sum``, and the
 pre- and postscale factors). Arguments they refuse raise ``TFCallError``: a
-``ValueError`` as the PyTorch face raises, and a ``RuntimeError``, which is
-what ``horovod.tensorflow``'s ops raise (``tf.errors.OpError`` is not one, so a
-Horovod script catching that does not catch this: the docs say so).
+``ValueError`` as the PyTorch face raises, and a ``tf.errors.InvalidArgumentError``
+(a ``RuntimeError`` too), which is what ``horovod.tensorflow``'s ops raise for
+arguments they refuse. Inside a graph, TensorFlow turns any ``ValueError`` a
+``tf.py_function`` raises into ``InvalidArgumentError`` itself, and any other
+error into ``UnknownError``: it keeps no other error class, so a mismatch
+between ranks, which Horovod's ops raise as ``FailedPreconditionError``, is
+``InvalidArgumentError`` there.
 """
 from __future__ import annotations
 
@@ -61,8 +65,12 @@ __all__ = [
 
 
 
-class TFCallError(HipressError, ValueError, RuntimeError):
+class TFCallError(HipressError, tf.errors.InvalidArgumentError, ValueError, RuntimeError):
     """A call of the TensorFlow face refused its arguments (see the module docstring)."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+        self.args = (message,)
 
 
 
@@ -200,17 +208,20 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
 @handed
 def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = None,
                process_set: Any = None) -> Any:
-    """Assign ``root_rank``'s values to each variable, in place; returns the variables
-    (Horovod's in-place broadcast of a list of ``tf.Variable``)."""
+    """Assign ``root_rank``'s values to each variable, in place (Horovod's in-place
+    broadcast of a list of ``tf.Variable``); returns the variables (in a graph: their
+    assigned values)."""
     single = isinstance(variables, tf.Variable)
     vs = [variables] if single else list(variables)
     for i, v in enumerate(vs):
         if not isinstance(v, tf.Variable):
             raise TypeError(f"broadcast_ assigns into tf.Variable objects, found "
                             f"{type(v).__name__} at position {i}; use broadcast() for tensors")
-        v.assign(broadcast(v, root_rank, name=f"{name}.{i}" if name else None,
-                           process_set=process_set))
-    return variables
+    # eagerly each assign returns its variable; in a graph, the value once assigned
+    # (running it runs the broadcast and the assignment), as Horovod's op returns
+    out = [v.assign(broadcast(v, root_rank, name=f"{name}.{i}" if name else None,
+                              process_set=process_set)) for i, v in enumerate(vs)]
+    return out[0] if single else out
 
 
 def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:

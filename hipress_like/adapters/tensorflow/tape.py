@@ -33,7 +33,8 @@ from ...tuning.online import Adaptive
 from ..runtime import size
 from .sync import Average, GradientSync, from_bytes, to_bytes, var_key, variable_names
 
-__all__ = ["DistributedGradientTape", "compressor_state", "load_compressor_state"]
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape", "compressor_state",
+           "load_compressor_state"]
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,17 @@ class DistributedGradientTape:
         others' gradients are averaged by one engine over the same list."""
         self._local.add(var_key(source))
 
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None) -> Tuple[list, list]:
+        """``gradient``'s result split as Horovod's tape splits it: ``([(source, grad)]``
+        of the sources registered as local, ``[(source, grad)]`` of the rest)``, each in
+        the order of ``sources``."""
+        grads = self.gradient(target, sources, output_gradients=output_gradients)
+        local, shared = [], []
+        for s, g in zip(sources, grads):
+            (local if var_key(s) in self._local else shared).append((s, g))
+        return local, shared
+
     def __enter__(self) -> "DistributedGradientTape":
         self._tape.__enter__()
         return self
@@ -188,6 +200,35 @@ class DistributedGradientTape:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tape, name)
+
+
+def PartialDistributedGradientTape(tape: tf.GradientTape, *args: Any,  # noqa: N802
+                                   local_layers: Any = None, **kwargs: Any
+                                   ) -> DistributedGradientTape:
+    """A ``DistributedGradientTape`` whose ``local_layers``' trainable weights are this
+    rank's own (``register_local_source``): their gradients are not averaged, only
+    divided by the world size unless ``scale_local_gradients=False`` (Horovod's
+    ``PartialDistributedGradientTape``, for model parallelism). The other arguments
+    are ``DistributedGradientTape``'s.
+
+    Raises:
+        ValueError: an entry of ``local_layers`` that is not a Keras layer.
+    """
+    import keras
+
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("local_layers must be Keras layers (keras.layers.Layer), found "
+                         f"{[type(x).__name__ for x in local_layers]}")
+    wrapped = DistributedGradientTape(tape, *args, **kwargs)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            wrapped.register_local_source(var)
+    return wrapped
 
 
 def compressor_state(all_ranks: bool = False) -> bytes:
