@@ -26,6 +26,8 @@ loops. By module:
   ``reducescatter``, the grouped forms, process sets, ``broadcast_``, the
   ``*_op`` queries), over the calls every face shares
   (``adapters.horovod_calls``).
+- ``elastic``: ``TensorFlowState``, ``TensorFlowKerasState`` (``KerasState``)
+  and ``run`` over the shared ``adapters.elastic``.
 - ``util``: Horovod's ``_executing_eagerly``.
 
 Framework-neutral, shared with the other faces: ``adapters.runtime``
@@ -84,7 +86,7 @@ if int(keras.__version__.split(".")[0]) >= 3:  # TensorFlow 2.16+
     from .optimizer import DistributedOptimizer
 else:  # Keras 2 (TensorFlow 2.15 and older, what Horovod's TF ops build against)
     from .optimizer_keras2 import DistributedOptimizer  # type: ignore[assignment]
-from . import util
+from . import elastic, util
 from .sync import GradientSync
 from .tape import (
     DistributedGradientTape,
@@ -98,7 +100,7 @@ __all__ = [
     "allgather", "allgather_object", "allreduce", "broadcast", "broadcast_object",
     "broadcast_variables", "grouped_allreduce",
     "Adaptive", "DistributedGradientTape", "DistributedOptimizer",
-    "PartialDistributedGradientTape", "util",
+    "PartialDistributedGradientTape", "elastic", "util",
     "GradientSync", "BroadcastGlobalVariablesCallback", "LearningRateWarmupCallback",
     "MetricAverageCallback", "callbacks",
     "compressor_state", "load_compressor_state",

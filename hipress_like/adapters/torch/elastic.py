@@ -74,23 +74,29 @@ failure is raised as it is.
 The checkpoint path comes from ``TorchState(..., checkpoint=PATH)`` or the
 ``HIPRESS_ELASTIC_CHECKPOINT`` environment variable; it must be on a file
 system every host sees (rank 0 writes it).
+
+``run``, the scalars, the callbacks and the order of a commit, a restore and
+a sync are every face's (``adapters.elastic``); this module says how a torch
+model and optimizer are copied, checkpointed and broadcast.
 """
+
 from __future__ import annotations
 
 import copy
-import functools
 import logging
-import os
-import queue
-import sys
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional
 
-from ...casync.errors import ConfigMismatchError, EngineError, GradientMismatchError
-from ...casync.transport.base import TransportError
 from ..checkpoint import CompressorStateReset
-from ..objects import broadcast_object, broadcast_parameters
-from ..runtime import horovod_elastic, is_initialized, rank, reform, size
+from ..elastic import (
+    ENV_CHECKPOINT,
+    ENV_CHECKPOINT_EVERY,
+    RESTART_EXIT_CODE,
+    State,
+    check_host_updates,
+    run,
+)
+from ..objects import broadcast_parameters
 from .checkpoints import load_checkpoint, save_checkpoint
 from .objects import broadcast_optimizer_state
 
@@ -99,66 +105,10 @@ __all__ = ["TorchState", "run", "check_host_updates", "RESTART_EXIT_CODE", "ENV_
 
 log = logging.getLogger(__name__)
 
-# EX_TEMPFAIL (sysexits.h): "try again later", which is what torchrun's agent does.
-RESTART_EXIT_CODE = 75
-ENV_CHECKPOINT = "HIPRESS_ELASTIC_CHECKPOINT"
-ENV_CHECKPOINT_EVERY = "HIPRESS_ELASTIC_CHECKPOINT_EVERY"
 _EXTRA_KEY = "hipress_elastic"
-# horovodrun's elastic mode: the same commit failing again this often is raised (a
-# failure that re-forming the world does not cure, e.g. the script's own bug)
-_MAX_FAILURES_PER_COMMIT = 3
 
 
-def _peer_failures() -> Tuple[type, ...]:
-    """The exceptions that mean "a peer is gone": the engine's and the transports',
-    and torch.distributed's own (a user collective over gloo or NCCL)."""
-    kinds: List[type] = [EngineError, TransportError, ConnectionError]
-    try:
-        import torch.distributed as dist
-
-        kinds.append(dist.DistError)
-    except (ImportError, AttributeError):  # a torch built without distributed
-        pass
-    return tuple(kinds)
-
-
-def _is_peer_failure(e: BaseException) -> bool:
-    # ranks that disagree on gradients or settings would fail the same way after a
-    # restart: those are the user's to fix, never retried
-    if isinstance(e, (GradientMismatchError, ConfigMismatchError)):
-        return False
-    return isinstance(e, _peer_failures())
-
-
-def _restarts_left() -> int:
-    """How many more times torchrun's agent will restart this worker group (0 when
-    this process was not started by torchrun's elastic agent)."""
-    try:
-        most = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-        done = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    except ValueError:
-        return 0
-    return max(0, most - done)
-
-
-def check_host_updates() -> None:
-    """Nothing to do under torchrun: its agent owns the membership.
-
-    Horovod's ``check_host_updates`` asks the driver whether hosts were
-    added or removed and raises ``HostsUpdatedInterrupt`` on every rank at
-    the same commit. Under torchrun there is no driver to ask: a host that
-    arrives (or leaves) is seen by the agents' rendezvous, which stops this
-    worker group and starts a new one; the new workers resume from the last
-    checkpoint (``run``). Kept so that Horovod scripts calling it run
-    unchanged.
-
-    Example:
-        >>> check_host_updates()   # returns None
-    """
-    return None
-
-
-class TorchState:
+class TorchState(State):
     """A model, an optimizer and named scalars that survive a re-formed world.
 
     ``commit()`` keeps a copy in memory and, every ``checkpoint_every``
@@ -196,266 +146,42 @@ class TorchState:
     def __init__(self, model: Any = None, optimizer: Any = None, *,
                  checkpoint: Optional[str] = None, checkpoint_every: Optional[int] = None,
                  **scalars: Any):
-        every = checkpoint_every if checkpoint_every is not None else \
-            os.environ.get(ENV_CHECKPOINT_EVERY, "1")
-        try:
-            every = int(every)
-        except ValueError:
-            every = 0
-        if every < 1:
-            raise ValueError(f"TorchState: checkpoint_every (or ${ENV_CHECKPOINT_EVERY}) must "
-                             f"be a positive integer, found {checkpoint_every!r}; pass e.g. "
-                             "checkpoint_every=1 to write every commit")
         self.model = model
         self.optimizer = optimizer
-        self.checkpoint = checkpoint if checkpoint is not None else \
-            os.environ.get(ENV_CHECKPOINT) or None
-        self.checkpoint_every = every
-        self.commits = 0
-        self.restored_from: Optional[str] = None  # the file a restore read, if any
-        self.restored_world_size: Optional[int] = None  # its world size
-        self._names = list(scalars)
-        self._saved: Optional[Dict[str, Any]] = None
-        self._reset_callbacks: List[Callable[[], None]] = []
-        # horovodrun's elastic mode: the driver's host notifications (on_hosts_updated)
-        self._host_messages: "queue.Queue[Tuple[float, int]]" = queue.Queue()
-        self._last_updated_timestamp = 0.0
-        for k, v in scalars.items():
-            setattr(self, k, v)
+        super().__init__(checkpoint=checkpoint, checkpoint_every=checkpoint_every, **scalars)
 
-    # -- Horovod's State surface ------------------------------------------------------------
-    def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
-        """Call each of ``callbacks`` after the world re-formed (e.g. rescale the lr)."""
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        """Run the reset callbacks (``run`` does, after restoring a checkpoint)."""
-        self._host_messages = queue.Queue()
-        for cb in self._reset_callbacks:
-            cb()
-
-    def on_hosts_updated(self, timestamp: float, update_res: int) -> None:
-        """Horovod's driver added or removed hosts (called by its worker notification
-        service, horovodrun's elastic mode); ``check_host_updates`` acts on it."""
-        self._host_messages.put((timestamp, update_res))
-
-    def check_host_updates(self) -> None:
-        """Under horovodrun's elastic mode, raise ``HostsUpdatedInterrupt`` on every rank
-        at once when the driver announced a host change (Horovod's ``State`` logic: the
-        ranks agree on the newest notification through a broadcast from rank 0);
-        elsewhere nothing (``check_host_updates``, the module function).
-
-        Raises:
-            horovod.common.exceptions.HostsUpdatedInterrupt: hosts changed; ``run``
-                re-forms the world (its ``skip_sync`` is set when hosts were only
-                removed).
-        """
-        if not horovod_elastic():
-            return check_host_updates()
-        from horovod.common.exceptions import HostsUpdatedInterrupt
-        from horovod.runner.elastic.worker import HostUpdateResult
-
-        last = prev = self._last_updated_timestamp
-        update = HostUpdateResult.no_update
-        while not self._host_messages.empty():
-            ts, res = self._host_messages.get()
-            if ts > last:
-                last = ts
-                update |= res
-        prev, self._last_updated_timestamp, update = broadcast_object(
-            (float(prev), float(last), int(update)) if rank() == 0 else None, 0,
-            "elastic.host_updates")
-        if self._last_updated_timestamp > prev:
-            raise HostsUpdatedInterrupt(update == int(HostUpdateResult.removed))
-
-    def scalars(self) -> Dict[str, Any]:
-        """The named scalars' current values."""
-        return {k: getattr(self, k) for k in self._names}
-
-    def save(self) -> None:
-        """Keep a copy of the model, the optimizer and the scalars in memory."""
+    def _capture(self) -> Dict[str, Any]:
         opt = self.optimizer.state_dict() if self.optimizer is not None else None
-        self._saved = {
-            "model": copy.deepcopy(self.model.state_dict()) if self.model is not None else None,
-            "optimizer": copy.deepcopy(opt),
-            "scalars": copy.deepcopy(self.scalars()),
-        }
+        return {"model": copy.deepcopy(self.model.state_dict()) if self.model is not None
+                else None, "optimizer": copy.deepcopy(opt)}
 
-    def commit(self) -> None:
-        """Save in memory, write the checkpoint when it is due, check for new hosts.
+    def _apply(self, saved: Dict[str, Any], fresh_compressor_state: bool) -> None:
+        if self.model is not None:
+            self.model.load_state_dict(saved["model"])
+        if self.optimizer is not None:
+            opt = saved["optimizer"]
+            if fresh_compressor_state and isinstance(opt, dict) and "hipress" in opt:
+                # saved by this rank in the world just left: ranks and size changed
+                opt = {k: v for k, v in opt.items() if k != "hipress"}
+                warnings.warn(CompressorStateReset(
+                    "the world re-formed (horovodrun elastic): compressor state (error "
+                    "feedback, PowerSGD's Q) starts fresh on every rank"), stacklevel=3)
+            self.optimizer.load_state_dict(opt)
 
-        A collective when the checkpoint is written (every rank commits at
-        the same step): ``hpt.save_checkpoint`` gathers every rank's
-        compressor state and rank 0 writes the file atomically.
-        """
-        self.save()
-        self.commits += 1
-        if self.checkpoint is not None and self.commits % self.checkpoint_every == 0:
-            save_checkpoint(self.checkpoint, self.model, self.optimizer,
-                            **{_EXTRA_KEY: {"scalars": self._saved["scalars"],
-                                            "commits": self.commits,
-                                            "world_size": size() if is_initialized() else 1}})
-        self.check_host_updates()
+    def _write(self, path: str, extra: Dict[str, Any]) -> None:
+        """``hpt.save_checkpoint``: every rank's compressor state gathered, rank 0
+        writes the file atomically."""
+        save_checkpoint(path, self.model, self.optimizer, **{_EXTRA_KEY: extra})
 
-    def restore(self, *, fresh_compressor_state: bool = False) -> bool:
-        """Go back to the last commit.
+    def _read(self, path: str) -> Dict[str, Any]:
+        """``hpt.load_checkpoint``, which reshards the compressor state to this world
+        size (error-feedback memories averaged, PowerSGD's Q carried over)."""
+        return load_checkpoint(path, self.model, self.optimizer).get(_EXTRA_KEY, {})
 
-        From memory when this process committed; otherwise from the
-        checkpoint file when there is one (a process torchrun started after
-        a failure), resharding the compressor state to the current world
-        size (``hpt.load_checkpoint``); otherwise nothing changes (a first
-        start).
-
-        Args:
-            fresh_compressor_state: leave the optimizer's compressor state out of
-                an in-memory restore, with a ``CompressorStateReset`` warning (``run``
-                after horovodrun re-formed the world: it was this rank's in the
-                world just left).
-
-        Returns:
-            True when something was restored.
-
-        Raises:
-            CheckpointError: the checkpoint file is incomplete or corrupted.
-        """
-        if self._saved is not None:
-            saved = copy.deepcopy(self._saved)
-            if self.model is not None:
-                self.model.load_state_dict(saved["model"])
-            if self.optimizer is not None:
-                opt = saved["optimizer"]
-                if fresh_compressor_state and isinstance(opt, dict) and "hipress" in opt:
-                    # saved by this rank in the world just left: ranks and size changed
-                    opt = {k: v for k, v in opt.items() if k != "hipress"}
-                    warnings.warn(CompressorStateReset(
-                        "the world re-formed (horovodrun elastic): compressor state (error "
-                        "feedback, PowerSGD's Q) starts fresh on every rank"), stacklevel=2)
-                self.optimizer.load_state_dict(opt)
-            self._set(saved["scalars"])
-            return True
-        if self.checkpoint is None or not os.path.exists(self.checkpoint):
-            return False
-        extra = load_checkpoint(self.checkpoint, self.model, self.optimizer)
-        mine = extra.get(_EXTRA_KEY, {})
-        self._set(mine.get("scalars", {}))
-        self.commits = int(mine.get("commits", 0))
-        self.restored_from = self.checkpoint
-        self.restored_world_size = mine.get("world_size")
-        log.info("restored commit %d from %s (saved by %s ranks, now %s)", self.commits,
-                 self.checkpoint, self.restored_world_size, size() if is_initialized() else 1)
-        self.save()
-        return True
-
-    def sync(self) -> None:
-        """Make every rank hold rank 0's model, optimizer state and scalars (a collective).
-
-        The optimizer's per-rank compressor state is not broadcast: it is
-        each rank's own (``hpt.broadcast_optimizer_state``).
-        """
-        if not is_initialized() or size() == 1:
-            return
+    def _broadcast(self) -> None:
+        """Rank 0's model and optimizer state; the optimizer's per-rank compressor state
+        is not broadcast: it is each rank's own (``hpt.broadcast_optimizer_state``)."""
         if self.model is not None:
             broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None:
             broadcast_optimizer_state(self.optimizer, root_rank=0)
-        self._set(broadcast_object(self.scalars() if rank() == 0 else None, 0,
-                                   "elastic.TorchState.sync"))
-
-    def _set(self, scalars: Dict[str, Any]) -> None:
-        for k, v in scalars.items():
-            if k not in self._names:
-                self._names.append(k)
-            setattr(self, k, v)
-
-
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``func(state, ...)`` so that a peer failure re-forms the world and resumes.
-
-    Algorithm (module docstring):
-
-    1. ``state.restore()``: in a process torchrun started after a failure,
-       the last checkpoint (resharded to this world size); then the reset
-       callbacks when a checkpoint was read, and ``state.sync()``.
-    2. ``func(state, *args, **kwargs)``.
-    3. A peer failure (``EngineError``, ``TransportError``, torch's
-       ``DistError``, a closed connection) while torchrun has restarts
-       left: log it and leave the process with ``RESTART_EXIT_CODE`` at
-       once (``os._exit``: the teardown would wait for dead peers), so that
-       torchrun re-forms the world. Anything else, or no restarts left:
-       raised as it is.
-
-    Args:
-        func: the training function; its first argument is the state.
-
-    Returns:
-        The wrapped function, returning what ``func`` returns.
-
-    Example:
-        >>> @run
-        ... def train(state):
-        ...     return state.step
-        >>> train(TorchState(None, None, step=3))
-        3
-    """
-    @functools.wraps(func)
-    def wrapper(state: TorchState, *args: Any, **kwargs: Any) -> Any:
-        if horovod_elastic():
-            return _run_horovod_elastic(func, state, args, kwargs)
-        if state.restore() and state.restored_from is not None:
-            state.on_reset()
-        state.sync()
-        try:
-            return func(state, *args, **kwargs)
-        except BaseException as e:
-            if not _is_peer_failure(e) or _restarts_left() == 0:
-                raise
-            who = rank() if is_initialized() else 0
-            log.error("rank %s: a peer failed (%s: %s); leaving with exit code %d so that "
-                      "torchrun re-forms the world (%d restart(s) left), which resumes from "
-                      "commit %d", who, type(e).__name__, e, RESTART_EXIT_CODE,
-                      _restarts_left(), state.commits)
-            for h in logging.getLogger().handlers + log.handlers:
-                h.flush()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(RESTART_EXIT_CODE)
-    return wrapper
-
-
-def _run_horovod_elastic(func: Callable[..., Any], state: TorchState, args: tuple,
-                         kwargs: dict) -> Any:
-    """``run`` under horovodrun's elastic driver: re-form in process (module docstring)."""
-    from horovod.common.elastic import notification_manager
-    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-
-    notification_manager.init()
-    notification_manager.register_listener(state)
-    skip_sync = False
-    failures, at_commit = 0, -1  # consecutive failures at one commit (a bounded retry)
-    try:
-        while True:
-            try:
-                if not skip_sync:
-                    state.sync()
-                return func(state, *args, **kwargs)
-            except HostsUpdatedInterrupt as e:  # every rank, at the same commit
-                skip_sync, failed = e.skip_sync, False
-                log.warning("rank %d: the elastic driver changed the hosts; re-forming the "
-                            "world from commit %d", rank(), state.commits)
-            except BaseException as e:
-                if not (isinstance(e, HorovodInternalError) or _is_peer_failure(e)):
-                    raise
-                failures = failures + 1 if state.commits == at_commit else 1
-                at_commit = state.commits
-                if failures > _MAX_FAILURES_PER_COMMIT:  # it is not a peer that comes and goes
-                    raise
-                skip_sync, failed = False, True
-                log.error("rank %d: a peer failed (%s: %s); re-forming the world and resuming "
-                          "from commit %d", rank(), type(e).__name__, str(e)[:500],
-                          state.commits)
-            reform()
-            if failed:  # a host update comes at a commit: the state is that commit already
-                state.restore(fresh_compressor_state=True)
-            state.on_reset()
-    finally:
-        notification_manager.remove_listener(state)
