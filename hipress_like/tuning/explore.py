@@ -24,7 +24,13 @@ settings on real steps, Bayesian search over measured step times):
    current one, or to each other, are dropped, and so is a candidate the
    model prices more than ``within`` times the best (2x by default: past
    the model's worst measured error on the test host, it would only cost
-   steps).
+   steps). Before them come the *recalled* plans: a plan an earlier decision
+   kept on a link like this one (within 2x in bandwidth; the online planner
+   remembers each decision's link and plan), whatever the model now prices
+   it at. A link that comes back (10 Gbit/s, then 200 Mbit/s, then 10 Gbit/s
+   again) so gets back the plan measured best on it, which the model, priced
+   on a profile moved twice, may no longer propose (``bench/adaptive.py``'s
+   fourth phase: 1.14-1.19x its best fixed plan without this).
 2. **Trials** (``Exploration``): each candidate runs for ``steps`` real
    steps; the ranks agree (median over ranks) on the mean step time of each
    window without its first step (the switch's rebuild), so every rank sees
@@ -102,7 +108,8 @@ def one_partition(plan: Plan) -> Plan:
 
 def alternatives(plan_at: Callable[[Link], Plan], price: Callable[[Plan], Optional[float]],
                  link: Link, current: Plan, *, within: float = 2.0,
-                 scales: Sequence[float] = SCALES) -> List[Tuple[str, Plan]]:
+                 scales: Sequence[float] = SCALES,
+                 recalled: Sequence[Tuple[str, Plan]] = ()) -> List[Tuple[str, Plan]]:
     """The plans an exploration tries on ``link`` (item 1 of the module's description).
 
     Args:
@@ -113,11 +120,15 @@ def alternatives(plan_at: Callable[[Link], Plan], price: Callable[[Plan], Option
         current: the plan in force (never a candidate).
         within: drop a candidate priced more than this many times the best.
         scales: bandwidth factors the model's plan is also made at.
+        recalled: (why, plan) pairs measured fastest before on a link like this one
+            (``OnlinePlanner.kept``): tried first, whatever the model prices them
+            at, since a measurement outranks the model that mispriced them.
 
     Returns:
-        (why, plan) pairs, distinct and unlike ``current``, cheapest predicted first;
-        ``why`` says which plan it is ("model", "model at 0.25x bandwidth",
-        "nothing compressed", "model, one partition each").
+        (why, plan) pairs, distinct and unlike ``current``: the recalled ones, then the
+        model's cheapest predicted first; ``why`` says which plan it is ("kept at
+        step 5", "model", "model at 0.25x bandwidth", "nothing compressed", "model,
+        one partition each").
     """
     made = [("model", plan_at(link))]
     made += [(f"model at {s:g}x bandwidth", plan_at(Link(link.latency, link.bandwidth * s)))
@@ -125,6 +136,12 @@ def alternatives(plan_at: Callable[[Link], Plan], price: Callable[[Plan], Option
     made.append(("nothing compressed", uncompressed(made[0][1])))
     made.append(("model, one partition each", one_partition(made[0][1])))
     seen = {plan_key(current)}
+    first: List[Tuple[str, Plan]] = []
+    for why, plan in recalled:
+        key = plan_key(plan)
+        if key not in seen:
+            seen.add(key)
+            first.append((why, plan))
     out: List[Tuple[float, str, Plan]] = []
     for why, plan in made:
         key = plan_key(plan)
@@ -135,12 +152,12 @@ def alternatives(plan_at: Callable[[Link], Plan], price: Callable[[Plan], Option
         if t is not None and math.isfinite(t):
             out.append((t, why, plan))
     if not out:
-        return []
+        return first
     best = min(t for t, _, _ in out)
     cur = price(current)
     floor = min(best, cur) if cur is not None and math.isfinite(cur) else best
-    return [(why, plan) for t, why, plan in sorted(out, key=lambda x: x[0])
-            if t <= within * floor]
+    return first + [(why, plan) for t, why, plan in sorted(out, key=lambda x: x[0])
+                    if t <= within * floor]
 
 
 class Exploration:

@@ -167,6 +167,7 @@ from .ratio_search import RatioSearch
 # a bandwidth ratio the probe reads between two checks at one rate on a shaped link: a move
 # beyond it must hold at two checks in a row to start an exploration (2x starts one at once)
 LINK_NOISE = 1.5
+KEPT = 8  # decisions remembered for recall (``OnlinePlanner.kept``)
 
 __all__ = ["Adaptive", "OnlinePlanner", "should_switch", "price_plan", "profile_plan",
            "source_for", "adaptive_plan", "AFTER_STEPS"]
@@ -197,6 +198,9 @@ class OnlinePlanner:
         reverts: switches reverted because they measured slower.
         rejected: (plan, link, step) of every revert that stood: that plan is
             refused while the link stays within the margin of that link.
+        kept: (link, plan, step) of the last ``KEPT`` decisions (the reference
+            check's plan, each exploration's choice): an exploration on a link
+            within 2x of one of them tries that plan first (recall).
     """
 
     def __init__(self, settings: Adaptive, profile: Profile, labels: Sequence[str],
@@ -237,6 +241,24 @@ class OnlinePlanner:
         self._link_moved = False  # a check saw the link move: the ratio search's trigger
         self._reference_planners = planners_for(profile, self.labels, n, strategy,
                                                 self.raw_collective)
+        # (link, plan, step) of each decision: the plan kept on that link, recalled as a
+        # candidate when an exploration starts on a link like it (``explore.alternatives``)
+        self.kept: List[Tuple[Link, Plan, int]] = []
+
+    def _keep(self, link: Link, plan: Optional[Plan], step: int) -> None:
+        """Remember that ``plan`` was decided on ``link`` (the newest of each plan, at most
+        ``KEPT``)."""
+        if plan is None:
+            return
+        key = plan_key(plan)
+        self.kept = [k for k in self.kept if plan_key(k[1]) != key][-(KEPT - 1):]
+        self.kept.append((link, plan, step))
+
+    def _recalled(self, link: Link) -> List[Tuple[str, Plan]]:
+        """The kept plans decided on a link within 2x of ``link``'s bandwidth, newest
+        first."""
+        return [(f"kept at step {at}", plan) for x, plan, at in reversed(self.kept)
+                if max(x.bandwidth / link.bandwidth, link.bandwidth / x.bandwidth) < 2]
 
     @classmethod
     def for_engine(cls, engine: Any, settings: Adaptive, snapshot: Optional[Tuple[
@@ -366,6 +388,8 @@ class OnlinePlanner:
                 "estimate": None if est.alpha is None else [est.alpha, est.beta, est.steps],
                 "explorations": self.explorations, "settled_s": self._settled_s,
                 "ratio": None if self.ratio is None else self.ratio.state_dict(),
+                "kept": [[link(x), json.dumps(p.to_dict(), sort_keys=True), at]
+                         for x, p, at in self.kept],
                 "history": json.dumps(self.history, sort_keys=True, default=str)}
 
     def load_state_dict(self, engine: Any, d: Mapping[str, Any]) -> bool:
@@ -417,6 +441,8 @@ class OnlinePlanner:
         self.explorations = int(d.get("explorations", 0))  # absent before explorations
         self._settled_s = d.get("settled_s")
         self.reference, self.decided_on = link(d["reference"]), link(d["decided_on"])
+        self.kept = [(link(x), Plan.from_dict(json.loads(p)), int(at))
+                     for x, p, at in d.get("kept", [])]  # absent before recall
         est = d.get("estimate")
         self.estimator = LinkEstimator(self.settings.gain)
         if est is not None:
@@ -485,6 +511,7 @@ class OnlinePlanner:
         if self.reference is None:
             self.reference = self.decided_on = link
             self._settled_s = step_s
+            self._keep(link, engine.plan, step)
             rec["reference"] = True
             self.history.append(rec)
             _log.info("plan='adaptive' step %d: reference link %.3g ms + %.3g Gbit/s (agreed "
@@ -795,12 +822,13 @@ class OnlinePlanner:
             return best_plan(self.planners(x), self.sizes, meta, fit_rule=True)
 
         cands = alternatives(plan_at, lambda p: price_plan(p, planners, self.sizes, self.n),
-                             link, engine.plan)
+                             link, engine.plan, recalled=self._recalled(link))
         if not cands:
             rec["explored"] = []
             _log.info("plan='adaptive' step %d: %s, and the model proposes no other plan; the "
                       "plan stays", step, reason)
             self.decided_on, self._settled_s = link, step_s
+            self._keep(link, engine.plan, step)
             return None
         self.explorations += 1
         self._exploration = Exploration(engine.plan, self._agreed_mean, cands,
@@ -848,6 +876,7 @@ class OnlinePlanner:
         # the windows were short and the plan kept may have been timed before: the
         # next check times it again (``_settled_s``)
         self.decided_on, self._settled_s = ex.link, None
+        self._keep(ex.link, plan, step)
         if switched:
             self.switches += 1
             self._after_switch = None

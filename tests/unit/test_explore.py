@@ -231,3 +231,47 @@ def test_one_partition_keeps_every_decision_but_its_partitions():
         {n: g.compress for n, g in slow.gradients.items()}
     assert all(g.partitions == 1 for g in got.gradients.values())
     assert got.rule == slow.rule and got.compressor == slow.compressor
+
+
+def test_recalled_plans_come_first_whatever_the_model_prices_them_at():
+    prof, plans = _plans()
+    slow, fast, current = plans[1e5], plans[12.5e9], plans[1.25e6]
+    price = {plan_key(slow): 1.0, plan_key(fast): 10.0, plan_key(current): 1.0}
+
+    def plan_at(link):
+        return slow
+
+    got = alternatives(plan_at, lambda p: price.get(plan_key(p)), Link(1e-3, 1e8), current,
+                       scales=(), recalled=[("kept at step 5", fast), ("kept at 9", current)])
+    # the recalled plan is tried first although priced 10x the best; the plan in force is
+    # never a candidate, recalled or not
+    assert [(why, plan_key(p)) for why, p in got] == [("kept at step 5", plan_key(fast)),
+                                                     ("model", plan_key(slow))]
+
+
+def _back_to_fast(step):
+    return FAST if step < 5 or step >= 22 else SLOW
+
+
+def test_a_link_that_comes_back_gets_back_the_plan_kept_on_it():
+    # FAST (nothing compressed measures fastest), SLOW from step 5 (compressing does), FAST
+    # again from step 22: the exploration there tries the plan kept at the first check
+    # (recalled) first, and keeps it; the kept list travels in the state dict
+    def sleep_s(step, on):
+        if 5 <= step < 22:
+            return 0.002 if on else 0.08
+        return 0.03 if on else 0.004
+
+    online, compressed, kinds = _alike(run_threads(
+        lambda t: _explore_run(t, sleep_s, _back_to_fast, steps=44), 2))
+    back = [h for h in online.history if h.get("exploring") and h["step"] >= 22]
+    assert back, online.history
+    assert back[0]["candidates"][0] == "kept at step 4", back[0]["candidates"]
+    assert not any(compressed[-6:]), "the fast link's plan (nothing compressed) is back"
+    # the newest kept decision is the first plan again, chosen anew at the return (a
+    # loaded host may add explorations on noise, so only the order is pinned)
+    link, plan, at = online.kept[-1]
+    assert at > back[0]["step"] and link.bandwidth == FAST.bandwidth
+    assert not plan.decide("w1", SIZES["w1"], 2).compress
+    state = online.state_dict(type("E", (), {"plan": online.kept[-1][1]})())
+    assert [at for _, _, at in state["kept"]] == [at for _, _, at in online.kept]
