@@ -47,8 +47,8 @@ __all__ = [*_all, "broadcast_global_variables"]
 
 
 def __getattr__(name: str):  # noqa: ANN202 (PEP 562)
-    """Horovod's own names this face does not define (``SyncBatchNormalization``,
-    ``PartialDistributedGradientTape``, ...): ``horovod.tensorflow.keras``'s under horovodrun with
+    """Horovod's own names this face does not define (``BroadcastGlobalVariablesHook``,
+    ``PartialDistributedOptimizer``, ...): ``horovod.tensorflow.keras``'s under horovodrun with
     Horovod's TensorFlow ops, else an ``AttributeError`` saying how to get them
     (``adapters/tensorflow/native.py``)."""
     from ..adapters.tensorflow.native import face_getattr

@@ -64,7 +64,7 @@ def test_under_horovodrun_plain_calls_and_horovod_only_names_are_horovods():
         pytest.skip(why)
     res = _ok(*run(NATIVE, np=2, launcher="gloo", timeout=600), np=2)
     for r in res.values():
-        assert r["syncbn_is_horovods"] is True, r
+        assert r["hook_is_horovods"] is True, r
         assert r["uint8_sum"] == [3, 3, 3, 3], r  # horovod.torch refuses uint8
         assert r["grad"] == [2.0, 2.0, 2.0], r  # Horovod's registered gradient (a sum)
         assert r["onebit_values"] <= 2, r  # this project's compressor: its own call
@@ -73,7 +73,7 @@ def test_under_horovodrun_plain_calls_and_horovod_only_names_are_horovods():
 def test_under_torchrun_a_horovod_only_name_says_how_to_get_it():
     res = _ok(*run(NATIVE, np=2, timeout=600), np=2)
     for r in res.values():
-        assert r["syncbn_is_horovods"] is None
-        assert "horovodrun" in r["syncbn_error"] and "env_horovod.sh" in r["syncbn_error"], r
+        assert r["hook_is_horovods"] is None
+        assert "horovodrun" in r["hook_error"] and "env_horovod.sh" in r["hook_error"], r
         assert r["uint8_sum"] == [3, 3, 3, 3], r
         assert r["onebit_values"] <= 2, r

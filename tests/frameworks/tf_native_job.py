@@ -1,6 +1,6 @@
 """Which calls the TensorFlow face hands to ``horovod.tensorflow`` (adapters/tensorflow/native.py):
 under horovodrun with Horovod's TF ops, the plain collectives and Horovod-only names are
-Horovod's (uint8 allreduce, a registered gradient, ``SyncBatchNormalization``), a
+Horovod's (uint8 allreduce, a registered gradient, ``BroadcastGlobalVariablesHook``), a
 collective with one of this project's compressors stays this project's; elsewhere a
 Horovod-only name is an AttributeError that says how to get it. Prints ``RESULT {json}``."""
 import json
@@ -16,10 +16,11 @@ def main():
     out = {"rank": hvd.rank()}
     try:
         import horovod.tensorflow as htf
-        out["syncbn_is_horovods"] = hvd.SyncBatchNormalization is htf.SyncBatchNormalization
+        out["hook_is_horovods"] = \
+            hvd.BroadcastGlobalVariablesHook is htf.BroadcastGlobalVariablesHook
     except (ImportError, AttributeError) as e:
-        out["syncbn_is_horovods"] = None
-        out["syncbn_error"] = str(e)
+        out["hook_is_horovods"] = None
+        out["hook_error"] = str(e)
     out["uint8_sum"] = hvd.allreduce(tf.ones(4, dtype=tf.uint8) * (hvd.rank() + 1),
                                      op=hvd.Sum).numpy().tolist()
     x = tf.Variable(tf.ones(3) * (hvd.rank() + 1))

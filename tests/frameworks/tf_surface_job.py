@@ -261,6 +261,37 @@ def collectives_of_a_session_graph_run_in_one_order():
 
 
 @check
+def sync_batch_normalization_is_the_global_batchs():
+    """hvd.SyncBatchNormalization on one row per rank gives what BatchNormalization gives on
+    the whole batch: outputs, moving statistics, and the gradient of the ranks' summed
+    losses (Horovod's test_horovod_syncbn_cpu, plus the gradient)."""
+    r, n = hvd.rank(), hvd.size()
+    x = np.stack([np.array([[p, p + 1], [2 * p, 2 * p + 1], [3 * p + 1, p]], "float32")
+                  for p in range(n)])
+    w = np.arange(x.size, dtype="float32").reshape(x.shape) / x.size
+    bn = keras.layers.BatchNormalization(axis=1)
+    sync = hvd.SyncBatchNormalization(axis=1)
+    full_x = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(full_x)
+        full = bn(full_x, training=True)
+        loss = tf.reduce_sum(full * w)
+    full_grad = tape.gradient(loss, full_x).numpy()
+    mine = tf.constant(x[r:r + 1])
+    with tf.GradientTape() as tape:
+        tape.watch(mine)
+        out = sync(mine, training=True)
+        loss = tf.reduce_sum(out * w[r:r + 1])
+    grad = tape.gradient(loss, mine).numpy()
+    np.testing.assert_allclose(out.numpy(), full.numpy()[r:r + 1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sync.moving_mean.numpy(), bn.moving_mean.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(sync.moving_variance.numpy(), bn.moving_variance.numpy(),
+                               rtol=1e-5)
+    np.testing.assert_allclose(grad, full_grad[r:r + 1], rtol=1e-4, atol=1e-5)
+    _expect_error(lambda: hvd.SyncBatchNormalization(fused=True), "fused")
+
+
+@check
 def horovod_calls_refuse_bad_arguments():
     """Refusals a Horovod TF script catches as RuntimeError (and ValueError)."""
     n = hvd.size()

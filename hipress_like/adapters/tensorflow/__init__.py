@@ -28,6 +28,7 @@ loops. By module:
   (``adapters.horovod_calls``).
 - ``elastic``: ``TensorFlowState``, ``TensorFlowKerasState`` (``KerasState``)
   and ``run`` over the shared ``adapters.elastic``.
+- ``sync_batch_norm``: ``SyncBatchNormalization`` (statistics over every rank).
 - ``util``: Horovod's ``_executing_eagerly``.
 
 Framework-neutral, shared with the other faces: ``adapters.runtime``
@@ -88,6 +89,7 @@ else:  # Keras 2 (TensorFlow 2.15 and older, what Horovod's TF ops build against
     from .optimizer_keras2 import DistributedOptimizer  # type: ignore[assignment]
 from . import elastic, util
 from .sync import GradientSync
+from .sync_batch_norm import SyncBatchNormalization
 from .tape import (
     DistributedGradientTape,
     PartialDistributedGradientTape,
@@ -100,7 +102,7 @@ __all__ = [
     "allgather", "allgather_object", "allreduce", "broadcast", "broadcast_object",
     "broadcast_variables", "grouped_allreduce",
     "Adaptive", "DistributedGradientTape", "DistributedOptimizer",
-    "PartialDistributedGradientTape", "elastic", "util",
+    "PartialDistributedGradientTape", "SyncBatchNormalization", "elastic", "util",
     "GradientSync", "BroadcastGlobalVariablesCallback", "LearningRateWarmupCallback",
     "MetricAverageCallback", "callbacks",
     "compressor_state", "load_compressor_state",

@@ -7,13 +7,13 @@ compressors) stays its own; a plain collective or a call it does not
 implement is handed to Horovod's own module when the job runs under
 ``horovodrun`` and Horovod was built with its TensorFlow ops. There,
 ``horovod.tensorflow``'s ops give what a TensorFlow user of Horovod relies
-on and this face's torch-based calls do not: every dtype Horovod takes,
-gradients registered for each collective, graph-mode (``tf.compat.v1``
-session) execution, Horovod's error types, ``SyncBatchNormalization``,
-``PartialDistributedGradientTape`` and the rest of its namespace (reached
-through the face's module ``__getattr__``). Horovod's TensorFlow core and its
-PyTorch core (which the engine's transport uses under horovodrun) run side
-by side in one process, each initialised once.
+on and this face's torch-based calls do not: every dtype Horovod takes, a
+``tf.compat.v1`` session's negotiation by name, Horovod's error types
+(``FailedPreconditionError`` for ranks that disagree),
+``BroadcastGlobalVariablesHook``, ``PartialDistributedOptimizer`` and the
+rest of its namespace (reached through the face's module ``__getattr__``).
+Horovod's TensorFlow core and its PyTorch core (which the engine's transport
+uses under horovodrun) run side by side in one process, each initialised once.
 
 Elsewhere (torchrun, mpirun, a Horovod without TF ops, TensorFlow 2.16+,
 whose headers Horovod 0.28.1 does not compile against) this returns None and
