@@ -236,6 +236,7 @@ class OnlinePlanner:
         self._work_moved = 0  # checks in a row whose step time moved from it
         self._link_moves = 0  # checks in a row whose link moved by more than the margin
         self._probe_moves = 0  # checks in a row whose step time moved from the last probe's
+        self._blind: Tuple[Any, bool] = (None, False)  # ``_link_blind``'s (key, answer)
         self._agreed_mean: Optional[float] = None  # ``_agree_step_times``'s mean
         self.ratio: Optional[RatioSearch] = None  # AR-Topk's ratio search (``for_engine``)
         self._link_moved = False  # a check saw the link move: the ratio search's trigger
@@ -596,7 +597,8 @@ class OnlinePlanner:
         the work changed; a step time on a loaded host moves by 10-20 % on its
         own, and a probe on a shaped link costs a few steps), at the first check,
         and at least every ``probe_every`` checks (a change the step time hides
-        is still seen). After a switch the next check's step
+        is still seen; about half as many while the plan in force hides link
+        changes from the step time, ``_link_blind``). After a switch the next check's step
         time is the new baseline, without a probe. The timeline and injected estimates cost
         nothing: every check uses them (the step time is agreed only for
         ``explore``'s work trigger).
@@ -622,13 +624,37 @@ class OnlinePlanner:
         # a step time moved by 2 margins at two checks in a row (or by 4 at once) probes
         self._probe_moves = self._probe_moves + 1 if moved(self._probe_step_s,
                                                            2 * s.margin) else 0
-        if t is None or self._checks_unprobed >= s.probe_every or self._probe_moves >= 2 \
+        every = s.probe_every
+        if self._checks_unprobed < every and self._link_blind(engine):
+            # the step time would not tell: look sooner (every other check at the most)
+            every = min(every, max(2, (every + 1) // 2))
+        if t is None or self._checks_unprobed >= every or self._probe_moves >= 2 \
                 or moved(self._probe_step_s, 4 * s.margin) or self._work_moved >= 2:
             return True, t
         _log.debug("plan='adaptive' step %d: step time %.2f ms within %.0f %% of the last "
                    "probe's %.2f ms; no probe", step, 1e3 * t, 200 * s.margin,
                    1e3 * self._probe_step_s)
         return False, t
+
+    def _link_blind(self, engine: Any) -> bool:
+        """Whether the plan in force hides a link change from the step time: priced on
+        the decided link with its bandwidth four times higher and four times lower, its
+        sync time moves by less than twice ``margin`` of the step time at the last probe
+        (a plan whose compressors, not the link, bound it), so the step-time trigger
+        would not fire and only the periodic probe would see the change; such a plan is
+        probed about twice as often (``probe_every`` halved, rounded up, and no more
+        often than every other check). Decided once per plan and decision link."""
+        ref, base_s, plan = self.decided_on, self._probe_step_s, engine.plan
+        if ref is None or plan is None or not base_s:
+            return False
+        key = (plan_key(plan), ref.latency, ref.bandwidth)
+        if self._blind[0] != key:
+            times = [price_plan(plan, self.planners(Link(ref.latency, ref.bandwidth * f)),
+                                self.sizes, self.n) for f in (0.25, 1.0, 4.0)]
+            blind = None not in times and \
+                max(times) - min(times) < 2 * self.settings.margin * base_s
+            self._blind = (key, blind)
+        return self._blind[1]
 
     def _count_work(self, t: Optional[float]) -> None:
         """``explore``'s work trigger: count the checks in a row whose agreed step time

@@ -520,3 +520,43 @@ def test_a_switch_measured_no_slower_is_kept_and_verify_defaults_off_for_injecte
     assert Adaptive(verify=True, estimate=lambda s, r: None).verifies
     with pytest.raises(ValueError, match="verify"):
         Adaptive(verify="yes")
+
+
+def test_a_plan_that_hides_link_changes_from_the_step_time_is_probed_twice_as_often():
+    """``_link_blind``: the plan's sync time, priced at a quarter and at four times the
+    decided link's bandwidth, moves by less than twice the margin of the step time, so a
+    changed link would not move the step time; ``_should_probe`` then probes every
+    ceil(probe_every / 2) checks (every other one at the most) instead of every
+    probe_every."""
+    prof = _profile()
+    never = Plan(compressor="onebit", strategy="ps", rule=SizeRule(min_compress_bytes=NEVER))
+    online = OnlinePlanner(Adaptive(margin=0.1, probe_every=5), prof, ["onebit"], SIZES, 2,
+                           "ps")
+    online.reference = FAST
+    engine = type("E", (), {"plan": never})()
+    online.decided_on, online._probe_step_s = SLOW, 0.05
+    # uncompressed at 10 Mbit/s: 320 KB take ~260 ms at that rate, 65 ms at 4x: the step
+    # time shows a change
+    assert not online._link_blind(engine)
+    online.decided_on = FAST  # 100 Gbit/s: microseconds either way, against a 50 ms step
+    assert online._link_blind(engine)
+    online.decided_on = SLOW
+    online._probe_step_s = 100.0  # a step so long that even the slow link hides in it
+    assert online._link_blind(engine)
+
+    # the probe cadence: with the plan blind, the third unprobed check probes
+    online._blind = (None, False)
+    online._probe_step_s = 0.05
+    online.decided_on = FAST
+    online._agree_step_times = lambda eng: 0.05  # every check agrees on 50 ms
+    probes = []
+    for check in range(1, 7):
+        probe, _ = online._should_probe(engine, 5 * check)
+        probes.append(probe)
+        if probe:
+            online._checks_unprobed = 0
+    assert probes == [False, False, True, False, False, True]
+    online.decided_on = SLOW  # not blind: every fifth check
+    online._checks_unprobed, online._blind = 0, (None, False)
+    probes = [online._should_probe(engine, 5 * c)[0] for c in range(1, 6)]
+    assert probes == [False, False, False, False, True]
