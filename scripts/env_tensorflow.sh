@@ -82,7 +82,7 @@ fi
 
 if [ "$run_tests" = 1 ]; then
   cd "$ROOT"
-  say "running the TensorFlow tests: $VENV/bin/python -m pytest -m frameworks tests/frameworks/test_tensorflow.py $*"
+  say "running the TensorFlow tests: $VENV/bin/python -m pytest -m frameworks tests/frameworks/test_tensorflow.py tests/frameworks/test_tensorflow_elastic.py $*"
   exec env PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pytest -m frameworks \
-    tests/frameworks/test_tensorflow.py "$@"
+    tests/frameworks/test_tensorflow.py tests/frameworks/test_tensorflow_elastic.py "$@"
 fi
