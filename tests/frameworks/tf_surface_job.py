@@ -292,6 +292,26 @@ def sync_batch_normalization_is_the_global_batchs():
 
 
 @check
+def a_mismatch_between_ranks_is_a_failed_precondition_eagerly():
+    """Ranks that pass different shapes to an eager allreduce/allgather are refused on
+    every rank with TFMismatchError: this project's CollectiveMismatchError naming the
+    ranks, and tf.errors.FailedPreconditionError, as horovod.tensorflow raises."""
+    from hipress_like.adapters.agreement import CollectiveMismatchError
+
+    r = hvd.rank()
+    for call in (lambda: hvd.allreduce(tf.ones([3 + r])),
+                 lambda: hvd.allgather(tf.ones([2, 2 + r]))):
+        try:
+            call()
+        except tf.errors.FailedPreconditionError as e:
+            assert isinstance(e, CollectiveMismatchError) and isinstance(e, hvd.TFMismatchError)
+            assert "rank" in str(e) and e.ranks, str(e)
+        else:
+            raise AssertionError("no error was raised")
+    np.testing.assert_array_equal(hvd.allreduce(tf.ones(2), op=hvd.Sum), [2.0, 2.0])  # goes on
+
+
+@check
 def horovod_calls_refuse_bad_arguments():
     """Refusals a Horovod TF script catches as RuntimeError (and ValueError)."""
     n = hvd.size()

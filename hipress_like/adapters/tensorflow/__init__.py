@@ -54,6 +54,7 @@ from .callbacks import (
     MetricAverageCallback,
 )
 from .collectives import (
+    TFMismatchError,
     allgather,
     allgather_object,
     allreduce,
@@ -106,7 +107,8 @@ __all__ = [
     "GradientSync", "BroadcastGlobalVariablesCallback", "LearningRateWarmupCallback",
     "MetricAverageCallback", "callbacks",
     "compressor_state", "load_compressor_state",
-    "ProcessSet", "TFCallError", "add_process_set", "alltoall", "broadcast_", "ccl_built",
+    "ProcessSet", "TFCallError", "TFMismatchError", "add_process_set", "alltoall", "broadcast_",
+    "ccl_built",
     "ddl_built", "global_process_set", "grouped_allgather", "grouped_reducescatter",
     "local_rank_op", "local_size_op", "rank_op", "reducescatter", "remove_process_set",
     "size_op", "start_timeline", "stop_timeline",

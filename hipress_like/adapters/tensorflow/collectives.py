@@ -29,15 +29,31 @@ import tensorflow as tf
 from .. import collectives as _tc
 from .. import horovod_calls as _hc
 from .. import objects as _to
+from ..agreement import CollectiveMismatchError
 from .bridge import as_tf, as_torch, to_torch_dtype
 from .native import handed
 
-__all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "allreduce", "allgather",
+__all__ = ["TFMismatchError", "Average", "Sum", "Adasum", "Min", "Max", "Product", "allreduce",
+           "allgather",
            "broadcast", "grouped_allreduce", "broadcast_variables", "broadcast_object",
            "allgather_object"]
 
 Average, Sum, Adasum, Min, Max, Product = (_tc.Average, _tc.Sum, _tc.Adasum, _tc.Min, _tc.Max,
                                            _tc.Product)
+
+
+class TFMismatchError(CollectiveMismatchError, tf.errors.FailedPreconditionError):
+    """Ranks called one of this face's collectives with different arguments (eagerly):
+    this project's ``CollectiveMismatchError`` (raised on every rank, naming the ranks
+    and fields) and ``tf.errors.FailedPreconditionError``, the class
+    ``horovod.tensorflow``'s ops raise for the same mismatch. Inside a graph
+    TensorFlow keeps no error class of a ``tf.py_function``: there the mismatch is an
+    ``InvalidArgumentError`` (its text is the same)."""
+
+    def __init__(self, message: str, fields: Sequence[str] = (), ranks: Sequence[int] = ()):
+        CollectiveMismatchError.__init__(self, message, fields, ranks)
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+        self.args = (message,)
 
 
 _LAST_IN_GRAPH: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -63,6 +79,17 @@ def _py_collective(body: Callable[..., Any], inputs: List[Any], tout: Any, name:
     return out
 
 
+def _eagerly(body: Callable[..., Any], *args: Any) -> Any:
+    """``body(*args)`` run eagerly, a mismatch between ranks raised as ``TFMismatchError``
+    (the class ``horovod.tensorflow``'s eager ops raise for it)."""
+    try:
+        return body(*args)
+    except TFMismatchError:
+        raise
+    except CollectiveMismatchError as e:
+        raise TFMismatchError(str(e), e.fields, e.ranks) from e
+
+
 def _eager_or_graph(fn: Any, tensor: tf.Tensor, out_shape: Any, name: str) -> tf.Tensor:
     """Run ``fn(eager tensor) -> torch tensor`` now, or as a ``tf.py_function`` in a graph
     (``_py_collective``)."""
@@ -71,7 +98,7 @@ def _eager_or_graph(fn: Any, tensor: tf.Tensor, out_shape: Any, name: str) -> tf
         return out if out.dtype == t.dtype else tf.cast(out, t.dtype)
 
     if tf.executing_eagerly():
-        return body(tensor)
+        return _eagerly(body, tensor)
     out = _py_collective(body, [tensor], tensor.dtype, name)
     out.set_shape(out_shape)
     return out

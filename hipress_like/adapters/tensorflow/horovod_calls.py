@@ -49,6 +49,7 @@ from .collectives import (
     _average_gradient,
     _differentiable,
     _eager_or_graph,
+    _eagerly,
     _own_rows,
     _py_collective,
     allgather,
@@ -124,7 +125,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
 
     def forward(x: tf.Tensor) -> Any:
         if tf.executing_eagerly():
-            data, recv = body(x, split_in)
+            data, recv = _eagerly(body, x, split_in)
             return data, recv
         data, recv = _py_collective(body, [x, split_in], [x.dtype, tf.int32],
                                     "hipress_alltoall")
