@@ -121,7 +121,8 @@ class State:
     """
 
     #: keep the objects as they are at construction and after each ``sync`` for a
-    #: ``restore`` with no commit and no checkpoint (Horovod's TensorFlow states do)
+    #: ``restore`` with no commit and no checkpoint (Horovod's TensorFlow states do;
+    #: such a subclass sets its objects before calling ``State.__init__``)
     baseline = False
 
     def __init__(self, *, checkpoint: Optional[str] = None,
@@ -152,6 +153,8 @@ class State:
         self._last_updated_timestamp = 0.0
         for k, v in scalars.items():
             setattr(self, k, v)
+        if self.baseline:  # a subclass sets its objects before calling this
+            self._keep_baseline()
 
     # -- what a face's state supplies --------------------------------------------------------
     def _capture(self) -> Dict[str, Any]:
@@ -161,9 +164,10 @@ class State:
     def _apply(self, saved: Dict[str, Any], fresh_compressor_state: bool) -> None:
         """Put ``_capture``'s copy back into the objects."""
 
-    def _write(self, path: str, extra: Dict[str, Any]) -> None:
-        """Write the objects and ``extra`` (scalars, commits, world size) to ``path``
-        (a collective: every rank calls it at the same commit)."""
+    def _write(self, path: str, objects: Dict[str, Any], extra: Dict[str, Any]) -> None:
+        """Write the objects (``objects``: the commit's ``_capture``, for a face that
+        writes that copy) and ``extra`` (scalars, commits, world size) to ``path`` (a
+        collective: every rank calls it at the same commit)."""
         raise NotImplementedError(f"{type(self).__name__} writes no checkpoint")
 
     def _read(self, path: str) -> Dict[str, Any]:
@@ -235,9 +239,9 @@ class State:
         self.save()
         self.commits += 1
         if self.checkpoint is not None and self.commits % self.checkpoint_every == 0:
-            self._write(self.checkpoint, {"scalars": self._saved["scalars"],
-                                          "commits": self.commits,
-                                          "world_size": size() if is_initialized() else 1})
+            self._write(self.checkpoint, self._saved["objects"],
+                        {"scalars": self._saved["scalars"], "commits": self.commits,
+                         "world_size": size() if is_initialized() else 1})
         self.check_host_updates()
 
     def restore(self, *, fresh_compressor_state: bool = False) -> bool:

@@ -96,8 +96,9 @@ class _VariablesState(State):
     def _broadcast(self) -> None:
         broadcast_variables(self._variables() + self._optimizer_variables(), root_rank=0)
 
-    def _write(self, path: str, extra: Dict[str, Any]) -> None:
-        """Rank 0 writes ``path`` atomically (a temporary file, then a rename)."""
+    def _write(self, path: str, objects: Dict[str, Any], extra: Dict[str, Any]) -> None:
+        """Rank 0 writes the commit's copy ``objects`` to ``path`` atomically (a temporary
+        file, then a rename)."""
         if is_initialized() and rank() != 0:
             return
         try:
@@ -105,9 +106,8 @@ class _VariablesState(State):
         except TypeError as e:
             raise TypeError(f"{type(self).__name__}: a scalar cannot be written to the "
                             f"checkpoint ({e}); keep numbers, strings, lists and dicts") from e
-        got = self._capture()
-        arrays = {f"v{i}": x for i, x in enumerate(got["values"])}
-        arrays.update({f"o{i}": x for i, x in enumerate(got["opt"])})
+        arrays = {f"v{i}": x for i, x in enumerate(objects["values"])}
+        arrays.update({f"o{i}": x for i, x in enumerate(objects["opt"])})
         buf = io.BytesIO()
         np.savez(buf, meta=np.frombuffer(meta, dtype=np.uint8), **arrays)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -165,7 +165,6 @@ class TensorFlowState(_VariablesState):
                              "no global variables): TensorFlowState(model.variables, ...)")
         self.variables = list(variables)
         super().__init__(checkpoint=checkpoint, checkpoint_every=checkpoint_every, **scalars)
-        self._keep_baseline()
 
     def _variables(self) -> List[Any]:
         return self.variables
@@ -200,7 +199,6 @@ class TensorFlowKerasState(_VariablesState):
                                                                          None)
         self.backend = backend
         super().__init__(checkpoint=checkpoint, checkpoint_every=checkpoint_every, **scalars)
-        self._keep_baseline()
 
     def _variables(self) -> List[Any]:
         return list(self.model.variables)

@@ -168,9 +168,10 @@ class TorchState(State):
                     "feedback, PowerSGD's Q) starts fresh on every rank"), stacklevel=3)
             self.optimizer.load_state_dict(opt)
 
-    def _write(self, path: str, extra: Dict[str, Any]) -> None:
-        """``hpt.save_checkpoint``: every rank's compressor state gathered, rank 0
-        writes the file atomically."""
+    def _write(self, path: str, objects: Dict[str, Any], extra: Dict[str, Any]) -> None:
+        """``hpt.save_checkpoint`` of the live model and optimizer (they equal the commit's
+        copy ``objects``): every rank's compressor state gathered, rank 0 writes the file
+        atomically."""
         save_checkpoint(path, self.model, self.optimizer, **{_EXTRA_KEY: extra})
 
     def _read(self, path: str) -> Dict[str, Any]:
