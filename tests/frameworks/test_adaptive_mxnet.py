@@ -13,7 +13,9 @@ tests/multiprocess/test_adaptive_plan.py does on the PyTorch face. What must hol
   switch count (it switches back at step 20), and give the uninterrupted run's
   weights bitwise after every step;
 - ``compression="auto"`` (a compressor per gradient among the defaults) re-plans
-  the same way.
+  the same way;
+- AR-Topk's ratio search (``star_topk``, ``Adaptive(ratio=...)``) runs from the
+  trainer's snapshot and puts it back, alike on every rank.
 
 The profiles are measured here (``profile_compressor``) and handed to every rank
 as files. MXNet needs its own venv: ``scripts/env_mxnet.sh --test``.
@@ -75,3 +77,13 @@ def test_compression_auto_re_plans_alike_on_every_rank(profiles):
     assert r0["switched"] and r0["switched"][0] == 10, r0["switched"]
     assert adaptive_common.changes(r0["plans"]) == r0["switched"]
     assert r0["compressed"][8] == [] and r0["compressed"][9], "slow link: nothing compressed"
+
+
+def test_the_ratio_search_rewinds_the_trainer_and_every_rank_chooses_alike(tmp_path):
+    """AR-Topk under plan="adaptive" on Gluon: the search runs from the trainer's
+    snapshot (parameters and Gluon's optimizer states, momentum included), every rank
+    tries and chooses alike, and the weights after the search are those after step 1."""
+    profile = adaptive_common.ratio_profile(tmp_path / "star_topk.json", N)
+    r0 = _agree(_job("--profile", profile, "--steps", "9", "--ratio",
+                     *map(str, adaptive_common.RATIOS)))
+    adaptive_common.check_ratio_search(r0)

@@ -6,8 +6,8 @@ under ``plan=hpt.Adaptive(ratio=AdaptiveCRConfig(...))``, on a profile of a slow
 begins after the first step: each candidate ratio runs two real steps from the
 snapshot the optimizer gives, the snapshot is put back and the ratio on NSGA-II's
 Pareto set with the least time per unit of gain is set on the compressors. Every
-rank tries and chooses alike, the parameters after the search are the snapshot's
-(bitwise), the replicas stay identical, and a state dict saved after the search
+rank tries and chooses alike, the parameters and the optimizer's momenta after the
+search are the snapshot's (bitwise), the replicas stay identical, and a state dict saved after the search
 gives a fresh optimizer the chosen ratio.
 """
 import torch
@@ -42,13 +42,15 @@ def ratio_worker(ctx, profile_path):
             plan=hpt.Adaptive(check_every=4, profile=profile_path, estimate=_slow, ratio=cfg))
 
     opt = build()
-    out = {"digests": [], "ratios": []}
+    out = {"digests": [], "ratios": [], "momenta": []}
     for step in range(9):
         x, y = _batch(ctx.rank, step)
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
         out["digests"].append(_digest(model))
+        out["momenta"].append(torch.cat([opt.state[p]["momentum_buffer"].reshape(-1)
+                                         for p in model.parameters()]).sum().item())
         out["ratios"].append(sorted({c.ratio for c in searchable(opt.engine)}))
     out["history"] = [{k: v for k, v in h.items() if k != "trials"}
                       for h in opt.online.history]
@@ -77,8 +79,9 @@ def test_the_ratio_search_runs_from_a_snapshot_and_every_rank_chooses_alike(tmp_
     assert began and began[0]["step"] == 1 and "no CR chosen yet" in began[0]["ratio_search"]
     assert ended[0]["step"] == 1 + 2 * len(CANDIDATES)
     assert r0["trials"][0] == len(CANDIDATES)
-    # after the search the parameters are the snapshot's, taken after step 1
+    # after the search the parameters and the momenta are the snapshot's, taken after step 1
     assert r0["digests"][ended[0]["step"] - 1] == r0["digests"][0]
+    assert r0["momenta"][ended[0]["step"] - 1] == r0["momenta"][0] != r0["momenta"][1]
     chosen = ended[0]["ratio_chosen"]
     assert chosen in CANDIDATES and r0["ratios"][ended[0]["step"] - 1] == [chosen]
     assert r0["ratios"][-1] == [chosen] and r0["loaded"] == [chosen]

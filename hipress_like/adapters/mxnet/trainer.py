@@ -17,6 +17,8 @@ kvstore is created) that replaces the trainer's gradient reduction. One
    the online planner (``tuning.online.OnlinePlanner.after_step``) runs
    after it, as after the PyTorch optimizer's step: every rank at the same
    step, so every rank switches at the same step boundary to the same plan.
+   AR-Topk's ratio search rewinds to a snapshot of the parameters and
+   Gluon's optimizer states taken there (``_hp_snapshot``).
 
 Gradients are named by their position in the trainer (Gluon sorts the
 parameters by name), as Horovod names them, so ranks whose automatic block
@@ -231,13 +233,33 @@ class DistributedTrainer(EngineHolder, mx.gluon.Trainer):
             if named is e:
                 raise
             raise named from e
-        self._hp_online = online_planner(self._hp_engine, self._hp_kwargs["plan"])
+        self._hp_online = online_planner(self._hp_engine, self._hp_kwargs["plan"],
+                                         snapshot=(self._hp_snapshot, self._hp_restore))
         if self._hp_pending_adaptive is not None and self._hp_online is not None:
             self._hp_online.load_state_dict(self._hp_engine, self._hp_pending_adaptive)
         self._hp_pending_adaptive = None
         if self._hp_pending is not None:
             self._hp_engine.load_state_dict(self._hp_pending)
             self._hp_pending = None
+
+    def _hp_snapshot(self) -> Dict[str, Any]:
+        """The training state in memory (every parameter's data and Gluon's optimizer
+        states, the optimizer's update counts with them), for ``plan="adaptive"``'s
+        ratio search to put back after trying each ratio; taken after an update."""
+        return {"params": [None if p._data is None else p.data().copy() for p in self._params],
+                "states": self._updaters[0].get_states(dump_optimizer=True)}
+
+    def _hp_restore(self, snap: Dict[str, Any]) -> None:
+        """Put ``_hp_snapshot``'s state back (between steps), as Gluon's ``load_states``
+        puts a states file back."""
+        for p, data in zip(self._params, snap["params"]):
+            if data is not None:
+                p.set_data(data)
+        for updater in self._updaters:
+            updater.set_states(snap["states"])
+            updater.optimizer = self._updaters[0].optimizer
+        self._optimizer = self._updaters[0].optimizer
+        self._optimizer.param_dict = dict(enumerate(self._params))
 
     def _allreduce_grads(self) -> None:
         """Average every gradient over the ranks in place (called by ``step`` and
