@@ -119,7 +119,8 @@ def online_planner(engine: Any, plan: Any, snapshot: Any = None) -> Any:
     compressor state (``load_state_dict(engine, d)`` before the compressor state
     is restored: it switches to the saved plan first). ``snapshot``: the face's
     ``(checkpoint, restore)`` of its training state in memory, for AR-Topk's
-    ratio search (``tuning/ratio_search.py``); None: no ratio search.
+    ratio search (``tuning/ratio_search.py``), or ``ratio_search.TRAIN_ON`` when it
+    cannot rewind (the search's steps train on); None: no ratio search.
     """
     settings = adaptive_settings(plan)
     if settings is None:

@@ -132,7 +132,7 @@ import json
 import logging
 import math
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..cost_model.model import Link
 from ..cost_model.plan import Plan
@@ -262,8 +262,8 @@ class OnlinePlanner:
                 if max(x.bandwidth / link.bandwidth, link.bandwidth / x.bandwidth) < 2]
 
     @classmethod
-    def for_engine(cls, engine: Any, settings: Adaptive, snapshot: Optional[Tuple[
-            Callable[[], Any], Callable[[Any], None]]] = None) -> Optional["OnlinePlanner"]:
+    def for_engine(cls, engine: Any, settings: Adaptive,
+                   snapshot: Any = None) -> Optional["OnlinePlanner"]:
         """The online planner of a registered engine, or None (logged) when there is
         nothing to adapt: one rank, or no plan or profile (nothing is compressed).
 
@@ -272,7 +272,8 @@ class OnlinePlanner:
             settings: the ``Adaptive`` knobs.
             snapshot: the face's ``(checkpoint, restore)`` of its training state
                 (parameters and optimizer state, in memory), which AR-Topk's ratio
-                search restores after trying each ratio; None: no ratio search.
+                search restores after trying each ratio; ``ratio_search.TRAIN_ON``:
+                the search's steps train on; None: no ratio search.
         """
         plan = engine.plan
         profile = settings.load_profile()

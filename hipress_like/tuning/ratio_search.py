@@ -28,6 +28,12 @@ Here the same controller is driven by the online planner after every step, so
    not rewound (the planner's checks stay on their steps), so the steps of a
    search are spent time, not lost model quality, as in the paper.
 
+A face that cannot rewind its training state gives ``TRAIN_ON`` instead of a
+snapshot (the TensorFlow ``DistributedGradientTape``, which never sees the
+optimizer): the search then takes and restores nothing, the compressor states
+included, and each candidate's steps are ordinary training steps with that
+ratio, as a ratio change of the controller would be anyway.
+
 While a search runs the planner does no check and no exploration, and the
 other way round: one decision at a time, on every rank at the same step.
 Buffers outside the optimizer (BatchNorm's running statistics) are not in the
@@ -44,12 +50,16 @@ import torch
 from ..casync.timeline import COMMUNICATION_KINDS, COMPRESSION_KINDS
 from .adaptive_cr import AdaptiveCR, AdaptiveCRConfig, Decision, StepStats, gain_of_states
 
-__all__ = ["RatioSearch", "step_stats", "searchable"]
+__all__ = ["RatioSearch", "step_stats", "searchable", "TRAIN_ON"]
 
 _log = logging.getLogger(__name__)
 
 
 Snapshot = Tuple[Callable[[], Any], Callable[[Any], None]]
+
+#: a face's ``snapshot`` when it cannot rewind: the search's steps train on (module
+#: docstring)
+TRAIN_ON = "train-on"
 
 
 def _unwrap(comp: Any) -> Any:
@@ -88,14 +98,16 @@ class RatioSearch:
     Args:
         engine: the registered engine (its transport agrees the means).
         config: the controller's settings.
-        snapshot: the face's ``(checkpoint, restore)`` of its training state.
+        snapshot: the face's ``(checkpoint, restore)`` of its training state, or
+            ``TRAIN_ON``.
         timeout: seconds for the agreement's allreduce.
     """
 
-    def __init__(self, engine: Any, config: AdaptiveCRConfig, snapshot: Snapshot,
+    def __init__(self, engine: Any, config: AdaptiveCRConfig, snapshot: Any,
                  timeout: float) -> None:
         self.engine = engine
-        self._face_checkpoint, self._face_restore = snapshot
+        self.rewinds = snapshot != TRAIN_ON
+        self._face_checkpoint, self._face_restore = snapshot if self.rewinds else (None, None)
         self._mark = 0  # timeline events read so far
         comps = searchable(engine)
         start = comps[0].ratio if comps else None
@@ -114,7 +126,7 @@ class RatioSearch:
         self.history: List[Dict[str, Any]] = []
 
     @classmethod
-    def for_engine(cls, engine: Any, config: Any, snapshot: Optional[Snapshot],
+    def for_engine(cls, engine: Any, config: Any, snapshot: Any,
                    timeout: float) -> Optional["RatioSearch"]:
         """The search for ``engine``, or None (logged) when ``config`` is False, the
         layout has no AR-Topk compressor, or the face gave no snapshot."""
@@ -153,11 +165,15 @@ class RatioSearch:
             comp.ratio = float(cr)
             comp.records_gain = True
 
-    def _checkpoint(self) -> Dict[str, Any]:
+    def _checkpoint(self) -> Optional[Dict[str, Any]]:
+        if not self.rewinds:
+            return None
         return {"face": self._face_checkpoint(),
                 "states": copy.deepcopy(dict(self.engine.compressor_states()))}
 
-    def _restore(self, snap: Dict[str, Any]) -> None:
+    def _restore(self, snap: Optional[Dict[str, Any]]) -> None:
+        if snap is None:  # TRAIN_ON: nothing was taken
+            return
         self._face_restore(snap["face"])
         self.engine.load_compressor_states(copy.deepcopy(snap["states"]))
 
@@ -186,11 +202,13 @@ class RatioSearch:
             return None
         cr = self.ctl.begin(step, reason)
         rec = {"step": step, "ratio_search": reason, "trying_cr": cr,
-               "candidates": list(self.ctl.config.candidates)}
+               "candidates": list(self.ctl.config.candidates), "rewinds": self.rewinds}
         self.history.append(rec)
         _log.warning("plan='adaptive' step %d: AR-Topk ratio search (%s): %d candidate(s), %d "
-                     "steps each, from a snapshot restored after", step, reason,
-                     len(self.ctl.config.candidates), self.ctl.config.explore_iters)
+                     "steps each, %s", step, reason, len(self.ctl.config.candidates),
+                     self.ctl.config.explore_iters,
+                     "from a snapshot restored after" if self.rewinds else
+                     "training on (this face cannot rewind its optimizer)")
         return rec
 
     def _ended(self, step: int, d: Decision) -> Dict[str, Any]:

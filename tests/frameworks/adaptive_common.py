@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 FAST = (2e-6, 12.5e9)  # 2 us + 100 Gbit/s: the reference link of the schedules
+SLOW = (1e-3, 1.25e6)  # 1 ms + 10 Mbit/s: the ratio search's link (the kernel compressed)
+RATIOS = (0.1, 0.02)  # the ratio search's candidates, two steps each (the jobs' --ratio)
 AUTO = ("dgc", "onebit", "powersgd", "terngrad")  # compression="auto"'s candidates here
 
 
@@ -31,6 +33,57 @@ def profiles(folder: Path, n: int) -> Dict[str, str]:
     """{"onebit": a onebit profile, "auto": one of ``AUTO``}, saved under ``folder``."""
     return {"onebit": profile_file(folder / "onebit.json", ["onebit"], n),
             "auto": profile_file(folder / "auto.json", list(AUTO), n)}
+
+
+def ratio_profile(path: Path, n: int) -> str:
+    """A profile of ``star_topk`` (ratio 0.1, measured here) on ``SLOW``, saved to ``path``:
+    the plan compresses the large kernel, so AR-Topk's ratio search has a compressor."""
+    from hipress_like.cost_model import Link, Profile
+    from hipress_like.tuning.profiler import profile_compressor
+
+    cp = profile_compressor("star_topk", sizes=[4096, 16384, 65536], repeats=3, min_time=0.0,
+                            params={"ratio": 0.1})
+    Profile(link=Link(*SLOW), compressors={"star_topk": cp}, meta={"ranks": n}).save(path)
+    return str(path)
+
+
+def check_ratio_search(r0: Dict, rewinds: bool = True) -> None:
+    """Rank 0's outcome of a ``--ratio`` job (the ranks already agreed): the search began
+    after step 1 (no ratio chosen yet), ran each of ``RATIOS`` for two steps, put the
+    snapshot back (the weights after it are those after step 1, bitwise; with
+    ``opt_digests`` the optimizer's state too) or, with ``rewinds=False``, trained on
+    through it, and set the chosen ratio on the compressors, where it stays."""
+    began = [h for h in r0["ratio_history"] if "ratio_search" in h]
+    ended = [h for h in r0["ratio_history"] if "ratio_chosen" in h]
+    assert began and began[0]["step"] == 1, r0["ratio_history"]
+    assert "no CR chosen yet" in began[0]["ratio_search"]
+    end = 1 + 2 * len(RATIOS)
+    assert ended and ended[0]["step"] == end, r0["ratio_history"]
+    assert ended[0]["trials"] == len(RATIOS)
+    if not rewinds:
+        assert len(set(r0["digests"])) == len(r0["digests"]), "it learns at every step"
+    else:
+        assert r0["digests"][end - 1] == r0["digests"][0], "the search did not rewind"
+    if rewinds and r0.get("opt_digests"):  # the optimizer's state (momentum, count) too
+        assert r0.get("opt_variables", 1) > 1, "no optimizer variables were recorded"
+        assert r0["opt_digests"][end - 1] == r0["opt_digests"][0], "the optimizer's state"
+    chosen = ended[0]["ratio_chosen"]
+    assert chosen in RATIOS and r0["ratios"][end - 1] == [chosen]
+    assert r0["ratios"][-1] == [chosen]
+    assert len(set(r0["digests"][end - 1:])) == len(r0["digests"]) - end + 1  # learns on
+    assert r0["ratio_history"][0].get("rewinds", True) == rewinds
+
+
+def ratio_history(online) -> List[Dict]:
+    """The planner's ratio entries, JSON-able (a trial count in place of the trials)."""
+    out = []
+    for h in online.history:
+        if "ratio_search" in h or "ratio_chosen" in h:
+            e = {k: v for k, v in h.items() if k not in ("trials", "pareto")}
+            if "trials" in h:
+                e["trials"] = len(h["trials"])
+            out.append(e)
+    return out
 
 
 def changes(plans: Sequence[str]) -> List[int]:
@@ -65,6 +118,7 @@ def agree(res: Dict, n: int) -> Dict:
     plan, the same checks; rank 0's outcome."""
     r0 = res[0]
     for r in range(1, n):
-        for key in ("digests", "plans", "compressed", "checks", "switched", "switches"):
-            assert res[r][key] == r0[key], f"rank {r} differs from rank 0 in {key}"
+        for key in ("digests", "plans", "compressed", "checks", "switched", "switches",
+                    "ratios", "ratio_history", "opt_digests"):
+            assert res[r].get(key) == r0.get(key), f"rank {r} differs from rank 0 in {key}"
     return r0

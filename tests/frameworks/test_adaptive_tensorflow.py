@@ -15,7 +15,10 @@ tests/multiprocess/test_adaptive_plan.py does on the PyTorch face. What must hol
   gives the uninterrupted run's weights bitwise after every step;
 - Keras ``model.fit`` with ``hvd.DistributedOptimizer(compression="auto")``: the
   same agreement, and ``model.save_weights``/``load_weights`` carries the plan
-  and the planner the same way.
+  and the planner the same way;
+- AR-Topk's ratio search (``star_topk``, ``Adaptive(ratio=...)``) rewinds the
+  weights and the optimizer's variables, alike on every rank, with the tape and
+  with ``model.fit``.
 
 The profile is measured here (``profile_compressor``) and handed to every rank
 as a file. Needs TensorFlow: ``scripts/env_tensorflow.sh --test`` builds .venv-tf.
@@ -106,3 +109,17 @@ def test_fit_with_compression_auto_switches_alike_and_resumes(fit_jobs):
     assert r0["switched"] == f0["switched"]
     for r in range(N):
         assert resumed[r]["digests"] == full[r]["digests"][SAVE_AT:], f"rank {r}"
+
+
+@pytest.mark.parametrize("mode,flags", [("tape", ()), ("fit", ()), ("apply", ("--eager",))])
+def test_the_ratio_search_rewinds_and_every_rank_chooses_alike(mode, flags, tmp_path):
+    """AR-Topk under plan="adaptive" on TensorFlow, every rank trying and choosing
+    alike. With ``model.fit`` the planner runs before the update, so the snapshot holds
+    the step's averages and the variables before it (``rewind.py``): after the search
+    the weights and the optimizer's momentum slots and iterations are those after step
+    1, bitwise; the same in an eager custom loop calling ``apply_gradients``. A tape
+    never sees its optimizer: its search trains on."""
+    profile = adaptive_common.ratio_profile(tmp_path / "star_topk.json", N)
+    r0 = _agree(_run("--mode", mode, *flags, "--profile", profile, "--steps", "9",
+                     "--steps-per-epoch", "9", "--ratio", *map(str, adaptive_common.RATIOS)))
+    adaptive_common.check_ratio_search(r0, rewinds=mode != "tape")

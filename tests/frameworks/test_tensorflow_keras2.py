@@ -8,7 +8,8 @@ there is a run-time subclass of the user's optimizer class
 under torchrun: ``model.fit`` with onebit and with a legacy optimizer leaves
 the replicas bitwise identical, the wrapper is still an instance of the
 user's class with its config, ``nonfinite="skip"`` skips a step with NaN on
-one rank on every rank, and wrapping twice is an error.
+one rank on every rank, wrapping twice is an error, and AR-Topk's ratio
+search under ``plan="adaptive"`` rewinds the weights and the optimizer.
 
 Needs a Keras 2 TensorFlow beside torch:
 ``HIPRESS_TF_VENV=.venv-tf214 HIPRESS_TF_VERSION=2.14.1 scripts/env_tensorflow.sh``,
@@ -77,3 +78,24 @@ def test_under_torchrun_a_horovod_only_name_says_how_to_get_it():
         assert "horovodrun" in r["hook_error"] and "env_horovod.sh" in r["hook_error"], r
         assert r["uint8_sum"] == [3, 3, 3, 3], r
         assert r["onebit_values"] <= 2, r
+
+
+@pytest.mark.parametrize("mode,flags", [("fit", ()), ("fit", ("--legacy",)),
+                                        ("apply", ("--legacy",)),
+                                        ("apply", ("--legacy", "--eager")),
+                                        ("apply", ("--eager",))])
+def test_keras2_ratio_search_rewinds_the_weights_and_the_optimizer(mode, flags, tmp_path):
+    """AR-Topk's ratio search under Keras 2, with ``model.fit`` and with a custom loop
+    calling ``apply_gradients``, each with the 2.11+ optimizer and the legacy one (a
+    custom loop's first update creates the slots: the mixin creates them before the
+    averaging, so the first snapshot holds them): after the search the weights and the
+    optimizer's variables are those after step 1, bitwise, on every rank (Keras 3:
+    test_adaptive_tensorflow.py)."""
+    from . import adaptive_common
+    from .test_adaptive_tensorflow import N, _agree, _run
+
+    profile = adaptive_common.ratio_profile(tmp_path / "star_topk.json", N)
+    r0 = _agree(_run("--mode", mode, "--profile", profile, "--steps", "9",
+                     "--steps-per-epoch", "9", *flags,
+                     "--ratio", *map(str, adaptive_common.RATIOS)))
+    adaptive_common.check_ratio_search(r0)

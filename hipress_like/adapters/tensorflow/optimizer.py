@@ -148,6 +148,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name or f"Distributed{optimizer.name}")
         self.inner_optimizer = optimizer
         self._hp_sync = sync
+        # AR-Topk's ratio search (plan="adaptive") rewinds the inner optimizer too
+        sync.optimizer_variables = lambda: list(optimizer.variables)
         self._hp_config = dict(compression=_spec_config(compression), strategy=strategy,
                                plan=plan if plan is None or isinstance(plan, str) else None,
                                nonfinite=nonfinite, timeout=timeout, seed=int(seed),
@@ -179,7 +181,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         averaged, ok = self._hp_sync.reduce(list(grads), tvs)
 
         def step() -> None:
-            self.inner_optimizer.apply(averaged, trainable_variables)
+            # every op of the update, its reads of slots included, after the averaging:
+            # a ratio search's rewind assigns the variables there (rewind.py)
+            with tf.control_dependencies([*averaged, ok]):
+                self.inner_optimizer.apply(averaged, trainable_variables)
 
         if self._hp_sync.options["nonfinite"] != "skip":
             step()

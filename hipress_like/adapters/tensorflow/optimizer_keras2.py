@@ -20,7 +20,8 @@ user optimizer's, so a model saved with it loads as that optimizer
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -32,6 +33,18 @@ __all__ = ["DistributedOptimizer"]
 log = logging.getLogger(__name__)
 
 _classes: Dict[type, type] = {}
+
+
+def _variables_of(ref: "weakref.ref[Any]") -> Callable[[], List[Any]]:
+    """The optimizer's variables when called: the 2.11+ optimizer's ``variables`` is a
+    callable list, the legacy one's a method; none once the optimizer is gone."""
+    def variables() -> List[Any]:
+        opt = ref()
+        if opt is None:
+            return []
+        v = opt.variables
+        return list(v() if callable(v) and not isinstance(v, (list, tuple)) else v)
+    return variables
 
 
 class _Passes:
@@ -117,6 +130,18 @@ class _Keras2Mixin:
         ``scale_local_gradients=False``."""
         object.__setattr__(self, "_hp_local", self._hp_local | {var.ref()})
 
+    def _hp_build_slots(self, tvs: List[Any]) -> None:
+        """Create the optimizer's variables (slots, ``iterations``) now rather than in
+        ``apply_gradients`` right after the averaging, where the planner of
+        ``plan="adaptive"`` runs and AR-Topk's ratio search takes its snapshot of them
+        (``rewind.py``). Both Keras 2 kinds create them idempotently, as their
+        ``apply_gradients`` does."""
+        with tf.init_scope():
+            if hasattr(self, "_create_all_weights"):  # legacy OptimizerV2
+                self._create_all_weights(tvs)
+            else:
+                self.build(tvs)
+
     def _hp_apply(self, pairs: List[Tuple[Any, Any]], args: Any, kwargs: Any) -> Any:
         """Average ``pairs``' gradients over all ranks and apply them (the policy for
         NaN/Inf: ``nonfinite``)."""
@@ -125,6 +150,9 @@ class _Keras2Mixin:
         grads, tvs = [g for g, _ in pairs], [v for _, v in pairs]
         if not self._hp_sync.built:
             self._hp_sync.bind(tvs)  # collective: every rank, at its first step
+        online = self._hp_sync.online
+        if online is not None and online.ratio is not None:
+            self._hp_build_slots(tvs)  # before the step's averaging: the search's snapshot
         averaged, ok = self._hp_sync.reduce(grads, tvs)
         if local and self._hp_scale_local:
             n = float(size())
@@ -133,7 +161,10 @@ class _Keras2Mixin:
         apply = super().apply_gradients  # type: ignore[misc]
 
         def step() -> Any:
-            return apply(list(zip(averaged, tvs)) + local, *args, **kwargs)
+            # every op of the update after the averaging, where a ratio search's rewind
+            # assigns the variables (rewind.py)
+            with tf.control_dependencies([*averaged, ok]):
+                return apply(list(zip(averaged, tvs)) + local, *args, **kwargs)
 
         if self._hp_sync.options["nonfinite"] != "skip":
             return step()
@@ -241,6 +272,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
         config["name"] = name
     opt = cls.from_config(config)
     opt._hp_sync = sync
+    sync.optimizer_variables = _variables_of(weakref.ref(opt))  # the ratio search's rewind
     opt._hp_passes = backward_passes_per_step
     opt._hp_average_passes = bool(average_aggregated_gradients)
     opt._hp_scale_local = bool(scale_local_gradients)

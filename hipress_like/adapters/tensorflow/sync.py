@@ -35,7 +35,11 @@ With ``plan="adaptive"`` (or an ``Adaptive``) the engine is re-planned as
 on the PyTorch face: ``finish`` calls the online planner
 (``tuning.online.OnlinePlanner.after_step``) once the step's averages are
 in, on every rank at the same step, so every rank switches at the same
-step boundary to the same plan.
+step boundary to the same plan. That point comes before the optimizer's
+update, so AR-Topk's ratio search rewinds with this step's averages in its
+snapshot (``rewind.Rewind``), for an owner that names its optimizer's
+variables (``optimizer_variables``: the Keras ``DistributedOptimizer``); a
+tape's search trains on (``ratio_search.TRAIN_ON``).
 
 Compressor state (error-feedback residuals, PowerSGD's Q, DGC's momentum) is
 per rank; ``state_dict``/``load_state_dict`` follow the PyTorch face's rules
@@ -50,12 +54,13 @@ from __future__ import annotations
 import io
 import logging
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 import torch
 
 from ...cost_model.plan import check_collective_name
+from ...tuning.ratio_search import TRAIN_ON
 from .. import checkpoint
 from ..compression import resolve_compression
 from ..engine_builder import (
@@ -67,6 +72,7 @@ from ..engine_builder import (
 )
 from ..runtime import _require, _track
 from .bridge import Staging, as_tf, as_torch, to_torch_dtype
+from .rewind import Rewind
 
 __all__ = ["GradientSync", "variable_names", "var_key", "to_bytes", "from_bytes", "Average", "Sum"]
 
@@ -168,6 +174,11 @@ class GradientSync:
         self._engine: Any = None
         self._online: Any = None  # plan="adaptive": tuning.online.OnlinePlanner
         self._online_at = -1  # the engine step the planner last ran after
+        self._rewind: Optional[Rewind] = None  # the ratio search's snapshot (bind)
+        #: returns the optimizer's variables (slots, iterations) for the ratio search's
+        #: snapshot; set by the Keras DistributedOptimizer before ``bind``; None (a
+        #: tape): the search's steps train on
+        self.optimizer_variables: Optional[Callable[[], Sequence[Any]]] = None
         self._staging = Staging()
         self._lock = threading.Lock()  # submits from TF's inter-op threads, one at a time
         self._pending: Optional[Dict[str, Any]] = None  # state loaded before the engine exists
@@ -211,7 +222,11 @@ class GradientSync:
                 for n, d in zip(names, dtypes)]
         specs = [(n, s, w) for n, s, w in zip(names, shapes, wire)]
         self._engine = build_engine(specs, online=True, **self.options)
-        self._online = online_planner(self._engine, self.options["plan"])
+        snapshot: Any = TRAIN_ON  # a tape: its optimizer is not this face's to rewind
+        if self.optimizer_variables is not None:
+            self._rewind = Rewind(variables, self.optimizer_variables)
+            snapshot = (self._rewind.checkpoint, self._rewind.restore)
+        self._online = online_planner(self._engine, self.options["plan"], snapshot=snapshot)
         self.names, self._shapes, self._dtypes, self._wire = names, shapes, dtypes, wire
         self._size = rt.size
         _track(self)
@@ -294,7 +309,12 @@ class GradientSync:
             online, eng = self._online, self._engine
             if online is not None and eng.step != self._online_at:
                 self._online_at = eng.step  # once per synchronised step, every rank
-                online.after_step(eng)
+                # the update comes after: a ratio search's snapshot holds this step's
+                # averages, and a restore hands them out again (rewind.py)
+                if self._rewind is None:
+                    online.after_step(eng)
+                else:
+                    outs, ok = self._rewind.around(outs, ok, lambda: online.after_step(eng))
         return outs + [tf.constant(ok)]
 
     # -- checkpoints ----------------------------------------------------------------------
