@@ -148,7 +148,8 @@ def main():
     out.update(rank=hvd.rank(), size=hvd.size(), switches=online.switches,
                checks=[h["step"] for h in online.history if "judged" not in h],
                switched=[h["step"] for h in online.history if h.get("switched")],
-               ratio_history=ratio_history(online))
+               ratio_history=ratio_history(online),
+               opt_variables=len(trainer._updaters[0].states))
     print("RESULT " + json.dumps(out), flush=True)
     hvd.shutdown()
 
