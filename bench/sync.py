@@ -89,6 +89,8 @@ LISTS = {"resnet50": ("resnet50", 1.0), "vgg19": ("vgg19", 0.25),
 # the scaling run's defaults (issue 50, item 4)
 SCALING_ONLY = ("ps+onebit", "ring+onebit", "ps+powersgd", "ring+powersgd")
 ALLREDUCE = "allreduce (DDP buckets 25MB)"
+# the scaling run's link measurement: 16 KB (latency) to 16 MB (bandwidth-bound)
+LINK_SIZES = (16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 
 
 def list_shapes(lname: str):
@@ -175,18 +177,24 @@ def worker(args) -> None:
         if rank == 0:
             print(f"[{args.net}] {msg}", file=sys.stderr, flush=True)
 
-    def once(fn):
+    cpu = {}  # the last candidate's CPU seconds per call (the slowest rank's)
+
+    def once(fn, keep_cpu=False):
         restore()  # outside the timing: every call starts from the same gradients
         dist.barrier()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
-        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time
-        return t.item()
+        t = torch.tensor([time.perf_counter() - t0, time.process_time() - c0],
+                         dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time and CPU
+        if keep_cpu:
+            cpu.setdefault("calls", []).append(t[1].item())
+        return t[0].item()
 
     def timed(fn, reps):
         fn()  # warm-up: compilation, first-touch allocations, state init
-        ts = [once(fn) for _ in range(reps)]
+        cpu.clear()
+        ts = [once(fn, True) for _ in range(reps)]
         return statistics.median(ts), ts
 
     def timed_pair(base_fn, fn, reps):
@@ -195,10 +203,21 @@ def worker(args) -> None:
         fn()
         fn()  # warm-up twice: compilation, first-touch allocations, state init
         bs, ts = [], []
+        cpu.clear()
         for _ in range(reps):
             bs.append(once(base_fn))
-            ts.append(once(fn))
+            ts.append(once(fn, True))
         return statistics.median(ts), ts, statistics.median(bs)
+
+    measured = None
+    if args.scaling:  # the link as the N ranks get it, for the model (add_predictions)
+        from hipress_like.tuning.link import measure_link
+
+        link, samples = measure_link(tr, sizes=LINK_SIZES, repeats=3, pattern="all")
+        measured = {"latency": link.latency, "bandwidth": link.bandwidth,
+                    "samples": [list(x) for x in samples]}
+        log(f"measured link (every rank to its ring successor at once): "
+            f"{link.latency * 1e3:.3f} ms + {8e-9 * link.bandwidth:.3f} Gbit/s")
 
     for lname in args.lists:
         gen = torch.Generator().manual_seed(rank)
@@ -216,8 +235,9 @@ def worker(args) -> None:
         total = sum(v.numel() * 4 for v in grads.values())
         log(f"{lname}: {len(names)} gradients, {total / 2**20:.1f} MB")
         med, ts = timed(lambda g=grads, ns=names: _bucketed_allreduce(dist, g, ns), args.reps)
-        results.append({"list": lname, "config": ALLREDUCE,
-                        "seconds": med, "all": ts, "ratio": 1.0})
+        results.append({"list": lname, "config": ALLREDUCE, "seconds": med, "all": ts,
+                        "ratio": 1.0, "cpu_s": statistics.median(cpu["calls"]),
+                        "measured_link": measured})
         log(f"  allreduce: {med * 1e3:.1f} ms")
         for cfg in _configs(args.quick):
             if args.only and f"{cfg['strategy']}+{cfg['comp']}" not in args.only:
@@ -258,7 +278,9 @@ def worker(args) -> None:
                             "ratio": med / pair_base, "allreduce_interleaved_s": pair_base,
                             "rounds_last_step": rounds,
                             "collectives": colls,
-                            "buckets_last_step": buckets, **cfg})
+                            "buckets_last_step": buckets,
+                            "cpu_s": statistics.median(cpu["calls"]),
+                            "measured_link": measured, **cfg})
             log(f"  {label}: {med * 1e3:.1f} ms ({med / pair_base:.3f}x of {pair_base * 1e3:.1f} "
                 f"ms interleaved), {rounds} rounds, "
                 f"{buckets} fused allreduces")
@@ -484,14 +506,27 @@ def predict_sync(shapes, strategy, comp_name, params, n, link, cores=None):
     return ded, host
 
 
+def row_link(r):
+    """The link the model prices a row on: the one measured in its run (``measure_link``,
+    every rank sending to its ring successor at once, as HiPress profiles ``T_send``), or
+    the tc rate's nominal one (``link_of``) for a row without a measurement."""
+    from hipress_like.cost_model.model import Link
+
+    m = r.get("measured_link")
+    if m:
+        return Link(latency=m["latency"], bandwidth=m["bandwidth"]), "measured"
+    return link_of(r["net"]), "nominal"
+
+
 def add_predictions(rows, cores=None) -> None:
     """Attach ``predicted_s``, ``predicted_host_s`` and ``model_error`` to every row over an
-    emulated link whose configuration the model covers (allreduce; PS/Ring x a compressor)."""
+    emulated link whose configuration the model covers (allreduce; PS/Ring x a compressor),
+    priced on ``row_link``."""
     cores = cores or os.cpu_count() or 1
     for r in rows:
         if r["net"] == "loopback":
             continue  # no link to model
-        link, n, shapes = link_of(r["net"]), r["nprocs"], list_shapes(r["list"])
+        (link, source), n, shapes = row_link(r), r["nprocs"], list_shapes(r["list"])
         try:
             if r["config"] == ALLREDUCE:
                 ded = host = predict_allreduce(shapes, n, link)
@@ -506,7 +541,7 @@ def add_predictions(rows, cores=None) -> None:
             print(f"  no prediction for {r['config']} at N={n}: {e}", file=sys.stderr)
             continue
         r.update(predicted_s=ded, predicted_host_s=host, model_error=ded / r["seconds"] - 1,
-                 model_error_host=host / r["seconds"] - 1)
+                 model_error_host=host / r["seconds"] - 1, model_link=source)
 
 
 def model_errors(rows):

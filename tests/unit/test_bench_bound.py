@@ -222,3 +222,18 @@ def test_powersgd_takes_the_lane_as_the_engine_lays_it_out(bound):
 
     assert bound.lane_rounds(build_compressor("powersgd", {"rank": 1}, "auto"))
     assert not bound.lane_rounds(build_compressor("onebit", {}, "auto"))
+
+
+def test_sync_rows_are_priced_on_the_link_measured_in_their_run(sync):
+    """A scaling row carries the link its N ranks measured (``measure_link``); the model
+    prices it on that, and on the tc rate's nominal link only without a measurement."""
+    shapes = sync.list_shapes("vggstyle")
+    slow = {"latency": 2e-4, "bandwidth": 60e6, "samples": []}
+    rows = [{"net": "1gbit", "nprocs": 2, "list": "vggstyle", "config": sync.ALLREDUCE,
+             "seconds": 1.0, "measured_link": m} for m in (slow, None)]
+    sync.add_predictions(rows, cores=2)
+    measured, nominal = rows
+    assert measured["model_link"] == "measured" and nominal["model_link"] == "nominal"
+    link, _ = sync.row_link(measured)
+    assert measured["predicted_s"] == pytest.approx(sync.predict_allreduce(shapes, 2, link))
+    assert measured["predicted_s"] > nominal["predicted_s"] * 1.9  # 60 MB/s against 125
