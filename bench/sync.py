@@ -33,7 +33,12 @@ per rank (HiPress's assumption) and with the host's cores shared by the N
 ranks (compression times x N / cores once N exceeds them), the second being
 where this machine's two cores, not the algorithm, bend the curve. Prints
 the model's median error per N, writes JSON and a plot of sync time vs N
-(``<out stem>_scaling.png``).
+(``<out stem>_scaling.png``). The link each N is priced on is measured in the
+same run (``measure_link``: every rank sending to its ring successor at once),
+not the tc rate's nominal one; each row also has the slowest rank's CPU
+seconds per call and ``max(1, N / cores)`` times it (``cpu_bound_s``): where
+that meets the measured time, the host's cores set the sync time, not the
+link or the algorithm.
 
 Goals (issue 3): engine overhead (identity vs all_reduce, loopback) <= 1.15x;
 at 1 Gbit/s CaSync-PS + onebit <= 0.15x of all_reduce on the VGG-like list;
@@ -524,6 +529,8 @@ def add_predictions(rows, cores=None) -> None:
     priced on ``row_link``."""
     cores = cores or os.cpu_count() or 1
     for r in rows:
+        if r.get("cpu_s") is not None:  # the host's bend: N ranks' CPU on its cores
+            r["cpu_bound_s"] = max(1.0, r["nprocs"] / cores) * r["cpu_s"]
         if r["net"] == "loopback":
             continue  # no link to model
         (link, source), n, shapes = row_link(r), r["nprocs"], list_shapes(r["list"])
@@ -667,11 +674,13 @@ def main(argv=None) -> int:
         add_predictions(rows)
     print(f"\n{'N':>3s} {'net':9s} {'list':9s} {'configuration':36s} {'ms':>9s} "
           f"{'x allreduce':>12s} {'rounds':>7s} {'fused':>6s} {'model ms':>9s} {'err':>6s} "
-          f"{'host ms':>8s} {'err':>6s}")
+          f"{'host ms':>8s} {'err':>6s} {'cpu ms':>7s} {'N/c*cpu':>8s}")
     for r in rows:
         pred = (f"{r['predicted_s'] * 1e3:9.1f} {r['model_error']:+6.0%} "
                 f"{r['predicted_host_s'] * 1e3:8.1f} {r['model_error_host']:+6.0%}"
-                if "predicted_s" in r else "")
+                if "predicted_s" in r else " " * 33)
+        if r.get("cpu_s") is not None:
+            pred += f" {r['cpu_s'] * 1e3:7.1f} {r['cpu_bound_s'] * 1e3:8.1f}"
         print(f"{r['nprocs']:3d} {r['net']:9s} {r['list']:9s} {r['config']:36s} "
               f"{r['seconds'] * 1e3:9.1f} {r['ratio']:12.3f} {r.get('rounds_last_step', ''):>7} "
               f"{r.get('buckets_last_step', ''):>6} {pred}")
