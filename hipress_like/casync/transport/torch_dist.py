@@ -337,6 +337,15 @@ class TorchDistTransport(Transport):
                 "rank 0, has died or stalled, or the link to it is too slow", ranks=ranks)
         failed = found["failed"]
         closed = [r for r in found["closed"] if r not in failed]
+        if missing in closed and found["seqs"][missing] > seq:
+            # the sender went past this call without sending to this rank, then closed its
+            # transport (cleanly: gloo delivers what it sent): the missing message is the
+            # cause; by a race with this rank's timeout, under load, only the close was
+            # named ("closed their transport or exited")
+            return PeerError(
+                f"{where}: rank {missing}'s message never arrived; it left this exchange "
+                f"without sending it to this rank (it reached call #{found['seqs'][missing]}) "
+                "and has since closed its transport or exited", ranks=[missing])
         dead = [r for r in range(self.size) if r != self.rank and r not in closed
                 and r not in failed and found["hb1"][r] == found["hb0"][r]]
         self._aborts.dead.update(dead)  # the store host's linger at exit waits for none
@@ -367,8 +376,8 @@ class TorchDistTransport(Transport):
             return PeerError(f"{where}: " + "; ".join(parts),
                              ranks=sorted(closed + dead) if closed or dead else behind)
         if missing is not None and found["seqs"][missing] > seq:
-            # the sender went past this call without sending to this rank (whatever
-            # happened to it later: its own next call may have failed waiting for us)
+            # the sender went past this call without sending (its own next call failed
+            # waiting for us, and it posted that failure)
             return PeerError(
                 f"{where}: rank {missing}'s message never arrived; it left this exchange "
                 f"without sending it to this rank (it is at call #{found['seqs'][missing]})",
