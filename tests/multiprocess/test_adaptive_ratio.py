@@ -7,8 +7,8 @@ begins after the first step: each candidate ratio runs two real steps from the
 snapshot the optimizer gives, the snapshot is put back and the ratio on NSGA-II's
 Pareto set with the least time per unit of gain is set on the compressors. Every
 rank tries and chooses alike, the parameters and the optimizer's momenta after the
-search are the snapshot's (bitwise), the replicas stay identical, and a state dict saved after the search
-gives a fresh optimizer the chosen ratio.
+search are the snapshot's (bitwise), the replicas stay identical, and a state dict
+saved after the search gives a fresh optimizer the chosen ratio.
 """
 import torch
 import torch.nn.functional as F
