@@ -196,14 +196,14 @@ def run_apply(args, settings, rec):
     rec.optimizer = opt
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    def step(x, y):
+    def train_step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    step_fn = step if args.eager else tf.function(step)
+    step_fn = train_step if args.eager else tf.function(train_step)
 
     hvd.broadcast_variables(model.variables, root_rank=0)
     for step in range(args.steps):
