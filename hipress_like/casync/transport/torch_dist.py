@@ -337,15 +337,19 @@ class TorchDistTransport(Transport):
                 "rank 0, has died or stalled, or the link to it is too slow", ranks=ranks)
         failed = found["failed"]
         closed = [r for r in found["closed"] if r not in failed]
-        if missing in closed and found["seqs"][missing] > seq:
-            # the sender went past this call without sending to this rank, then closed its
-            # transport (cleanly: gloo delivers what it sent): the missing message is the
-            # cause; by a race with this rank's timeout, under load, only the close was
-            # named ("closed their transport or exited")
+
+        def never_arrived(then: str = "") -> PeerError:
+            """The sender went past this call without sending to this rank."""
             return PeerError(
                 f"{where}: rank {missing}'s message never arrived; it left this exchange "
-                f"without sending it to this rank (it reached call #{found['seqs'][missing]}) "
-                "and has since closed its transport or exited", ranks=[missing])
+                f"without sending it to this rank (it is at call #{found['seqs'][missing]})"
+                f"{then}", ranks=[missing])
+
+        if missing in closed and found["seqs"][missing] > seq:
+            # ... then closed its transport (cleanly: gloo delivers what it sent): the
+            # missing message is the cause; by a race with this rank's timeout, under
+            # load, only the close was named ("closed their transport or exited")
+            return never_arrived(" and has since closed its transport or exited")
         dead = [r for r in range(self.size) if r != self.rank and r not in closed
                 and r not in failed and found["hb1"][r] == found["hb0"][r]]
         self._aborts.dead.update(dead)  # the store host's linger at exit waits for none
@@ -376,12 +380,7 @@ class TorchDistTransport(Transport):
             return PeerError(f"{where}: " + "; ".join(parts),
                              ranks=sorted(closed + dead) if closed or dead else behind)
         if missing is not None and found["seqs"][missing] > seq:
-            # the sender went past this call without sending (its own next call failed
-            # waiting for us, and it posted that failure)
-            return PeerError(
-                f"{where}: rank {missing}'s message never arrived; it left this exchange "
-                f"without sending it to this rank (it is at call #{found['seqs'][missing]})",
-                ranks=[missing])
+            return never_arrived()  # its own next call failed waiting for us, and said so
         if missing is not None and missing not in failed:
             return PeerError(
                 f"{where}: rank {missing}'s message had not arrived by the timeout; rank "
