@@ -182,9 +182,8 @@ def worker(args) -> None:
         if rank == 0:
             print(f"[{args.net}] {msg}", file=sys.stderr, flush=True)
 
-    cpu = {}  # the last candidate's CPU seconds per call (the slowest rank's)
-
-    def once(fn, keep_cpu=False):
+    def once(fn):
+        """(wall, CPU) seconds of one call, each the slowest rank's."""
         restore()  # outside the timing: every call starts from the same gradients
         dist.barrier()
         c0, t0 = time.process_time(), time.perf_counter()
@@ -192,27 +191,27 @@ def worker(args) -> None:
         t = torch.tensor([time.perf_counter() - t0, time.process_time() - c0],
                          dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's time and CPU
-        if keep_cpu:
-            cpu.setdefault("calls", []).append(t[1].item())
-        return t[0].item()
+        return t[0].item(), t[1].item()
 
     def timed(fn, reps):
+        """(median wall, every wall, median CPU) of ``reps`` calls."""
         fn()  # warm-up: compilation, first-touch allocations, state init
-        cpu.clear()
-        ts = [once(fn, True) for _ in range(reps)]
-        return statistics.median(ts), ts
+        calls = [once(fn) for _ in range(reps)]
+        return (statistics.median(w for w, _ in calls), [w for w, _ in calls],
+                statistics.median(c for _, c in calls))
 
     def timed_pair(base_fn, fn, reps):
         """Alternate baseline and candidate repetitions, so drifting machine load
-        (these machines are shared) weighs on both medians alike."""
+        (these machines are shared) weighs on both medians alike: (median wall, every
+        wall, the baseline's median wall, median CPU) of the candidate."""
         fn()
         fn()  # warm-up twice: compilation, first-touch allocations, state init
-        bs, ts = [], []
-        cpu.clear()
+        bs, calls = [], []
         for _ in range(reps):
-            bs.append(once(base_fn))
-            ts.append(once(fn, True))
-        return statistics.median(ts), ts, statistics.median(bs)
+            bs.append(once(base_fn)[0])
+            calls.append(once(fn))
+        return (statistics.median(w for w, _ in calls), [w for w, _ in calls],
+                statistics.median(bs), statistics.median(c for _, c in calls))
 
     measured = None
     if args.scaling:  # the link as the N ranks get it, for the model (add_predictions)
@@ -239,10 +238,10 @@ def worker(args) -> None:
         names = list(grads)
         total = sum(v.numel() * 4 for v in grads.values())
         log(f"{lname}: {len(names)} gradients, {total / 2**20:.1f} MB")
-        med, ts = timed(lambda g=grads, ns=names: _bucketed_allreduce(dist, g, ns), args.reps)
+        med, ts, cpu_s = timed(lambda g=grads, ns=names: _bucketed_allreduce(dist, g, ns),
+                               args.reps)
         results.append({"list": lname, "config": ALLREDUCE, "seconds": med, "all": ts,
-                        "ratio": 1.0, "cpu_s": statistics.median(cpu["calls"]),
-                        "measured_link": measured})
+                        "ratio": 1.0, "cpu_s": cpu_s, "measured_link": measured})
         log(f"  allreduce: {med * 1e3:.1f} ms")
         for cfg in _configs(args.quick):
             if args.only and f"{cfg['strategy']}+{cfg['comp']}" not in args.only:
@@ -268,7 +267,7 @@ def worker(args) -> None:
                     for k in reversed(names):  # backward order
                         eng.submit(k, grads[k])
                     eng.synchronize()
-                med, ts, pair_base = timed_pair(
+                med, ts, pair_base, cpu_s = timed_pair(
                     lambda g=grads, ns=names: _bucketed_allreduce(dist, g, ns), step, args.reps)
                 rounds = sum(1 for e in eng.timeline.events
                              if e.kind == "round" and e.step == eng.step - 1)
@@ -284,7 +283,7 @@ def worker(args) -> None:
                             "rounds_last_step": rounds,
                             "collectives": colls,
                             "buckets_last_step": buckets,
-                            "cpu_s": statistics.median(cpu["calls"]),
+                            "cpu_s": cpu_s,
                             "measured_link": measured, **cfg})
             log(f"  {label}: {med * 1e3:.1f} ms ({med / pair_base:.3f}x of {pair_base * 1e3:.1f} "
                 f"ms interleaved), {rounds} rounds, "
