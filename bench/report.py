@@ -402,10 +402,11 @@ def render_simulation(rec: Dict[str, Any]) -> Rendered:
 
 
 def render_sync_scaling(rec: Dict[str, Any]) -> Rendered:
-    """bench/sync.py's scaling run: per N and configuration the measured sync time, the
-    cost model's (on the link measured in the run, a core per rank and the host's cores
-    shared), the slowest rank's CPU and ``max(1, N / cores)`` times it (a ``Rendered``;
-    no headline row)."""
+    """bench/sync.py's scaling run: per N and configuration the measured sync time, HiPress
+    Eq. 2's (on the link measured in the run, a core per rank and the host's cores
+    shared), the slowest rank's CPU and ``max(1, N / cores)`` times it, and the library's
+    step model from the profile measured in the run, where the record has it (a
+    ``Rendered``; no headline row)."""
     d = rec["data"]
     rows = [r for r in d["rows"] if "predicted_s" in r]
     cores = rec["machine"].get("cores") or 2
@@ -413,6 +414,7 @@ def render_sync_scaling(rec: Dict[str, Any]) -> Rendered:
     def ms(v: Optional[float]) -> str:
         return "-" if v is None else f"{v * 1e3:.0f}"
 
+    stepped = any("predicted_model_s" in r for r in rows)
     cells = []
     for r in rows:
         bound = r.get("cpu_bound_s")
@@ -420,15 +422,21 @@ def render_sync_scaling(rec: Dict[str, Any]) -> Rendered:
                       f"{ms(r['predicted_s'])} ({r['model_error']:+.0%})",
                       f"{ms(r['predicted_host_s'])} ({r['model_error_host']:+.0%})",
                       ms(r.get("cpu_s")),
-                      "-" if bound is None else f"{ms(bound)} ({bound / r['seconds']:.2f}x)"])
-    text = md_table(["N", "configuration", "measured ms", "model, a core per rank",
-                     f"model, {cores} cores shared", "CPU per rank ms",
-                     "max(1, N/cores) x CPU (of measured)"], cells)
+                      "-" if bound is None else f"{ms(bound)} ({bound / r['seconds']:.2f}x)"]
+                     + ([f"{ms(r['predicted_model_s'])} ({r['model_error_model']:+.0%})"
+                         if "predicted_model_s" in r else "-"] if stepped else []))
+    text = md_table(["N", "configuration", "measured ms", "Eq. 2, a core per rank",
+                     f"Eq. 2, {cores} cores shared", "CPU per rank ms",
+                     "max(1, N/cores) x CPU (of measured)"]
+                    + (["step model, in-run profile"] if stepped else []), cells)
     errs = d["model_median_error"]
-    text += "\n\nThe model's median error per N: " + "; ".join(
-        f"N={n}: {e['core_per_rank']:.0%} (a core per rank), {e['host_cores']:.0%} "
-        f"({cores} cores shared)" for n, e in sorted(errs.items(), key=lambda x: int(x[0]))) \
-        + " (goal <= 20%)."
+
+    def lib(e: Dict[str, Any]) -> str:
+        return "" if e.get("step_model") is None else f", {e['step_model']:.0%} (step model)"
+    text += "\n\nMedian error per N: " + "; ".join(
+        f"N={n}: {e['core_per_rank']:.0%} (Eq. 2, a core per rank), {e['host_cores']:.0%} "
+        f"(Eq. 2, {cores} cores shared){lib(e)}"
+        for n, e in sorted(errs.items(), key=lambda x: int(x[0]))) + " (goal <= 20%)."
 
     def plot(path: str) -> None:
         plt = _plt()
@@ -440,12 +448,15 @@ def render_sync_scaling(rec: Dict[str, Any]) -> Rendered:
             ax.plot(ns, [r["predicted_s"] * 1e3 for r in rs], "--", color=line.get_color())
             if all(r.get("cpu_bound_s") for r in rs):
                 ax.plot(ns, [r["cpu_bound_s"] * 1e3 for r in rs], ":", color=line.get_color())
+            if all("predicted_model_s" in r for r in rs):
+                ax.plot(ns, [r["predicted_model_s"] * 1e3 for r in rs], "x-.",
+                        color=line.get_color())
         ax.set_yscale("log")
         ax.set_xticks(sorted({r["nprocs"] for r in rows}))
         ax.set_xlabel("ranks N")
         ax.set_ylabel("sync ms (log)")
-        ax.set_title(f"measured (solid), model (dashed), max(1, N/{cores}) x CPU per rank "
-                     "(dotted)", fontsize=9)
+        ax.set_title(f"measured (solid), Eq. 2 (dashed), max(1, N/{cores}) x CPU per rank "
+                     "(dotted), step model (dash-dot)", fontsize=9)
         ax.legend(fontsize=7)
         _save(fig, path)
 

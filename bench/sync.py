@@ -213,11 +213,16 @@ def worker(args) -> None:
         return (statistics.median(w for w, _ in calls), [w for w, _ in calls],
                 statistics.median(bs), statistics.median(c for _, c in calls))
 
-    measured = None
-    if args.scaling:  # the link as the N ranks get it, for the model (add_predictions)
+    measured, model_profile = None, None
+    if args.scaling and args.profile:  # the library's own model (add_predictions)
+        prof = _profile_in_run(tr, args, log)
+        model_profile = prof.to_dict()
+        link, samples = prof.link, prof.link_samples
+    elif args.scaling:  # the link as the N ranks get it, for Eq. 2 alone (add_predictions)
         from hipress_like.tuning.link import measure_link
 
         link, samples = measure_link(tr, sizes=LINK_SIZES, repeats=3, pattern="all")
+    if args.scaling:
         measured = {"latency": link.latency, "bandwidth": link.bandwidth,
                     "samples": [list(x) for x in samples]}
         log(f"measured link (every rank to its ring successor at once): "
@@ -290,10 +295,49 @@ def worker(args) -> None:
                 f"{buckets} fused allreduces")
     if rank == 0:
         with open(args.result, "w") as f:
-            json.dump(results, f)
+            json.dump({"rows": results, "profile": model_profile}, f)
     tr.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _profile_in_run(tr, args, log):
+    """The profile ``plan="auto"`` would measure for these ranks, measured here. Collective.
+
+    ``profiler.profile_transport`` over the ranks' own links: the link (all links
+    at once, one link, the allreduce), the engine's fixed cost, its uncompressed
+    lane (time and CPU seconds per synchronisation), and each scaling
+    compressor's curves and whole engine synchronisations under PS and Ring
+    (time and CPU seconds; the grid of ``tuning/auto.py``), with the engine
+    configured as the rows run it. ``add_predictions`` prices every row from it
+    with the step model the advisor and ``plan="auto"`` use.
+    """
+    from hipress_like.casync.engine import EngineConfig
+    from hipress_like.cost_model.profile import log_sizes
+    from hipress_like.tuning.profiler import profile_transport
+
+    n = tr.size
+    big = max(4 * math.prod(shape) for lname in args.lists for _, shape in list_shapes(lname))
+    sizes = log_sizes(4096, max(4096, min(big, 64 << 20)), 0.5)
+    top = sizes[-1]
+    grid = [(m, k) for m in sorted({max(4096, top >> 6), max(4096, top >> 3), top})
+            for k in sorted({1, 2, n, 3 * n})]
+    comps = {c.split("+", 1)[1]: COMPRESSORS[c.split("+", 1)[1]][1] for c in args.only
+             if c.split("+", 1)[1] in COMPRESSORS and c.split("+", 1)[1] != "identity"}
+    comps = {c: dict(ps, compressor=COMPRESSORS[c][0]) for c, ps in comps.items()}
+    t0 = time.perf_counter()
+    log(f"profiling {', '.join(comps)} under PS and Ring (the profile plan='auto' measures)")
+    prof = profile_transport(tr, comps, sizes=sizes, link_sizes=LINK_SIZES, repeats=3,
+                             timeout=300, engine_overhead=("ps", "ring"), engine_grid=grid,
+                             nonfinite=EngineConfig.nonfinite, **_engine_extra(args))
+    log(f"profiled in {time.perf_counter() - t0:.0f} s")
+    return prof
+
+
+def _engine_extra(args):
+    """``profile_transport``'s engine settings from ``--engine`` (the ones it takes)."""
+    extra = json.loads(args.engine)
+    return {"raw_collective": extra["raw_collective"]} if "raw_collective" in extra else {}
 
 
 # --------------------------------------------------------------------------- parent
@@ -522,11 +566,47 @@ def row_link(r):
     return link_of(r["net"]), "nominal"
 
 
-def add_predictions(rows, cores=None) -> None:
+def step_model_predictions(profile: dict, shapes, n: int, cores: int) -> dict:
+    """{row config: seconds} by the library's own model, from a profile measured in the run.
+
+    The advisor's step model (``tuning/step_model.py``; ``advise`` with the
+    engine's size rule, ``compressor_plans="rule"``, as the rows run) with no
+    compute (a sync alone: ``ComputeTimeline(0, 0)``) and the host's cores
+    shared by the N ranks (``cores_per_rank = cores / N``): the three servers
+    (the engine's compute thread, the link, waits) and the host-CPU bound from
+    the CPU seconds the profile measured per synchronisation. The uncompressed
+    row ("none": every gradient in the engine's allreduce lane, 25 MB buckets in
+    reverse order) prices DDP's bucketed allreduce.
+    """
+    from hipress_like.cost_model.profile import Profile
+    from hipress_like.tuning.advise import advise
+    from hipress_like.tuning.compute import ComputeTimeline
+
+    prof = Profile.from_dict(profile)
+    sizes = [(name, 4 * math.prod(shape)) for name, shape in shapes]
+    adv = advise(sizes, n, prof, ComputeTimeline(0.0, 0.0), candidates=[],
+                 compressor_plans="rule", cores_per_rank=cores / n)
+    out = {}
+    for r in adv.rows:
+        if r.kind == "none":
+            out[ALLREDUCE] = r.step_s
+        else:
+            out[f"{r.strategy}+{r.label.split('/')[0]}"] = r.step_s
+    return out
+
+
+def add_predictions(rows, cores=None, profiles=None) -> None:
     """Attach ``predicted_s``, ``predicted_host_s`` and ``model_error`` to every row over an
     emulated link whose configuration the model covers (allreduce; PS/Ring x a compressor),
-    priced on ``row_link``."""
+    priced on ``row_link``; with ``profiles`` ({"N/net": profile dict}), also
+    ``predicted_model_s`` and ``model_error_model`` (``step_model_predictions``)."""
     cores = cores or os.cpu_count() or 1
+    by_model = {}
+    for key, prof in (profiles or {}).items():
+        n, net = key.split("/", 1)
+        for lname in {r["list"] for r in rows if r["nprocs"] == int(n) and r["net"] == net}:
+            by_model[(int(n), net, lname)] = step_model_predictions(
+                prof, list_shapes(lname), int(n), cores)
     for r in rows:
         if r.get("cpu_s") is not None:  # the host's bend: N ranks' CPU on its cores
             r["cpu_bound_s"] = max(1.0, r["nprocs"] / cores) * r["cpu_s"]
@@ -548,21 +628,28 @@ def add_predictions(rows, cores=None) -> None:
             continue
         r.update(predicted_s=ded, predicted_host_s=host, model_error=ded / r["seconds"] - 1,
                  model_error_host=host / r["seconds"] - 1, model_link=source)
+        lib = by_model.get((n, r["net"], r["list"]), {}).get(r["config"])
+        if lib is not None:
+            r.update(predicted_model_s=lib, model_error_model=lib / r["seconds"] - 1)
 
 
 def model_errors(rows):
-    """{N: (median |error|, a core per rank; the same with the host's cores; rows)}."""
+    """{N: (median |error|, Eq. 2 with a core per rank; the same with the host's cores; the
+    library's step model from the in-run profile, or None; rows)}."""
     out = {}
     for n in sorted({r["nprocs"] for r in rows if "model_error" in r}):
         rs = [r for r in rows if r["nprocs"] == n and "model_error" in r]
+        lib = [abs(r["model_error_model"]) for r in rs if "model_error_model" in r]
         out[n] = (statistics.median(abs(r["model_error"]) for r in rs),
-                  statistics.median(abs(r["model_error_host"]) for r in rs), len(rs))
+                  statistics.median(abs(r["model_error_host"]) for r in rs),
+                  statistics.median(lib) if len(lib) == len(rs) else None, len(rs))
     return out
 
 
 def scaling_png(rows, json_path: str) -> str:
-    """Sync time against N per configuration: measured (solid), predicted with a core per
-    rank (dashed) and with the host's cores (dotted); returns the PNG path."""
+    """Sync time against N per configuration: measured (solid), Eq. 2's prediction with a
+    core per rank (dashed) and with the host's cores (dotted), the library's step model
+    from the in-run profile (dash-dot); returns the PNG path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -578,9 +665,13 @@ def scaling_png(rows, json_path: str) -> str:
         pr = [r for r in rs if "predicted_s" in r]
         if pr:
             ax.plot([r["nprocs"] for r in pr], [r["predicted_s"] * 1e3 for r in pr], "--",
-                    color=color, label=f"{c} model, a core per rank")
+                    color=color, label=f"{c} Eq. 2, a core per rank")
             ax.plot([r["nprocs"] for r in pr], [r["predicted_host_s"] * 1e3 for r in pr], ":",
-                    color=color, label=f"{c} model, {os.cpu_count()} cores shared")
+                    color=color, label=f"{c} Eq. 2, {os.cpu_count()} cores shared")
+        sm = [r for r in rs if "predicted_model_s" in r]
+        if sm:
+            ax.plot([r["nprocs"] for r in sm], [r["predicted_model_s"] * 1e3 for r in sm], "x-.",
+                    color=color, label=f"{c} step model (in-run profile)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("ranks N")
@@ -619,6 +710,9 @@ def main(argv=None) -> int:
     p.add_argument("--engine", default="{}",
                    help="extra EngineConfig fields for every configuration, as JSON "
                         "(e.g. '{\"matching\": true}')")
+    p.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="scaling: skip the in-run profile, so no prediction by the library's "
+                        "step model (only HiPress Eq. 2's); saves minutes per N")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--net", default="loopback", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -642,7 +736,7 @@ def main(argv=None) -> int:
     if a.worker:
         worker(a)
         return 0
-    rows = []
+    rows, profiles = [], {}
     for n in sizes:
         need = n * rank_memory(a.lists)
         free = _available_memory()
@@ -660,36 +754,49 @@ def main(argv=None) -> int:
                 wargv.append("--quick")
             if a.scaling:
                 wargv.append("--scaling")
+            if not a.profile:
+                wargv.append("--no-profile")
             print(f"== {net}: {n} ranks", flush=True)
             if net == "loopback":
                 _run_loopback(wargv, n, a.timeout)
             else:
                 _run_netem(wargv, n, net, a.timeout)
             with open(res) as f:
-                for r in json.load(f):
-                    rows.append(dict(r, net=net, nprocs=n))
+                got = json.load(f)
+            for r in got["rows"]:
+                rows.append(dict(r, net=net, nprocs=n))
+            if got["profile"] is not None:
+                profiles[f"{n}/{net}"] = got["profile"]
             os.unlink(res)
     if a.scaling:
-        add_predictions(rows)
+        add_predictions(rows, profiles=profiles)
     print(f"\n{'N':>3s} {'net':9s} {'list':9s} {'configuration':36s} {'ms':>9s} "
           f"{'x allreduce':>12s} {'rounds':>7s} {'fused':>6s} {'model ms':>9s} {'err':>6s} "
-          f"{'host ms':>8s} {'err':>6s} {'cpu ms':>7s} {'N/c*cpu':>8s}")
+          f"{'host ms':>8s} {'err':>6s} {'cpu ms':>7s} {'N/c*cpu':>8s} {'step ms':>8s} {'err':>6s}")
     for r in rows:
         pred = (f"{r['predicted_s'] * 1e3:9.1f} {r['model_error']:+6.0%} "
                 f"{r['predicted_host_s'] * 1e3:8.1f} {r['model_error_host']:+6.0%}"
                 if "predicted_s" in r else " " * 33)
         if r.get("cpu_s") is not None:
             pred += f" {r['cpu_s'] * 1e3:7.1f} {r['cpu_bound_s'] * 1e3:8.1f}"
+        if "predicted_model_s" in r:
+            pred += f" {r['predicted_model_s'] * 1e3:8.1f} {r['model_error_model']:+6.0%}"
         print(f"{r['nprocs']:3d} {r['net']:9s} {r['list']:9s} {r['config']:36s} "
               f"{r['seconds'] * 1e3:9.1f} {r['ratio']:12.3f} {r.get('rounds_last_step', ''):>7} "
               f"{r.get('buckets_last_step', ''):>6} {pred}")
     errors = model_errors(rows)
-    for n, (e, eh, k) in errors.items():
-        print(f"N={n}: the cost model's median error {e:.0%} with a core per rank, {eh:.0%} "
-              f"with {os.cpu_count()} cores shared ({k} rows; goal <= 20%)")
+    for n, (e, eh, el, k) in errors.items():
+        lib = "" if el is None else f"; the library's step model {el:.0%}"
+        print(f"N={n}: median error of HiPress Eq. 2 {e:.0%} with a core per rank, {eh:.0%} "
+              f"with {os.cpu_count()} cores shared{lib} ({k} rows; goal <= 20%)")
     goals = _goals(rows) if len(sizes) == 1 else []
-    goals += [(f"sync scaling, N={n}: the cost model's median error (host's cores)", eh,
-               "<= 0.2", eh <= 0.2) for n, (e, eh, k) in errors.items()]
+    for n, (_, eh, el, _) in errors.items():
+        if el is None:
+            goals.append((f"sync scaling, N={n}: Eq. 2's median error (host's cores)", eh,
+                          "<= 0.2", eh <= 0.2))
+        else:
+            goals.append((f"sync scaling, N={n}: the step model's median error (in-run profile)",
+                          el, "<= 0.2", el <= 0.2))
     print("\ngoals:")
     for name, v, target, ok in goals:
         tag = "INFO" if target == "report" else ("PASS" if ok else "FAIL")
@@ -700,8 +807,9 @@ def main(argv=None) -> int:
                                            for g in goals],
                    "nprocs": sizes if len(sizes) > 1 else sizes[0], "reps": a.reps,
                    "model_median_error": {str(n): {"core_per_rank": e, "host_cores": eh,
-                                                   "rows": k}
-                                          for n, (e, eh, k) in errors.items()},
+                                                   "step_model": el, "rows": k}
+                                          for n, (e, eh, el, k) in errors.items()},
+                   "profiles": profiles,
                    "time": time.strftime("%Y-%m-%d %H:%M:%S")}, f, indent=1)
     print(f"wrote {out}")
     if a.scaling:

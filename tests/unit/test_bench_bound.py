@@ -195,7 +195,35 @@ def test_sync_prediction_of_ddp_buckets_and_model_error(sync):
     assert sync.predict_allreduce(shapes, 4, link) == pytest.approx(want)
     rows = [{"nprocs": 2, "model_error": e, "model_error_host": 2 * e}
             for e in (0.1, -0.3, 0.2)] + [{"nprocs": 4, "seconds": 1.0}]
-    assert sync.model_errors(rows) == {2: (pytest.approx(0.2), pytest.approx(0.4), 3)}
+    assert sync.model_errors(rows) == {2: (pytest.approx(0.2), pytest.approx(0.4), None, 3)}
+    for r, e in zip(rows, (0.05, 0.5, -0.1)):
+        r["model_error_model"] = e
+    assert sync.model_errors(rows)[2][2] == pytest.approx(0.1)
+
+
+def test_the_step_model_prices_every_scaling_row_from_a_profile(sync):
+    """``step_model_predictions`` names its predictions as the rows are named (DDP's
+    buckets, strategy+compressor), and a host with fewer cores than ranks is slower."""
+    from hipress_like.cost_model.model import Link
+    from hipress_like.cost_model.profile import CompressorProfile, Profile
+    from hipress_like.tuning.advise import paper_profile
+
+    base = paper_profile(Link(1e-4, 125e6))
+    onebit = base.compressor("onebit")
+    # 0.2 s of CPU per synchronisation, whatever its size: the host bound decides
+    cpu = {st: ((1 << 20, 1, 0.2), (8 << 20, 1, 0.2), (8 << 20, 4, 0.2)) for st in ("ps", "ring")}
+    prof = Profile(link=base.link, compressors={"onebit": CompressorProfile(
+        **{**{f: getattr(onebit, f) for f in onebit.__dataclass_fields__},
+           "engine_cpu_by": cpu})}, lane_cpu=((1 << 20, 0.2), (8 << 20, 0.2)),
+        meta={"ranks": 4})
+    shapes = [("w", (2048, 2048)), ("b", (2048,))]
+    wide = sync.step_model_predictions(prof.to_dict(), shapes, 4, cores=8)
+    assert set(wide) == {sync.ALLREDUCE, "ps+onebit", "ring+onebit"}
+    shared = sync.step_model_predictions(prof.to_dict(), shapes, 4, cores=2)
+    # one compressed sync and one lane bucket: 0.2 s of CPU each, the step's own counted
+    # once (0.2 s), on half a core per rank
+    assert shared["ps+onebit"] == pytest.approx(0.2 / 0.5)
+    assert wide["ps+onebit"] < shared["ps+onebit"]
 
 
 def test_sync_prediction_slows_compression_when_ranks_outnumber_cores(sync):
