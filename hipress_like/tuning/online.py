@@ -80,8 +80,9 @@ training runs:
    link did not (the work changed: a straggling host, a CPU hog), does not
    trust the model's single answer: the model's plan on the link, its plans
    on the link with a hundredth, a quarter and four times the bandwidth,
-   and that plan with nothing compressed and with one partition per
-   gradient (distinct, unlike the plan in force, priced within 2x of the
+   that plan with nothing compressed and with one partition per
+   gradient, and each candidate compressor laid out by the engine's default
+   size rule (distinct, unlike the plan in force, priced within 2x of the
    best) each run ``explore_steps`` real
    steps; the ranks agree on each window's mean step time (its first step,
    the switch's rebuild, left out), and the fastest measured plan is kept
@@ -138,7 +139,7 @@ from ..cost_model.model import Link
 from ..cost_model.plan import Plan
 from ..cost_model.planner import Planner
 from ..cost_model.profile import Profile
-from .explore import Exploration, alternatives, plan_key
+from .explore import Exploration, alternatives, plan_key, size_rule
 from .link import measure_link
 from .link_estimate import LinkEstimator, agree, agree_values, timeline_samples
 from .online_pricing import (  # noqa: F401 - re-exported: this module's public names
@@ -848,8 +849,12 @@ class OnlinePlanner:
         def plan_at(x: Link) -> Plan:
             return best_plan(self.planners(x), self.sizes, meta, fit_rule=True)
 
+        defaults = [(f"{lab} by the engine's size rule",
+                     size_rule(engine.plan, p.cp.name, p.cp.params, self.sizes, self.n))
+                    for lab, p in zip(self.labels, planners)]
         cands = alternatives(plan_at, lambda p: price_plan(p, planners, self.sizes, self.n),
-                             link, engine.plan, recalled=self._recalled(link))
+                             link, engine.plan, recalled=self._recalled(link),
+                             defaults=defaults)
         if not cands:
             rec["explored"] = []
             _log.info("plan='adaptive' step %d: %s, and the model proposes no other plan; the "

@@ -13,7 +13,13 @@ from test_online import FAST, SIZES, SLOW, _profile, _sleeping_run  # tests/unit
 
 from hipress_like.casync.transport.inproc import run_threads
 from hipress_like.cost_model import Link, Planner
-from hipress_like.tuning.explore import Exploration, alternatives, plan_key, uncompressed
+from hipress_like.tuning.explore import (
+    Exploration,
+    alternatives,
+    plan_key,
+    size_rule,
+    uncompressed,
+)
 from hipress_like.tuning.online import Adaptive, price_plan, profile_plan
 
 # -- the candidates ---------------------------------------------------------------------
@@ -62,6 +68,31 @@ def test_alternatives_drop_a_plan_priced_past_within_times_the_best():
     got = alternatives(plan_at, lambda p: price.get(plan_key(p)), Link(1e-3, 1e8), current,
                        scales=(1e3,), within=4.0)
     assert [plan_key(p) for _, p in got] == [plan_key(slow), plan_key(fast)]
+
+
+def test_the_engines_default_layout_is_a_candidate_the_model_need_not_propose():
+    """``size_rule`` writes out what ``plan=None`` runs (the default ``SizeRule``: a
+    gradient of 1 MB or more compressed, one partition per 16 MB rounded to a multiple
+    of N), naming its compressor; ``alternatives`` tries it beside the model's plans,
+    priced and filtered like them."""
+    prof, plans = _plans()
+    sizes = {"big": 40 << 20, "mid": 2 << 20, "small": 64 << 10}
+    rule = size_rule(plans[12.5e9], "onebit", {}, sizes, 4)
+    assert {n: (g.compress, g.partitions) for n, g in rule.gradients.items()} == {
+        "big": (True, 4), "mid": (True, 1), "small": (False, 1)}
+    assert rule.gradients["big"].compressor == "onebit"
+    assert rule.decide("big", 40 << 20, 4) == rule.gradients["big"]
+    current = plans[1.25e6]
+
+    def plan_at(link):
+        return current  # the model proposes nothing new
+
+    got = alternatives(plan_at, lambda p: 1.0, Link(1e-3, 1e8), current, scales=(),
+                       defaults=[("onebit by the engine's size rule", rule)])
+    assert ("onebit by the engine's size rule", rule) in got
+    priced_out = alternatives(plan_at, lambda p: 5.0 if p is rule else 1.0, Link(1e-3, 1e8),
+                              current, scales=(), defaults=[("rule", rule)])
+    assert all(p is not rule for _, p in priced_out)  # past within x the best
 
 
 def test_the_plan_in_force_stays_unless_another_measured_faster_by_the_margin():
