@@ -31,9 +31,15 @@ plan, Table I's ring allreduce for the uncompressed bytes, encode and decode
 times measured on one thread in this process). Two predictions: with a core
 per rank (HiPress's assumption) and with the host's cores shared by the N
 ranks (compression times x N / cores once N exceeds them), the second being
-where this machine's two cores, not the algorithm, bend the curve. Prints
-the model's median error per N, writes JSON and a plot of sync time vs N
-(``<out stem>_scaling.png``). The link each N is priced on is measured in the
+where this machine's two cores, not the algorithm, bend the curve. Beside
+Eq. 2, every row is priced by the library's own step model
+(``tuning/step_model.py``, as the advisor and ``plan="auto"`` price plans)
+from the profile ``plan="auto"`` measures, taken by the N ranks at the start
+of the run (``_profile_in_run``; ``--no-profile`` skips it): the engine's and
+transport's CPU per synchronisation, which Eq. 2 leaves out, is in it, and
+its host bound shares the host's cores among the N ranks. Prints each
+model's median error per N (the goal is judged on the step model), writes
+JSON and a plot of sync time vs N (``<out stem>_scaling.png``). The link each N is priced on is measured in the
 same run (``measure_link``: every rank sending to its ring successor at once),
 not the tc rate's nominal one; each row also has the slowest rank's CPU
 seconds per call and ``max(1, N / cores)`` times it (``cpu_bound_s``): where
