@@ -91,7 +91,14 @@ training runs:
    plan the model priced wrongly is not kept (the model's plan at 10 Gbit/s
    was 1.6x slower than "nothing compressed" on the 2-core test host).
    Explorations are capped (``max_explorations``), a kept change counts as a
-   switch, and trials (item 5) have nothing left to judge.
+   switch, and trials (item 5) have nothing left to judge. The first check
+   explores too (``explore_start``, on with measured links): the plan chosen
+   at start-up was priced on a start-up profile, so it runs against the
+   alternatives on the link measured then, the plan in force timed in a
+   window of its own after them (the steps before carry the job's warm-up;
+   on the 2-core test host the start plan at 10 Gbit/s and 4 ranks measured
+   1.17x "nothing compressed" in one repeat, and no later check explores a
+   link that does not move).
 8. **AR-Topk's ratio** (``Adaptive(ratio=...)``; ``tuning/ratio_search.py``):
    with AR-Topk (``star_topk``, ``var_topk``; or any top-k family compressor
    given ``Adaptive(ratio=AdaptiveCRConfig(...))``: ``topk`` is what the cost
@@ -519,13 +526,16 @@ class OnlinePlanner:
             self.history.append(rec)
             _log.info("plan='adaptive' step %d: reference link %.3g ms + %.3g Gbit/s (agreed "
                       "across ranks)", step, 1e3 * link.latency, 8e-9 * link.bandwidth)
+            if self.settings.explores_start:
+                # the plan in force is timed after the candidates: these first steps carry
+                # the job's warm-up
+                return self._explore_begin(engine, step, link, rec, "start", None, t0,
+                                           self.planners(link), self._meta(step, link))
             return None
         planners = self.planners(link)
         current = price_plan(engine.plan, planners, self.sizes, self.n)
         before = price_plan(engine.plan, self.planners(self.decided_on), self.sizes, self.n)
-        meta = {"adaptive": {"step": step, "latency": link.latency,
-                             "bandwidth": link.bandwidth},
-                "profile": self.profile.to_dict(), "candidates": self.labels}
+        meta = self._meta(step, link)
         best = best_plan(planners, self.sizes, meta, fit_rule=False)  # priced, not used yet
         best_s = price_plan(best, planners, self.sizes, self.n)
         rec.update(current_s=current, best_s=best_s, before_s=before)
@@ -817,7 +827,6 @@ class OnlinePlanner:
         host; the plan's time is taken at the first check after a decision), start
         an exploration of the model's plans (``explore.alternatives``) and switch to
         the first."""
-        s = self.settings
         base = self._settled_s
         # the work trigger needs two checks in a row (``_count_work``: one slow window is
         # noise); so does a bandwidth move under 2x (a probe on a loaded host reads +-30 %)
@@ -839,6 +848,31 @@ class OnlinePlanner:
             return None
         reason = "link moved" if link_moved else "step time moved"
         self._work_moved = self._link_moves = 0
+        _log.info("plan='adaptive' step %d: %s (link %.3g ms + %.3g Gbit/s, step %s ms against "
+                  "%s ms decided)", step, reason, 1e3 * link.latency, 8e-9 * link.bandwidth,
+                  _ms(step_s), _ms(base))
+        got = self._explore_begin(engine, step, link, rec, reason, self._agreed_mean, t0,
+                                  planners, meta)
+        if rec.get("explored") == []:  # nothing else to try: the plan in force is decided
+            self.decided_on, self._settled_s = link, step_s
+        return got
+
+    def _meta(self, step: int, link: Link) -> Dict[str, Any]:
+        """The provenance a plan made at this check carries."""
+        return {"adaptive": {"step": step, "latency": link.latency,
+                             "bandwidth": link.bandwidth},
+                "profile": self.profile.to_dict(), "candidates": self.labels}
+
+    def _explore_begin(self, engine: Any, step: int, link: Link, rec: Dict[str, Any],
+                       reason: str, t_before: Optional[float], t0: float,
+                       planners: Sequence[Planner], meta: Mapping[str, Any]
+                       ) -> Optional[Plan]:
+        """Start an exploration on ``link`` for ``reason`` (``explore.alternatives``, priced
+        by ``planners``; the plan in force timed at ``t_before``, or in a window of its
+        own when None) and switch to its first candidate; None when the caps are
+        reached or the model proposes no other plan (``rec["explored"] = []``; the plan
+        in force is kept for the link)."""
+        s = self.settings
         if self.switches >= s.max_switches or self.explorations >= s.max_explorations:
             rec["capped"] = True
             _log.info("plan='adaptive' step %d: %s, but the caps are reached (%d switch(es), "
@@ -859,18 +893,16 @@ class OnlinePlanner:
             rec["explored"] = []
             _log.info("plan='adaptive' step %d: %s, and the model proposes no other plan; the "
                       "plan stays", step, reason)
-            self.decided_on, self._settled_s = link, step_s
             self._keep(link, engine.plan, step)
             return None
         self.explorations += 1
-        self._exploration = Exploration(engine.plan, self._agreed_mean, cands,
-                                        steps=s.explore_steps,
+        self._exploration = Exploration(engine.plan, t_before, cands, steps=s.explore_steps,
                                         start=step, margin=s.margin, reason=reason, link=link)
         rec.update(exploring=reason, candidates=[why for why, _ in cands])
-        _log.warning("plan='adaptive' step %d: %s (link %.3g ms + %.3g Gbit/s, step %s ms "
-                     "against %s ms decided); trying %d plan(s) for %d steps each: %s", step,
-                     reason, 1e3 * link.latency, 8e-9 * link.bandwidth, _ms(step_s), _ms(base),
-                     len(cands), s.explore_steps, ", ".join(why for why, _ in cands))
+        _log.warning("plan='adaptive' step %d: %s (link %.3g ms + %.3g Gbit/s); trying %d "
+                     "plan(s) for %d steps each: %s", step, reason, 1e3 * link.latency,
+                     8e-9 * link.bandwidth, len(cands), s.explore_steps,
+                     ", ".join(why for why, _ in cands))
         return self._explore_next(engine, step, t0)
 
     def _explore_next(self, engine: Any, step: int, t0: float) -> Optional[Plan]:

@@ -66,6 +66,12 @@ class Adaptive:
             exploration's outcome and
             ``verify`` has nothing left to judge. None: on, unless
             ``estimate`` is given (as ``verify``).
+        explore_start: with ``explore``, the first check (the reference link)
+            also starts an exploration: the plan chosen at start-up, priced on a
+            start-up profile, runs against the alternatives the model proposes
+            on the link measured then (the plan in force timed in a window of
+            its own, after the candidates: the steps before the first check
+            carry the job's warm-up). None: on, unless ``estimate`` is given.
         explore_steps: steps each plan tried by an exploration runs.
         max_explorations: explorations allowed in the whole run.
         ratio: AR-Topk's compression ratio search (``tuning/ratio_search.py``;
@@ -89,6 +95,7 @@ class Adaptive:
     probe_s: float = 0.004
     probe_every: int = 5
     explore: Optional[bool] = None
+    explore_start: Optional[bool] = None
     explore_steps: int = 5  # a window's median: one slow step (a switch's rebuild) is ignored
     max_explorations: int = 8
     ratio: Any = None
@@ -123,9 +130,11 @@ class Adaptive:
         if self.verify is not None and not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True, False or None (None: on unless estimate "
                              f"is given), found {self.verify!r}")
-        if self.explore is not None and not isinstance(self.explore, bool):
-            raise ValueError(f"explore must be True, False or None (None: on unless estimate "
-                             f"is given), found {self.explore!r}")
+        for knob in ("explore", "explore_start"):
+            v = getattr(self, knob)
+            if v is not None and not isinstance(v, bool):
+                raise ValueError(f"{knob} must be True, False or None (None: on unless "
+                                 f"estimate is given), found {v!r}")
         from .adaptive_cr import AdaptiveCRConfig
 
         if self.ratio is not None and self.ratio is not False and \
@@ -148,6 +157,12 @@ class Adaptive:
     def explores(self) -> bool:
         """Whether a moved link or step time starts an exploration (``explore``)."""
         return self.estimate is None if self.explore is None else self.explore
+
+    @property
+    def explores_start(self) -> bool:
+        """Whether the first check explores too (``explore_start``; needs ``explore``)."""
+        return self.explores and (self.estimate is None if self.explore_start is None
+                                  else self.explore_start)
 
     def load_profile(self) -> Optional[Profile]:
         """The given profile (loaded from its path), or None."""

@@ -125,7 +125,7 @@ def test_a_plan_in_force_without_a_time_is_measured_after_the_candidates():
         Exploration("A", 1.0, [], steps=2, start=0, margin=0.1).record(1.0)
 
 
-@pytest.mark.parametrize("kw", [{"explore": "yes"}, {"explore_steps": 0},
+@pytest.mark.parametrize("kw", [{"explore": "yes"}, {"explore_start": 1}, {"explore_steps": 0},
                                 {"explore_steps": True}, {"max_explorations": -1},
                                 {"ratio": 0.1}, {"ratio": True}])
 def test_bad_exploration_knobs_are_refused(kw):
@@ -137,16 +137,20 @@ def test_exploration_defaults_on_for_measured_links_and_off_for_injected_ones():
     assert Adaptive().explores and not Adaptive(estimate=lambda s, r: None).explores
     assert Adaptive(explore=True, estimate=lambda s, r: None).explores
     assert not Adaptive(explore=False).explores
+    assert Adaptive().explores_start and not Adaptive(explore=False).explores_start
+    assert not Adaptive(explore=True, estimate=lambda s, r: None).explores_start
+    assert not Adaptive(explore_start=False).explores_start
 
 
 # -- the engine tries them on real steps -------------------------------------------------
 
-def _explore_run(t, sleep_s, schedule, steps=26, **kw):
+def _explore_run(t, sleep_s, schedule, steps=26, start=None, **kw):
     """FAST or SLOW as ``schedule(step)`` says; the loop sleeps ``sleep_s(step, on)``
-    a step (``on``: w1 travels compressed), the wall time the exploration sees."""
+    a step (``on``: w1 travels compressed), the wall time the exploration sees; the
+    start plan made on the link ``start`` (default: the profile's)."""
     settings = Adaptive(check_every=4, explore=True, explore_steps=3,
                         estimate=lambda s, r: schedule(s), **kw)
-    return _sleeping_run(t, settings, sleep_s, steps)
+    return _sleeping_run(t, settings, sleep_s, steps, start)
 
 
 def _alike(res):
@@ -183,6 +187,36 @@ def test_a_moved_link_tries_the_models_plans_and_keeps_the_fastest_measured():
     assert first == [("plan_explore", 8 + 3 * i) for i in range(n)] + \
         [("plan_switch", ends[0]["step"])]
     assert online.switches >= 1
+
+
+def test_the_first_check_explores_the_start_plan_against_the_alternatives():
+    """``explore_start``: the link never moves, but the plan chosen at start was made on
+    a slow link (w1 compressed), and compressing measures slower here. The first check
+    records the reference and explores (the model's plan on the profile's fast link
+    sends w1 as it is); the plan in force has no time yet (the steps before carry the
+    warm-up), so it runs a window of its own after the candidates; the fastest
+    measured is kept. Without the knob nothing is explored: the link never moved."""
+    def same_link(step):
+        return FAST
+
+    def sleep_s(step, on):
+        return 0.06 if on else 0.002
+
+    online, compressed, kinds = _alike(run_threads(
+        lambda t: _explore_run(t, sleep_s, same_link, start=SLOW, explore_start=True), 2))
+    first = online.history[0]
+    assert first["step"] == 4 and first["reference"] and first["exploring"] == "start"
+    assert all(compressed[:4]) and not compressed[4]  # the first candidate from step 4 on
+    n = len(first["candidates"])
+    end = next(h for h in online.history if "chose" in h)
+    assert [r["why"] for r in end["explored"]][-1] == "in force"  # timed last, in a window
+    assert end["step"] == 4 + 3 * (n + 1) and end["switched"] and end["chose"] != "in force"
+    assert not any(compressed[end["step"]:])
+    assert kinds[0] == ("plan_explore", 4) and ("plan_switch", end["step"]) in kinds
+
+    online, compressed, kinds = _alike(run_threads(
+        lambda t: _explore_run(t, sleep_s, same_link, start=SLOW), 2))  # estimate given: off
+    assert online.explorations == 0 and all(compressed) and not kinds
 
 
 def test_a_model_that_wants_compression_is_overruled_by_measured_steps():

@@ -446,14 +446,16 @@ def _trial_run(t, sleep_s, steps=24):
                                      estimate=lambda s, r: schedule(s)), sleep_s, steps)
 
 
-def _sleeping_run(t, settings, sleep_s, steps):
-    """``steps`` random steps under ``settings`` on ``_profile``'s plan, each after a sleep
-    of ``sleep_s(step, on)`` (``on``: w1 travels compressed): (planner, each step's
+def _sleeping_run(t, settings, sleep_s, steps, start=None):
+    """``steps`` random steps under ``settings`` on ``_profile``'s plan (made on the link
+    ``start`` instead of the profile's own when given), each after a sleep of
+    ``sleep_s(step, on)`` (``on``: w1 travels compressed): (planner, each step's
     gradients, ``on`` per step, the timeline's plan events)."""
     import time
 
     prof = _profile()
-    plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps", meta={"profile": prof.to_dict()})
+    plan = profile_plan(prof if start is None else prof.with_link(start), ["onebit"], SIZES,
+                        t.size, "ps", meta={"profile": prof.to_dict()})
     eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
     eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
     online = OnlinePlanner.for_engine(eng, settings)
