@@ -91,14 +91,12 @@ training runs:
    plan the model priced wrongly is not kept (the model's plan at 10 Gbit/s
    was 1.6x slower than "nothing compressed" on the 2-core test host).
    Explorations are capped (``max_explorations``), a kept change counts as a
-   switch, and trials (item 5) have nothing left to judge. The first check
-   explores too (``explore_start``, on with measured links): the plan chosen
-   at start-up was priced on a start-up profile, so it runs against the
+   switch, and trials (item 5) have nothing left to judge. With
+   ``explore_start`` (off by default) the first check explores too: the plan
+   chosen at start-up, priced on a start-up profile, runs against the
    alternatives on the link measured then, the plan in force timed in a
-   window of its own after them (the steps before carry the job's warm-up;
-   on the 2-core test host the start plan at 10 Gbit/s and 4 ranks measured
-   1.17x "nothing compressed" in one repeat, and no later check explores a
-   link that does not move).
+   window of its own after them (the steps before carry the job's warm-up);
+   no later check explores a link that does not move.
 8. **AR-Topk's ratio** (``Adaptive(ratio=...)``; ``tuning/ratio_search.py``):
    with AR-Topk (``star_topk``, ``var_topk``; or any top-k family compressor
    given ``Adaptive(ratio=AdaptiveCRConfig(...))``: ``topk`` is what the cost

@@ -71,7 +71,12 @@ class Adaptive:
             start-up profile, runs against the alternatives the model proposes
             on the link measured then (the plan in force timed in a window of
             its own, after the candidates: the steps before the first check
-            carry the job's warm-up). None: on, unless ``estimate`` is given.
+            carry the job's warm-up). Off by default: in ``bench/adaptive.py``
+            on the test host the start plan was already the fastest measured,
+            so the exploration only cost its steps (its first phase took
+            1.6-2.0x the best fixed plan's time with it); for a job whose
+            start-up profile may mislead the model (a host busier at start
+            than later) it is a few steps spent once.
         explore_steps: steps each plan tried by an exploration runs.
         max_explorations: explorations allowed in the whole run.
         ratio: AR-Topk's compression ratio search (``tuning/ratio_search.py``;
@@ -95,7 +100,7 @@ class Adaptive:
     probe_s: float = 0.004
     probe_every: int = 5
     explore: Optional[bool] = None
-    explore_start: Optional[bool] = None
+    explore_start: bool = False
     explore_steps: int = 5  # a window's median: one slow step (a switch's rebuild) is ignored
     max_explorations: int = 8
     ratio: Any = None
@@ -130,11 +135,12 @@ class Adaptive:
         if self.verify is not None and not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True, False or None (None: on unless estimate "
                              f"is given), found {self.verify!r}")
-        for knob in ("explore", "explore_start"):
-            v = getattr(self, knob)
-            if v is not None and not isinstance(v, bool):
-                raise ValueError(f"{knob} must be True, False or None (None: on unless "
-                                 f"estimate is given), found {v!r}")
+        if self.explore is not None and not isinstance(self.explore, bool):
+            raise ValueError(f"explore must be True, False or None (None: on unless estimate "
+                             f"is given), found {self.explore!r}")
+        if not isinstance(self.explore_start, bool):
+            raise ValueError(f"explore_start must be True or False, found "
+                             f"{self.explore_start!r}")
         from .adaptive_cr import AdaptiveCRConfig
 
         if self.ratio is not None and self.ratio is not False and \
@@ -161,8 +167,7 @@ class Adaptive:
     @property
     def explores_start(self) -> bool:
         """Whether the first check explores too (``explore_start``; needs ``explore``)."""
-        return self.explores and (self.estimate is None if self.explore_start is None
-                                  else self.explore_start)
+        return self.explores and self.explore_start
 
     def load_profile(self) -> Optional[Profile]:
         """The given profile (loaded from its path), or None."""

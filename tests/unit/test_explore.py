@@ -141,9 +141,8 @@ def test_exploration_defaults_on_for_measured_links_and_off_for_injected_ones():
     assert Adaptive().explores and not Adaptive(estimate=lambda s, r: None).explores
     assert Adaptive(explore=True, estimate=lambda s, r: None).explores
     assert not Adaptive(explore=False).explores
-    assert Adaptive().explores_start and not Adaptive(explore=False).explores_start
-    assert not Adaptive(explore=True, estimate=lambda s, r: None).explores_start
-    assert not Adaptive(explore_start=False).explores_start
+    assert not Adaptive().explores_start and Adaptive(explore_start=True).explores_start
+    assert not Adaptive(explore=False, explore_start=True).explores_start
 
 
 # -- the engine tries them on real steps -------------------------------------------------
@@ -199,7 +198,7 @@ def test_the_first_check_explores_the_start_plan_against_the_alternatives():
     records the reference and explores (the model's plan on the profile's fast link
     sends w1 as it is); the plan in force has no time yet (the steps before carry the
     warm-up), so it runs a window of its own after the candidates; the fastest
-    measured is kept. Without the knob nothing is explored: the link never moved."""
+    measured is kept. Off (the default) nothing is explored: the link never moved."""
     def same_link(step):
         return FAST
 
@@ -219,7 +218,7 @@ def test_the_first_check_explores_the_start_plan_against_the_alternatives():
     assert kinds[0] == ("plan_explore", 4) and ("plan_switch", end["step"]) in kinds
 
     online, compressed, kinds = _alike(run_threads(
-        lambda t: _explore_run(t, sleep_s, same_link, start=SLOW), 2))  # estimate given: off
+        lambda t: _explore_run(t, sleep_s, same_link, start=SLOW), 2))  # off by default
     assert online.explorations == 0 and all(compressed) and not kinds
 
 
