@@ -28,16 +28,10 @@ settings on real steps, Bayesian search over measured step times):
    where every plan the model proposed measured 155-163 ms). Plans equal to the
    current one, or to each other, are dropped, and so is a candidate the
    model prices more than ``within`` times the best (2x by default: past
-   the model's error on its own plans on the test host, it would only cost
-   steps); the plain layouts ("nothing compressed", the size rule's) are
-   kept up to ``within_plain`` times the best (4x), since the model's error
-   is largest on them: what they change is how much compressor work shares
-   the cores, which a start-up profile prices worst (at 10 Gbit/s on 4
-   ranks of the test host "nothing compressed" was priced past 2x the best
-   and measured as fast as the plan in force). Before them come the
-   *recalled* plans: a plan an earlier decision kept on a link like this
-   one (within 2x in bandwidth; the online planner remembers each
-   decision's link and plan), whatever the model now prices
+   the model's worst measured error on the test host, it would only cost
+   steps). Before them come the *recalled* plans: a plan an earlier decision
+   kept on a link like this one (within 2x in bandwidth; the online planner
+   remembers each decision's link and plan), whatever the model now prices
    it at. A link that comes back (10 Gbit/s, then 200 Mbit/s, then 10 Gbit/s
    again) so gets back the plan measured best on it, which the model, priced
    on a profile moved twice, may no longer propose (``bench/adaptive.py``'s
@@ -138,7 +132,7 @@ def size_rule(like: Plan, compressor: str, params: Mapping[str, Any],
 
 def alternatives(plan_at: Callable[[Link], Plan], price: Callable[[Plan], Optional[float]],
                  link: Link, current: Plan, *, within: float = 2.0,
-                 within_plain: float = 4.0, scales: Sequence[float] = SCALES,
+                 scales: Sequence[float] = SCALES,
                  recalled: Sequence[Tuple[str, Plan]] = (),
                  defaults: Sequence[Tuple[str, Plan]] = ()) -> List[Tuple[str, Plan]]:
     """The plans an exploration tries on ``link`` (item 1 of the module's description).
@@ -150,7 +144,6 @@ def alternatives(plan_at: Callable[[Link], Plan], price: Callable[[Plan], Option
         link: the agreed link.
         current: the plan in force (never a candidate).
         within: drop a candidate priced more than this many times the best.
-        within_plain: the same for "nothing compressed" and ``defaults``.
         scales: bandwidth factors the model's plan is also made at.
         recalled: (why, plan) pairs measured fastest before on a link like this one
             (``OnlinePlanner.kept``): tried first, whatever the model prices them
@@ -170,7 +163,6 @@ def alternatives(plan_at: Callable[[Link], Plan], price: Callable[[Plan], Option
     made.append(("nothing compressed", uncompressed(made[0][1])))
     made.append(("model, one partition each", one_partition(made[0][1])))
     made += list(defaults)
-    plain = {"nothing compressed"} | {why for why, _ in defaults}
     seen = {plan_key(current)}
     first: List[Tuple[str, Plan]] = []
     for why, plan in recalled:
@@ -193,7 +185,7 @@ def alternatives(plan_at: Callable[[Link], Plan], price: Callable[[Plan], Option
     cur = price(current)
     floor = min(best, cur) if cur is not None and math.isfinite(cur) else best
     return first + [(why, plan) for t, why, plan in sorted(out, key=lambda x: x[0])
-                    if t <= (within_plain if why in plain else within) * floor]
+                    if t <= within * floor]
 
 
 class Exploration:

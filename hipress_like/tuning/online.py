@@ -83,7 +83,7 @@ training runs:
    that plan with nothing compressed and with one partition per
    gradient, and each candidate compressor laid out by the engine's default
    size rule (distinct, unlike the plan in force, priced within 2x of the
-   best, 4x for the two plain layouts) each run ``explore_steps`` real
+   best) each run ``explore_steps`` real
    steps; the ranks agree on each window's mean step time (its first step,
    the switch's rebuild, left out), and the fastest measured plan is kept
    (the plan in force unless another beat it by more than ``margin``). The
