@@ -24,27 +24,26 @@ shared machine drifts over both alike), on loopback and on emulated
 Scaling (issue 50, item 4; ``--nprocs`` with several world sizes, or
 ``--scaling``): for each N, the VGG-style model's gradient list
 (``examples/models.py``'s ``vgg``, 106 MB, the model of bench/train.py) over
-emulated 1 Gbit/s links, DDP-style bucketed allreduce and PS / Ring x
-{onebit, PowerSGD}, each beside the cost model's predicted time
-(``predict_sync``: HiPress Eq. 1-2 per gradient with the engine's default
-plan, Table I's ring allreduce for the uncompressed bytes, encode and decode
-times measured on one thread in this process). Two predictions: with a core
-per rank (HiPress's assumption) and with the host's cores shared by the N
-ranks (compression times x N / cores once N exceeds them), the second being
-where this machine's two cores, not the algorithm, bend the curve. Beside
-Eq. 2, every row is priced by the library's own step model
-(``tuning/step_model.py``, as the advisor and ``plan="auto"`` price plans)
-from the profile ``plan="auto"`` measures, taken by the N ranks at the start
-of the run (``_profile_in_run``; ``--no-profile`` skips it): the engine's and
-transport's CPU per synchronisation, which Eq. 2 leaves out, is in it, and
-its host bound shares the host's cores among the N ranks. Prints each
-model's median error per N (the goal is judged on the step model), writes
-JSON and a plot of sync time vs N (``<out stem>_scaling.png``). The link
-each N is priced on is measured in the same run (``measure_link``: every
-rank sending to its ring successor at once), not the tc rate's nominal
-one; each row also has the slowest rank's CPU seconds per call and ``max(1, N / cores)`` times it (``cpu_bound_s``): where
-that meets the measured time, the host's cores set the sync time, not the
-link or the algorithm.
+emulated 1 Gbit/s links, DDP-style bucketed allreduce and PS / Ring x {onebit,
+PowerSGD}, each beside the cost model's predicted time (``predict_sync``:
+HiPress Eq. 1-2 per gradient with the engine's default plan, Table I's ring
+allreduce for the uncompressed bytes, encode and decode times measured on one
+thread in this process). Two predictions: with a core per rank (HiPress's
+assumption) and with the host's cores shared by the N ranks (compression times
+x N / cores once N exceeds them), the second being where this machine's two
+cores, not the algorithm, bend the curve. Beside Eq. 2, every row is priced by
+the library's own step model (``tuning/step_model.py``, as the advisor and
+``plan="auto"`` price plans) from the profile ``plan="auto"`` measures, taken
+by the N ranks at the start of the run (``_profile_in_run``; ``--no-profile``
+skips it): the engine's and transport's CPU per synchronisation, which Eq. 2
+leaves out, is in it, and its host bound shares the host's cores among the N
+ranks. Prints each model's median error per N (the goal is judged on the step
+model), writes JSON and a plot of sync time vs N (``<out stem>_scaling.png``).
+The link each N is priced on is measured in the same run (``measure_link``:
+every rank sending to its ring successor at once), not the tc rate's nominal
+one; each row also has the slowest rank's CPU seconds per call and ``max(1, N
+/ cores)`` times it (``cpu_bound_s``): where that meets the measured time, the
+host's cores set the sync time, not the link or the algorithm.
 
 Goals (issue 3): engine overhead (identity vs all_reduce, loopback) <= 1.15x;
 at 1 Gbit/s CaSync-PS + onebit <= 0.15x of all_reduce on the VGG-like list;
