@@ -41,8 +41,8 @@ ranks. Prints each model's median error per N (the goal is judged on the step
 model), writes JSON and a plot of sync time vs N (``<out stem>_scaling.png``).
 The link each N is priced on is measured in the same run (``measure_link``:
 every rank sending to its ring successor at once), not the tc rate's nominal
-one; each row also has the slowest rank's CPU seconds per call and ``max(1, N
-/ cores)`` times it (``cpu_bound_s``): where that meets the measured time, the
+one; each row also has the slowest rank's CPU seconds per call and
+``max(1, N / cores)`` times it (``cpu_bound_s``): where that meets the measured time, the
 host's cores set the sync time, not the link or the algorithm.
 
 Goals (issue 3): engine overhead (identity vs all_reduce, loopback) <= 1.15x;
