@@ -327,9 +327,9 @@ def _profile_in_run(tr, args, log):
     top = sizes[-1]
     grid = [(m, k) for m in sorted({max(4096, top >> 6), max(4096, top >> 3), top})
             for k in sorted({1, 2, n, 3 * n})]
-    comps = {c.split("+", 1)[1]: COMPRESSORS[c.split("+", 1)[1]][1] for c in args.only
-             if c.split("+", 1)[1] in COMPRESSORS and c.split("+", 1)[1] != "identity"}
-    comps = {c: dict(ps, compressor=COMPRESSORS[c][0]) for c, ps in comps.items()}
+    labels = [c.split("+", 1)[1] for c in args.only]  # "ps+onebit" -> "onebit"
+    comps = {c: dict(COMPRESSORS[c][1], compressor=COMPRESSORS[c][0]) for c in labels
+             if c in COMPRESSORS and c != "identity"}
     t0 = time.perf_counter()
     log(f"profiling {', '.join(comps)} under PS and Ring (the profile plan='auto' measures)")
     prof = profile_transport(tr, comps, sizes=sizes, link_sizes=LINK_SIZES, repeats=3,
