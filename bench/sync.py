@@ -317,32 +317,35 @@ def _profile_in_run(tr, args, log):
     configured as the rows run it. ``add_predictions`` prices every row from it
     with the step model the advisor and ``plan="auto"`` use.
     """
-    from hipress_like.casync.engine import EngineConfig
+    import inspect
+
     from hipress_like.cost_model.profile import log_sizes
+    from hipress_like.tuning.auto import AutoPlanner
+    from hipress_like.tuning.engine_timing import top_points
     from hipress_like.tuning.profiler import profile_transport
 
-    n = tr.size
+    cap = inspect.signature(AutoPlanner).parameters["max_profile_bytes"].default
     big = max(4 * math.prod(shape) for lname in args.lists for _, shape in list_shapes(lname))
-    sizes = log_sizes(4096, max(4096, min(big, 64 << 20)), 0.5)
-    top = sizes[-1]
-    grid = [(m, k) for m in sorted({max(4096, top >> 6), max(4096, top >> 3), top})
-            for k in sorted({1, 2, n, 3 * n})]
+    sizes = log_sizes(4096, max(4096, min(big, cap)), 0.5)  # as AutoPlanner.plan sizes them
     labels = [c.split("+", 1)[1] for c in args.only]  # "ps+onebit" -> "onebit"
     comps = {c: dict(COMPRESSORS[c][1], compressor=COMPRESSORS[c][0]) for c in labels
              if c in COMPRESSORS and c != "identity"}
     t0 = time.perf_counter()
     log(f"profiling {', '.join(comps)} under PS and Ring (the profile plan='auto' measures)")
     prof = profile_transport(tr, comps, sizes=sizes, link_sizes=LINK_SIZES, repeats=3,
-                             timeout=300, engine_overhead=("ps", "ring"), engine_grid=grid,
-                             nonfinite=EngineConfig.nonfinite, **_engine_extra(args))
+                             timeout=300, engine_overhead=("ps", "ring"),
+                             engine_grid=top_points(sizes[-1], tr.size), **_engine_extra(args))
     log(f"profiled in {time.perf_counter() - t0:.0f} s")
     return prof
 
 
 def _engine_extra(args):
-    """``profile_transport``'s engine settings from ``--engine`` (the ones it takes)."""
-    extra = json.loads(args.engine)
-    return {"raw_collective": extra["raw_collective"]} if "raw_collective" in extra else {}
+    """``profile_transport``'s engine settings (``raw_collective``, ``nonfinite``) as the
+    rows run: ``EngineConfig``'s defaults, overridden by ``--engine``."""
+    from hipress_like.casync.engine import EngineConfig
+
+    cfg = EngineConfig(**json.loads(args.engine))
+    return {"raw_collective": cfg.raw_collective, "nonfinite": cfg.nonfinite}
 
 
 # --------------------------------------------------------------------------- parent

@@ -50,6 +50,7 @@ from ..cost_model.model import Link
 from ..cost_model.plan import Plan, SizeRule
 from ..cost_model.planner import NEVER, Planner, plan_per_gradient
 from ..cost_model.profile import Profile, log_sizes
+from .engine_timing import top_points
 from .profiler import broadcast_bytes, profile_transport
 
 __all__ = ["auto_plan", "AutoPlanner", "DEFAULT_CANDIDATES"]
@@ -272,9 +273,8 @@ class AutoPlanner:
                                    meta={"ranks": n, "link_source": "given"})
         else:
             link_sizes = log_sizes(4096, max(8192, min(big, self.max_link_bytes)), 0.5)
-            top = prof_sizes[-1]  # engine timings up to the largest profiled size, 8x apart
-            grid = [(m, k) for m in sorted({max(4096, top >> 6), max(4096, top >> 3), top})
-                    for k in sorted({1, 2, n, 3 * n})]
+            # engine timings up to the largest profiled size, 8x apart
+            grid = top_points(prof_sizes[-1], n)
             self.profile = profile_transport(
                 transport, profiled, sizes=prof_sizes,
                 link_sizes=link_sizes, link=link, repeats=self.repeats, timeout=self.timeout,

@@ -24,7 +24,7 @@ from ..cost_model.model import Link
 from ..cost_model.profile import CompressorProfile, Profile, Progress
 
 __all__ = ["measure_engine_sync", "time_engine_steps", "time_engine_steps_cpu", "engine_points",
-           "measure_sync_overhead", "profile_shape"]
+           "top_points", "measure_sync_overhead", "profile_shape"]
 
 
 def _iterate(items: Sequence[Any], progress: Progress, desc: str) -> Iterable[Any]:
@@ -207,6 +207,22 @@ def engine_points(max_bytes: int, n: int, lo: int = 64 << 10) -> List[Tuple[int,
     """
     sizes = [s for s in (lo << (3 * i) for i in range(4)) if s <= max_bytes] or [max_bytes]
     return [(s, k) for s in sizes for k in sorted({1, min(2, n), n, 3 * n})]
+
+
+def top_points(top: int, n: int) -> List[Tuple[int, int]]:
+    """The (bytes, K) grid ``plan="auto"`` times compressed syncs at (``tuning/auto.py``).
+
+    Three sizes 8x apart ending at ``top`` (the largest profiled size; none
+    under 4 KB), each with K = 1, 2, N and 3N: the engine's costs near the
+    sizes a model's large gradients have, where ``engine_points`` starts
+    from small ones.
+
+    Example:
+        >>> top_points(1 << 20, 4)[:4]
+        [(16384, 1), (16384, 2), (16384, 4), (16384, 12)]
+    """
+    return [(m, k) for m in sorted({max(4096, top >> 6), max(4096, top >> 3), top})
+            for k in sorted({1, 2, n, 3 * n})]
 
 
 def measure_sync_overhead(transport: Any, link: Link, strategy: str = "ps", *,
