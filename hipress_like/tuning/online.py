@@ -528,7 +528,8 @@ class OnlinePlanner:
                 # the plan in force is timed after the candidates: these first steps carry
                 # the job's warm-up
                 return self._explore_begin(engine, step, link, rec, "start", None, t0,
-                                           self.planners(link), self._meta(step, link))
+                                           self.planners(link), self._meta(step, link),
+                                           step_s)
             return None
         planners = self.planners(link)
         current = price_plan(engine.plan, planners, self.sizes, self.n)
@@ -846,14 +847,9 @@ class OnlinePlanner:
             return None
         reason = "link moved" if link_moved else "step time moved"
         self._work_moved = self._link_moves = 0
-        _log.info("plan='adaptive' step %d: %s (link %.3g ms + %.3g Gbit/s, step %s ms against "
-                  "%s ms decided)", step, reason, 1e3 * link.latency, 8e-9 * link.bandwidth,
-                  _ms(step_s), _ms(base))
-        got = self._explore_begin(engine, step, link, rec, reason, self._agreed_mean, t0,
-                                  planners, meta)
-        if rec.get("explored") == []:  # nothing else to try: the plan in force is decided
-            self.decided_on, self._settled_s = link, step_s
-        return got
+        return self._explore_begin(engine, step, link, rec, reason, self._agreed_mean, t0,
+                                   planners, meta, step_s,
+                                   f"step {_ms(step_s)} ms against {_ms(base)} ms decided")
 
     def _meta(self, step: int, link: Link) -> Dict[str, Any]:
         """The provenance a plan made at this check carries."""
@@ -863,13 +859,13 @@ class OnlinePlanner:
 
     def _explore_begin(self, engine: Any, step: int, link: Link, rec: Dict[str, Any],
                        reason: str, t_before: Optional[float], t0: float,
-                       planners: Sequence[Planner], meta: Mapping[str, Any]
-                       ) -> Optional[Plan]:
+                       planners: Sequence[Planner], meta: Mapping[str, Any],
+                       step_s: Optional[float], detail: str = "") -> Optional[Plan]:
         """Start an exploration on ``link`` for ``reason`` (``explore.alternatives``, priced
         by ``planners``; the plan in force timed at ``t_before``, or in a window of its
         own when None) and switch to its first candidate; None when the caps are
-        reached or the model proposes no other plan (``rec["explored"] = []``; the plan
-        in force is kept for the link)."""
+        reached or the model proposes no other plan (then the plan in force is decided
+        on ``link``, its agreed step time ``step_s``). ``detail``: for the log."""
         s = self.settings
         if self.switches >= s.max_switches or self.explorations >= s.max_explorations:
             rec["capped"] = True
@@ -891,16 +887,17 @@ class OnlinePlanner:
             rec["explored"] = []
             _log.info("plan='adaptive' step %d: %s, and the model proposes no other plan; the "
                       "plan stays", step, reason)
+            self.decided_on, self._settled_s = link, step_s
             self._keep(link, engine.plan, step)
             return None
         self.explorations += 1
         self._exploration = Exploration(engine.plan, t_before, cands, steps=s.explore_steps,
                                         start=step, margin=s.margin, reason=reason, link=link)
         rec.update(exploring=reason, candidates=[why for why, _ in cands])
-        _log.warning("plan='adaptive' step %d: %s (link %.3g ms + %.3g Gbit/s); trying %d "
+        _log.warning("plan='adaptive' step %d: %s (link %.3g ms + %.3g Gbit/s%s); trying %d "
                      "plan(s) for %d steps each: %s", step, reason, 1e3 * link.latency,
-                     8e-9 * link.bandwidth, len(cands), s.explore_steps,
-                     ", ".join(why for why, _ in cands))
+                     8e-9 * link.bandwidth, detail and ", " + detail, len(cands),
+                     s.explore_steps, ", ".join(why for why, _ in cands))
         return self._explore_next(engine, step, t0)
 
     def _explore_next(self, engine: Any, step: int, t0: float) -> Optional[Plan]:
