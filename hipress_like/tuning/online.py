@@ -10,10 +10,9 @@ training runs:
    CaSync's bulk rounds do) at two sizes, 4 KB and one whose transfer takes
    about ``probe_s`` at the last measured bandwidth (the profile's at the
    first check; 64 KB to 4 MB; probed once more when the
-   large message took under half of that, or, on a link four or more times
-   slower than the reference, with a message four times larger when it read
-   no faster link: a return to the fast link hides in the host's scheduling
-   noise), the median of three timings of
+   large message took under half of that; four times that on a link four or
+   more times slower than the reference, where a return to the fast link
+   would hide in the host's noise), the median of three timings of
    the slowest rank per size, fitted to ``t = alpha + m beta``; rank 0's fit is
    broadcast, so every rank decides from the same numbers. The probe
    measures the same exchange whatever the plan; its size follows the link
@@ -162,7 +161,7 @@ from .online_pricing import (  # noqa: F401 - re-exported: this module's public 
 from .online_settings import (  # noqa: F401 - re-exported
     AFTER_STEPS,
     MEASURES,
-    PROBE_CONFIRM,
+    PROBE_FAR,
     PROBE_MAX,
     PROBE_MIN,
     PROBE_ROUNDS,
@@ -704,41 +703,38 @@ class OnlinePlanner:
         probe's (the next checks compare with it)."""
         s = self.settings
         if s.estimate is None and s.measure == "probe":
-            last = link = self._probed or self.profile.link
-            big = _probe_size(last, s.probe_s)
+            link = self._probed or self.profile.link
+            big = self._probe_size(link)
             for _ in range(PROBE_ROUNDS):
                 # no warm-up: the job's own traffic keeps the links warm
                 link, _ = measure_link(engine.transport, [PROBE_SMALL, big], repeats=3,
                                        timeout=self.timeout, warmup=False)
-                if big >= PROBE_MAX:
+                # too small for this link (its wire time under half of probe_s, after a
+                # slow phase): again, sized by what it just measured
+                if big >= PROBE_MAX or big / link.bandwidth >= s.probe_s / 2:
                     break
-                if big / link.bandwidth < s.probe_s / 2:
-                    # too small for this link (its wire time under half of probe_s, after
-                    # a slow phase): again, sized by what it just measured
-                    big = _probe_size(link, s.probe_s)
-                elif self._may_hide_faster(last, link):
-                    big = min(PROBE_CONFIRM * big, PROBE_MAX)
-                else:
-                    break
+                big = self._probe_size(link)
             self._probed = link  # the same on every rank (rank 0's fit, broadcast)
             self._probe_step_s, self._checks_unprobed = step_s, 0
             return link
         return agree(engine.transport, self.estimator.link, self.timeout)
 
-    def _may_hide_faster(self, last: Link, link: Link) -> bool:
-        """Whether a probe that read ``link`` (no faster than the ``last`` probe's) may
-        have missed a faster one: the reference link is ``PROBE_CONFIRM`` times or more
-        faster than ``link``, so the probe, sized for the slow link, would carry a return
-        to the reference's speed in well under ``probe_s`` of wire time, below the
-        host's scheduling noise (a timeslice, about 4 ms: with 4 ranks on the 2-core
-        test host, 2 of 20 first probes after a return from 200 Mbit/s to 10 Gbit/s read
-        the old rate, and one such reading kept a plan made for 200 Mbit/s 25 steps on
-        the fast link). A message ``PROBE_CONFIRM`` times larger reads a return to the
-        reference as at least about that many times faster even with a timeslice in it,
-        for about 4 x ``probe_s`` more wire time on the slow link."""
-        ref = self.reference
-        return ref is not None and link.bandwidth * PROBE_CONFIRM <= ref.bandwidth \
-            and link.bandwidth < LINK_NOISE * last.bandwidth
+    def _probe_size(self, link: Link) -> int:
+        """The probe's large message on ``link``: ``probe_s`` of wire time at its
+        bandwidth, ``PROBE_FAR`` times that on a link ``PROBE_FAR`` or more times slower
+        than the reference, kept within ``PROBE_MIN`` .. ``PROBE_MAX``.
+
+        Why the larger message on a slow link: sized for 200 Mbit/s (100 KB), the probe
+        carries a return to 10 Gbit/s in 0.1 ms of wire time, below the host's noise; in
+        ``bench/adaptive.py`` with 4 ranks on the 2-core test host, 4 of 18 first probes
+        after that return read 130-330 Mbit/s, each keeping the slow link's plan 20-25
+        steps more on the fast link. Four times the message reads such a return as
+        several times faster even with milliseconds of noise in it, for about 3 x
+        ``probe_s`` more wire time a probe on the slow link."""
+        ref, t = self.reference, self.settings.probe_s
+        if ref is not None and link.bandwidth * PROBE_FAR <= ref.bandwidth:
+            t *= PROBE_FAR
+        return int(min(max(link.bandwidth * t, PROBE_MIN), PROBE_MAX))
 
     def _mark(self, engine: Any, kind: str, index: int, t0: float, step: int) -> None:
         """A switch or revert on the engine's timeline; the step timer restarts after
@@ -973,12 +969,6 @@ class OnlinePlanner:
         self._mark(engine, "plan_switch" if switched else "plan_explore",
                    self.switches if switched else self.explorations, t0, step)
         return plan if states else None
-
-
-def _probe_size(link: Link, probe_s: float) -> int:
-    """The probe's large message: ``probe_s`` of wire time at ``link``'s bandwidth, kept
-    within ``PROBE_MIN`` .. ``PROBE_MAX``."""
-    return int(min(max(link.bandwidth * probe_s, PROBE_MIN), PROBE_MAX))
 
 
 def _ms(seconds: Optional[float]) -> str:

@@ -24,9 +24,9 @@ AFTER_STEPS = 5
 MEASURES = ("probe", "timeline")
 PROBE_SMALL, PROBE_MIN, PROBE_MAX = 4 << 10, 64 << 10, 4 << 20
 PROBE_ROUNDS = 2  # probes in one check at most, the second sized by the first
-# the second probe's size over the first's when the first, sized for a link far slower than
-# the reference, read no faster link (``OnlinePlanner._may_hide_faster``)
-PROBE_CONFIRM = 4
+# on a link this many times slower than the reference, the probe's message is this many
+# times larger (``OnlinePlanner._probe_size``)
+PROBE_FAR = 4
 # the controller's entry in a checkpoint (``OnlinePlanner.state_dict``)
 STATE_FORMAT, STATE_VERSION = "hipress-like-adaptive", 1
 

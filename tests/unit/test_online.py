@@ -434,13 +434,12 @@ def test_a_check_probes_only_when_the_step_time_moved_or_probe_every_says_so():
     assert [[s for s, _, _ in h] for h in res] == [[3, 9, 15]] * 2
 
 
-def test_a_probe_sized_for_a_slow_link_is_confirmed_larger_when_it_reads_no_faster_one(
+def test_a_probe_on_a_link_far_slower_than_the_reference_is_four_times_larger(
         monkeypatch):
-    """``_measure``'s probe sizes (``measure_link`` scripted): sized for the last probed
-    link; on a link 4x or more slower than the reference a reading of no faster link is
-    probed again 4x larger (a return to the fast link hides in the host's noise), and the
-    larger probe's reading is the one kept; near the reference, or when the first
-    reading already shows the faster link, one probe does."""
+    """``_measure``'s probe sizes (``measure_link`` scripted): ``probe_s`` of wire time
+    at the last probed link; four times that on a link 4x or more slower than the
+    reference (a return to the fast link would hide in the host's noise); sized again by
+    what it read when it took under half of ``probe_s``; capped at 4 MB."""
     from hipress_like.tuning import online as mod
 
     sizes, readings = [], []
@@ -450,29 +449,28 @@ def test_a_probe_sized_for_a_slow_link_is_confirmed_larger_when_it_reads_no_fast
         return readings.pop(0), ()
 
     monkeypatch.setattr(mod, "measure_link", scripted)
-    s = Adaptive(probe_s=0.004)
-    online = OnlinePlanner(s, _profile(), ["onebit"], SIZES, 2, "ps")
+    online = OnlinePlanner(Adaptive(probe_s=0.004), _profile(), ["onebit"], SIZES, 2, "ps")
     eng = type("E", (), {"transport": None})()
     slow, fast = Link(1e-3, 25e6), Link(1e-3, 1.25e9)  # 200 Mbit/s, 10 Gbit/s
-    online.reference, online._probed = fast, slow
-    readings[:] = [slow, Link(1e-3, 100e6)]  # the first reads the old rate, the second 4x
-    assert online._measure(eng, 0.1) == Link(1e-3, 100e6)
-    assert sizes == [100_000, 400_000]
-    sizes.clear()
-    online._probed = slow
-    readings[:] = [Link(1e-3, 45e6)]  # already 1.8x faster: believed at once
-    assert online._measure(eng, 0.1) == Link(1e-3, 45e6) and sizes == [100_000]
-    sizes.clear()
-    online._probed = Link(1e-3, 0.5e9)  # 2.5x slower than the reference: no confirmation
-    readings[:] = [Link(1e-3, 0.5e9)]
-    online._measure(eng, 0.1)
-    assert sizes == [2_000_000]
-    sizes.clear()
-    online.reference = None  # the first check: nothing to return to
-    online._probed = slow
-    readings[:] = [slow]
-    online._measure(eng, 0.1)
-    assert sizes == [100_000]
+
+    def probe(last, *read):
+        sizes.clear()
+        online._probed, readings[:] = last, list(read)
+        got = online._measure(eng, 0.1)
+        assert not readings
+        return got, list(sizes)
+
+    online.reference = None  # the first check: the profile's link sizes it
+    assert probe(slow, slow) == (slow, [100_000])
+    online.reference = fast
+    # 50x slower than the reference: 16 ms of wire time at 200 Mbit/s, not 4
+    assert probe(slow, slow) == (slow, [400_000])
+    # the fast link back: 400 KB in 3 ms (a timeslice of noise in it) read as 1 Gbit/s
+    # is a 5x move already; read as 10 Gbit/s it is too small, and probed again at 4 MB
+    assert probe(slow, Link(1e-3, 133e6)) == (Link(1e-3, 133e6), [400_000])
+    assert probe(slow, fast, fast) == (fast, [400_000, 4 << 20])
+    # 2.5x slower than the reference: probe_s at its bandwidth
+    assert probe(Link(1e-3, 0.5e9), Link(1e-3, 0.5e9))[1] == [2_000_000]
 
 
 # -- a switch is a trial judged by measured step times ----------------------------------------
