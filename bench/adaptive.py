@@ -323,7 +323,10 @@ def summarize(rows: dict, a: argparse.Namespace, rates, hogs, configs) -> int:
 
     def med(c, key, k=None):
         vals = [r[key] if k is None else r[key][k] for r in rows[c]]
-        return statistics.median(vals)
+        # a repeat whose adaptive job decided until the phase's end has no settled window
+        # (NaN in every configuration alike): the median is of the repeats that have one
+        vals = [v for v in vals if not math.isnan(v)]
+        return statistics.median(vals) if vals else math.nan
 
     print(f"\n{a.ranks} ranks, {a.steps} steps a phase at {' -> '.join(rates)}"
           + (f", CPU hog beside rank {a.hog_rank} in phases "
@@ -345,7 +348,9 @@ def summarize(rows: dict, a: argparse.Namespace, rates, hogs, configs) -> int:
         best = min(fixed, key=lambda c: med(c, "settled_s", k))
         ratio = med("adaptive", "settled_s", k) / max(med(best, "settled_s", k), 1e-9)
         froms = sorted({r["settle_from"][k] for r in rows["adaptive"]})
-        goals.append((f"phase {k + 1} settled (from step {'/'.join(map(str, froms))}): "
+        have = sum(not math.isnan(r["settled_s"][k]) for r in rows["adaptive"])
+        of = "" if have == a.repeats else f", {have} of {a.repeats} repeats"
+        goals.append((f"phase {k + 1} settled (from step {'/'.join(map(str, froms))}{of}): "
                       f"adaptive / best fixed ({best})", ratio, "<= 1.10", ratio <= 1.10))
         whole = min(fixed, key=lambda c: med(c, "phase_s", k))
         ratio = med("adaptive", "phase_s", k) / max(med(whole, "phase_s", k), 1e-9)
@@ -388,7 +393,8 @@ def settle_starts(adaptive: dict, steps: int, phases: int, check_every: int) -> 
         last = lo
         for b in (b for b in began if lo <= b < hi):  # begun at hi: runs in the next
             nxt = min((x for x in began if x > b), default=math.inf)
-            last = max(last, max((e for e in ends if b <= e < nxt), default=b))
+            # (a void exploration ends where the next one begins: ``<= nxt``)
+            last = max(last, max((e for e in ends if b <= e <= nxt), default=b))
         out.append(min(steps, max(floor, last - lo)))
     return out
 

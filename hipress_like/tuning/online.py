@@ -93,7 +93,12 @@ training runs:
    plan the model priced wrongly is not kept (the model's plan at 10 Gbit/s
    was 1.6x slower than "nothing compressed" on the 2-core test host).
    Explorations are capped (``max_explorations``), a kept change counts as a
-   switch, and trials (item 5) have nothing left to judge. With
+   switch, and trials (item 5) have nothing left to judge. At its end the
+   link is measured again (``_moved_during``; a probe reading a move is
+   taken twice): when it moved by 2x or more since the exploration began,
+   the windows timed the plans on two links, so the exploration is void:
+   the plan in force before it comes back and a new one starts on the new
+   link (``_explore_void``). With
    ``explore_start`` (off by default) the first check explores too: the plan
    chosen at start-up, priced on a start-up profile, runs against the
    alternatives on the link measured then, the plan in force timed in a
@@ -945,8 +950,13 @@ class OnlinePlanner:
 
     def _explore_end(self, engine: Any, step: int, t0: float) -> Optional[Plan]:
         """Keep the fastest measured plan (``Exploration.choose``); a switch when it is
-        not the plan in force before the exploration."""
+        not the plan in force before the exploration. When the link moved during the
+        exploration (``_moved_during``), its windows timed the plans on two links: it
+        decides nothing (``_explore_void``)."""
         ex, self._exploration = self._exploration, None
+        moved = self._moved_during(engine, ex)
+        if moved is not None:
+            return self._explore_void(engine, step, ex, moved, t0)
         why, plan, t = ex.choose()
         switched = plan is not ex.before
         rec: Dict[str, Any] = {"step": step, "explored": ex.summary(), "chose": why,
@@ -969,6 +979,56 @@ class OnlinePlanner:
         self._mark(engine, "plan_switch" if switched else "plan_explore",
                    self.switches if switched else self.explorations, t0, step)
         return plan if states else None
+
+    def _moved_during(self, engine: Any, ex: Exploration) -> Optional[Link]:
+        """The link at an exploration's end when it moved from the exploration's by 2x or
+        more in bandwidth (the link trigger's immediate move), else None. Collective.
+        Measured links only (a probe, or an injected estimate): the timeline's estimate
+        follows the plans tried. A probe that reads such a move is taken again and
+        both must read it (a probe on the fast link of the 2-core test host read 1.4 to
+        8 Gbit/s at one 10 Gbit/s rate)."""
+        s = self.settings
+        if ex.link is None or (s.estimate is None and s.measure != "probe"):
+            return None
+
+        def far(x: Optional[Link]) -> bool:
+            return x is not None and max(x.bandwidth / ex.link.bandwidth,
+                                         ex.link.bandwidth / x.bandwidth) >= 2
+
+        link = self._measure(engine, None)
+        if far(link) and s.estimate is None:
+            link = self._measure(engine, None)
+        return link if far(link) else None
+
+    def _explore_void(self, engine: Any, step: int, ex: Exploration, link: Link,
+                      t0: float) -> Optional[Plan]:
+        """The link moved during exploration ``ex`` (to ``link``): the plan in force
+        before it comes back, nothing is kept or counted as a switch, and a new
+        exploration starts on ``link`` (the plan in force timed in a window of its own,
+        after the candidates), within the caps. Without this, an exploration begun a
+        few steps before a link change compared plans measured on two links and kept
+        the one that ran on the faster (``bench/adaptive.py``: "nothing compressed"
+        kept at 200 Mbit/s, measured on the 10 Gbit/s that followed)."""
+        rec: Dict[str, Any] = {"step": step, "explored": ex.summary(), "switched": False,
+                               "chose": "nothing: the link moved during it", "voided": True,
+                               "latency_s": link.latency, "bandwidth_Bps": link.bandwidth}
+        states = self._set_plan(engine, ex.before) if ex.before is not engine.plan else {}
+        rec.update(states)
+        self.history.append(rec)
+        _log.warning("plan='adaptive' step %d: the link moved during the exploration begun "
+                     "at step %d (%.3g -> %.3g Gbit/s); its times are void, the plan in "
+                     "force before it is back", step, ex.start, 8e-9 * ex.link.bandwidth,
+                     8e-9 * link.bandwidth)
+        start: Dict[str, Any] = {"step": step, "latency_s": link.latency,
+                                 "bandwidth_Bps": link.bandwidth, "switched": False}
+        self.history.append(start)
+        got = self._explore_begin(engine, step, link, start, "link moved during an "
+                                  "exploration", None, t0, self.planners(link),
+                                  self._meta(step, link), None)
+        if self._exploration is None:  # capped, or no other plan: the plan in force stays
+            self.decided_on, self._settled_s = link, None
+            self._mark(engine, "plan_explore", self.explorations, t0, step)
+        return got if got is not None else (ex.before if states else None)
 
 
 def _ms(seconds: Optional[float]) -> str:

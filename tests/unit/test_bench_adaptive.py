@@ -51,3 +51,38 @@ def test_a_phase_settles_after_the_decisions_begun_in_it_end():
     late = [{"step": 40, "exploring": "link moved"}, {"step": 40, "trying": "m"},
             {"step": 55, "chose": "m"}]
     assert _bench().settle_starts({"history": late, "after_steps": 5}, 40, 2, 5) == [10, 15]
+
+
+def test_a_void_exploration_and_the_one_begun_at_its_end_settle_after_the_second():
+    hist = [{"step": 5, "reference": True},
+            {"step": 30, "exploring": "link moved"}, {"step": 30, "trying": "m"},
+            {"step": 45, "chose": "nothing: the link moved during it", "voided": True},
+            {"step": 45, "exploring": "link moved during an exploration"},
+            {"step": 45, "trying": "m"}, {"step": 60, "chose": "m"}]
+    got = _bench().settle_starts({"history": hist, "after_steps": 5}, 40, 2, 5)
+    assert got == [40, 20]  # phase 1: decided past its end; phase 2: from step 60
+
+
+def test_the_phase_ratio_is_the_median_of_the_repeats_with_a_settled_window(tmp_path,
+                                                                             capsys):
+    import argparse
+    import json
+
+    steps = 20
+
+    def row(t, hist):
+        return {"steps_s": [[t] * steps], "phase_s": [t * steps], "total_s": t * steps,
+                "identical": True, "history": hist, "after_steps": 5}
+
+    busy = [{"step": 8, "exploring": "link moved"}, {"step": 8, "trying": "m"},
+            {"step": 20, "chose": "m"}]  # decided until the phase's end: no window
+    rows = {"adaptive": [row(0.010, []), row(0.5, busy), row(0.012, [])],
+            "start": [row(0.011, []), row(0.011, []), row(0.010, [])]}
+    a = argparse.Namespace(repeats=3, steps=steps, check_every=5, ranks=2, hidden=64,
+                           hog_rank=0, out=str(tmp_path / "a.json"), plot=None)
+    assert _bench().summarize(rows, a, ["1gbit"], [False], ("adaptive", "start")) == 0
+    goals = {g["name"]: g for g in json.load(open(a.out))["goals"]}
+    name = next(n for n in goals if n.startswith("phase 1 settled"))
+    assert "2 of 3 repeats" in name
+    assert abs(goals[name]["value"] - 0.011 / 0.0105) < 1e-9 and goals[name]["pass"]
+    assert "2 of 3 repeats" in capsys.readouterr().out

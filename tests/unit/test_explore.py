@@ -339,3 +339,56 @@ def test_a_link_that_comes_back_gets_back_the_plan_kept_on_it():
     assert not plan.decide("w1", SIZES["w1"], 2).compress
     state = online.state_dict(type("E", (), {"plan": online.kept[-1][1]})())
     assert [at for _, _, at in state["kept"]] == [at for _, _, at in online.kept]
+
+
+def test_an_exploration_the_link_moved_during_is_void_and_begins_again_on_the_new_link():
+    # SLOW from step 5 (the check of step 8 explores), ``_mid_link`` from step 10, while
+    # the exploration still runs: at its end the link measured there moved far from the
+    # exploration's, so its times (taken on two links) decide nothing: the plan in force
+    # before it is back, nothing is kept for SLOW, and a new exploration starts on the
+    # new link at once (the model compresses w1 there), the plan in force timed last
+    mid = _mid_link()
+
+    def schedule(step):
+        return FAST if step < 5 else SLOW if step < 10 else mid
+
+    def sleep_s(step, on):
+        return 0.02 if on else 0.004  # compressing measures slower on either link
+
+    online, compressed, kinds = _alike(run_threads(
+        lambda t: _explore_run(t, sleep_s, schedule, steps=40), 2))
+    first = next(h for h in online.history if h.get("exploring"))
+    assert first["step"] == 8 and first["exploring"] == "link moved"
+    void = next(h for h in online.history if h.get("voided"))
+    assert void["step"] == 8 + 3 * len(first["candidates"])
+    assert void["bandwidth_Bps"] == mid.bandwidth and not void["switched"]
+    again = next(h for h in online.history if h.get("exploring") and h is not first)
+    assert again["step"] == void["step"]
+    assert again["exploring"] == "link moved during an exploration"
+    end = next(h for h in online.history if "chose" in h and h["step"] > void["step"])
+    assert end["explored"][-1]["why"] == "in force"
+    assert end["step"] == void["step"] + 3 * (len(again["candidates"]) + 1)
+    assert not any(compressed[end["step"]:])
+    assert SLOW.bandwidth not in {link.bandwidth for link, _, _ in online.kept}
+    assert online.explorations >= 2 and ("plan_explore", void["step"]) in kinds
+
+
+def test_a_probe_that_reads_a_move_at_an_explorations_end_must_read_it_twice():
+    """``_moved_during`` with probes (``_measure`` scripted): a first reading 2x or
+    more from the exploration's link is probed again, and only a second such reading
+    voids it; the timeline's estimate (plan-dependent) never voids one."""
+    from hipress_like.tuning.online import OnlinePlanner
+
+    online = OnlinePlanner(Adaptive(), _profile(), ["onebit"], SIZES, 2, "ps")
+    ex = Exploration("A", 1.0, [], steps=3, start=0, margin=0.1, link=Link(1e-3, 1e8))
+    readings = []
+    online._measure = lambda engine, step_s: readings.pop(0)
+    readings[:] = [Link(1e-3, 3e8), Link(1e-3, 1.2e8)]  # a move, then none: noise
+    assert online._moved_during(None, ex) is None and not readings
+    readings[:] = [Link(1e-3, 3e8), Link(1e-3, 4e8)]
+    assert online._moved_during(None, ex) == Link(1e-3, 4e8)
+    readings[:] = [Link(1e-3, 1.5e8)]  # under 2x: one probe
+    assert online._moved_during(None, ex) is None and not readings
+    online.settings = Adaptive(measure="timeline")
+    readings[:] = [Link(1e-3, 1e10)]
+    assert online._moved_during(None, ex) is None and readings
