@@ -601,3 +601,16 @@ def test_a_plan_that_hides_link_changes_from_the_step_time_is_probed_twice_as_of
     online._checks_unprobed, online._blind = 0, (None, False)
     probes = [online._should_probe(engine, 5 * c)[0] for c in range(1, 6)]
     assert probes == [False, False, False, False, True]
+
+
+def test_the_reference_link_is_the_median_of_three_probes():
+    """``_reference_link``: with probes the first check's reading and two more, the one
+    of median bandwidth kept (every later link is priced as a change from it); an
+    injected estimate is taken once."""
+    online = OnlinePlanner(Adaptive(), _profile(), ["onebit"], SIZES, 2, "ps")
+    readings = [Link(2e-3, 4e8), Link(1e-3, 2e8)]
+    online._measure = lambda engine, step_s: readings.pop(0)
+    assert online._reference_link(None, Link(3e-3, 1.8e8), 0.1) == Link(1e-3, 2e8)
+    assert not readings
+    online.settings = Adaptive(estimate=lambda s, r: FAST)
+    assert online._reference_link(None, FAST, 0.1) == FAST
