@@ -86,3 +86,13 @@ def test_the_phase_ratio_is_the_median_of_the_repeats_with_a_settled_window(tmp_
     assert "2 of 3 repeats" in name
     assert abs(goals[name]["value"] - 0.011 / 0.0105) < 1e-9 and goals[name]["pass"]
     assert "2 of 3 repeats" in capsys.readouterr().out
+
+
+def test_each_repeat_rotates_the_job_order_keeping_start_after_adaptive():
+    order = _bench().job_order
+    configs = ("adaptive", "start", "none", "onebit")
+    assert order(configs, 0) == ["adaptive", "start", "none", "onebit"]
+    assert order(configs, 1) == ["none", "onebit", "adaptive", "start"]
+    assert order(configs, 2) == ["onebit", "adaptive", "start", "none"]
+    assert order(configs, 3) == order(configs, 0)
+    assert order(("adaptive", "none"), 1) == ["none", "adaptive"]
