@@ -313,9 +313,10 @@ def job_order(configs, rep: int) -> list:
     """The order of repeat ``rep``'s jobs: the adaptive job with "start" right after it
     (it runs the plan the adaptive job saved) as one block, every other configuration a
     block of its own, the blocks rotated by ``rep``, so that no configuration always
-    runs in the same place of a repeat (on the test host the job run first in every
+    runs in the same place of a repeat. On the test host the job run first in every
     repeat, the adaptive one, measured 5-7 % slower per step than "start" on the same
-    plan, which an order effect would explain)."""
+    plan (phase 1, 4 ranks, steps without a check: 82.6 ms against 77.5); with the
+    order rotated, 80.5 against 81.7."""
     blocks = [[c for c in ("adaptive", "start") if c in configs]]
     blocks += [[c] for c in configs if c not in ("adaptive", "start")]
     k = rep % len(blocks)
