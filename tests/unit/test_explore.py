@@ -392,3 +392,31 @@ def test_a_probe_that_reads_a_move_at_an_explorations_end_must_read_it_twice():
     online.settings = Adaptive(measure="timeline")
     readings[:] = [Link(1e-3, 1e10)]
     assert online._moved_during(None, ex) is None and readings
+
+
+def test_a_check_whose_probe_reads_a_move_probes_again_and_keeps_the_second_reading():
+    """``_check`` with probes (``_measure`` scripted, the caps reached so nothing is
+    switched): a first reading 2x or more from the decided link is taken again and the
+    second is the check's link; a reading under 2x is taken once."""
+    from hipress_like.tuning.online import OnlinePlanner
+
+    prof = _profile()
+    plan = profile_plan(prof, ["onebit"], SIZES, 2, "ps", meta={"profile": prof.to_dict()})
+    online = OnlinePlanner(Adaptive(max_explorations=0), prof, ["onebit"], SIZES, 2, "ps")
+    engine = type("E", (), {"plan": plan})()
+    online.reference = online.decided_on = Link(1e-3, 1e8)
+    online._should_probe = lambda eng, step: (True, 0.05)
+    readings = []
+    online._measure = lambda eng, step_s: readings.pop(0)
+    readings[:] = [Link(1e-3, 3e9), Link(1e-3, 4e8)]  # an outlier, then a 4x move
+    online._check(engine, 10)
+    rec = online.history[-1]
+    assert not readings and rec["probed_twice"] and rec["bandwidth_Bps"] == 4e8
+    assert rec["bandwidth_ratio"] == 4.0 and rec["capped"]
+    readings[:] = [Link(1e-3, 1.5e8)]
+    online._check(engine, 15)
+    assert not readings and "probed_twice" not in online.history[-1]
+    online.settings = Adaptive(max_explorations=0, estimate=lambda s, r: FAST, explore=True)
+    readings[:] = [Link(1e-3, 1e10)]  # an injected estimate is the same at a second look
+    online._check(engine, 20)
+    assert not readings and "probed_twice" not in online.history[-1]
