@@ -633,7 +633,7 @@ class OnlinePlanner:
         ``explore``'s work trigger).
         """
         s = self.settings
-        if s.estimate is not None or s.measure != "probe":
+        if not s.probes:
             if not s.explores:
                 return True, None
             t = self._agree_step_times(engine)  # for exploration's work trigger
@@ -717,7 +717,7 @@ class OnlinePlanner:
         no estimate yet. ``step_s``: the step time ``_should_probe`` agreed, kept as the
         probe's (the next checks compare with it)."""
         s = self.settings
-        if s.estimate is None and s.measure == "probe":
+        if s.probes:
             link = self._probed or self.profile.link
             big = self._probe_size(link)
             for _ in range(PROBE_ROUNDS):
@@ -743,8 +743,7 @@ class OnlinePlanner:
         5.3 Gbit/s at first probes, and a first probe at 1.4 followed by one at 2.9 began
         an exploration on an unchanged link. An injected or timeline estimate is
         taken once (a second reading is the same one)."""
-        s = self.settings
-        if s.estimate is not None or s.measure != "probe":
+        if not self.settings.probes:
             return first
         links = [first] + [self._measure(engine, step_s) for _ in range(REFERENCE_PROBES - 1)]
         return sorted(links, key=lambda x: x.bandwidth)[len(links) // 2]
@@ -1012,18 +1011,16 @@ class OnlinePlanner:
         with ``explore`` and probes. One probe on the fast link of the 2-core test host
         read 1.4 to 29 Gbit/s at one 10 Gbit/s rate; one that read 29 began an
         exploration whose end, probed at 4 Gbit/s, looked like a link moved during it."""
-        s = self.settings
-        return s.explores and s.estimate is None and s.measure == "probe"
+        return self.settings.explores and self.settings.probes
 
     def _moved_during(self, engine: Any, ex: Exploration) -> Optional[Link]:
         """The link at an exploration's end when it moved from the exploration's by 2x or
         more in bandwidth (the link trigger's immediate move), else None. Collective.
         Measured links only (a probe, or an injected estimate): the timeline's estimate
         follows the plans tried. A probe that reads such a move is taken again and
-        both must read it (a probe on the fast link of the 2-core test host read 1.4 to
-        8 Gbit/s at one 10 Gbit/s rate)."""
+        both must read it (``_probes_twice``)."""
         s = self.settings
-        if ex.link is None or (s.estimate is None and s.measure != "probe"):
+        if ex.link is None or not (s.probes or s.estimate is not None):
             return None
 
         def far(x: Optional[Link]) -> bool:

@@ -168,6 +168,12 @@ class Adaptive:
         return self.estimate is None if self.explore is None else self.explore
 
     @property
+    def probes(self) -> bool:
+        """Whether checks measure the link by a probe (``measure="probe"``, no injected
+        ``estimate``): a second reading is then a new measurement."""
+        return self.estimate is None and self.measure == "probe"
+
+    @property
     def explores_start(self) -> bool:
         """Whether the first check explores too (``explore_start``; needs ``explore``)."""
         return self.explores and self.explore_start
