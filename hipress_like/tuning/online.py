@@ -545,9 +545,9 @@ class OnlinePlanner:
                                            self.planners(link), self._meta(step, link),
                                            step_s)
             return None
-        if self._probes_twice() and _ratio(link, self.decided_on) >= 2:
-            # a probe that reads a move is taken again; the second reading is the link
-            link = self._measure(engine, step_s)
+        second = self._read_again(engine, link, self.decided_on, step_s)
+        if second is not link:
+            link = second
             rec.update(latency_s=link.latency, bandwidth_Bps=link.bandwidth, probed_twice=True)
         planners = self.planners(link)
         current = price_plan(engine.plan, planners, self.sizes, self.n)
@@ -1013,6 +1013,14 @@ class OnlinePlanner:
         exploration whose end, probed at 4 Gbit/s, looked like a link moved during it."""
         return self.settings.explores and self.settings.probes
 
+    def _read_again(self, engine: Any, link: Optional[Link], against: Link,
+                    step_s: Optional[float]) -> Optional[Link]:
+        """``link``, or, when it is a probe's reading 2x or more from ``against`` and
+        ``_probes_twice``, a second probe's reading (collective then), which replaces it."""
+        if link is not None and self._probes_twice() and _ratio(link, against) >= 2:
+            return self._measure(engine, step_s)
+        return link
+
     def _moved_during(self, engine: Any, ex: Exploration) -> Optional[Link]:
         """The link at an exploration's end when it moved from the exploration's by 2x or
         more in bandwidth (the link trigger's immediate move), else None. Collective.
@@ -1026,9 +1034,7 @@ class OnlinePlanner:
         def far(x: Optional[Link]) -> bool:
             return x is not None and _ratio(x, ex.link) >= 2
 
-        link = self._measure(engine, None)
-        if far(link) and self._probes_twice():
-            link = self._measure(engine, None)
+        link = self._read_again(engine, self._measure(engine, None), ex.link, None)
         return link if far(link) else None
 
     def _explore_void(self, engine: Any, step: int, ex: Exploration, link: Link,
