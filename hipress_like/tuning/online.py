@@ -101,7 +101,9 @@ training runs:
    taken twice): when it moved by 2x or more since the exploration began,
    the windows timed the plans on two links, so the exploration is void:
    the plan in force before it comes back and a new one starts on the new
-   link (``_explore_void``). With
+   link (``_explore_void``). A link that reads faster while the plan in force
+   compresses nothing starts no exploration (``_compresses_nothing``: no plan
+   gains more from a faster link). With
    ``explore_start`` (off by default) the first check explores too: the plan
    chosen at start-up, priced on a start-up profile, runs against the
    alternatives on the link measured then, the plan in force timed in a
@@ -890,6 +892,16 @@ class OnlinePlanner:
         link_moved = r >= 2 or self._link_moves >= 2
         rec["bandwidth_ratio"] = r
         rec["step_s"] = step_s
+        if link_moved and not work and link.bandwidth > self.decided_on.bandwidth \
+                and self._compresses_nothing(engine.plan):
+            # no plan gains more from a faster link than the one sending everything as it
+            # is (``_compresses_nothing``): nothing to explore, and the decided link stays
+            rec["faster_uncompressed"] = True
+            self._link_moves = 0
+            _log.info("plan='adaptive' step %d: the link reads faster (%.3g Gbit/s against "
+                      "%.3g decided) and the plan in force compresses nothing; it stays",
+                      step, 8e-9 * link.bandwidth, 8e-9 * self.decided_on.bandwidth)
+            return None
         if not link_moved and not work:
             _log.info("plan='adaptive' step %d: keep the plan (link %.3g ms + %.3g Gbit/s, "
                       "moved %.0f %%; step %s ms against %s ms decided)", step,
@@ -901,6 +913,22 @@ class OnlinePlanner:
         return self._explore_begin(engine, step, link, rec, reason, self._agreed_mean, t0,
                                    planners, meta, step_s,
                                    f"step {_ms(step_s)} ms against {_ms(base)} ms decided")
+
+    def _compresses_nothing(self, plan: Optional[Plan]) -> bool:
+        """Whether ``plan`` sends every gradient of the job as it is (named entries and
+        its size rule alike). Such a plan stays the fastest when the link gets faster:
+        in the cost model (HiPress Eq. 1 and 2, ``cost_model/model.py``) a send costs
+        a latency plus its bytes over the bandwidth ``b`` and the encode and decode
+        terms do not depend on the link, so the gap between it and a plan that
+        compresses is ``(a_U - a_C) + (S_U - S_C) / b``, with ``S_U > S_C`` the bytes
+        each sends; it only falls as ``b`` rises, and what beat every compressed plan
+        on the decided link beats them on a faster one. On the 2-core host, a probe on an
+        unchanged 10 Gbit/s link read up to 2x above a low reference reading, and each
+        such reading began an exploration of compressed plans that cost its steps."""
+        if plan is None:
+            return False
+        return not any(plan.decide(name, nbytes, self.n).compress
+                       for name, nbytes in self.sizes.items())
 
     def _meta(self, step: int, link: Link) -> Dict[str, Any]:
         """The provenance a plan made at this check carries."""

@@ -394,6 +394,40 @@ def test_a_probe_that_reads_a_move_at_an_explorations_end_must_read_it_twice():
     assert online._moved_during(None, ex) is None and readings
 
 
+def test_a_faster_link_under_a_plan_that_compresses_nothing_starts_no_exploration():
+    """``_check`` with probes (scripted, the caps reached so a wanted exploration shows as
+    ``capped``): a link read 2x faster than the decided one leaves a plan that compresses
+    nothing as it is (no plan gains more from a faster link), while the same reading
+    under a compressing plan, and a slower reading under the uncompressed one, would
+    each explore."""
+    from hipress_like.tuning.online import OnlinePlanner
+
+    prof = _profile()
+    bare = profile_plan(prof.with_link(FAST), ["onebit"], SIZES, 2, "ps")
+    squeezed = profile_plan(prof.with_link(SLOW), ["onebit"], SIZES, 2, "ps")
+    assert not any(g.compress for g in bare.gradients.values())
+    assert any(g.compress for g in squeezed.gradients.values())
+    online = OnlinePlanner(Adaptive(max_explorations=0), prof, ["onebit"], SIZES, 2, "ps")
+    online.reference = online.decided_on = Link(1e-3, 1e9)
+    online._should_probe = lambda eng, step: (True, 0.05)
+    readings = []
+    online._measure = lambda eng, step_s: readings.pop(0)
+
+    def check(plan, bandwidth, step):
+        readings[:] = [Link(1e-3, bandwidth)] * 2  # a 2x move is read twice
+        online._check(type("E", (), {"plan": plan})(), step)
+        assert not readings
+        return online.history[-1]
+
+    rec = check(bare, 3e9, 10)
+    assert rec["faster_uncompressed"] and "capped" not in rec and "exploring" not in rec
+    assert online.decided_on == Link(1e-3, 1e9), "the decided link stays"
+    rec = check(squeezed, 3e9, 15)
+    assert rec["capped"] and "faster_uncompressed" not in rec
+    rec = check(bare, 3e8, 20)
+    assert rec["capped"] and "faster_uncompressed" not in rec
+
+
 def test_a_check_whose_probe_reads_a_move_probes_again_and_keeps_the_second_reading():
     """``_check`` with probes (``_measure`` scripted, the caps reached so nothing is
     switched): a first reading 2x or more from the decided link is taken again and the
@@ -401,7 +435,9 @@ def test_a_check_whose_probe_reads_a_move_probes_again_and_keeps_the_second_read
     from hipress_like.tuning.online import OnlinePlanner
 
     prof = _profile()
-    plan = profile_plan(prof, ["onebit"], SIZES, 2, "ps", meta={"profile": prof.to_dict()})
+    # a plan that compresses (a faster link under one that does not explores nothing)
+    plan = profile_plan(prof.with_link(SLOW), ["onebit"], SIZES, 2, "ps",
+                        meta={"profile": prof.to_dict()})
     online = OnlinePlanner(Adaptive(max_explorations=0), prof, ["onebit"], SIZES, 2, "ps")
     engine = type("E", (), {"plan": plan})()
     online.reference = online.decided_on = Link(1e-3, 1e8)
