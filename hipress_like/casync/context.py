@@ -181,6 +181,10 @@ class StepContext:
     error: Optional[BaseException] = None
     error_arg: int = -1
     told: bool = False  # this rank's error was told to the peers (``rounds.tell_peers``)
+    # values this rank shares in the next replayed step's status words (``Engine.share``),
+    # and (step index, their means over ranks or None) from the last replayed step
+    share: Optional[Tuple[float, ...]] = None
+    shared: Optional[Tuple[int, Optional[Tuple[float, ...]]]] = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     def become(self, life: Life) -> None:

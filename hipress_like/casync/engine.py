@@ -507,6 +507,24 @@ class Engine:
         """Number of completed synchronisation steps."""
         return self._step
 
+    def share(self, values: Optional[Sequence[float]]) -> None:
+        """Share up to ``replay.SHARE_LEN - 1`` numbers (each in 0 .. ``replay.SHARE_MAX``,
+        kept to ``replay.SHARE_UNIT``) with every rank in the next replayed step's status
+        words, at no collective of their own (``replay.py``'s module docstring); None
+        shares nothing. ``shared`` then returns their means over ranks."""
+        with self._ctx.cv:
+            self._ctx.share = None if values is None else tuple(float(v) for v in values)
+
+    def shared(self) -> Optional[Tuple[float, ...]]:
+        """The means over ranks of the values ``share``d, carried by the step just
+        synchronised; the same on every rank. None when that step was not replayed to
+        its end (coordinated, or stopped by a rank's error or miss), or some rank
+        shared nothing, or the last bucket's first group could not carry them (not
+        summed, or narrower than float32)."""
+        with self._ctx.cv:
+            got = self._ctx.shared
+        return got[1] if got is not None and got[0] == self._step - 1 else None
+
     @property
     def replayed_steps(self) -> int:
         """Steps whose communication replayed a recorded schedule, with no metadata

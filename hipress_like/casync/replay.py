@@ -33,10 +33,24 @@ sums, so every rank takes the same branch: on an error or a miss the bucket's
 result is discarded (members are restored or were never overwritten) and the
 rest of the step is coordinated as usual, whose first metadata round names
 the failing rank or reports the mismatch; the next step records afresh.
+
+Shared words. The last bucket's status words also carry ``SHARE_LEN`` words a
+caller of the engine shares (``Engine.share``: the online planner's step
+times, ``tuning/online.py``), so numbers every rank must agree on cost no
+collective of their own: at a check, a separate allgather took 4-15 ms of a
+70 ms step with 4 ranks on 2 cores, each hop waiting for a descheduled peer.
+Word 0 counts the ranks that shared; then each value, rounded to a whole
+number of ``SHARE_UNIT``, is two words (its units over and modulo
+``SHARE_BASE``): integers summed in float32 or float64 are exact in any order
+below 2**24, which the words of up to ``SHARE_RANKS`` ranks stay under, so
+every rank reads the same sums from any transport's allreduce, as decisions
+taken on them need. A bucket whose first group has a narrower dtype, a
+larger world or a value past ``SHARE_MAX`` carries none.
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
@@ -49,13 +63,22 @@ from .tasks import DeadlockError
 if TYPE_CHECKING:
     from .context import StepContext
 
-__all__ = ["Schedule", "Replayer", "STATUS_LEN", "ERROR", "MISS", "SKIP", "dtype_groups", "op_of",
-           "status_tensor", "read_status"]
+__all__ = ["Schedule", "Replayer", "STATUS_LEN", "ERROR", "MISS", "SKIP", "SHARE_LEN",
+           "SHARE_UNIT", "dtype_groups", "op_of", "status_tensor", "read_status",
+           "read_shared"]
 
 _log = logging.getLogger(__name__)
 
-STATUS_LEN = 3
+FLAGS_LEN = 3
 ERROR, MISS, SKIP = 0, 1, 2
+SHARE_VALUES = 2  # values a rank shares (``Engine.share``)
+SHARE_LEN = 1 + 2 * SHARE_VALUES  # the count of ranks that shared, then two words a value
+SHARE_UNIT = 1e-6  # a shared value's resolution (microseconds of a time in seconds)
+SHARE_BASE = 1 << 12  # a value's whole units, high and low word: each below this
+SHARE_MAX = SHARE_BASE * SHARE_BASE * SHARE_UNIT  # 16.7 s
+SHARE_RANKS = 1 << 12  # the sums of up to this many ranks' words stay below 2**24
+SHARE_DTYPES = (torch.float32, torch.float64)
+STATUS_LEN = FLAGS_LEN + SHARE_LEN
 
 Member = Tuple[int, int, torch.dtype]  # (message key, numel, dtype)
 
@@ -134,15 +157,35 @@ def op_of(key: int, ops: Optional[Mapping[int, str]]) -> str:
 
 
 def status_tensor(error: bool, miss: bool, skip: bool, dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor:
-    """This rank's ``STATUS_LEN`` status words (1 where the condition holds)."""
-    return torch.tensor([float(error), float(miss), float(skip)], dtype=dtype, device=device)
+                  device: torch.device,
+                  share: Optional[Sequence[float]] = None) -> torch.Tensor:
+    """This rank's ``STATUS_LEN`` status words: 1 where the condition holds, then the
+    shared words (``Engine.share``; zeros without ``share``, or in a dtype not in
+    ``SHARE_DTYPES``, or when a value is not a finite number within 0 .. ``SHARE_MAX``:
+    then every rank reads None)."""
+    words = [float(error), float(miss), float(skip)] + [0.0] * SHARE_LEN
+    if share is not None and dtype in SHARE_DTYPES and len(share) <= SHARE_VALUES \
+            and all(math.isfinite(v) and 0 <= v < SHARE_MAX for v in share):
+        units = [min(round(v / SHARE_UNIT), SHARE_BASE * SHARE_BASE - 1) for v in share]
+        split = [float(w) for u in units for w in divmod(u, SHARE_BASE)]
+        words[FLAGS_LEN:FLAGS_LEN + 1 + len(split)] = [1.0] + split
+    return torch.tensor(words, dtype=dtype, device=device)
 
 
 def read_status(tail: torch.Tensor) -> Tuple[bool, bool, bool]:
     """(some rank erred, some rank missed, some rank skipped) from the summed words."""
     v = tail.detach().to("cpu", torch.float64).tolist()
     return v[ERROR] != 0.0, v[MISS] != 0.0, v[SKIP] != 0.0
+
+
+def read_shared(tail: torch.Tensor, size: int) -> Optional[Tuple[float, ...]]:
+    """The mean over the ``size`` ranks of each shared value, from the summed status
+    words ``tail``; None when some rank shared nothing."""
+    v = tail.detach().to("cpu", torch.float64).tolist()[FLAGS_LEN:]
+    if v[0] != size or size > SHARE_RANKS:
+        return None
+    return tuple((hi * SHARE_BASE + lo) * SHARE_UNIT / size
+                 for hi, lo in zip(v[1::2], v[2::2]))
 
 
 class Replayer:
@@ -173,18 +216,19 @@ class Replayer:
         """
         c = self.ctx
         last = len(sched.buckets) - 1
-        skipped = False
+        skipped, shared = False, None
         for i, bucket in enumerate(sched.buckets):
             state = self._await_bucket(sched, i, i == last)
             t0 = time.perf_counter()
             with c.cv:
                 items = [c.st.collective[k] for k, _, _ in bucket] if state == "ok" else []
                 skip = c.st.nonfinite and i == last
+                share = c.share if i == last else None
             xs = {k: x for (k, _, _), (_, x) in zip(bucket, items)}
             ops = c.layout.ops
             groups = dtype_groups(bucket, ops)
-            erred, missed, skipped = self._status_allreduce(
-                groups[0][1], xs, (state == "error", state == "miss", skip))
+            erred, missed, skipped, shared = self._status_allreduce(
+                groups[0][1], xs, (state == "error", state == "miss", skip), share)
             if erred or missed:
                 _log.debug("rank %d: replay of step %d stopped at bucket %d (%s); "
                            "coordinating the rest", c.rank, c.st.index, i,
@@ -199,13 +243,19 @@ class Replayer:
                 c.st.unreported = [m for m in c.st.unreported if m[0] not in xs]
             finish_bucket(c, [t for t, _ in items], t0,
                           sum(m[1] * m[2].itemsize for m in bucket))
+        with c.cv:  # the step's shared words (``Engine.shared``)
+            c.share, c.shared = None, (c.st.index, shared)
         return skipped
 
     def _status_allreduce(self, members: Sequence[Member], xs: Dict[int, torch.Tensor],
-                          status: Tuple[bool, bool, bool]) -> Tuple[bool, bool, bool]:
+                          status: Tuple[bool, bool, bool],
+                          share: Optional[Sequence[float]] = None
+                          ) -> Tuple[bool, bool, bool, Optional[Tuple[float, ...]]]:
         """Reduce a replayed bucket's first group with this rank's ``status`` (error,
-        miss, skip) behind it; return the reduced words, read as flags (a sum
-        or a max of 0/1 words is nonzero when any rank set one).
+        miss, skip) and shared values ``share`` behind it; return the reduced words,
+        read as flags (a sum or a max of 0/1 words is nonzero when any rank set
+        one), and the shared values' means (``read_shared``; None unless the
+        group is summed).
 
         ``xs`` maps keys to the members' tensors, empty when this rank cannot run
         the bucket (it sends zeros). A lane bucket alone is summed in place, in
@@ -224,15 +274,17 @@ class Replayer:
             flat = torch.zeros(total + STATUS_LEN, dtype=dtype, device=dev)
             if xs:
                 torch.cat([xs[k] for k, _, _ in members], out=flat[:total])
-        flat[total:] = status_tensor(*status, dtype, flat.device)
-        self.channel.allreduce(flat, op_of(members[0][0], c.layout.ops), c.config.timeout)
+        op = op_of(members[0][0], c.layout.ops)
+        flat[total:] = status_tensor(*status, dtype, flat.device,
+                                     share if op == "sum" else None)
+        self.channel.allreduce(flat, op, c.config.timeout)
         words = read_status(flat[total:])
         if words[0] or words[1]:
             if lane is not None:
                 lane.restore()
         elif xs and lane is None:
             scatter(flat, [xs[k] for k, _, _ in members])
-        return words
+        return words + (read_shared(flat[total:], c.size) if op == "sum" else None,)
 
     def _await_bucket(self, sched: Schedule, i: int, last: bool) -> str:
         """Wait until this rank can run replayed bucket ``i``: "ok" (its members are

@@ -20,10 +20,12 @@ training runs:
    fixed 256 KB read 10 Gbit/s as anything from 2 to 1000 Gbit/s here)
    without costing a slow link more than a few milliseconds. A check
    probes only when the step time moved (``_should_probe``: the ranks
-   agree on the median step time; a probe when it moved by more than
+   agree on the step time; a probe when it moved by more than
    ``margin`` since the last probe, after a switch, and at least every
-   ``probe_every`` checks), so a steady job pays one small allgather a
-   check. With
+   ``probe_every`` checks, twice that under a plan that compresses
+   nothing), and the step times ride the status words of a replayed
+   step (``Engine.share``), so a steady job pays nothing a check but
+   the periodic probe (an allgather where steps are not replayed). With
    ``measure="timeline"`` each rank instead reads what its engine measured
    in every step (``casync.timeline``: every bulk round's bytes and
    seconds, every fused allreduce bucket's) into a running estimate
@@ -495,6 +497,7 @@ class OnlinePlanner:
         """
         step = engine.step  # completed steps; the last one's index is step - 1
         self._time_step(step)
+        self._share_step_times(engine)
         est = self.settings.estimate
         if est is not None:
             link = est(step - 1, engine.rank)
@@ -621,7 +624,7 @@ class OnlinePlanner:
         (collective with ``measure="probe"``).
 
         A probe costs a few exchanges, so with ``measure="probe"`` a check first
-        agrees (median over ranks) on the median step time of the last steps: the
+        agrees on the median step time of the last steps (``_agree_step_times``): the
         link is probed only when that moved by more than twice ``margin`` since
         the last probe at two checks in a row (or by four times at once), or
         (``explore``) from the decided plan's at two checks in a row (the link or
@@ -629,7 +632,12 @@ class OnlinePlanner:
         own, and a probe on a shaped link costs a few steps), at the first check,
         and at least every ``probe_every`` checks (a change the step time hides
         is still seen; about half as many while the plan in force hides link
-        changes from the step time, ``_link_blind``). After a switch the next check's step
+        changes from the step time, ``_link_blind``, and twice as many under a plan
+        that compresses nothing, whose step time shows a slower link that matters
+        and which no faster link improves on, ``_compresses_nothing``: in
+        ``bench/adaptive.py`` at 4 ranks a probe took 30-60 ms of a 70 ms step, and
+        every move to a slower link under such a plan was first seen by its step
+        time). After a switch the next check's step
         time is the new baseline, without a probe. The timeline and injected estimates cost
         nothing: every check uses them (the step time is agreed only for
         ``explore``'s work trigger).
@@ -659,6 +667,10 @@ class OnlinePlanner:
         if self._checks_unprobed < every and self._link_blind(engine):
             # the step time would not tell: look sooner (every other check at the most)
             every = min(every, max(2, (every + 1) // 2))
+        elif self._compresses_nothing(engine.plan):
+            # a slower link that matters shows in its step time, a faster one changes
+            # nothing (``_compresses_nothing``): look half as often
+            every = 2 * every
         if t is None or self._checks_unprobed >= every or self._probe_moves >= 2 \
                 or moved(self._probe_step_s, 4 * s.margin) or self._work_moved >= 2:
             return True, t
@@ -702,14 +714,34 @@ class OnlinePlanner:
             abs(t - base) > 3 * s.margin * base
         self._work_moved = self._work_moved + 1 if moved else 0
 
-    def _agree_step_times(self, engine: Any) -> Optional[float]:
-        """The agreed (median over ranks) median step time of the last steps (returned)
-        and mean of the last ``explore_steps - 1`` (kept as ``_agreed_mean``: the plan
-        in force's time an exploration compares with). Collective."""
+    def _step_times(self) -> List[Optional[float]]:
+        """This rank's median step time of the last steps and mean of the last
+        ``explore_steps - 1``."""
         n = max(1, self.settings.explore_steps - 1)
         xs = self._steps_s[-n:]
-        mean = sum(xs) / len(xs) if xs else None
-        got = agree_values(engine.transport, [self._median_step(), mean], self.timeout)
+        return [self._median_step(), sum(xs) / len(xs) if xs else None]
+
+    def _share_step_times(self, engine: Any) -> None:
+        """Hand ``_step_times`` to the engine, to ride the next step's status words
+        (``Engine.share``; ``replay.py``): a check then agrees on them with no
+        collective of its own. Engines without it (a test's) share nothing."""
+        share = getattr(engine, "share", None)
+        if share is not None:
+            times = self._step_times()
+            share(None if None in times else times)
+
+    def _agree_step_times(self, engine: Any) -> Optional[float]:
+        """The agreed median step time of the last steps (returned) and mean of the last
+        ``explore_steps - 1`` (kept as ``_agreed_mean``: the plan in force's time an
+        exploration compares with). Collective: the means over ranks of the times each
+        rank shared after the step before (``_share_step_times``), carried by the step
+        just synchronised when it replayed its schedule (the same on every rank, at no
+        cost); else the median over ranks of the times now, by an allgather (after a
+        switch, the first steps of a plan are coordinated)."""
+        shared = getattr(engine, "shared", None)
+        got = shared() if shared is not None else None
+        if got is None:
+            got = agree_values(engine.transport, self._step_times(), self.timeout)
         self._agreed_mean = None if got is None else got[1]
         return None if got is None else got[0]
 

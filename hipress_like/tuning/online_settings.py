@@ -56,7 +56,9 @@ class Adaptive:
             small one is 4 KB).
         probe_every: a check probes when the step time moved by more than
             ``margin`` since the last probe, and at least every this many
-            checks.
+            checks (about half as many under a plan whose step time hides the
+            link, twice as many under one that compresses nothing:
+            ``OnlinePlanner._should_probe``).
         verify: judge every switch by measured step times and revert one
             that measured slower (item 5 of the module's description). None:
             on, unless ``estimate`` is given (an injected link is not the

@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from hipress_like.casync.engine import Engine, EngineConfig, EngineError, GradientMismatchError
-from hipress_like.casync.replay import Schedule, dtype_groups, read_status, status_tensor
+from hipress_like.casync.replay import (
+    SHARE_UNIT,
+    Schedule,
+    dtype_groups,
+    read_shared,
+    read_status,
+    status_tensor,
+)
 from hipress_like.casync.transport.base import PeerError
 from hipress_like.casync.transport.inproc import run_threads
 from hipress_like.cost_model.plan import Plan, SizeRule
@@ -209,3 +216,54 @@ def test_schedule_and_status_words():
     words = sum(status_tensor(e, m, k, torch.bfloat16, torch.device("cpu"))
                 for e, m, k in [(False, False, False)] * 300 + [(False, True, False)])
     assert read_status(words) == (False, True, False)
+
+
+def test_shared_words_give_every_rank_the_same_means_or_none():
+    """``status_tensor``'s shared words summed over ranks: ``read_shared`` gives the
+    means (to ``SHARE_UNIT``), exactly, in any order of summation; None when a rank
+    shared nothing, shared a value out of range (0 .. ``SHARE_MAX``), or the words are
+    bfloat16."""
+    cpu = torch.device("cpu")
+    shares = [(0.0712345, 0.08), (0.069, 0.0801), (0.2, 0.07), (0.0650001, 0.09)]
+
+    def words(shares, dtype=torch.float32):
+        return [status_tensor(False, False, False, dtype, cpu, s) for s in shares]
+
+    fwd = sum(words(shares))
+    back = sum(reversed(words(shares)))
+    assert torch.equal(fwd, back) and read_status(fwd) == (False, False, False)
+    got = read_shared(fwd, 4)
+    want = [sum(round(s[i] / SHARE_UNIT) for s in shares) * SHARE_UNIT / 4 for i in (0, 1)]
+    assert got == tuple(want) and got[0] == pytest.approx(0.1013087, abs=1e-6)
+    assert read_shared(sum(words(shares[:3] + [None])), 4) is None  # one rank shared nothing
+    assert read_shared(sum(words(shares[:3] + [(float("nan"), 0.1)])), 4) is None
+    assert read_shared(sum(words(shares[:3] + [(-0.1, 0.1)])), 4) is None
+    assert read_shared(sum(words(shares, torch.bfloat16)), 4) is None  # too narrow to carry
+    assert read_shared(sum(words([(5.0, 12.5)] * 4)), 4) == (5.0, 12.5)  # seconds-long steps
+    assert read_shared(sum(words([(20.0, 0.1)] * 4)), 4) is None  # past SHARE_MAX
+    assert read_shared(sum(words(shares[:2] + [(0.1, 0.1, 0.1)] + shares[3:])), 4) is None
+
+
+def test_engine_share_rides_a_replayed_step_and_is_the_same_on_every_rank():
+    """``Engine.share`` before a step, ``Engine.shared`` after it: the ranks' means
+    when the step replayed its schedule, None after the coordinated first step (it
+    records the schedule) and when some rank shared nothing."""
+    seen = {}
+
+    def hook(eng, rank, step):
+        seen.setdefault(rank, []).append(eng.shared())  # what the step before carried
+        eng.share(None if (step == 3 and rank == 1) else (0.01 * (rank + 1), 0.5))
+
+    def script(rank, step):
+        return list(SHAPES) if step < 6 else None
+
+    res = run(3, script, hook=hook)
+    for r in res:
+        assert not isinstance(r, BaseException), r
+    assert seen[0] == seen[1] == seen[2]
+    got = seen[0]
+    # step 0: nothing before; step 1: the first step was coordinated; from step 2 on the
+    # step before replayed; step 4 sees step 3's, where rank 1 shared nothing
+    assert got[0] is None and got[1] is None and got[4] is None
+    for s in (2, 3, 5):
+        assert got[s] == pytest.approx((0.02, 0.5), abs=1e-6), (s, got[s])

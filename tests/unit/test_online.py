@@ -400,7 +400,9 @@ def _probed_history(t, settings, steps, sleep_s=lambda step: 0.0):
     import time
 
     prof = _profile()
-    plan = profile_plan(prof, ["onebit"], SIZES, t.size, "ps", meta={"profile": prof.to_dict()})
+    # a plan that compresses (one that does not is probed half as often)
+    plan = profile_plan(prof.with_link(SLOW), ["onebit"], SIZES, t.size, "ps",
+                        meta={"profile": prof.to_dict()})
     eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
     eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
     online = OnlinePlanner.for_engine(eng, settings)
@@ -417,7 +419,8 @@ def _probed_history(t, settings, steps, sleep_s=lambda step: 0.0):
 def test_the_probe_measures_the_link_alike_on_every_rank_at_each_check():
     """measure="probe" (the default): each check times a real exchange; every rank
     records the same link (rank 0's fit, broadcast), and the first is the reference."""
-    settings = Adaptive(check_every=3, verify=False, explore=False, probe_every=1)
+    settings = Adaptive(check_every=3, verify=False, explore=False, probe_every=1,
+                        max_switches=0)
     h0, h1 = run_threads(lambda t: _probed_history(t, settings, 9), 2)
     assert h0 == h1 and [s for s, _, _ in h0] == [3, 6, 9]
     assert all(lat >= 0 and bw > 0 for _, lat, bw in h0)
@@ -428,10 +431,60 @@ def test_a_check_probes_only_when_the_step_time_moved_or_probe_every_says_so():
     see the step time of the last probe (within the margin) and do not probe; the
     one at step 9 sees it moved and probes; probe_every=2 probes at step 15 anyway."""
     settings = Adaptive(check_every=3, verify=False, explore=False, margin=0.5,
-                        probe_every=2)
+                        probe_every=2, max_switches=0)
     res = run_threads(lambda t: _probed_history(t, settings, 15,
                                                 lambda step: 0.02 if step < 6 else 0.1), 2)
     assert [[s for s, _, _ in h] for h in res] == [[3, 9, 15]] * 2
+
+
+def test_a_check_agrees_on_step_times_carried_by_the_replayed_step_with_no_allgather(
+        monkeypatch):
+    """A plan whose gradients all travel by allreduce replays its schedule, and each
+    step carries the step times every rank shared after the step before
+    (``Engine.share``): the checks agree on them with no collective of their own
+    (``agree_values`` is never called), alike on both ranks; a plan that does not
+    replay (1-bit over PS) agrees by an allgather."""
+    import time
+
+    from hipress_like.tuning import online as mod
+
+    calls = []
+    real = mod.agree_values
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(mod, "agree_values", counted)
+    prof = _profile()
+
+    def history(t, link):
+        plan = profile_plan(prof.with_link(link), ["onebit"], SIZES, t.size, "ps",
+                            meta={"profile": prof.to_dict()})
+        eng = Engine(t, EngineConfig(compressor="onebit", plan=plan, threads=False))
+        eng.register([(n, (nb // 4,), torch.float32) for n, nb in SIZES.items()])
+        online = OnlinePlanner.for_engine(eng, Adaptive(check_every=3, verify=False,
+                                                        explore=False, probe_every=1))
+        agreed, agree = [], online._agree_step_times
+        online._agree_step_times = lambda e: agreed.append((e.step, agree(e))) or agreed[-1][1]
+        for _ in range(9):
+            time.sleep(0.01)
+            for n, nb in SIZES.items():
+                eng.submit(n, torch.ones(nb // 4))
+            eng.synchronize()
+            online.after_step(eng)
+        replayed = eng.replayed_steps
+        eng.close()
+        return replayed, agreed
+
+    (rep0, a0), (rep1, a1) = run_threads(lambda t: history(t, FAST), 2)
+    assert rep0 == rep1 == 8 and a0 == a1 and [s for s, _ in a0] == [3, 6, 9]
+    assert all(t is not None and t > 0.005 for _, t in a0)
+    assert calls == []
+    # 1-bit over PS: the checks at steps 3 and 6 (on both ranks) agree by allgather (the
+    # probe's fast link then switches to a plan that replays)
+    (rep0, a0), (rep1, a1) = run_threads(lambda t: history(t, SLOW), 2)
+    assert a0 == a1 and [s for s, _ in a0] == [3, 6, 9] and len(calls) >= 2 * 2
 
 
 def test_a_probe_on_a_link_far_slower_than_the_reference_is_four_times_larger(
@@ -568,7 +621,7 @@ def test_a_plan_that_hides_link_changes_from_the_step_time_is_probed_twice_as_of
     decided link's bandwidth, moves by less than twice the margin of the step time, so a
     changed link would not move the step time; ``_should_probe`` then probes every
     ceil(probe_every / 2) checks (every other one at the most) instead of every
-    probe_every."""
+    probe_every; a plan that compresses nothing, every 2 probe_every."""
     prof = _profile()
     never = Plan(compressor="onebit", strategy="ps", rule=SizeRule(min_compress_bytes=NEVER))
     online = OnlinePlanner(Adaptive(margin=0.1, probe_every=5), prof, ["onebit"], SIZES, 2,
@@ -597,8 +650,14 @@ def test_a_plan_that_hides_link_changes_from_the_step_time_is_probed_twice_as_of
         if probe:
             online._checks_unprobed = 0
     assert probes == [False, False, True, False, False, True]
-    online.decided_on = SLOW  # not blind: every fifth check
+    online.decided_on = SLOW  # not blind, and it compresses nothing: every tenth check
     online._checks_unprobed, online._blind = 0, (None, False)
+    probes = [online._should_probe(engine, 5 * c)[0] for c in range(1, 11)]
+    assert probes == [False] * 9 + [True]
+    # one that compresses the big gradient, not blind on the slow link: every fifth
+    engine.plan = profile_plan(prof.with_link(SLOW), ["onebit"], SIZES, 2, "ps")
+    online._checks_unprobed, online._blind = 0, (None, False)
+    assert not online._link_blind(engine)
     probes = [online._should_probe(engine, 5 * c)[0] for c in range(1, 6)]
     assert probes == [False, False, False, False, True]
 
