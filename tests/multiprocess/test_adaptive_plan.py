@@ -96,8 +96,8 @@ def noise_worker(ctx, profile_path, latency, bandwidth):
 # that every check step decides alike on every rank
 def measured_worker(ctx):
     # the default path: profiled at start (as plan="auto"), the link probed at every other
-    # check (probe_every=1, doubled under the start plan, which compresses nothing on
-    # loopback; the default probes only when the step time moved)
+    # check at least (probe_every=1, doubled under the start plan, which compresses nothing
+    # on loopback), and sooner when the step time moved
     return _run(ctx, hpt.Adaptive(check_every=3, probe_every=1, verify=False,
                                   explore=False), 15)
 
@@ -206,7 +206,12 @@ def test_estimates_jittering_within_the_margin_do_not_switch(jobs):
 def test_measured_estimates_are_agreed_and_decided_alike_on_every_rank(jobs, how):
     res = ranks(jobs[2][how])
     r0 = res[0]
-    assert [h["step"] for h in r0["history"]] == ([3, 9, 15] if how == "measured" else [3, 6, 9])
+    steps = [h["step"] for h in r0["history"]]
+    if how == "measured":  # every other check at least (a moved step time probes sooner)
+        assert steps[0] == 3 and set(steps) <= {3, 6, 9, 12, 15} and len(steps) >= 3, steps
+        assert all(b - a <= 6 for a, b in zip(steps, steps[1:])), steps
+    else:
+        assert steps == [3, 6, 9]
     assert r0["history"][0]["reference"] and r0["history"][0]["bandwidth_Bps"] > 0
     assert all(h["current_s"] > 0 and "gain" in h for h in r0["history"][1:])
     for r in res[1:]:
