@@ -508,7 +508,7 @@ class Engine:
         return self._step
 
     def share(self, values: Optional[Sequence[float]]) -> None:
-        """Share up to ``replay.SHARE_LEN - 1`` numbers (each in 0 .. ``replay.SHARE_MAX``,
+        """Share up to ``replay.SHARE_VALUES`` numbers (each in 0 .. ``replay.SHARE_MAX``,
         kept to ``replay.SHARE_UNIT``) with every rank in the next replayed step's status
         words, at no collective of their own (``replay.py``'s module docstring); None
         shares nothing. ``shared`` then returns their means over ranks."""

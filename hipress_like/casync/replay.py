@@ -64,8 +64,8 @@ if TYPE_CHECKING:
     from .context import StepContext
 
 __all__ = ["Schedule", "Replayer", "STATUS_LEN", "ERROR", "MISS", "SKIP", "SHARE_LEN",
-           "SHARE_UNIT", "dtype_groups", "op_of", "status_tensor", "read_status",
-           "read_shared"]
+           "SHARE_VALUES", "SHARE_UNIT", "SHARE_MAX", "dtype_groups", "op_of",
+           "status_tensor", "read_status", "read_shared"]
 
 _log = logging.getLogger(__name__)
 
