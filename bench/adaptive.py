@@ -24,7 +24,10 @@ drifting load on a shared host falls on all of them alike:
 
 Every step's wall time is recorded on every rank (the loop iteration:
 forward, backward, ``opt.step()``; the wait at a phase boundary is not in
-it). A phase's time is rank 0's sum over the phase; its *settled* time
+it), and its CPU time (``time.process_time``: every thread of the rank's
+process; kept as the mean over ranks, ``cpu_s``), which tells a step that
+worked more from one that waited more on a host whose ranks share cores.
+A phase's time is rank 0's sum over the phase; its *settled* time
 leaves out the steps in which the adaptive job has yet to notice the change
 and decide (below). Printed: the table of
 phase times, the adaptive job's switches, and the ratios issue 49 asks for:
@@ -119,7 +122,7 @@ def adaptive_job(ctx, cfg):
                                    compression=compression, plan=plan)
     start_s = time.time() - t0  # init, data, profiling (auto, adaptive)
     gen = torch.Generator().manual_seed(rank)
-    phases, walls, layouts = [], [], []
+    phases, cpus, walls, layouts = [], [], [], []
     step = 0
     for k, n in enumerate(cfg["phases"]):
         if k > 0:  # the bench changes the link between phases
@@ -128,19 +131,21 @@ def adaptive_job(ctx, cfg):
             if not _wait_file(os.path.join(cfg["flags"], f"rate-{k}"), cfg["wait_s"]):
                 raise TimeoutError(f"rank {rank}: the bench did not change the link for "
                                    f"phase {k} within {cfg['wait_s']} s")
-        times = []
+        times, cpu = [], []
         for _ in range(n):
             idx = torch.randint(0, len(xtr), (cfg["batch"],), generator=gen)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             opt.zero_grad()
             F.cross_entropy(model(xtr[idx]), ytr[idx]).backward()
             opt.step()
             times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
             walls.append(time.time())
             step += 1
             if step == 1 and name == "adaptive" and rank == 0:  # before any check
                 opt.engine.plan.save(cfg["start_plan"])
         phases.append(times)
+        cpus.append(cpu)
         layouts.append(sorted(g for g, d in opt.engine.layout().items() if d["compress"]))
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     online = opt.online
@@ -149,7 +154,7 @@ def adaptive_job(ctx, cfg):
             "candidates", "trying", "explored", "chose", "step_s", "voided")
     history = [{k: v for k, v in h.items() if k in keep}
                for h in (online.history if online is not None else [])]
-    out = {"phases": phases, "wall": walls, "start_s": start_s, "compressed": layouts,
+    out = {"phases": phases, "cpu": cpus, "wall": walls, "start_s": start_s, "compressed": layouts,
            "history": history, "after_steps": AFTER_STEPS,
            "explore_steps": online.settings.explore_steps if online is not None else 0,
            "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest()}
@@ -230,7 +235,10 @@ def run_job(config: str, a: argparse.Namespace, rates, start_plan: str, hogs) ->
             "restores": [h["step"] for h in r0["history"] if h.get("verdict") == "restored"],
             "history": r0["history"], "compressed": r0["compressed"],
             "identical": len({r["digest"] for r in res}) == 1,
-            "steps_s": r0["phases"], "wall": r0["wall"]}
+            "steps_s": r0["phases"], "wall": r0["wall"],
+            # every step's CPU time (the process's threads), the mean over ranks
+            "cpu_s": [[statistics.mean(xs) for xs in zip(*(r["cpu"][k] for r in res))]
+                      for k in range(len(r0["cpu"]))]}
 
 
 def main(argv=None) -> int:
