@@ -456,3 +456,47 @@ def test_a_check_whose_probe_reads_a_move_probes_again_and_keeps_the_second_read
     readings[:] = [Link(1e-3, 1e10)]  # an injected estimate is the same at a second look
     online._check(engine, 20)
     assert not readings and "probed_twice" not in online.history[-1]
+
+
+def test_slower_work_on_the_same_link_under_a_plan_that_compresses_nothing_starts_no_exploration():
+    """``_check`` with probes (scripted, the caps reached so a wanted exploration shows as
+    ``capped``): a step time 50 % above the decided one at two checks in a row, on an
+    unchanged link, leaves a plan that compresses nothing as it is (every compressed
+    plan's encode and decode grow on a slower host); the same under a compressing plan,
+    a faster step under the uncompressed one, and slower work with a slower link each
+    explore. The decided step time stays the baseline."""
+    from hipress_like.tuning.online import OnlinePlanner
+
+    prof = _profile()
+    bare = profile_plan(prof.with_link(FAST), ["onebit"], SIZES, 2, "ps")
+    squeezed = profile_plan(prof.with_link(SLOW), ["onebit"], SIZES, 2, "ps")
+    online = OnlinePlanner(Adaptive(max_explorations=0), prof, ["onebit"], SIZES, 2, "ps")
+    online.reference = online.decided_on = Link(1e-3, 1e9)
+    online._settled_s = 0.1
+    times, readings = [], []
+
+    def should_probe(eng, step):
+        t = times.pop(0)
+        online._count_work(t)
+        return True, t
+
+    online._should_probe = should_probe
+    online._measure = lambda eng, step_s: readings.pop(0)
+
+    def checks(plan, step_s, bandwidth, step):
+        times[:] = [step_s] * 2
+        readings[:] = [Link(1e-3, bandwidth)] * 4  # each check reads it (twice on a move)
+        for k in range(2):
+            online._check(type("E", (), {"plan": plan})(), step + 5 * k)
+        assert not times
+        return online.history[-1]
+
+    rec = checks(bare, 0.15, 1e9, 10)
+    assert rec["slower_uncompressed"] and "capped" not in rec and "exploring" not in rec
+    assert online._settled_s == 0.1 and online._work_moved == 0, "the baseline stays"
+    rec = checks(squeezed, 0.15, 1e9, 20)
+    assert rec["capped"] and "slower_uncompressed" not in rec
+    rec = checks(bare, 0.05, 1e9, 30)
+    assert rec["capped"] and "slower_uncompressed" not in rec
+    rec = checks(bare, 0.15, 3e8, 40)
+    assert rec["capped"] and "slower_uncompressed" not in rec
