@@ -911,11 +911,7 @@ class OnlinePlanner:
         in a row (the work changed: a straggler, a busy host; the plan's time is
         taken at the first check after a decision), start
         an exploration of the model's plans (``explore.alternatives``) and switch to
-        the first. Under a plan that compresses nothing (``_compresses_nothing``),
-        neither a faster link nor slower work on the same link starts one: no
-        compressed plan gains from either (the cost model's encode and decode terms
-        grow on a slower host, the uncompressed plan's wire time does not), and on the
-        2-core host a few seconds of a busy neighbour slowed every step by 50 %."""
+        the first."""
         base = self._settled_s
         # the work trigger needs two checks in a row (``_count_work``: one slow window is
         # noise); so does a bandwidth move under 2x (a probe on a loaded host reads +-30 %)
@@ -937,18 +933,6 @@ class OnlinePlanner:
             _log.info("plan='adaptive' step %d: the link reads faster (%.3g Gbit/s against "
                       "%.3g decided) and the plan in force compresses nothing; it stays",
                       step, 8e-9 * link.bandwidth, 8e-9 * self.decided_on.bandwidth)
-            return None
-        if work and not link_moved and step_s is not None and base is not None \
-                and step_s > base and self._compresses_nothing(engine.plan):
-            # slower work on the same link: every compressed plan pays its encode and
-            # decode on the slower host too, and the uncompressed plan's wire time did
-            # not move (``_compresses_nothing``); the decided step time stays the
-            # baseline, so the work trigger looks again (with a probe) two checks on
-            rec["slower_uncompressed"] = True
-            self._work_moved = 0
-            _log.info("plan='adaptive' step %d: the step is slower (%s ms against %s ms "
-                      "decided) on the same link and the plan in force compresses nothing; "
-                      "it stays", step, _ms(step_s), _ms(base))
             return None
         if not link_moved and not work:
             _log.info("plan='adaptive' step %d: keep the plan (link %.3g ms + %.3g Gbit/s, "
