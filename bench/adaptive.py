@@ -389,7 +389,7 @@ def summarize(rows: dict, a: argparse.Namespace, rates, hogs, configs) -> int:
                       f"adaptive / best fixed plan ({'+'.join(best)})", ratio, "<= 1.10",
                       ratio <= 1.10))
         if len(best) > 1:  # the same plan's jobs pooled: the luckier one alone, for the record
-            lucky = min(best, key=lambda c: med(c, "settled_s", k))
+            lucky = min(best, key=lambda c: med(c, key, k))
             goals.append((f"phase {k + 1} settled: adaptive / {lucky} alone (the faster of the "
                           "jobs of one plan)", med("adaptive", key, k)
                           / max(med(lucky, key, k), 1e-9), "(info)", None))
@@ -428,7 +428,8 @@ def plan_groups(rows: dict, fixed, k: int) -> list:
     configuration is a group of its own. Two jobs of one plan differ by the host's noise
     alone (on the 2-core host by up to 25 % within a repeat), and the faster of two such
     medians is a biased estimate of that plan's time: the pooled median is not."""
-    bare = [c for c in fixed if all(not r["compressed"][k] for r in rows[c])]
+    bare = [c for c in fixed
+            if all("compressed" in r and not r["compressed"][k] for r in rows[c])]
     return ([tuple(bare)] if bare else []) + [(c,) for c in fixed if c not in bare]
 
 

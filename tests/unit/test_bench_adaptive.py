@@ -96,3 +96,41 @@ def test_each_repeat_rotates_the_job_order_keeping_start_after_adaptive():
     assert order(configs, 2) == ["onebit", "adaptive", "start", "none"]
     assert order(configs, 3) == order(configs, 0)
     assert order(("adaptive", "none"), 1) == ["none", "adaptive"]
+
+
+def test_jobs_of_one_plan_are_pooled_and_each_window_counts_by_its_mean_step(tmp_path):
+    """``summarize``'s phase ratio: the mean step of each repeat's settled window (windows
+    of different lengths are not summed), and "start" and "none" pooled when both
+    compressed nothing in the phase (one plan: the faster of their two medians would be
+    a biased estimate of it); a configuration that compressed something stays alone."""
+    import argparse
+    import json
+
+    steps = 20
+
+    def row(t, hist=(), compressed=()):
+        return {"steps_s": [[t] * steps], "phase_s": [t * steps], "total_s": t * steps,
+                "identical": True, "history": list(hist), "after_steps": 5,
+                "compressed": [list(compressed)]}
+
+    late = [{"step": 8, "exploring": "link moved"}, {"step": 8, "trying": "m"},
+            {"step": 15, "chose": "m"}]  # a window of 5 steps, against 10 in the others
+    rows = {"adaptive": [row(0.010), row(0.010, late), row(0.010)],
+            "start": [row(0.008), row(0.012), row(0.012)],
+            "none": [row(0.009), row(0.010), row(0.0095)],
+            "onebit": [row(0.02, compressed=["w"])] * 3}
+    a = argparse.Namespace(repeats=3, steps=steps, check_every=5, ranks=2, hidden=64,
+                           hog_rank=0, out=str(tmp_path / "a.json"), plot=None)
+    assert _bench().summarize(rows, a, ["1gbit"], [False],
+                              ("adaptive", "start", "none", "onebit")) == 0
+    goals = {g["name"]: g for g in json.load(open(a.out))["goals"]}
+    name = next(n for n in goals if n.startswith("phase 1 settled ("))
+    assert "(start+none)" in name
+    # pooled per-step medians: start and none's six repeats -> 0.00975
+    assert abs(goals[name]["value"] - 0.010 / 0.00975) < 1e-9
+    alone = next(n for n in goals if "alone" in n)
+    assert "none alone" in alone and abs(goals[alone]["value"] - 0.010 / 0.0095) < 1e-9
+    # the medians of the windows' sums mix repeat 2's 5 steps with the others' 10: start's
+    # sums 0.08, 0.06, 0.12 -> 0.08 against adaptive's 0.1, 0.05, 0.1 -> 0.1
+    sums = next(n for n in goals if "sums" in n)
+    assert abs(goals[sums]["value"] - 0.1 / 0.08) < 1e-9
