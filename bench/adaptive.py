@@ -79,6 +79,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -355,11 +356,7 @@ def summarize(rows: dict, a: argparse.Namespace, rates, hogs, configs) -> int:
                                    for p, k0 in zip(r["steps_s"], starts)]
 
     def med(c, key, k=None):
-        vals = [r[key] if k is None else r[key][k] for r in rows[c]]
-        # a repeat whose adaptive job decided until the phase's end has no settled window
-        # (NaN in every configuration alike): the median is of the repeats that have one
-        vals = [v for v in vals if not math.isnan(v)]
-        return statistics.median(vals) if vals else math.nan
+        return pooled(rows, (c,), key, k)
 
     print(f"\n{a.ranks} ranks, {a.steps} steps a phase at {' -> '.join(rates)}"
           + (f", CPU hog beside rank {a.hog_rank} in phases "
@@ -433,10 +430,13 @@ def plan_groups(rows: dict, fixed, k: int) -> list:
     return ([tuple(bare)] if bare else []) + [(c,) for c in fixed if c not in bare]
 
 
-def pooled(rows: dict, group, key: str, k: int) -> float:
-    """The median of ``key`` in phase ``k`` over every repeat of every configuration in
-    ``group`` (NaN, a repeat with no settled window, left out)."""
-    vals = [r[key][k] for c in group for r in rows[c] if not math.isnan(r[key][k])]
+def pooled(rows: dict, group, key: str, k: Optional[int] = None) -> float:
+    """The median of ``key`` (in phase ``k``; None: a whole-job figure) over every repeat
+    of every configuration in ``group``. A repeat whose adaptive job decided until the
+    phase's end has no settled window (NaN in every configuration alike): the median is
+    of the repeats that have one."""
+    vals = [r[key] if k is None else r[key][k] for c in group for r in rows[c]]
+    vals = [v for v in vals if not math.isnan(v)]
     return statistics.median(vals) if vals else math.nan
 
 
