@@ -69,6 +69,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -81,9 +82,10 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, HERE)  # netem.py
 
 # "powersgd" is the compressor's default rank (4); "powersgd1" is rank 1, the
-# rank of the fastest DDP hook, so the two PowerSGDs are compared like for like.
-HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd", "powersgd1", "natural", "natural2",
-                  "thc")
+# rank of the fastest DDP hook, so the two PowerSGDs are compared like for like;
+# "powersgd2" is rank 2, the lowest rank plan="auto" chooses among.
+HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd", "powersgd1", "powersgd2", "natural",
+                  "natural2", "thc")
 # issue 24: top-k at CR 0.01 by an Allgather of values and indices (LWTopk), against
 # AR-Topk (STAR-Topk: one rank's indices broadcast, values summed by a ring or a tree
 # allreduce), and the alpha-beta selector's pick per gradient (collective="auto")
@@ -98,7 +100,8 @@ PLAN_CONFIGS = {"hp-ps-plan": "ps", "hp-ring-plan": "ring"}
 # The plan leaves small gradients uncompressed, so momentum must stay in the
 # optimizer for all of them: DGC runs as a sparsifier with its own momentum
 # off, its sparsity ramped up over the first 5 steps (DGC Sec. 3.4).
-PARAMS = {"dgc": {"momentum": 0.0, "warmup_steps": 5}, "powersgd1": {"rank": 1}}
+PARAMS = {"dgc": {"momentum": 0.0, "warmup_steps": 5}, "powersgd1": {"rank": 1},
+          "powersgd2": {"rank": 2}}
 # digits has 10 balanced classes: a model that has learned nothing scores ~10%.
 CHANCE = 100.0 / 10
 
@@ -185,7 +188,8 @@ def worker(cfg):
         plan = "auto" if comp == "auto" else None
         params = PARAMS.get(comp, {})
         back = BACK.get(comp)
-        comp = {"powersgd1": "powersgd", "natural2": "natural"}.get(comp, comp)
+        comp = {"powersgd1": "powersgd", "powersgd2": "powersgd",
+                "natural2": "natural"}.get(comp, comp)
         # "auto": the cost model picks a compressor per gradient (or none)
         spec = "auto" if comp == "auto" else hpt.Compression.get(comp, **params)
         opt = hpt.DistributedOptimizer(base, named_parameters=model.named_parameters(),
@@ -195,7 +199,9 @@ def worker(cfg):
         opt = _horovod_rows.horovod_optimizer(base, model, name)
     else:  # floor: the same compute, no communication at all
         opt = base
-    times, losses = [], []
+    times, losses, phases = [], [], []
+    # this project's and Horovod's optimizers average in synchronize(): timed apart
+    synced = hasattr(opt, "synchronize") and hasattr(opt, "skip_synchronize")
     total = cfg["warmup"] + cfg["steps"]
     # Cosine decay to 0 over the budget: the end-of-budget accuracy then settles
     # instead of moving with the last steps' noise (every configuration alike).
@@ -203,30 +209,47 @@ def worker(cfg):
     for step in range(total):
         if step == cfg["warmup"]:
             cpu0 = time.process_time()  # every thread of this rank: engine, gloo, autograd
+            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         g = torch.Generator().manual_seed(cfg["seed"] * 100003 + step * size + rank)
         idx = torch.randint(0, len(xtr), (cfg["batch"],), generator=g)
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = F.cross_entropy(net(xtr[idx]), ytr[idx])
         loss.backward()
-        opt.step()
+        t1 = time.perf_counter()
+        if synced:  # what step() does, split: the tail of the averaging, then the update
+            opt.synchronize()
+            t2 = time.perf_counter()
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            t2 = t1
+            opt.step()
         times.append(time.perf_counter() - t0)
+        phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
         sched.step()
         losses.append(loss.item())
     timed = times[cfg["warmup"]:]
     # the training steps' CPU only (the test-set evaluation below is not a step)
-    cpu = torch.tensor([(time.process_time() - cpu0) / max(1, len(timed)) * 1e3],
-                       dtype=torch.float64)
+    # page faults too: a buffer allocated afresh each step is faulted in page by page
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+    cpu = torch.tensor([(time.process_time() - cpu0) / max(1, len(timed)) * 1e3,
+                        faults / max(1, len(timed))], dtype=torch.float64)
     model.eval()
     with torch.no_grad():
         acc = sum((model(xte[i:i + 120]).argmax(1) == yte[i:i + 120]).sum().item()
                   for i in range(0, len(xte), 120)) / len(xte) * 100
     dist.all_reduce(cpu)  # the mean over ranks
-    cpu_ms = cpu.item() / size
+    cpu_ms, faults_per_step = (v / size for v in cpu.tolist())
     result = {"config": cfg["config"], "model": cfg["model"], "rank": rank, "size": size,
               "ms_per_step": statistics.median(timed) * 1e3,
               "ms_steps": [t * 1e3 for t in timed], "accuracy": acc,
-              "cpu_ms_per_step": cpu_ms,
+              "cpu_ms_per_step": cpu_ms, "minflt_per_step": faults_per_step,
+              # medians over the timed steps: forward + backward (DDP's hooks and this
+              # project's submits run inside it), the averaging's tail after backward
+              # (synchronize; 0 for the rows without one), and the optimizer's update
+              "phases_ms": {k: statistics.median(ph[i] for ph in phases[cfg["warmup"]:]) * 1e3
+                            for i, k in enumerate(("backward", "tail", "update"))},
               "final_loss": statistics.mean(losses[-5:]), "steps_total": total,
               "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
     if name.startswith("hp-"):
@@ -403,7 +426,7 @@ def _report(model, rows, budget, acc_rows=None):
     print(f"\n{model}: {rows[0]['params_m']:.1f}M parameters, {budget}")
     print(f"{'configuration':<20} {'ms/step':>9} {'spread':>11} {'x floor':>8} {'DDP/this':>9} "
           f"{'best hook/this':>15} {'test acc %':>11} {'CPU ms/rank':>12} {'bound':>7} "
-          f"{'step/bound':>11} {'efficiency':>11}")
+          f"{'step/bound':>11} {'efficiency':>11} {'faults/step':>12}")
     for r in rows:
         ms = r["ms_per_step"]
         xf = f"{ms / floor:.2f}" if floor else "-"
@@ -415,8 +438,9 @@ def _report(model, rows, budget, acc_rows=None):
         bd = f"{r['bound_ms']:.0f}" if r.get("bound_ms") else "-"
         sb = f"{ms / r['bound_ms']:.2f}" if r.get("bound_ms") else "-"
         ef = f"{floor / ms:.2f}" if floor else "-"
+        pf = f"{r['minflt_per_step']:.0f}" if "minflt_per_step" in r else "-"
         print(f"{r['config']:<20} {ms:9.0f} {sp:>11} {xf:>8} {vd:>9} {vh:>15} {acc:>11} "
-              f"{cpu:>12} {bd:>7} {sb:>11} {ef:>11}")
+              f"{cpu:>12} {bd:>7} {sb:>11} {ef:>11} {pf:>12}")
     if best_hp and floor and ddp and best_hook:
         ms = best_hp["ms_per_step"]
         print(f"\nbest of this project: {best_hp['config']} ({ms:.0f} ms/step); best DDP hook: "
