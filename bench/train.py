@@ -26,7 +26,8 @@ Configurations:
                    buckets in flight abort on gloo in torch 2.13)
   hp-<strategy>-<compressor>  hipress_like.torch.DistributedOptimizer, PS or
                    Ring x onebit, terngrad, dgc, powersgd (rank 4, the default),
-                   powersgd1 (rank 1, as the fastest hook), natural (C_nat
+                   powersgd1 (rank 1, as the fastest hook), powersgd2 (rank 2,
+                   the rank compression="auto" chooses among), natural (C_nat
                    workers, the aggregate re-encoded with the worker's C_nat)
                    and natural2 (C_nat both ways, compression_back=natural:
                    Natural Compression Alg. 1) (engine default plan)
