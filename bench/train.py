@@ -367,6 +367,27 @@ def _ratio(num_row, den_row):
     return num_row["ms_per_step"] / den_row["ms_per_step"], None
 
 
+def is_auto_candidate(comp: str) -> bool:
+    """Whether the row compressor ``comp`` (``HP_COMPRESSORS``) is one that plan="auto"
+    chooses among (``tuning.auto.DEFAULT_CANDIDATES``), PowerSGD at the candidates' rank.
+
+    Example:
+        >>> is_auto_candidate("powersgd2"), is_auto_candidate("powersgd1")
+        (True, False)
+    """
+    from hipress_like.compressors.powersgd import PowerSGD
+    from hipress_like.tuning.auto import DEFAULT_CANDIDATES
+
+    name = {"powersgd1": "powersgd", "powersgd2": "powersgd", "natural2": "natural"}.get(
+        comp, comp)
+    if name not in DEFAULT_CANDIDATES:
+        return False
+    if name == "powersgd":
+        rank = PARAMS.get(comp, {}).get("rank", PowerSGD().rank)
+        return rank == DEFAULT_CANDIDATES[name].get("rank", PowerSGD().rank)
+    return comp not in BACK  # natural2 sends the aggregate back compressed: another row
+
+
 def _floor_and_auto_goals(by, best_hp, floor, rows, headline=None):
     """Issue 19's goals, judged where this host can judge them: the floor by wall
     time with a core per rank (2 ranks), by CPU time per rank with 4 ranks on 2
@@ -394,9 +415,7 @@ def _floor_and_auto_goals(by, best_hp, floor, rows, headline=None):
              not r["config"].endswith(per_gradient) and r["config"] != "hp-none"]
     # plan="auto" chooses among tuning.auto.DEFAULT_CANDIDATES only (rank-1 PowerSGD is
     # left out for accuracy): its ratio to the fastest fixed row of those is shown too
-    from hipress_like.tuning.auto import DEFAULT_CANDIDATES  # rows named as its labels
-
-    candidates = [r for r in fixed if r["config"].split("-", 2)[-1] in DEFAULT_CANDIDATES]
+    candidates = [r for r in fixed if is_auto_candidate(r["config"].split("-", 2)[-1])]
     for auto in (r for r in rows if r["config"].endswith(per_gradient)):
         if fixed:
             best = min(fixed, key=lambda r: r["ms_per_step"])
