@@ -259,6 +259,9 @@ def worker(cfg):
         result["compressors"] = {n: v.get("compressor") for n, v in layout.items()
                                  if v["compress"]}
         result["collectives"] = opt.engine.collectives
+        # what a bound depends on, per compressed gradient (add_bounds matches rows by it)
+        result["layout"] = {n: [v["compressor"], v["workflow"], v["partitions"]]
+                            for n, v in layout.items() if v["compress"]}
         plan = opt.engine.plan
         if plan is not None and "trials" in plan.meta:  # plan="auto": what it measured
             result["plan_trials"] = dict(plan.meta["trials"], chosen=plan.meta["trial_chosen"])
@@ -589,7 +592,63 @@ def add_bounds(rows, model, nprocs, batch, repeats=5):
         r["bound_ms"] = got["bound_x_floor"] * floor if floor else got["bound_ms"]
         r["step_over_bound"] = r["ms_per_step"] / r["bound_ms"]
         r["bound"] = {k: got[k] for k in (*bound.KINDS, "floor_ms", "arith_ms", "bound_ms")}
+    bounds_by_layout(rows)
     return rows
+
+
+def _layout_key(r):
+    """What a row's bound depends on: its strategy and, per compressed gradient, the
+    compressor (with its parameters), workflow and partitions; None without a record."""
+    parts = r["config"].split("-")
+    if len(parts) < 3 or parts[0] != "hp" or r.get("compressors") is None:
+        return None
+    per = r.get("layout") or {n: [c] for n, c in r["compressors"].items()}
+    return parts[1], tuple(sorted((n, json.dumps(v)) for n, v in per.items()))
+
+
+def bounds_by_layout(rows):
+    """Give each row chosen at run time (plan="auto", a plan file) that has no bound the
+    bound of a fixed row of this run whose engine laid the gradients out alike: the same
+    strategy, and per compressed gradient the same compressor, workflow and partitions
+    (then they do the same arithmetic). Such a row names it in ``bound_of``.
+
+    Example:
+        >>> same = {"compressors": {"w": "PowerSGD(rank=2)"}}
+        >>> rows = [dict(same, config="hp-ring-powersgd2", ms_per_step=100.0,
+        ...              bound_ms=90.0, bound_x_floor=1.2),
+        ...         dict(same, config="hp-ring-auto", ms_per_step=99.0)]
+        >>> bounds_by_layout(rows)[1]["bound_of"], rows[1]["step_over_bound"]
+        ('hp-ring-powersgd2', 1.1)
+    """
+    bounded = {}
+    for r in rows:
+        key = _layout_key(r)
+        if key is not None and r.get("bound_ms") and not r.get("bound_of"):
+            bounded.setdefault(key, r)
+    for r in rows:
+        twin = bounded.get(_layout_key(r)) if not r.get("bound_ms") else None
+        if twin is None:
+            continue
+        r.update({k: twin[k] for k in ("bound_x_floor", "bound_ms", "bound") if k in twin},
+                 bound_of=twin["config"])
+        r["step_over_bound"] = r["ms_per_step"] / r["bound_ms"]
+    return rows
+
+
+def report_saved(path, out=None):
+    """Print the table and goals of the run saved at ``path`` (rows chosen at run time
+    get a bound by layout, ``bounds_by_layout``); write it with them to ``out``."""
+    with open(path) as f:
+        saved = json.load(f)
+    rows = bounds_by_layout(saved["rows"])
+    saved["headline"] = _report(saved["model"], rows, saved["budget"],
+                                saved.get("accuracy_rows"))
+    _report_accuracy(saved.get("accuracy_rows"))
+    if out:
+        with open(out, "w") as f:
+            json.dump(saved, f, indent=1)
+        print(f"\nwrote {out}")
+    return 0
 
 
 def main(argv=None):
@@ -626,10 +685,15 @@ def main(argv=None):
                     help="a plan file for the hp-<strategy>-plan row (repeatable: ps=..., "
                     "ring=...)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--report", metavar="JSON", help="judge a saved run again (its rows, "
+                    "bounds and accuracy runs; no new runs) and print the table and goals; "
+                    "with --out, write the run with the new verdicts there")
     ns = ap.parse_args(argv)
     if ns.worker:
         worker(json.loads(ns.worker))
         return 0
+    if ns.report:
+        return report_saved(ns.report, ns.out)
     ns.plans = {}
     for item in ns.plan:
         strategy, sep, path = item.partition("=")
