@@ -154,3 +154,40 @@ def test_horovod_rows_with_a_cycle_suffix_pair_with_their_gloo_row(capsys):
     assert "hvd-none/this >= 3x 3.43 met" in out
     assert "hvd-hp-ps-powersgd1 / hp-ps-powersgd1 <= 1.10 1.20 NOT met" in out
     assert "hvd-hp-ps-powersgd1-cycle5 / hp-ps-powersgd1 <= 1.10 1.05 met" in out
+
+
+def test_a_row_chosen_at_run_time_takes_the_bound_of_the_fixed_row_laid_out_alike(capsys):
+    """plan='auto' has no bound of its own: when its engine laid every compressed gradient
+    out as a fixed row did (compressor, workflow, partitions, strategy), that row's bound is
+    its bound, so the best-row goal is judged when auto is the fastest row."""
+    train = _bench()
+    lay = {"w": ["PowerSGD(rank=2)", "rounds_allreduce", [1]]}
+    fixed = dict(config="hp-ring-powersgd2", ms_per_step=200.0, bound_ms=180.0,
+                 bound_x_floor=1.2, compressors={"w": "PowerSGD(rank=2)"}, layout=lay)
+    auto = dict(config="hp-ring-auto", ms_per_step=190.0, compressors={"w": "PowerSGD(rank=2)"},
+                layout=lay)
+    other_k = dict(auto, config="hp-ring-plan", layout={"w": [*lay["w"][:2], [1, 1]]})
+    ps = dict(auto, config="hp-ps-auto")
+    rows = train.bounds_by_layout([fixed, auto, other_k, ps])
+    assert rows[1]["bound_of"] == "hp-ring-powersgd2" and rows[1]["bound_ms"] == 180.0
+    assert abs(rows[1]["step_over_bound"] - 190.0 / 180.0) < 1e-12
+    assert "bound_ms" not in rows[2]  # other partitions: other work
+    assert "bound_ms" not in rows[3]  # another strategy
+
+
+def test_a_saved_run_is_judged_again_with_the_bounds_by_layout(tmp_path, capsys):
+    train = _bench()
+    comp = {"w": "PowerSGD(rank=2)"}
+    rows = [dict(r, params_m=26.6, accuracy=10.0, compressors=comp) for r in (
+        dict(config="floor", ms_per_step=130.0),
+        dict(config="hp-ring-powersgd2", ms_per_step=200.0, bound_ms=170.0, bound_x_floor=1.3),
+        dict(config="hp-ring-auto", ms_per_step=185.0))]
+    rows[0].pop("compressors")
+    path = tmp_path / "run.json"
+    path.write_text(__import__("json").dumps(
+        {"model": "vgg", "budget": "test", "rows": rows, "accuracy_rows": []}))
+    assert train.report_saved(str(path), str(tmp_path / "again.json")) == 0
+    out = capsys.readouterr().out
+    assert "best row within 1.10x of its bound  1.09  met" in out  # 185 / 170
+    saved = __import__("json").loads((tmp_path / "again.json").read_text())
+    assert saved["rows"][2]["bound_of"] == "hp-ring-powersgd2" and saved["headline"]
