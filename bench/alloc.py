@@ -49,22 +49,10 @@ def worker(model: str, steps: int, batch: int) -> dict:
     import resource
     import time
 
-    import torch
+    sys.path.insert(0, HERE)
+    from bound import floor_step  # the floor step bench/bound.py times
 
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    from models import MODELS
-
-    torch.set_num_threads(1)  # a rank of bench/train.py runs one thread
-    torch.manual_seed(0)
-    net = MODELS[model](num_classes=10, in_channels=1)
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
-    x, y = torch.randn(batch, 1, 32, 32), torch.randint(0, 10, (batch,))
-
-    def step():
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
-
+    step, _ = floor_step(model, batch)
     for _ in range(3):
         step()
     f0, c0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()

@@ -401,6 +401,30 @@ def time_lane(tensors, n: int, repeats: int) -> float:
     return _fastest_ms(lane, repeats)
 
 
+def floor_step(model: str, batch: int = 8, lr: float = 1e-4):
+    """One floor step of bench/train.py's ``model`` as a callable (forward, backward and SGD
+    with momentum on a fixed random batch; no communication), on one torch thread.
+
+    Returns:
+        (step, net): the callable and the model it trains.
+    """
+    import torch
+    from models import MODELS
+
+    torch.set_num_threads(1)  # a rank of bench/train.py runs one thread
+    torch.manual_seed(0)
+    net = MODELS[model](num_classes=10, in_channels=1)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    x, y = torch.randn(batch, 1, 32, 32), torch.randint(0, 10, (batch,))
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    return step, net
+
+
 class Bounds:
     """Times the floor once per model and each configuration's bound at world size N.
 
@@ -412,21 +436,10 @@ class Bounds:
 
     def __init__(self, model: str = "vgg", repeats: int = 5, batch: int = 8) -> None:
         import torch
-        from models import MODELS
 
-        torch.set_num_threads(1)  # a rank of bench/train.py runs one thread
-        torch.manual_seed(0)
         self.model_name, self.repeats = model, repeats
-        net = MODELS[model](num_classes=10, in_channels=1)
-        opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
-        x, y = torch.randn(batch, 1, 32, 32), torch.randint(0, 10, (batch,))
-
-        def floor_step():
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(net(x), y).backward()
-            opt.step()
-
-        self.floor_ms = _fastest_ms(floor_step, repeats)
+        step, net = floor_step(model, batch)
+        self.floor_ms = _fastest_ms(step, repeats)
         gen = torch.Generator().manual_seed(0)
         self.grads = [(name, torch.randn(p.shape, generator=gen))
                       for name, p in net.named_parameters()]

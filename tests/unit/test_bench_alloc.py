@@ -1,19 +1,16 @@
 """bench/alloc.py: the settings it compares and its refusal of empty runs (timing lives in
 the benchmark; here only what does not depend on the host)."""
-import importlib.util
-import os
+import sys
+from pathlib import Path
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench_modules  # noqa: E402
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_alloc", os.path.join(ROOT, "bench", "alloc.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_modules.load("alloc")
 
 
 def test_the_default_is_compared_with_both_process_wide_settings():

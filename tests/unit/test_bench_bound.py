@@ -7,24 +7,18 @@ agree with the cost model's beta (HiPress Table 3 / Sec. 6.1) where the two
 count the same thing; the median/spread helpers; and that the timing runs
 each operation of a real compressor (single and multi-round).
 """
-import importlib.util
-import os
 import sys
+from pathlib import Path
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench_modules  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def bound():
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    spec = importlib.util.spec_from_file_location("bench_bound",
-                                                  os.path.join(ROOT, "bench", "bound.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_bound"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_modules.load("bound")
 
 
 def _fraction(ops, kind):
@@ -152,10 +146,7 @@ def test_time_ops_times_each_operation(bound, name, params, aggregatable, rounds
 
 
 def test_train_headline_ratios_are_paired_medians_with_their_spread(bound, capsys):
-    spec = importlib.util.spec_from_file_location("bench_train_b",
-                                                  os.path.join(ROOT, "bench", "train.py"))
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
+    train = bench_modules.load("train", "bench_train_b")
     row = {"params_m": 26.6, "accuracy": 50.0}
     rows = [dict(row, config="floor", ms_per_step=100.0, runs_ms=[100.0, 90.0, 120.0]),
             dict(row, config="ddp", ms_per_step=900.0, runs_ms=[900.0, 900.0, 900.0]),
@@ -176,11 +167,7 @@ def test_train_headline_ratios_are_paired_medians_with_their_spread(bound, capsy
 
 @pytest.fixture(scope="module")
 def sync(bound):
-    spec = importlib.util.spec_from_file_location("bench_sync",
-                                                  os.path.join(ROOT, "bench", "sync.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_modules.load("sync")
 
 
 def test_sync_prediction_of_ddp_buckets_and_model_error(sync):

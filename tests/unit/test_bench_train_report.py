@@ -5,20 +5,17 @@ ratios, that the accuracy goal is judged on the accuracy runs when there are
 any, and that an accuracy gap is only judged once the DDP reference has
 learned something (a model at chance matches any other model at chance).
 """
-import importlib.util
-import os
+import sys
+from pathlib import Path
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench_modules  # noqa: E402
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_train", os.path.join(ROOT, "bench", "train.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_modules.load("train")
 
 
 def _rows(ddp_acc, hp_acc):
