@@ -274,7 +274,7 @@ def spec_of(config: str) -> Optional[Spec]:
     if comp not in train.HP_COMPRESSORS:
         return None
     params = dict(train.PARAMS.get(comp, {}))
-    name = {"natural2": "natural"}.get(comp, comp)
+    name = train.REGISTRY_NAME.get(comp, comp)
     return Spec(parts[1], name, params, train.BACK.get(comp))
 
 

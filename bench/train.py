@@ -103,6 +103,8 @@ PLAN_CONFIGS = {"hp-ps-plan": "ps", "hp-ring-plan": "ring"}
 # off, its sparsity ramped up over the first 5 steps (DGC Sec. 3.4).
 PARAMS = {"dgc": {"momentum": 0.0, "warmup_steps": 5}, "powersgd1": {"rank": 1},
           "powersgd2": {"rank": 2}}
+# the registry name of a row compressor that is another's with other parameters
+REGISTRY_NAME = {"powersgd1": "powersgd", "powersgd2": "powersgd", "natural2": "natural"}
 # digits has 10 balanced classes: a model that has learned nothing scores ~10%.
 CHANCE = 100.0 / 10
 
@@ -189,8 +191,7 @@ def worker(cfg):
         plan = "auto" if comp == "auto" else None
         params = PARAMS.get(comp, {})
         back = BACK.get(comp)
-        comp = {"powersgd1": "powersgd", "powersgd2": "powersgd",
-                "natural2": "natural"}.get(comp, comp)
+        comp = REGISTRY_NAME.get(comp, comp)
         # "auto": the cost model picks a compressor per gradient (or none)
         spec = "auto" if comp == "auto" else hpt.Compression.get(comp, **params)
         opt = hpt.DistributedOptimizer(base, named_parameters=model.named_parameters(),
@@ -381,8 +382,7 @@ def is_auto_candidate(comp: str) -> bool:
     from hipress_like.compressors.powersgd import PowerSGD
     from hipress_like.tuning.auto import DEFAULT_CANDIDATES
 
-    name = {"powersgd1": "powersgd", "powersgd2": "powersgd", "natural2": "natural"}.get(
-        comp, comp)
+    name = REGISTRY_NAME.get(comp, comp)
     if name not in DEFAULT_CANDIDATES:
         return False
     if name == "powersgd":
