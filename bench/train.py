@@ -385,9 +385,10 @@ def is_auto_candidate(comp: str) -> bool:
     name = REGISTRY_NAME.get(comp, comp)
     if name not in DEFAULT_CANDIDATES:
         return False
-    if name == "powersgd":
-        rank = PARAMS.get(comp, {}).get("rank", PowerSGD().rank)
-        return rank == DEFAULT_CANDIDATES[name].get("rank", PowerSGD().rank)
+    if name == "powersgd":  # a rank left out is the compressor's default
+        default = PowerSGD().rank
+        return (PARAMS.get(comp, {}).get("rank", default)
+                == DEFAULT_CANDIDATES[name].get("rank", default))
     return comp not in BACK  # natural2 sends the aggregate back compressed: another row
 
 
