@@ -135,16 +135,17 @@ def test_prefiltered_topk_falls_back_when_too_few_candidates(monkeypatch):
 
 
 @pytest.mark.skipif(not _native.available(), reason="no C compiler for _native.c")
-@pytest.mark.parametrize("n", [1, 17, 4099, _native.PARALLEL_NUMEL + 37])
+@pytest.mark.parametrize("n", [1, 17, 64, 4099, _native.PARALLEL_NUMEL + 37])
 def test_native_filter_equals_the_torch_filter(n):
     """One native pass gives torch.nonzero(abs_at_least) exactly: order, NaN, inf, ties,
-    the tail after the last 16 elements, thread ranges, and a cap that is too small."""
+    the tail after the last block of 64, thread ranges, a cap that is too small, and
+    thresholds that most blocks of 64 never reach (DGC's density: they are skipped)."""
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=g)
     x[torch.randint(n, (max(1, n // 50),), generator=g)] = float("nan")
     x[torch.randint(n, (max(1, n // 70),), generator=g)] = float("inf")
     x[torch.randint(n, (max(1, n // 90),), generator=g)] = 2.0
-    for t in (0.0, 2.0, 2.5):
+    for t in (0.0, 2.0, 2.5, 3.5, 1e30):
         want = torch.nonzero(ops.abs_at_least(x, torch.tensor(t))).reshape(-1)
         got, total = sparse_native.abs_at_least_indices(x, t, n)
         assert total == want.numel() and torch.equal(got, want)
