@@ -21,8 +21,8 @@ N = 3
 SHAPES = {"w": (24, 16), "b": (40,)}
 
 
-def _plan(comp, k=1):
-    return Plan(compressor=comp, params={},
+def _plan(comp, k=1, params=None):
+    return Plan(compressor=comp, params=dict(params or {}),
                 rule=SizeRule(min_compress_bytes=0, bytes_per_partition=1, max_partitions=k),
                 gradients={})
 
@@ -33,13 +33,14 @@ def _grads(rank, step, shapes=SHAPES):
 
 
 def _run(comp, strategy, mode, steps, bad=None, plan=True, threads=True, collective=None,
-         shapes=SHAPES):
+         shapes=SHAPES, params=None):
     """Run ``steps`` (step numbers, fed to ``_grads``) on ``N`` ranks; ``bad=(rank,
     step)`` puts Inf in that rank's "w" at that step, ``bad=(rank, step, flat index,
     value)`` puts ``value`` there. Returns per rank: per step (ok, outputs), and the
-    final compressor states. Shared by test_nonfinite_fused."""
+    final compressor states. ``params``: the compressor's, in the plan. Shared by
+    test_nonfinite_fused."""
     def body(tr):
-        cfg = EngineConfig(compressor=comp, plan=_plan(comp, 2) if plan else None,
+        cfg = EngineConfig(compressor=comp, plan=_plan(comp, 2, params) if plan else None,
                            strategy=strategy, nonfinite=mode, timeout=30, threads=threads,
                            collective=collective)
         eng = Engine(tr, cfg)

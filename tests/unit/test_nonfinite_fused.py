@@ -34,9 +34,12 @@ BAD = [float("nan"), float("inf"), float("-inf")]
 SHAPE = (67, 61)
 WHERE = [0, (SHAPE[0] * SHAPE[1]) // 2 + 3, SHAPE[0] * SHAPE[1] - 1]
 
+# DGC at ratio 0.05 samples its threshold on SHAPE, so float32 takes its one-pass
+# kernel (sparse/dgc.c); at 0.001 it thresholds exactly, in torch, after a scan
 FUSED = [("onebit", {}), ("tbq", {}), ("terngrad", {}), ("thc", {}),
          ("thc", {"transform": False}), ("natural", {}), ("dithering", {}),
-         ("powersgd", {"rank": 1}), ("powersgd", {"rank": 2})]
+         ("powersgd", {"rank": 1}), ("powersgd", {"rank": 2}),
+         ("dgc", {"ratio": 0.05}), ("dgc", {})]
 
 
 def _same(x, y):
@@ -166,10 +169,10 @@ def _plan(comp):
     return nf._plan(comp, 2)
 
 
-def _run(comp, strategy, mode, steps, bad=None):
+def _run(comp, strategy, mode, steps, bad=None, params=None):
     """The engine run of test_nonfinite on this file's shapes; ``bad = (rank, step,
     flat index, value)`` puts ``value`` into that rank's "w"."""
-    return nf._run(comp, strategy, mode, steps, bad=bad, shapes=SHAPES)
+    return nf._run(comp, strategy, mode, steps, bad=bad, shapes=SHAPES, params=params)
 
 
 @pytest.fixture
@@ -185,26 +188,28 @@ def scans(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("comp,strategy,mode,where,value", [
-    ("onebit", "ps", "propagate", WHERE[0], float("nan")),
-    ("thc", "ps", "skip", WHERE[2], float("-inf")),
-    ("natural", "ring", "propagate", WHERE[1], float("inf")),
-    ("powersgd", "ring", "skip", WHERE[2], float("nan")),
-    ("powersgd", "ps", "propagate", WHERE[0], float("inf")),
-    ("terngrad", "ring", "skip", WHERE[1], float("nan")),
+@pytest.mark.parametrize("comp,strategy,mode,where,value,params", [
+    ("onebit", "ps", "propagate", WHERE[0], float("nan"), None),
+    ("thc", "ps", "skip", WHERE[2], float("-inf"), None),
+    ("natural", "ring", "propagate", WHERE[1], float("inf"), None),
+    ("powersgd", "ring", "skip", WHERE[2], float("nan"), None),
+    ("powersgd", "ps", "propagate", WHERE[0], float("inf"), None),
+    ("terngrad", "ring", "skip", WHERE[1], float("nan"), None),
+    ("dgc", "ps", "propagate", WHERE[1], float("nan"), {"ratio": 0.05}),  # dgc.c, detached
+    ("dgc", "ps", "skip", WHERE[2], float("inf"), None),  # its own scan
 ])
 def test_the_engine_leaves_the_scan_to_the_compressor_and_undoes_the_step(
-        scans, monkeypatch, comp, strategy, mode, where, value):
+        scans, monkeypatch, comp, strategy, mode, where, value, params):
     """The same run with the engine's scan (the capability hidden) is the reference:
     every step but the bad one, and the final states, are bitwise the same."""
     bad = (1, 1, where, value)
-    fused = _run(comp, strategy, mode, [0, 1, 2], bad=bad)
+    fused = _run(comp, strategy, mode, [0, 1, 2], bad=bad, params=params)
     assert scans == []  # no gradient was scanned by the engine
     # every compressor reads as one without the capability (the frozen dataclass's
     # __init__ still stores its value through the setter)
     monkeypatch.setattr(Capabilities, "checks_finite", property(
         lambda self: False, lambda self, v: self.__dict__.__setitem__("checks_finite", v)))
-    scanned = _run(comp, strategy, mode, [0, 1, 2], bad=bad)
+    scanned = _run(comp, strategy, mode, [0, 1, 2], bad=bad, params=params)
     assert scans  # the reference took the engine's scan
     for r in range(N):
         steps, states = fused[r]

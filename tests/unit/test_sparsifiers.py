@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from hipress_like.compressors import PayloadError, get, header_nbytes
+from hipress_like.compressors._build import native
+from hipress_like.compressors.base import NonFiniteError, assume_finite
 from hipress_like.compressors.sparse.dgc import DGC
 from hipress_like.compressors.sparse.graddrop import GradDrop
 from hipress_like.compressors.sparse.topk import RandomK, TopK, num_selected, sparse_payload_nbytes
@@ -209,6 +211,66 @@ def test_dgc_local_gradient_clipping():
     p, st = c.encode(g, c.init(g))
     total = c.decode(p) + st["v"]  # everything accumulated this step
     assert float(torch.linalg.vector_norm(total)) == pytest.approx(1.0, rel=1e-9)
+
+
+def _dgc_torch(c, g, st):
+    """``c.encode`` on its torch path (the accumulations, ``_select``) only."""
+    fused = c._fused
+    c._fused = lambda *a: False
+    try:
+        return c.encode(g, st)
+    finally:
+        c._fused = fused
+
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler for the native loops")
+@pytest.mark.parametrize("params", [{}, {"ratio": 0.01, "warmup_steps": 3},
+                                    {"clip_norm": 20.0}, {"ratio": 0.2}])
+@pytest.mark.parametrize("detached", [False, True])
+def test_dgc_one_pass_step_gives_the_torch_paths_bits(params, detached):
+    """sparse/dgc.c (accumulate, sample, filter in one pass), in place or into second
+    buffers (detach_state), gives the torch path's payloads and states bitwise,
+    step after step: the first step's all-zero accumulator (selected by != 0), a
+    step where every entry ties (more pass than the kernel's buffer holds: a
+    second filter, then the exact top-k), then random ones."""
+    c, n = DGC(**params), native.PARALLEL_NUMEL + 4099  # split over threads, a tail
+    gen = torch.Generator().manual_seed(5)
+    st = c.init(torch.zeros(n), seed=3)
+    ref = c.init(torch.zeros(n), seed=3)
+    _, st = c.encode(torch.zeros(n), st)
+    _, ref = _dgc_torch(c, torch.zeros(n), ref)
+    spare = None
+    for step in range(5):
+        g = torch.ones(n) if step == 0 else torch.randn(n, generator=gen) * (step + 1)
+        assert c._fused(g, st, c.density(st["step"]))
+        use = c.detach_state(st, spare) if detached else st
+        kept = {k: v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)}
+        p, new = c.encode(g, use)
+        want, ref = _dgc_torch(c, g, ref)
+        assert torch.equal(p, want), step
+        assert new.keys() == ref.keys()  # the buffers' keys are consumed
+        assert torch.equal(new["u"], ref["u"]) and torch.equal(new["v"], ref["v"])
+        if detached:  # the given state stays valid; the next step reuses its arrays
+            assert all(torch.equal(st[k], v) for k, v in kept.items())
+            assert new["u"].data_ptr() != st["u"].data_ptr()
+            if spare is not None:
+                assert new["v"].data_ptr() == spare["v"].data_ptr()
+            spare = st
+        st = new
+
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler for the native loops")
+def test_dgc_one_pass_step_refuses_nan_inside_assume_finite_and_keeps_the_state():
+    """The engine leaves DGC the NaN/Inf check (checks_finite): the one-pass kernel
+    reports it; the state the engine keeps (detached) is untouched."""
+    c, n = DGC(), 200_000
+    g = torch.randn(n)
+    _, st = c.encode(g, c.init(g))
+    before = {k: v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)}
+    g[n - 1] = float("nan")
+    with assume_finite(), pytest.raises(NonFiniteError):
+        c.encode(g, c.detach_state(st, None))
+    assert all(torch.equal(st[k], v) for k, v in before.items())
 
 
 def test_graddrop_conserves_mass_and_keeps_fraction():

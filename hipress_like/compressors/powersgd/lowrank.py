@@ -1,6 +1,5 @@
 """PowerSGD's fused kernels and products: forming M = g + (e - P' Q'^T) with the previous
-step's error, P = M Q, Q = M^T P, Gram-Schmidt and P Q^T (and the check that a second
-buffer for M is free, for double buffering).
+step's error, P = M Q, Q = M^T P, Gram-Schmidt and P Q^T.
 
 Compiled through ``_build.fused.Kernel`` under the same rules as the quantizers'
 kernels (``_build/fused.py``'s module docstring): the compiled and the eager version
@@ -18,7 +17,7 @@ BLAS: the same values up to rounding, the ranks still agreeing with each other.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -29,7 +28,7 @@ from . import cuda as _gpu
 from . import native as _c
 
 __all__ = ["powersgd_form_m", "powersgd_lowrank", "powersgd_mq", "powersgd_mtp",
-           "powersgd_orthogonalize", "free_buffer"]
+           "powersgd_orthogonalize"]
 
 
 def _outer_sum(p: torch.Tensor, qt: torch.Tensor, rank: int) -> torch.Tensor:
@@ -182,18 +181,6 @@ def powersgd_orthogonalize(a: torch.Tensor) -> torch.Tensor:
     if a.dim() == 2 and _gpu.usable(a):
         return _gpu.psgd_orthogonalize(a)
     return orthogonalize_(a)
-
-
-def free_buffer(buf: Any, like: torch.Tensor, state: Mapping[str, Any], skip: str = "") -> bool:
-    """``buf`` can receive M in place of ``like`` (the error buffer): the same
-    shape, dtype and device, contiguous, and sharing memory with no tensor of
-    ``state`` but ``state[skip]`` (the key ``buf`` came from, if any)."""
-    if (not isinstance(buf, torch.Tensor) or buf.shape != like.shape or buf.dtype != like.dtype
-            or buf.device != like.device or not buf.is_contiguous()):
-        return False
-    ptr = buf.untyped_storage().data_ptr()
-    return all(k == skip or not isinstance(v, torch.Tensor)
-               or v.untyped_storage().data_ptr() != ptr for k, v in state.items())
 
 
 def _native_form_m(e, g, p_prev, qt_prev, qt, out) -> bool:

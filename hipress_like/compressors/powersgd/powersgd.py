@@ -124,6 +124,7 @@ from ..base import (
     view_as_dtype,
     workspace,
 )
+from ..double_buffer import second_buffer
 from ..kernels import Kernels
 from ..ops import matmul, orthogonalize_, uniform
 from ..params import check_bool, check_int
@@ -346,12 +347,7 @@ class PowerSGD(MultiRoundCompressor):
         err = state.get("error")
         if not isinstance(err, torch.Tensor):
             return None  # mid-step (M in flight): the caller copies as before
-        buf = spare.get("error") if isinstance(spare, dict) else None
-        if not lowrank.free_buffer(buf, err, state):
-            buf = state.get("m_buffer")
-            if not lowrank.free_buffer(buf, err, state, "m_buffer"):
-                buf = torch.empty_like(err, memory_format=torch.contiguous_format)
-        return dict(state, m_buffer=buf)
+        return dict(state, m_buffer=second_buffer(spare, "error", err, state, "m_buffer"))
 
     @staticmethod
     def _round_matrix(state: State) -> torch.Tensor:

@@ -93,7 +93,9 @@ __all__ = [
     "pack_coded",
     "unpack_sparse",
     "SparseCode",
+    "sample_count",
     "sampled_threshold",
+    "threshold_of_sample",
     "view_as_dtype",
 ]
 
@@ -259,11 +261,28 @@ def sampled_threshold(x: torch.Tensor, density: float, sample_ratio: float, seed
         A 0-d tensor threshold.
     """
     n = x.numel()
-    s = max(math.ceil(sample_ratio * n), math.ceil(_MIN_HITS / density), _MIN_SAMPLES)
-    if s >= n:
+    if sample_count(n, density, sample_ratio) >= n:
         return torch.topk(x.abs(), num_selected(density, n), sorted=False).values.min()
-    pos = sample_positions(s, n, seed, step * s, x.device)
-    sample = extract(x, pos).abs_()
+    return threshold_of_sample(lambda pos: extract(x, pos), n, density, sample_ratio, seed,
+                               step, x.device)
+
+
+def sample_count(n: int, density: float, sample_ratio: float) -> int:
+    """How many entries ``sampled_threshold`` samples from ``n`` (step 1); ``n`` or
+    more: it takes the exact threshold instead."""
+    return max(math.ceil(sample_ratio * n), math.ceil(_MIN_HITS / density), _MIN_SAMPLES)
+
+
+def threshold_of_sample(at: Callable[[torch.Tensor], torch.Tensor], n: int, density: float,
+                        sample_ratio: float, seed: int, step: int,
+                        device: Any = None) -> torch.Tensor:
+    """``sampled_threshold`` of a tensor of ``n`` entries that need not exist yet:
+    ``at(positions)`` gives its values there (DGC's fused step samples the new
+    accumulator from the old state before the pass that writes it). For
+    ``sample_count(n, ...) < n``."""
+    s = sample_count(n, density, sample_ratio)
+    pos = sample_positions(s, n, seed, step * s, device)
+    sample = at(pos).abs_()
     return torch.topk(sample, num_selected(density, s), sorted=False).values.min()
 
 
