@@ -10,7 +10,8 @@ statement instead, each operator as one loop or one helper of the prelude:
   the state is untouched when encode fails (the hand-written order);
 - ``filter(x, pred)``: one pass appending the passing indices (stream
   compaction), into a thread-local buffer reserved for ``n`` indices of which
-  only the written pages are ever touched;
+  only the written pages are ever touched; each block of 64 is first asked
+  whether any entry passes (vectorised), as ``sparse/topk.c`` does;
 - ``threshold(x, density, sample_ratio)``: the sample (``ops.sample_positions``'
   hash), then a quickselect of the k-th largest magnitude (``cl_kth``);
 - ``topk(x, cand, k)``: keys ``|x| << 32 | ~index`` (magnitude first, the lower
@@ -200,11 +201,20 @@ class _Seq(SeqArrays):
             x = self.arr(args[0])
             f = self.c.funcs[args[1].args[0]]
             self.buffer(name, "int32_t", self.length(args[0]))
-            ln += [f"    int64_t len_{name} = 0;",
-                   f"    for (int64_t i_ = 0; i_ < {self.length(args[0])}; ++i_) {{",
-                   f"        if (u_{f.name}(c, {x}[i_], i_)) l_{name}[len_{name}++] = "
-                   "(int32_t)i_;",
-                   "    }"]
+            n, take = self.length(args[0]), f"l_{name}[len_{name}++] = (int32_t)"
+            # blocks of 64 asked first whether any entry passes (an OR the compiler
+            # vectorises; at top-k densities most blocks stop there), then walked
+            ln += [f"    int64_t len_{name} = 0, i_ = 0;",
+                   f"    for (; i_ + 64 <= {n}; i_ += 64) {{",
+                   "        int any_ = 0;",
+                   "        for (int64_t j_ = i_; j_ < i_ + 64; ++j_)",
+                   f"            any_ |= u_{f.name}(c, {x}[j_], j_) != 0;",
+                   "        if (!any_) continue;",
+                   "        for (int64_t j_ = i_; j_ < i_ + 64; ++j_)",
+                   f"            if (u_{f.name}(c, {x}[j_], j_)) {take}j_;",
+                   "    }",
+                   f"    for (; i_ < {n}; ++i_)",
+                   f"        if (u_{f.name}(c, {x}[i_], i_)) {take}i_;"]
         elif op == "topk":
             cand = args[1]
             if cand.kind == "call":
