@@ -32,6 +32,7 @@ from ._build import native as _native
 
 __all__ = [
     "topk_abs",
+    "topk_abs_finite",
     "filter_mask",
     "map_",
     "reduce",
@@ -93,27 +94,43 @@ def topk_abs(x: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     Ties at the k-th magnitude may be broken differently from a full
     ``torch.topk`` (which also leaves them unspecified).
     """
+    idx, vals, _ = topk_abs_finite(x, k)
+    return idx, vals
+
+
+def topk_abs_finite(x: torch.Tensor, k: int
+                    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[bool]]:
+    """``topk_abs``, and whether ``x`` holds no NaN/Inf, as the selection saw it:
+    the native filter reports NaN/Inf in its pass (a filter alone never takes
+    NaN); ``torch.topk`` over ``|x|`` takes NaN and Inf first, so they are among
+    the values it returns. None where neither holds (a prefilter in torch, for
+    other dtypes and devices): the caller scans.
+    """
     n = x.numel()
     k = max(1, min(int(k), n))
     if n >= PREFILTER_MIN_NUMEL and k * 8 <= n:
-        idx = _prefiltered_topk(x, k)
+        idx, finite = _prefiltered_topk(x, k)
         if idx is not None:
-            return idx, x[idx]
+            return idx, x[idx], finite
     _, idx = torch.topk(x.abs(), k, sorted=False)
-    return idx, x[idx]
+    vals = x[idx]
+    return idx, vals, bool(torch.isfinite(vals).all())
 
 
-def _prefiltered_topk(x: torch.Tensor, k: int) -> "torch.Tensor | None":
+def _prefiltered_topk(x: torch.Tensor, k: int) -> Tuple[Optional[torch.Tensor], Optional[bool]]:
+    """Steps 1-3 of ``topk_abs``: the top-k positions or None (fewer candidates
+    than k), and whether the filter saw only finite values (None: unknown)."""
     n = x.numel()
     s = _PREFILTER_SAMPLES
     h = k * s / n
     j = min(s, int(math.ceil(h + 5.0 * math.sqrt(h) + 2.0)))
     sample = x.index_select(0, sample_positions(s, n, _PREFILTER_SEED, 0, x.device)).abs_()
     t = torch.topk(sample, j, sorted=False).values.min()
-    cand = abs_at_least_indices(x, t, n * j // s)
+    cand, nonfinite = _filter_indices(x, t, n * j // s)
+    finite = None if nonfinite is None else not nonfinite
     if cand.numel() < k:
-        return None
-    return topk_among(x, cand, k)
+        return None, finite
+    return topk_among(x, cand, k), finite
 
 
 def abs_at_least_indices(x: torch.Tensor, t: "torch.Tensor | float",
@@ -125,16 +142,23 @@ def abs_at_least_indices(x: torch.Tensor, t: "torch.Tensor | float",
     here), else by torch. ``expect`` (about how many pass) sizes the native
     buffer; a wrong guess costs a second pass, never a wrong answer.
     """
+    return _filter_indices(x, t, expect)[0]
+
+
+def _filter_indices(x: torch.Tensor, t: "torch.Tensor | float",
+                    expect: int) -> Tuple[torch.Tensor, Optional[bool]]:
+    """``abs_at_least_indices``, and whether ``x`` holds NaN/Inf (the native pass
+    tells; None from torch's)."""
     if x.dtype == torch.float32 and _native.usable(x):
         # the C filter is top-k's (sparse/topk.c); sparse/ imports this module, hence here
         from .sparse import native as _c
 
-        cand, total = _c.abs_at_least_indices(x, float(t), 2 * int(expect) + 1024)
+        cand, total, nonfinite = _c.abs_at_least_indices(x, float(t), 2 * int(expect) + 1024)
         if total > cand.numel():
-            cand, total = _c.abs_at_least_indices(x, float(t), total)
-        return cand
+            cand, total, nonfinite = _c.abs_at_least_indices(x, float(t), total)
+        return cand, nonfinite
     tt = t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=x.dtype, device=x.device)
-    return filter_mask(x, abs_at_least(x, tt))[0]
+    return filter_mask(x, abs_at_least(x, tt))[0], None
 
 
 def topk_among(x: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:

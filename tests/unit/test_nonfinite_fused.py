@@ -34,12 +34,14 @@ BAD = [float("nan"), float("inf"), float("-inf")]
 SHAPE = (67, 61)
 WHERE = [0, (SHAPE[0] * SHAPE[1]) // 2 + 3, SHAPE[0] * SHAPE[1] - 1]
 
-# DGC at ratio 0.05 samples its threshold on SHAPE, so float32 takes its one-pass
-# kernel (sparse/dgc.c); at 0.001 it thresholds exactly, in torch, after a scan
+# DGC at ratio 0.05 and GradDrop sample their thresholds on SHAPE, so float32
+# takes their one pass (sparse/accumulators.py); DGC at its default ratio
+# thresholds exactly, in torch, after a scan
 FUSED = [("onebit", {}), ("tbq", {}), ("terngrad", {}), ("thc", {}),
          ("thc", {"transform": False}), ("natural", {}), ("dithering", {}),
          ("powersgd", {"rank": 1}), ("powersgd", {"rank": 2}),
-         ("dgc", {"ratio": 0.05}), ("dgc", {})]
+         ("dgc", {"ratio": 0.05}), ("dgc", {}), ("graddrop", {"ratio": 0.1}), ("graddrop", {}),
+         ("topk", {})]
 
 
 def _same(x, y):
@@ -195,8 +197,9 @@ def scans(monkeypatch):
     ("powersgd", "ring", "skip", WHERE[2], float("nan"), None),
     ("powersgd", "ps", "propagate", WHERE[0], float("inf"), None),
     ("terngrad", "ring", "skip", WHERE[1], float("nan"), None),
-    ("dgc", "ps", "propagate", WHERE[1], float("nan"), {"ratio": 0.05}),  # dgc.c, detached
+    ("dgc", "ps", "propagate", WHERE[1], float("nan"), {"ratio": 0.05}),  # one pass, detached
     ("dgc", "ps", "skip", WHERE[2], float("inf"), None),  # its own scan
+    ("graddrop", "ps", "propagate", WHERE[2], float("-inf"), {"ratio": 0.1}),
 ])
 def test_the_engine_leaves_the_scan_to_the_compressor_and_undoes_the_step(
         scans, monkeypatch, comp, strategy, mode, where, value, params):

@@ -147,9 +147,12 @@ def test_native_filter_equals_the_torch_filter(n):
     x[torch.randint(n, (max(1, n // 90),), generator=g)] = 2.0
     for t in (0.0, 2.0, 2.5, 3.5, 1e30):
         want = torch.nonzero(ops.abs_at_least(x, torch.tensor(t))).reshape(-1)
-        got, total = sparse_native.abs_at_least_indices(x, t, n)
+        got, total, nonfinite = sparse_native.abs_at_least_indices(x, t, n)
         assert total == want.numel() and torch.equal(got, want)
-        few, total = sparse_native.abs_at_least_indices(x, t, max(0, want.numel() - 1))
+        assert nonfinite == bool((~torch.isfinite(x)).any())  # NaN/Inf told in the pass
+        assert not sparse_native.abs_at_least_indices(torch.nan_to_num(x, 0.0, 1.0, -1.0),
+                                                      t, n)[2]
+        few, total, _ = sparse_native.abs_at_least_indices(x, t, max(0, want.numel() - 1))
         if want.numel():
             assert total == want.numel() and few.numel() == 0  # too small: call again
         assert torch.equal(ops.abs_at_least_indices(x, t), want)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import struct
+from unittest import mock
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from hipress_like.compressors import PayloadError, get, header_nbytes
 from hipress_like.compressors._build import native
 from hipress_like.compressors.base import NonFiniteError, assume_finite
+from hipress_like.compressors.sparse import accumulators
 from hipress_like.compressors.sparse.dgc import DGC
 from hipress_like.compressors.sparse.graddrop import GradDrop
 from hipress_like.compressors.sparse.topk import RandomK, TopK, num_selected, sparse_payload_nbytes
@@ -213,57 +215,59 @@ def test_dgc_local_gradient_clipping():
     assert float(torch.linalg.vector_norm(total)) == pytest.approx(1.0, rel=1e-9)
 
 
-def _dgc_torch(c, g, st):
+def _torch_path(c, g, st):
     """``c.encode`` on its torch path (the accumulations, ``_select``) only."""
-    fused = c._fused
-    c._fused = lambda *a: False
-    try:
+    with mock.patch.object(accumulators, "one_pass_usable", lambda *a: False):
         return c.encode(g, st)
-    finally:
-        c._fused = fused
+
+
+ACCUMULATING = [(DGC, {}, ("u", "v")), (DGC, {"ratio": 0.01, "warmup_steps": 3}, ("u", "v")),
+                (DGC, {"clip_norm": 20.0}, ("u", "v")), (DGC, {"ratio": 0.2}, ("u", "v")),
+                (GradDrop, {}, ("residual",)), (GradDrop, {"ratio": 0.2}, ("residual",))]
 
 
 @pytest.mark.skipif(not native.available(), reason="no C compiler for the native loops")
-@pytest.mark.parametrize("params", [{}, {"ratio": 0.01, "warmup_steps": 3},
-                                    {"clip_norm": 20.0}, {"ratio": 0.2}])
+@pytest.mark.parametrize("cls,params,keys", ACCUMULATING)
 @pytest.mark.parametrize("detached", [False, True])
-def test_dgc_one_pass_step_gives_the_torch_paths_bits(params, detached):
-    """sparse/dgc.c (accumulate, sample, filter in one pass), in place or into second
-    buffers (detach_state), gives the torch path's payloads and states bitwise,
-    step after step: the first step's all-zero accumulator (selected by != 0), a
-    step where every entry ties (more pass than the kernel's buffer holds: a
-    second filter, then the exact top-k), then random ones."""
-    c, n = DGC(**params), native.PARALLEL_NUMEL + 4099  # split over threads, a tail
+def test_one_pass_step_gives_the_torch_paths_bits(cls, params, keys, detached):
+    """DGC's and GradDrop's one pass (sparse/accumulate.c: accumulate, select, check),
+    in place or into second buffers (detach_state), gives the torch path's payloads
+    and states bitwise, step after step: the first step's all-zero accumulator
+    (selected by != 0), a step where every entry ties (more pass than the kernel's
+    buffer holds: a second filter, then the exact top-k), then random ones."""
+    c, n = cls(**params), native.PARALLEL_NUMEL + 4099  # split over threads, a tail
     gen = torch.Generator().manual_seed(5)
     st = c.init(torch.zeros(n), seed=3)
     ref = c.init(torch.zeros(n), seed=3)
     _, st = c.encode(torch.zeros(n), st)
-    _, ref = _dgc_torch(c, torch.zeros(n), ref)
+    _, ref = _torch_path(c, torch.zeros(n), ref)
     spare = None
     for step in range(5):
         g = torch.ones(n) if step == 0 else torch.randn(n, generator=gen) * (step + 1)
-        assert c._fused(g, st, c.density(st["step"]))
+        density = c.density(st["step"]) if cls is DGC else c.ratio
+        assert accumulators.one_pass_usable(g, st, keys, density, c.sample_ratio)
         use = c.detach_state(st, spare) if detached else st
         kept = {k: v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)}
         p, new = c.encode(g, use)
-        want, ref = _dgc_torch(c, g, ref)
+        want, ref = _torch_path(c, g, ref)
         assert torch.equal(p, want), step
         assert new.keys() == ref.keys()  # the buffers' keys are consumed
-        assert torch.equal(new["u"], ref["u"]) and torch.equal(new["v"], ref["v"])
+        assert all(torch.equal(new[k], ref[k]) for k in keys)
         if detached:  # the given state stays valid; the next step reuses its arrays
             assert all(torch.equal(st[k], v) for k, v in kept.items())
-            assert new["u"].data_ptr() != st["u"].data_ptr()
+            assert new[keys[0]].data_ptr() != st[keys[0]].data_ptr()
             if spare is not None:
-                assert new["v"].data_ptr() == spare["v"].data_ptr()
+                assert new[keys[-1]].data_ptr() == spare[keys[-1]].data_ptr()
             spare = st
         st = new
 
 
 @pytest.mark.skipif(not native.available(), reason="no C compiler for the native loops")
-def test_dgc_one_pass_step_refuses_nan_inside_assume_finite_and_keeps_the_state():
-    """The engine leaves DGC the NaN/Inf check (checks_finite): the one-pass kernel
-    reports it; the state the engine keeps (detached) is untouched."""
-    c, n = DGC(), 200_000
+@pytest.mark.parametrize("cls", [DGC, GradDrop])
+def test_one_pass_step_refuses_nan_inside_assume_finite_and_keeps_the_state(cls):
+    """The engine leaves DGC and GradDrop the NaN/Inf check (checks_finite): the
+    one-pass kernel reports it; the state the engine keeps (detached) is untouched."""
+    c, n = cls(), 200_000
     g = torch.randn(n)
     _, st = c.encode(g, c.init(g))
     before = {k: v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)}
@@ -271,6 +275,25 @@ def test_dgc_one_pass_step_refuses_nan_inside_assume_finite_and_keeps_the_state(
     with assume_finite(), pytest.raises(NonFiniteError):
         c.encode(g, c.detach_state(st, None))
     assert all(torch.equal(st[k], v) for k, v in before.items())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("where", [0, 77_777, 199_999])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_topk_tells_nan_and_inf_inside_assume_finite(where, bad, dtype):
+    """TopK declares checks_finite: its prefiltered selection (200 K entries: the
+    sample, then the native filter for float32, torch's for float64, which then
+    scans) refuses NaN/Inf where the engine vouched and scanned nothing; a finite
+    gradient encodes as before."""
+    c = TopK(ratio=0.01)
+    assert c.capabilities.checks_finite
+    g = torch.randn(200_000, generator=torch.Generator().manual_seed(where), dtype=dtype)
+    with assume_finite():
+        want, _ = c.encode(g, c.init(g))
+    assert torch.equal(want, c.encode(g, c.init(g))[0])
+    g[where] = bad
+    with assume_finite(), pytest.raises(NonFiniteError):
+        c.encode(g, c.init(g))
 
 
 def test_graddrop_conserves_mass_and_keeps_fraction():

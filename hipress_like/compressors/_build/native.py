@@ -6,7 +6,7 @@ memory speed or it eats the time compression saves. ``torch.compile``
 stream with several float planes, a hash per element, or streaming stores.
 Those loops are a few lines each, so each algorithm writes them once in C, in
 its own folder (``onebit/onebit.c``, ``natural/natural.c``, ``thc/thc.c``,
-``powersgd/powersgd.c``, ``sparse/bloom.c``, ``sparse/topk.c``, ``sparse/dgc.c``; each module's
+``powersgd/powersgd.c``, ``sparse/bloom.c``, ``sparse/topk.c``, ``sparse/accumulate.c``; each module's
 ``native.py`` says why its loops are in C). This module compiles every
 ``*.c`` file of the algorithm folders, with the shared header
 ``_build/hp_native.h``, into one shared library on first use and loads it

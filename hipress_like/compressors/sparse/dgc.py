@@ -28,9 +28,9 @@ plain SGD without momentum (as in the paper). State is explicit:
 are float32 for half-precision gradients so small updates accumulate.
 
 Speed: for float32 on the CPU, steps 2-3 and the NaN/Inf check are one pass
-(``sparse/dgc.c``): the threshold is estimated from the new ``v`` at the
-sampled positions, computed from the old state before the pass, so the
-pass that writes ``u`` and ``v`` also selects. Double buffering
+(``sparse/accumulators.py``): the threshold is estimated from the new ``v``
+at the sampled positions, computed from the old state before the pass, so
+the pass that writes ``u`` and ``v`` also selects. Double buffering
 (``detach_state``): a state given ``"u_buffer"`` and ``"v_buffer"`` has the
 new accumulators written there, and the state it was given stays valid (the
 engine keeps it to undo a step instead of copying it). Same bits every way.
@@ -41,26 +41,22 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from .._build import native as _native
 from ..base import Capabilities, State, accumulate_, accumulator_dtype, check_gradient
-from ..double_buffer import second_buffer
 from ..ops import abs_at_least_indices, extract, topk_among
 from ..params import check_int, check_real
 from ..registry import register
-from . import native as _c
+from . import accumulators
 from .topk import (
     Sparsifier,
     _check_ratio,
     num_selected,
-    sample_count,
     sampled_threshold,
-    threshold_of_sample,
 )
 
 __all__ = ["DGC"]
 
-# the keys of a double-buffered state (detach_state); a step consumes them
-_BUFFERS = ("u_buffer", "v_buffer")
+# the accumulators, double-buffered by detach_state
+_KEYS = ("u", "v")
 
 
 def _select(v: torch.Tensor, density: float, k: int, sample_ratio: float, seed: int,
@@ -110,7 +106,7 @@ class DGC(Sparsifier):
     algo_id = 22
     capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=False,
                                 stateful=True, keeps_memory=True,
-                                checks_finite=True)  # the fused pass (dgc.c), else a scan
+                                checks_finite=True)  # the one pass, else a scan
 
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, sample_ratio: float = 0.01,
                  warmup_steps: int = 0, clip_norm: Optional[float] = None,
@@ -179,7 +175,10 @@ class DGC(Sparsifier):
                 g = g.to(acc) * (self.clip_norm / norm)
         k = num_selected(density, g.numel())
         if fused:
-            u, v, idx = self._fused_step(grad, g, state, density, k, seed, step)
+            u, v = accumulators.outputs(state, _KEYS)
+            idx = accumulators.one_pass_select(
+                grad, g, state["u"].reshape(-1), state["v"].reshape(-1), u, v, self.momentum,
+                density, k, self.sample_ratio, seed, step)
         else:
             u, v = self._accumulate(g, state)
             idx = _select(v, density, k, self.sample_ratio, seed, step)
@@ -187,68 +186,31 @@ class DGC(Sparsifier):
         u.index_fill_(0, code.idx, 0)
         # masking zeroes v where sent; only what the wire (dtype, value codec) lost stays
         v.index_copy_(0, code.idx, code.values - code.wire.to(acc))
-        new_state = {key: val for key, val in state.items() if key not in _BUFFERS}
-        new_state.update(u=u.reshape(grad.shape), v=v.reshape(grad.shape), step=step + 1,
-                         seed=seed)
-        return code.payload, new_state
+        return code.payload, accumulators.settle(
+            state, _KEYS, u=u.reshape(grad.shape), v=v.reshape(grad.shape), step=step + 1,
+            seed=seed)
 
     def _fused(self, grad: torch.Tensor, state: State, density: float) -> bool:
-        """The one-pass step applies: float32 CPU tensors, state and buffers alike,
-        and a tensor large enough that the threshold is sampled."""
-        tensors = [grad] + [state.get(key) for key in ("u", "v")]
-        tensors += [state[key] for key in _BUFFERS if key in state]
-        return (all(isinstance(t, torch.Tensor) and t.numel() == grad.numel() for t in tensors)
-                and _native.usable(*tensors, dtypes=(torch.float32,))
-                and sample_count(grad.numel(), density, self.sample_ratio) < grad.numel())
-
-    def _outputs(self, state: State) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Where the new ``u`` and ``v`` go: the second buffers when the state
-        has them (``detach_state``), else the state's own, in place."""
-        return tuple(state.get(buf, state[key]).view(-1)  # type: ignore[return-value]
-                     for key, buf in (("u", "u_buffer"), ("v", "v_buffer")))
+        """The one-pass step applies (``accumulators.one_pass_usable``)."""
+        return accumulators.one_pass_usable(grad, state, _KEYS, density, self.sample_ratio)
 
     def _accumulate(self, g: torch.Tensor, state: State) -> Tuple[torch.Tensor, torch.Tensor]:
         """Step 2 of the module docstring in torch: ``u = m u + g``, ``v = v + u``, in
         the state's tensors, or into its second buffers when it has them."""
-        if "u_buffer" not in state:
+        if accumulators.buffer_key("u") not in state:
             u = accumulate_(state["u"], g, self.momentum)      # u = m u + g (in place)
             return u, accumulate_(state["v"], u)               # v = v + u  (in place)
         acc = accumulator_dtype(g.dtype)
-        uo, vo = self._outputs(state)
+        uo, vo = accumulators.outputs(state, _KEYS)
         if uo.dtype != acc or vo.dtype != acc:  # a state loaded with another dtype: new ones
             uo, vo = torch.empty_like(g, dtype=acc), torch.empty_like(g, dtype=acc)
         u = torch.add(g, state["u"].reshape(-1), alpha=self.momentum, out=uo)
         return u, torch.add(state["v"].reshape(-1), u, out=vo)
 
-    def _fused_step(self, grad: torch.Tensor, g: torch.Tensor, state: State, density: float,
-                    k: int, seed: int, step: int
-                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Accumulate and select in one pass (``native.dgc_step``); the threshold is
-        ``sampled_threshold`` of the new ``v``, read at the sampled positions off
-        the old state (``fma(m, u, g)`` is ``torch.add(g, u, alpha=m)``'s bits)."""
-        u0, v0 = state["u"].reshape(-1), state["v"].reshape(-1)
-        uo, vo = self._outputs(state)
-        thr = float(threshold_of_sample(
-            lambda pos: extract(v0, pos) + torch.add(extract(g, pos), extract(u0, pos),
-                                                     alpha=self.momentum),
-            g.numel(), density, self.sample_ratio, seed, step, g.device))
-        # an all-zero accumulator would pass a zero threshold everywhere (see _select)
-        t = thr if thr != 0.0 else float("inf")
-        idx, total, nonfinite = _c.dgc_step(g, u0, v0, self.momentum, uo, vo, t, 2 * k + 1024)
-        if nonfinite:
-            check_gradient(grad, nonfinite="always")  # raises NonFiniteError
-        if thr == 0.0:
-            idx = torch.nonzero(vo != 0).reshape(-1)
-        elif total > idx.numel():
-            idx = abs_at_least_indices(vo, thr, total)
-        if idx.numel() > k:  # too many passed: exact top-k among the selected
-            idx = torch.sort(topk_among(vo, idx, k)).values
-        return uo, vo, idx
-
     def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
         """``state`` with ``"u_buffer"`` and ``"v_buffer"``, second buffers that the
-        step writes the new accumulators into (``double_buffer``), so ``state``
-        itself stays as it was; ``spare``'s arrays are reused when free.
+        step writes the new accumulators into (``accumulators.detach``), so
+        ``state`` itself stays as it was; ``spare``'s arrays are reused when free.
 
         Example:
             >>> c = DGC(ratio=0.01); g = torch.randn(10_000)
@@ -257,13 +219,7 @@ class DGC(Sparsifier):
             >>> torch.equal(st["v"], v), st2["v"] is not st["v"]
             (True, True)
         """
-        u, v = state.get("u"), state.get("v")
-        if not (isinstance(u, torch.Tensor) and isinstance(v, torch.Tensor)):
-            return None
-        out = dict(state)
-        out["u_buffer"] = second_buffer(spare, "u", u, out, "u_buffer")
-        out["v_buffer"] = second_buffer(spare, "v", v, out, "v_buffer")
-        return out
+        return accumulators.detach(state, spare, _KEYS)
 
     def params(self) -> Dict[str, object]:
         """Constructor parameters (the codecs' only when they are not plain)."""

@@ -34,10 +34,14 @@ from ..base import Capabilities, State, accumulate_, accumulator_dtype, check_gr
 from ..ops import extract
 from ..params import ParamError, check_real
 from ..registry import register
+from . import accumulators
 from .dgc import _select
 from .topk import Sparsifier, _check_ratio, num_selected
 
 __all__ = ["GradDrop"]
+
+# the accumulator, double-buffered by detach_state
+_KEYS = ("residual",)
 
 
 @register("graddrop")
@@ -67,7 +71,8 @@ class GradDrop(Sparsifier):
     name = "graddrop"
     algo_id = 23
     capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=False,
-                                stateful=True, keeps_memory=True)
+                                stateful=True, keeps_memory=True,
+                                checks_finite=True)  # the one pass, else a scan
 
     def __init__(self, ratio: float = 0.01, sample_ratio: float = 0.001,
                  max_ratio: Optional[float] = None, index_codec: str = "plain",
@@ -106,17 +111,53 @@ class GradDrop(Sparsifier):
         Raises:
             TypeError, ValueError: bad gradient or a residual of another shape.
         """
-        check_gradient(grad)
-        res = self.state_tensor(state, "residual", grad)
+        # checks_finite: NaN/Inf is refused even where the engine vouched for the input;
+        # the one pass (sparse/accumulators.py) notices it itself, the torch path scans
         step, seed = int(state.get("step", 0)), int(state.get("seed", 0))
+        fused = accumulators.one_pass_usable(grad, state, _KEYS, self.ratio, self.sample_ratio)
+        check_gradient(grad, nonfinite="raise" if fused else "always")
+        res = self.state_tensor(state, "residual", grad)
         acc = accumulator_dtype(grad.dtype)
-        x = accumulate_(res, grad)  # g + residual, in the residual's buffer
-        idx = _select(x, self.ratio, num_selected(self.max_ratio, x.numel()), self.sample_ratio,
-                      seed, step)
+        n = grad.numel()
+        if fused:
+            (x,) = accumulators.outputs(state, _KEYS)
+            idx = accumulators.one_pass_select(
+                grad, grad.detach().reshape(-1), None, res.reshape(-1), None, x, 0.0,
+                self.ratio, num_selected(self.max_ratio, n), self.sample_ratio, seed, step)
+        else:
+            x = self._accumulate(grad, state, res)
+            idx = _select(x, self.ratio, num_selected(self.max_ratio, n), self.sample_ratio,
+                          seed, step)
         code = self._pack(grad, idx, lambda i: extract(x, i), self._codec_seed(seed, idx))
         # what the wire (dtype, value codec) lost stays in the residual (0 for plain float32)
         x.index_copy_(0, code.idx, code.values - code.wire.to(acc))
-        return code.payload, dict(state, residual=x.reshape(grad.shape), step=step + 1, seed=seed)
+        return code.payload, accumulators.settle(state, _KEYS, residual=x.reshape(grad.shape),
+                                                 step=step + 1, seed=seed)
+
+    @staticmethod
+    def _accumulate(grad: torch.Tensor, state: State, res: torch.Tensor) -> torch.Tensor:
+        """``x = g + residual`` in torch: in the residual's buffer, or into its second
+        buffer when the state has one (``detach_state``)."""
+        if accumulators.buffer_key("residual") not in state:
+            return accumulate_(res, grad)
+        (out,) = accumulators.outputs(state, _KEYS)
+        if out.dtype != accumulator_dtype(grad.dtype):  # a residual of another dtype
+            return accumulate_(res.reshape(-1).clone(), grad)
+        return torch.add(res.reshape(-1), grad.detach().reshape(-1), out=out)
+
+    def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
+        """``state`` with ``"residual_buffer"``, a second buffer the step writes the
+        new residual into (``accumulators.detach``), so ``state`` itself stays as it
+        was; ``spare``'s residual is reused when free.
+
+        Example:
+            >>> c = GradDrop(ratio=0.01); g = torch.randn(10_000)
+            >>> st = c.init(g); _, st = c.encode(g, st); r = st["residual"].clone()
+            >>> _, st2 = c.encode(g, c.detach_state(st, None))
+            >>> torch.equal(st["residual"], r), st2["residual"] is not st["residual"]
+            (True, True)
+        """
+        return accumulators.detach(state, spare, _KEYS)
 
     def params(self) -> Dict[str, object]:
         """Constructor parameters (the codecs' only when they are not plain)."""

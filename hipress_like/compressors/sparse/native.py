@@ -1,14 +1,15 @@
-"""The sparsifiers' native CPU loops: top-k's threshold filter (``topk.c``), DGC's
-fused step (``dgc.c``) and the Bloom-filter index codec's build, universe query and
-conflict-set policy (``bloom.c``).
+"""The sparsifiers' native CPU loops: top-k's threshold filter (``topk.c``), the
+accumulating sparsifiers' one-pass step (``accumulate.c``: DGC, GradDrop) and the
+Bloom-filter index codec's build, universe query and conflict-set policy (``bloom.c``).
 
 Idea: top-k's prefilter (``ops.topk_abs``) is a compare per element whose ~1%
 survivors are kept: torch writes two bool tensors, ORs them and scans the
 result with ``nonzero``; one pass that walks a 16-bit comparison mask is
-several times faster and halves top-k's encode time. DGC's step reads its
-gradient and its two accumulators several times in torch (the two
-accumulations, the NaN/Inf scan, the filter); ``dgc_step`` does all of it in
-one pass, into the same state buffers or a second set. The Bloom loops hash
+several times faster and halves top-k's encode time. DGC's and GradDrop's
+steps read the gradient and their accumulators several times in torch (the
+accumulations, the NaN/Inf scan, the filter); ``accumulate_select`` does all
+of it in one pass, into the same state buffers or a second set. The Bloom
+loops hash
 every position of the universe. Both are written once in C (built by
 ``_build/native.py``) and called here; the torch paths give the same results
 (``tests/unit/test_ops.py``, ``tests/unit/test_bloom.py``).
@@ -16,7 +17,7 @@ every position of the universe. Both are written once in C (built by
 from __future__ import annotations
 
 import ctypes
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -26,17 +27,17 @@ from .._build.native import parallel as _map
 from .._build.native import ranges as _ranges
 
 __all__ = ["abs_at_least_indices", "bloom_build", "bloom_conflict_blocks", "bloom_query",
-           "dgc_step"]
+           "accumulate_select"]
 
 _P, _I64, _I32, _U32, _F32 = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32,
                               ctypes.c_float)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    lib.hp_abs_at_least.argtypes = [_P, _I64, _I64, _F32, _P, _I64]
+    lib.hp_abs_at_least.argtypes = [_P, _I64, _I64, _F32, _P, _I64, _P]
     lib.hp_abs_at_least.restype = _I64
-    lib.hp_dgc_step.argtypes = [_P, _P, _P, _F32, _P, _P, _I64, _I64, _F32, _P, _I64, _P]
-    lib.hp_dgc_step.restype = _I64
+    lib.hp_acc_select.argtypes = [_P, _P, _P, _F32, _P, _P, _I64, _I64, _F32, _P, _I64, _P]
+    lib.hp_acc_select.restype = _I64
     lib.hp_bloom_query.argtypes = [_P, _I64, _P, _P, _I32, _I32, _U32, _U32, _I64, _I64, _I64,
                                    _P, _I64]
     lib.hp_bloom_query.restype = _I64
@@ -49,7 +50,8 @@ def _declare(lib: ctypes.CDLL) -> None:
 native.bind(_declare)
 
 
-def abs_at_least_indices(x: torch.Tensor, t: float, cap: int) -> Tuple[torch.Tensor, int]:
+def abs_at_least_indices(x: torch.Tensor, t: float,
+                         cap: int) -> Tuple[torch.Tensor, int, bool]:
     """Sorted int64 positions of flat float32 ``x`` where ``|x| >= t`` (NaN never).
 
     One pass instead of ``ops.abs_at_least`` and ``torch.nonzero`` (two bool
@@ -57,26 +59,32 @@ def abs_at_least_indices(x: torch.Tensor, t: float, cap: int) -> Tuple[torch.Ten
 
     Returns:
         (at most ``cap`` positions, how many there are in all, which may
-        exceed ``cap``: call again with that count).
+        exceed ``cap``: call again with that count; whether ``x`` holds NaN or
+        Inf, found in the same pass).
     """
     lib = _load()
     n, xp = x.numel(), x.data_ptr()
     ranges = [(j0 * 16, min(n, j1 * 16)) for j0, j1 in _ranges(-(-n // 16), n)]
     bufs = {r: torch.empty(max(1, cap), dtype=torch.int64) for r in ranges}
+    bad = (ctypes.c_int32 * len(ranges))()
+    slot = {r: i for i, r in enumerate(ranges)}
     found = _map(lambda i0, i1, last: int(lib.hp_abs_at_least(
-        xp, i0, i1, t, bufs[(i0, i1)].data_ptr(), cap)), ranges)
+        xp, i0, i1, t, bufs[(i0, i1)].data_ptr(), cap,
+        ctypes.byref(bad, 4 * slot[(i0, i1)]))), ranges)
     total = sum(found)
     if total > cap:
-        return bufs[ranges[0]][:0], total
-    return torch.cat([bufs[r][:c] for r, c in zip(ranges, found)]), total
+        return bufs[ranges[0]][:0], total, any(bad)
+    return torch.cat([bufs[r][:c] for r, c in zip(ranges, found)]), total, any(bad)
 
 
-def dgc_step(g: torch.Tensor, u: torch.Tensor, v: torch.Tensor, m: float, uo: torch.Tensor,
-             vo: torch.Tensor, t: float, cap: int) -> Tuple[torch.Tensor, int, bool]:
-    """DGC's accumulations and filter in one pass over flat float32 tensors (``dgc.c``).
-
-    ``uo = fma(m, u, g)`` (``torch.add(g, u, alpha=m)``'s bits), ``vo = v + uo``;
-    ``uo`` may be ``u`` and ``vo`` may be ``v`` (in place).
+def accumulate_select(g: torch.Tensor, u: Optional[torch.Tensor], v: torch.Tensor, m: float,
+                      uo: Optional[torch.Tensor], vo: torch.Tensor, t: float,
+                      cap: int) -> Tuple[torch.Tensor, int, bool]:
+    """An accumulating sparsifier's step in one pass over flat float32 tensors
+    (``accumulate.c``): with a velocity ``u`` (DGC) ``uo = fma(m, u, g)``
+    (``torch.add(g, u, alpha=m)``'s bits) and ``vo = v + uo``; without (``u`` and
+    ``uo`` None: GradDrop) ``vo = v + g``. ``uo`` may be ``u`` and ``vo`` may be
+    ``v`` (in place).
 
     Returns:
         (sorted positions where ``|vo| >= t``, at most ``cap`` of them; how many
@@ -85,12 +93,13 @@ def dgc_step(g: torch.Tensor, u: torch.Tensor, v: torch.Tensor, m: float, uo: to
     """
     lib = _load()
     n = g.numel()
-    gp, up, vp, uop, vop = (x.data_ptr() for x in (g, u, v, uo, vo))
+    up, uop = (None, None) if u is None else (u.data_ptr(), uo.data_ptr())
+    gp, vp, vop = g.data_ptr(), v.data_ptr(), vo.data_ptr()
     ranges = [(j0 * 64, min(n, j1 * 64)) for j0, j1 in _ranges(-(-n // 64), n)]
     bufs = {r: torch.empty(max(1, cap), dtype=torch.int64) for r in ranges}
     bad = (ctypes.c_int32 * len(ranges))()
     slot = {r: i for i, r in enumerate(ranges)}
-    found = _map(lambda i0, i1, last: int(lib.hp_dgc_step(
+    found = _map(lambda i0, i1, last: int(lib.hp_acc_select(
         gp, up, vp, m, uop, vop, i0, i1, t, bufs[(i0, i1)].data_ptr(), cap,
         ctypes.byref(bad, 4 * slot[(i0, i1)]))), ranges)
     total = sum(found)

@@ -65,7 +65,7 @@ from ..base import (
     view_as_dtype,
 )
 from ..kernels import Kernels
-from ..ops import extract, hash32, sample_positions, topk_abs
+from ..ops import extract, hash32, sample_positions, topk_abs, topk_abs_finite
 from ..params import ParamError, check_bool, check_int, check_real
 from ..payload import pad8
 from ..registry import register
@@ -523,7 +523,9 @@ class TopK(Sparsifier):
 
     name = "topk"
     algo_id = 20
-    capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=True)
+    # the selection reads every value and tells NaN/Inf (ops.topk_abs_finite)
+    capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=True,
+                                checks_finite=True)
     # when set (plan="adaptive"'s ratio search sets it on the instances it searches,
     # tuning/ratio_search.py), the state records AR-Topk's gain terms, as AR-Topk's do:
     # one more pass over the gradient, so it is off by default
@@ -542,7 +544,10 @@ class TopK(Sparsifier):
         """
         check_gradient(grad)
         x = grad.detach().reshape(-1)
-        idx = _sorted(topk_abs(x, num_selected(self.ratio, x.numel()))[0])
+        top, _, finite = topk_abs_finite(x, num_selected(self.ratio, x.numel()))
+        if not finite:  # NaN/Inf seen, or a path that cannot tell: checks_finite scans
+            check_gradient(grad, nonfinite="always")
+        idx = _sorted(top)
         seed = self._codec_seed(int(state.get("seed", 0)), idx)
         payload = self._pack(grad, idx, lambda i: extract(x, i), seed).payload
         if self.records_gain:  # ||g_c||^2 and ||g_e||^2 (AR-Topk Sec. 3-E's gain terms)
