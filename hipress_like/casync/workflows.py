@@ -164,9 +164,10 @@ class CompressorCodec:
                 fn: Callable[[torch.Tensor, State], Tuple[torch.Tensor, State]]) -> torch.Tensor:
         """``fn(x, state)`` with the site's state, storing the new state. When the
         compressor's own pass finds NaN/Inf (``on_nonfinite`` set), the step is
-        flagged and ``x`` zeroed and encoded with a new state instead, so the
-        exchange stays finite; the step is undone (``nonfinite.py``), which puts
-        the state the step found back."""
+        flagged and ``x`` zeroed and encoded with a new state instead (keeping
+        the old state's ``step``, so the ranks still agree on what depends on
+        it), so the exchange stays finite; the step is undone (``nonfinite.py``),
+        which puts the state the step found back."""
         k = f"{self.key}|{site}"
         st = self.state(x, site, comp)
         try:
@@ -178,7 +179,11 @@ class CompressorCodec:
                 raise
         self.on_nonfinite()
         x.zero_()
-        st = self._init(x, k, comp)
+        old, st = st, self._init(x, k, comp)
+        if isinstance(old, dict) and "step" in old:
+            # a counter the ranks agree on stays (AR-Topk's owner is step mod N); the
+            # step is undone either way
+            st["step"] = old["step"]
         if comp.capabilities.shared_randomness:
             st[STEP_SEED] = mix_seed(_shared_seed(k), self.step)
         with assume_finite(self.vouched):

@@ -245,3 +245,32 @@ def test_fuse_round_trip():
 def test_docstring_examples():
     res = doctest.testmod(artopk, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert res.attempted > 0 and res.failed == 0
+
+
+@pytest.mark.parametrize("cls", [STARTopk, VARTopk])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_double_buffered_step_gives_the_in_place_bits_and_keeps_the_state(cls, dtype):
+    """Round 0 forms G = grad + residual in one checked pass (float32 on the CPU:
+    sparse/accumulate.c), in place or into a second buffer (detach_state): the
+    same payloads and states step after step, and the state the double-buffered
+    step was given stays as it was (the engine keeps it to undo the step)."""
+    c, n = cls(ratio=0.05), 5000
+    gen = torch.Generator().manual_seed(3)
+    a = c.init(torch.zeros(n, dtype=dtype), world_size=1, rank=0)
+    b = c.init(torch.zeros(n, dtype=dtype), world_size=1, rank=0)
+    spare = None
+    for _ in range(4):
+        g = torch.randn(n, generator=gen, dtype=dtype)
+        kept = b["residual"].clone()
+        use = c.detach_state(b, spare)
+        agg_a = agg_b = None
+        for r in range(c.capabilities.rounds):
+            pa, a = c.encode_round(r, g, a, agg_a)
+            pb, use = c.encode_round(r, g, use, agg_b)
+            assert torch.equal(pa, pb)
+            agg_a, agg_b = c.merge_round(r, [pa]), c.merge_round(r, [pb])
+        out_a, a = c.decode_rounds(g, a, agg_a)
+        out_b, use = c.decode_rounds(g, use, agg_b)
+        assert torch.equal(out_a, out_b) and torch.equal(a["residual"], use["residual"])
+        assert torch.equal(b["residual"], kept) and "residual_buffer" not in use
+        spare, b = b, use

@@ -41,7 +41,7 @@ FUSED = [("onebit", {}), ("tbq", {}), ("terngrad", {}), ("thc", {}),
          ("thc", {"transform": False}), ("natural", {}), ("dithering", {}),
          ("powersgd", {"rank": 1}), ("powersgd", {"rank": 2}),
          ("dgc", {"ratio": 0.05}), ("dgc", {}), ("graddrop", {"ratio": 0.1}), ("graddrop", {}),
-         ("topk", {})]
+         ("topk", {}), ("star_topk", {}), ("var_topk", {})]
 
 
 def _same(x, y):
@@ -72,7 +72,7 @@ def _warm_state(c, g):
     agg = None
     for r in range(c.capabilities.rounds):  # one rank's own step: its payloads as the sums
         p, st = c.encode_round(r, g, st, agg)
-        agg = c.merge([p]) if c.capabilities.aggregatable else p
+        agg = c.merge_round(r, [p]) if c.capabilities.aggregatable else p
     _, st = c.decode_rounds(g.clone(), st, agg, out=g.clone())
     return st
 
@@ -200,6 +200,8 @@ def scans(monkeypatch):
     ("dgc", "ps", "propagate", WHERE[1], float("nan"), {"ratio": 0.05}),  # one pass, detached
     ("dgc", "ps", "skip", WHERE[2], float("inf"), None),  # its own scan
     ("graddrop", "ps", "propagate", WHERE[2], float("-inf"), {"ratio": 0.1}),
+    ("star_topk", "ring", "skip", WHERE[0], float("nan"), None),  # step kept: one owner
+    ("var_topk", "ring", "propagate", WHERE[1], float("inf"), None),
 ])
 def test_the_engine_leaves_the_scan_to_the_compressor_and_undoes_the_step(
         scans, monkeypatch, comp, strategy, mode, where, value, params):

@@ -22,13 +22,14 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from .._build import native as _native
-from ..base import State, check_gradient
+from ..base import State, accumulate_, accumulator_dtype, check_gradient
 from ..double_buffer import second_buffer
 from ..ops import abs_at_least_indices, extract, topk_among
 from . import native as _c
 from .topk import sample_count, threshold_of_sample
 
-__all__ = ["buffer_key", "detach", "one_pass_select", "one_pass_usable", "outputs", "settle"]
+__all__ = ["accumulate_checked", "buffer_key", "detach", "one_pass_select", "one_pass_usable",
+           "outputs", "settle"]
 
 
 def buffer_key(key: str) -> str:
@@ -60,6 +61,28 @@ def settle(state: State, keys: Sequence[str], **new: object) -> State:
     out = {k: v for k, v in state.items() if k not in drop}
     out.update(new)
     return out
+
+
+def accumulate_checked(grad: torch.Tensor, acc: torch.Tensor,
+                       out: torch.Tensor) -> torch.Tensor:
+    """``out = acc + grad`` (flat; ``out`` may be ``acc``), refusing NaN/Inf in
+    ``grad`` even where the engine vouched for it: in the same pass for float32
+    on the CPU (``accumulate.c`` with nothing to select), else after a scan, and
+    into a new tensor when ``out`` is not of the accumulator's dtype.
+
+    Raises:
+        NonFiniteError: ``grad`` holds NaN/Inf (``out`` may have been written).
+    """
+    g = grad.detach().reshape(-1)
+    if _native.usable(g, acc, out, dtypes=(torch.float32,)) and out.numel() == g.numel():
+        _, _, nonfinite = _c.accumulate_select(g, None, acc, 0.0, None, out, float("inf"), 0)
+        if nonfinite:
+            check_gradient(grad, nonfinite="always")  # raises NonFiniteError
+        return out
+    check_gradient(grad, nonfinite="always")
+    if out.dtype != accumulator_dtype(grad.dtype):  # a residual loaded with another dtype
+        return accumulate_(acc.clone(), grad)
+    return torch.add(acc, g, out=out) if out is not acc else accumulate_(acc, grad)
 
 
 def one_pass_usable(grad: torch.Tensor, state: State, keys: Sequence[str], density: float,

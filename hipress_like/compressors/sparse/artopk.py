@@ -69,7 +69,6 @@ from ..base import (
     Capabilities,
     PayloadError,
     State,
-    accumulate_,
     accumulator_dtype,
     check_gradient,
     decode_output,
@@ -82,11 +81,13 @@ from ..params import check_int
 from ..payload import pad8
 from ..registry import register
 from ..rounds import MultiRoundCompressor
+from . import accumulators
 from .topk import Sparsifier, _check_ratio, index_dtype, num_selected, pack_sparse
 
 __all__ = ["ARTopk", "STARTopk", "VARTopk", "MSTopk", "ms_threshold", "fuse", "unfuse"]
 
 _EXTRA = struct.Struct("<QQ")  # kind, count
+_KEYS = ("residual",)  # the accumulator, double-buffered by detach_state
 _INDICES, _VALUES, _VARIANCES = 1, 2, 3
 _KIND_NAMES = {_INDICES: "indices", _VALUES: "values", _VARIANCES: "variances"}
 
@@ -206,11 +207,29 @@ class ARTopk(MultiRoundCompressor):
         raise NotImplementedError
 
     def _form(self, grad: torch.Tensor, state: State) -> State:
-        """``G = grad + residual`` in the residual buffer (Alg. 1 line 5)."""
-        check_gradient(grad)
+        """``G = grad + residual`` (Alg. 1 line 5) in the residual buffer, or in its
+        second buffer (``detach_state``), checking ``grad`` for NaN/Inf in the same
+        pass for float32 on the CPU (``accumulators.accumulate_checked``; the
+        engine then skips its scan, ``checks_finite``), else after a scan."""
         res = self.state_tensor(state, "residual", grad)
-        g = accumulate_(res, grad).view(grad.shape)
-        return {**state, "residual": g, "formed": True}
+        (out,) = accumulators.outputs(state, _KEYS)
+        g = accumulators.accumulate_checked(grad, res.view(-1), out)
+        return accumulators.settle(state, _KEYS, residual=g.view(grad.shape), formed=True)
+
+    def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
+        """``state`` with ``"residual_buffer"``, a second buffer round 0 forms G in
+        (``accumulators.detach``), so ``state`` itself stays as it was (the engine
+        keeps it to undo a step instead of copying it); ``spare``'s residual is
+        reused when free.
+
+        Example:
+            >>> c = STARTopk(ratio=0.25); g = torch.arange(8.0)
+            >>> st = c.init(g, world_size=1, rank=0); r = st["residual"].clone()
+            >>> _, st2 = c.encode_round(0, g, c.detach_state(st, None), None)
+            >>> torch.equal(st["residual"], r), st2["residual"] is not st["residual"]
+            (True, True)
+        """
+        return accumulators.detach(state, spare, _KEYS)
 
     def _topk(self, state: State) -> torch.Tensor:
         """This rank's sorted top-k indices of G (Alg. 1 line 6)."""
@@ -348,7 +367,8 @@ class STARTopk(ARTopk):
     algo_id = 60
     capabilities = Capabilities("sparsification", aggregatable=True, fixed_size=False,
                                 rounds=2, stateful=True, keeps_memory=True,
-                                round_reductions=("broadcast", "sum"), summable=(False, True))
+                                round_reductions=("broadcast", "sum"), summable=(False, True),
+                                checks_finite=True)  # round 0's pass (_form)
 
     def owner(self, state: State, aggregate: Optional[torch.Tensor]) -> int:
         """``i mod N`` with ``i = step + 1`` (Alg. 1 counts steps from 1)."""
@@ -377,7 +397,8 @@ class VARTopk(ARTopk):
     capabilities = Capabilities("sparsification", aggregatable=True, fixed_size=False,
                                 rounds=3, stateful=True, keeps_memory=True,
                                 round_reductions=("sum", "broadcast", "sum"),
-                                summable=(True, False, True))
+                                summable=(True, False, True),
+                                checks_finite=True)  # round 0's pass (_form)
 
     def owner(self, state: State, aggregate: Optional[torch.Tensor]) -> int:
         """The first rank with the largest statistic in the summed one-hot vectors."""
