@@ -373,6 +373,18 @@ class Sparsifier(Compressor):
     index_codec: Any = PlainIndex()
     value_codec: Any = PlainValues()
 
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """Unpickle. The capabilities an instance keeps (``_init_codecs``) were
+        pickled with the fields of their time: a field added since (e.g.
+        ``checks_finite``) takes the class's declaration, not its default."""
+        self.__dict__.update(state)
+        caps, declared = state.get("capabilities"), type(self).capabilities
+        if isinstance(caps, Capabilities) and caps is not declared:
+            missing = {f.name: getattr(declared, f.name) for f in dataclasses.fields(caps)
+                       if f.name not in vars(caps)}
+            if missing:
+                self.capabilities = dataclasses.replace(caps, **missing)
+
     def _init_codecs(self, index_codec: Any = "plain", value_codec: Any = "plain",
                      **codec_params: Any) -> None:
         """Build the codecs (``codecs.py``) from their names and parameters.
