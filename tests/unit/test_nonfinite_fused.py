@@ -256,3 +256,19 @@ def test_raise_still_raises_from_submit(scans):
     assert res[1][0] == "submit" and "NaN" in res[1][1]
     assert all(res[r][0] == "sync" and "rank 1" in res[r][1] for r in (0, 2))
     assert scans  # the engine scanned
+
+
+@pytest.mark.parametrize("name,params", FUSED)
+def test_outside_assume_finite_nan_raises_before_the_state_changes(name, params):
+    """A caller that vouched for nothing (no engine) gets the error before its state,
+    updated in place, is written: the pass's own check serves the engine only."""
+    c = get(name, **params)
+    gen = torch.Generator().manual_seed(4)
+    g = torch.randn(SHAPE, generator=gen)
+    st = _warm_state(c, g)
+    before = snapshot(st)
+    x = torch.randn(SHAPE, generator=gen)
+    x.view(-1)[WHERE[1]] = float("nan")
+    with pytest.raises(NonFiniteError):
+        _encode_first(c, x, st)
+    _same(st, before)

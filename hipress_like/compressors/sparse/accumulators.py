@@ -68,13 +68,17 @@ def accumulate_checked(grad: torch.Tensor, acc: torch.Tensor,
     """``out = acc + grad`` (flat; ``out`` may be ``acc``), refusing NaN/Inf in
     ``grad`` even where the engine vouched for it: in the same pass for float32
     on the CPU (``accumulate.c`` with nothing to select), else after a scan, and
-    into a new tensor when ``out`` is not of the accumulator's dtype.
+    into a new tensor when ``out`` is not of the accumulator's dtype. Outside
+    ``assume_finite`` the gradient is scanned first, so a caller's state is
+    never written with NaN.
 
     Raises:
-        NonFiniteError: ``grad`` holds NaN/Inf (``out`` may have been written).
+        NonFiniteError: ``grad`` holds NaN/Inf (inside ``assume_finite``, ``out``
+            may have been written: the engine gives a second buffer).
     """
     g = grad.detach().reshape(-1)
     if _native.usable(g, acc, out, dtypes=(torch.float32,)) and out.numel() == g.numel():
+        check_gradient(grad)  # scans unless the caller vouched; then the pass checks
         _, _, nonfinite = _c.accumulate_select(g, None, acc, 0.0, None, out, float("inf"), 0)
         if nonfinite:
             check_gradient(grad, nonfinite="always")  # raises NonFiniteError

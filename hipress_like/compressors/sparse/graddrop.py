@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..base import Capabilities, State, accumulate_, accumulator_dtype, check_gradient
+from ..base import Capabilities, State, accumulator_dtype, check_gradient
 from ..ops import extract
 from ..params import ParamError, check_real
 from ..registry import register
@@ -111,39 +111,27 @@ class GradDrop(Sparsifier):
         Raises:
             TypeError, ValueError: bad gradient or a residual of another shape.
         """
-        # checks_finite: NaN/Inf is refused even where the engine vouched for the input;
-        # the one pass (sparse/accumulators.py) notices it itself, the torch path scans
+        # checks_finite: NaN/Inf is refused even where the engine vouched for the input,
+        # found by the pass that forms x (sparse/accumulators.py), else by a scan
         step, seed = int(state.get("step", 0)), int(state.get("seed", 0))
-        fused = accumulators.one_pass_usable(grad, state, _KEYS, self.ratio, self.sample_ratio)
-        check_gradient(grad, nonfinite="raise" if fused else "always")
         res = self.state_tensor(state, "residual", grad)
         acc = accumulator_dtype(grad.dtype)
         n = grad.numel()
-        if fused:
-            (x,) = accumulators.outputs(state, _KEYS)
-            idx = accumulators.one_pass_select(
-                grad, grad.detach().reshape(-1), None, res.reshape(-1), None, x, 0.0,
-                self.ratio, num_selected(self.max_ratio, n), self.sample_ratio, seed, step)
+        (x,) = accumulators.outputs(state, _KEYS)
+        k = num_selected(self.max_ratio, n)
+        if accumulators.one_pass_usable(grad, state, _KEYS, self.ratio, self.sample_ratio):
+            check_gradient(grad)  # scans unless the caller vouched; then the pass checks
+            idx = accumulators.one_pass_select(grad, grad.detach().reshape(-1), None,
+                                               res.reshape(-1), None, x, 0.0, self.ratio, k,
+                                               self.sample_ratio, seed, step)
         else:
-            x = self._accumulate(grad, state, res)
-            idx = _select(x, self.ratio, num_selected(self.max_ratio, n), self.sample_ratio,
-                          seed, step)
+            x = accumulators.accumulate_checked(grad, res.reshape(-1), x)  # g + residual
+            idx = _select(x, self.ratio, k, self.sample_ratio, seed, step)
         code = self._pack(grad, idx, lambda i: extract(x, i), self._codec_seed(seed, idx))
         # what the wire (dtype, value codec) lost stays in the residual (0 for plain float32)
         x.index_copy_(0, code.idx, code.values - code.wire.to(acc))
         return code.payload, accumulators.settle(state, _KEYS, residual=x.reshape(grad.shape),
                                                  step=step + 1, seed=seed)
-
-    @staticmethod
-    def _accumulate(grad: torch.Tensor, state: State, res: torch.Tensor) -> torch.Tensor:
-        """``x = g + residual`` in torch: in the residual's buffer, or into its second
-        buffer when the state has one (``detach_state``)."""
-        if accumulators.buffer_key("residual") not in state:
-            return accumulate_(res, grad)
-        (out,) = accumulators.outputs(state, _KEYS)
-        if out.dtype != accumulator_dtype(grad.dtype):  # a residual of another dtype
-            return accumulate_(res.reshape(-1).clone(), grad)
-        return torch.add(res.reshape(-1), grad.detach().reshape(-1), out=out)
 
     def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
         """``state`` with ``"residual_buffer"``, a second buffer the step writes the
