@@ -86,7 +86,7 @@ def accumulate_checked(grad: torch.Tensor, acc: torch.Tensor,
     check_gradient(grad, nonfinite="always")
     if out.dtype != accumulator_dtype(grad.dtype):  # a residual loaded with another dtype
         return accumulate_(acc.clone(), grad)
-    return torch.add(acc, g, out=out) if out is not acc else accumulate_(acc, grad)
+    return torch.add(acc, g, out=out)  # out may be acc (in place): elementwise
 
 
 def one_pass_usable(grad: torch.Tensor, state: State, keys: Sequence[str], density: float,
