@@ -28,8 +28,8 @@ from ..ops import abs_at_least_indices, extract, topk_among
 from . import native as _c
 from .topk import sample_count, threshold_of_sample
 
-__all__ = ["accumulate_checked", "buffer_key", "detach", "one_pass_select", "one_pass_usable",
-           "outputs", "settle"]
+__all__ = ["DoubleBuffered", "accumulate_checked", "buffer_key", "detach", "one_pass_select",
+           "one_pass_usable", "outputs", "settle"]
 
 
 def buffer_key(key: str) -> str:
@@ -47,6 +47,30 @@ def detach(state: State, spare: Optional[State], keys: Sequence[str]) -> Optiona
     for k in keys:
         out[buffer_key(k)] = second_buffer(spare, k, state[k], out, buffer_key(k))
     return out
+
+
+class DoubleBuffered:
+    """``Compressor.detach_state`` for a compressor whose step rewrites the state
+    arrays named by ``accumulator_keys`` (DGC's ``u`` and ``v``, GradDrop's and
+    AR-Topk's ``residual``): listed before the compressor base, it gives the
+    state a second buffer per array (``detach``) that the step writes into.
+
+    Example:
+        >>> from hipress_like.compressors.sparse.dgc import DGC
+        >>> c = DGC(ratio=0.01); g = torch.randn(10_000)
+        >>> st = c.init(g); _, st = c.encode(g, st); v = st["v"].clone()
+        >>> _, st2 = c.encode(g, c.detach_state(st, None))
+        >>> torch.equal(st["v"], v), st2["v"] is not st["v"]
+        (True, True)
+    """
+
+    accumulator_keys: Tuple[str, ...] = ()
+
+    def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
+        """``state`` with a second buffer for each of ``accumulator_keys`` (``spare``'s
+        arrays when free), so the step leaves ``state`` as it was; None when an
+        array is missing (the caller copies the state instead)."""
+        return detach(state, spare, self.accumulator_keys)
 
 
 def outputs(state: State, keys: Sequence[str]) -> Tuple[torch.Tensor, ...]:

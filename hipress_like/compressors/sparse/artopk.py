@@ -87,7 +87,6 @@ from .topk import Sparsifier, _check_ratio, index_dtype, num_selected, pack_spar
 __all__ = ["ARTopk", "STARTopk", "VARTopk", "MSTopk", "ms_threshold", "fuse", "unfuse"]
 
 _EXTRA = struct.Struct("<QQ")  # kind, count
-_KEYS = ("residual",)  # the accumulator, double-buffered by detach_state
 _INDICES, _VALUES, _VARIANCES = 1, 2, 3
 _KIND_NAMES = {_INDICES: "indices", _VALUES: "values", _VARIANCES: "variances"}
 
@@ -112,7 +111,7 @@ class _ARKernels(Kernels):
         return None
 
 
-class ARTopk(MultiRoundCompressor):
+class ARTopk(accumulators.DoubleBuffered, MultiRoundCompressor):
     """Common rounds of STAR-Topk and VAR-Topk (module docstring); subclasses name the owner.
 
     Args:
@@ -121,6 +120,7 @@ class ARTopk(MultiRoundCompressor):
 
     name = "artopk"
     _owner_rounds = 0  # rounds before the index broadcast (VAR: 1)
+    accumulator_keys = ("residual",)  # double-buffered (accumulators.DoubleBuffered)
     kernels_class = _ARKernels
     # its state records the step's gain terms (``"gain"``), and ``ratio`` may be set
     # between steps: plan="adaptive" searches it (tuning/ratio_search.py)
@@ -212,24 +212,10 @@ class ARTopk(MultiRoundCompressor):
         pass for float32 on the CPU (``accumulators.accumulate_checked``; the
         engine then skips its scan, ``checks_finite``), else after a scan."""
         res = self.state_tensor(state, "residual", grad)
-        (out,) = accumulators.outputs(state, _KEYS)
+        (out,) = accumulators.outputs(state, self.accumulator_keys)
         g = accumulators.accumulate_checked(grad, res.view(-1), out)
-        return accumulators.settle(state, _KEYS, residual=g.view(grad.shape), formed=True)
-
-    def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
-        """``state`` with ``"residual_buffer"``, a second buffer round 0 forms G in
-        (``accumulators.detach``), so ``state`` itself stays as it was (the engine
-        keeps it to undo a step instead of copying it); ``spare``'s residual is
-        reused when free.
-
-        Example:
-            >>> c = STARTopk(ratio=0.25); g = torch.arange(8.0)
-            >>> st = c.init(g, world_size=1, rank=0); r = st["residual"].clone()
-            >>> _, st2 = c.encode_round(0, g, c.detach_state(st, None), None)
-            >>> torch.equal(st["residual"], r), st2["residual"] is not st["residual"]
-            (True, True)
-        """
-        return accumulators.detach(state, spare, _KEYS)
+        return accumulators.settle(state, self.accumulator_keys, residual=g.view(grad.shape),
+                                   formed=True)
 
     def _topk(self, state: State) -> torch.Tensor:
         """This rank's sorted top-k indices of G (Alg. 1 line 6)."""

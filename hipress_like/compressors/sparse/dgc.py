@@ -55,8 +55,6 @@ from .topk import (
 
 __all__ = ["DGC"]
 
-# the accumulators, double-buffered by detach_state
-_KEYS = ("u", "v")
 
 
 def _select(v: torch.Tensor, density: float, k: int, sample_ratio: float, seed: int,
@@ -75,7 +73,7 @@ def _select(v: torch.Tensor, density: float, k: int, sample_ratio: float, seed: 
 
 
 @register("dgc")
-class DGC(Sparsifier):
+class DGC(accumulators.DoubleBuffered, Sparsifier):
     """Deep Gradient Compression: sampled top-k of momentum-corrected accumulations.
 
     Args:
@@ -104,6 +102,7 @@ class DGC(Sparsifier):
 
     name = "dgc"
     algo_id = 22
+    accumulator_keys = ("u", "v")  # double-buffered (accumulators.DoubleBuffered)
     capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=False,
                                 stateful=True, keeps_memory=True,
                                 checks_finite=True)  # the one pass, else a scan
@@ -164,7 +163,8 @@ class DGC(Sparsifier):
         # the fused pass notices it itself, every other path scans first
         step, seed = int(state.get("step", 0)), int(state.get("seed", 0))
         density = self.density(step)
-        fused = self._fused(grad, state, density)
+        fused = accumulators.one_pass_usable(grad, state, self.accumulator_keys, density,
+                                             self.sample_ratio)
         check_gradient(grad, nonfinite="raise" if fused else "always")
         self._check_state(grad, state)
         acc = accumulator_dtype(grad.dtype)
@@ -175,7 +175,7 @@ class DGC(Sparsifier):
                 g = g.to(acc) * (self.clip_norm / norm)
         k = num_selected(density, g.numel())
         if fused:
-            u, v = accumulators.outputs(state, _KEYS)
+            u, v = accumulators.outputs(state, self.accumulator_keys)
             idx = accumulators.one_pass_select(
                 grad, g, state["u"].reshape(-1), state["v"].reshape(-1), u, v, self.momentum,
                 density, k, self.sample_ratio, seed, step)
@@ -187,12 +187,8 @@ class DGC(Sparsifier):
         # masking zeroes v where sent; only what the wire (dtype, value codec) lost stays
         v.index_copy_(0, code.idx, code.values - code.wire.to(acc))
         return code.payload, accumulators.settle(
-            state, _KEYS, u=u.reshape(grad.shape), v=v.reshape(grad.shape), step=step + 1,
-            seed=seed)
-
-    def _fused(self, grad: torch.Tensor, state: State, density: float) -> bool:
-        """The one-pass step applies (``accumulators.one_pass_usable``)."""
-        return accumulators.one_pass_usable(grad, state, _KEYS, density, self.sample_ratio)
+            state, self.accumulator_keys, u=u.reshape(grad.shape), v=v.reshape(grad.shape),
+            step=step + 1, seed=seed)
 
     def _accumulate(self, g: torch.Tensor, state: State) -> Tuple[torch.Tensor, torch.Tensor]:
         """Step 2 of the module docstring in torch: ``u = m u + g``, ``v = v + u``, in
@@ -201,25 +197,11 @@ class DGC(Sparsifier):
             u = accumulate_(state["u"], g, self.momentum)      # u = m u + g (in place)
             return u, accumulate_(state["v"], u)               # v = v + u  (in place)
         acc = accumulator_dtype(g.dtype)
-        uo, vo = accumulators.outputs(state, _KEYS)
+        uo, vo = accumulators.outputs(state, self.accumulator_keys)
         if uo.dtype != acc or vo.dtype != acc:  # a state loaded with another dtype: new ones
             uo, vo = torch.empty_like(g, dtype=acc), torch.empty_like(g, dtype=acc)
         u = torch.add(g, state["u"].reshape(-1), alpha=self.momentum, out=uo)
         return u, torch.add(state["v"].reshape(-1), u, out=vo)
-
-    def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
-        """``state`` with ``"u_buffer"`` and ``"v_buffer"``, second buffers that the
-        step writes the new accumulators into (``accumulators.detach``), so
-        ``state`` itself stays as it was; ``spare``'s arrays are reused when free.
-
-        Example:
-            >>> c = DGC(ratio=0.01); g = torch.randn(10_000)
-            >>> st = c.init(g); _, st = c.encode(g, st); v = st["v"].clone()
-            >>> _, st2 = c.encode(g, c.detach_state(st, None))
-            >>> torch.equal(st["v"], v), st2["v"] is not st["v"]
-            (True, True)
-        """
-        return accumulators.detach(state, spare, _KEYS)
 
     def params(self) -> Dict[str, object]:
         """Constructor parameters (the codecs' only when they are not plain)."""

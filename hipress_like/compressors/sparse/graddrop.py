@@ -40,12 +40,10 @@ from .topk import Sparsifier, _check_ratio, num_selected
 
 __all__ = ["GradDrop"]
 
-# the accumulator, double-buffered by detach_state
-_KEYS = ("residual",)
 
 
 @register("graddrop")
-class GradDrop(Sparsifier):
+class GradDrop(accumulators.DoubleBuffered, Sparsifier):
     """Drop the smallest ``1 - ratio`` of ``g + residual``; keep the dropped part locally.
 
     Args:
@@ -70,6 +68,7 @@ class GradDrop(Sparsifier):
 
     name = "graddrop"
     algo_id = 23
+    accumulator_keys = ("residual",)  # double-buffered (accumulators.DoubleBuffered)
     capabilities = Capabilities("sparsification", aggregatable=False, fixed_size=False,
                                 stateful=True, keeps_memory=True,
                                 checks_finite=True)  # the one pass, else a scan
@@ -117,9 +116,10 @@ class GradDrop(Sparsifier):
         res = self.state_tensor(state, "residual", grad)
         acc = accumulator_dtype(grad.dtype)
         n = grad.numel()
-        (x,) = accumulators.outputs(state, _KEYS)
+        keys = self.accumulator_keys
+        (x,) = accumulators.outputs(state, keys)
         k = num_selected(self.max_ratio, n)
-        if accumulators.one_pass_usable(grad, state, _KEYS, self.ratio, self.sample_ratio):
+        if accumulators.one_pass_usable(grad, state, keys, self.ratio, self.sample_ratio):
             check_gradient(grad)  # scans unless the caller vouched; then the pass checks
             idx = accumulators.one_pass_select(grad, grad.detach().reshape(-1), None,
                                                res.reshape(-1), None, x, 0.0, self.ratio, k,
@@ -130,22 +130,8 @@ class GradDrop(Sparsifier):
         code = self._pack(grad, idx, lambda i: extract(x, i), self._codec_seed(seed, idx))
         # what the wire (dtype, value codec) lost stays in the residual (0 for plain float32)
         x.index_copy_(0, code.idx, code.values - code.wire.to(acc))
-        return code.payload, accumulators.settle(state, _KEYS, residual=x.reshape(grad.shape),
+        return code.payload, accumulators.settle(state, keys, residual=x.reshape(grad.shape),
                                                  step=step + 1, seed=seed)
-
-    def detach_state(self, state: State, spare: Optional[State]) -> Optional[State]:
-        """``state`` with ``"residual_buffer"``, a second buffer the step writes the
-        new residual into (``accumulators.detach``), so ``state`` itself stays as it
-        was; ``spare``'s residual is reused when free.
-
-        Example:
-            >>> c = GradDrop(ratio=0.01); g = torch.randn(10_000)
-            >>> st = c.init(g); _, st = c.encode(g, st); r = st["residual"].clone()
-            >>> _, st2 = c.encode(g, c.detach_state(st, None))
-            >>> torch.equal(st["residual"], r), st2["residual"] is not st["residual"]
-            (True, True)
-        """
-        return accumulators.detach(state, spare, _KEYS)
 
     def params(self) -> Dict[str, object]:
         """Constructor parameters (the codecs' only when they are not plain)."""

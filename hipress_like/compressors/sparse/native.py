@@ -1,23 +1,24 @@
 """The sparsifiers' native CPU loops: top-k's threshold filter (``topk.c``), the
-accumulating sparsifiers' one-pass step (``accumulate.c``: DGC, GradDrop) and the
-Bloom-filter index codec's build, universe query and conflict-set policy (``bloom.c``).
+accumulating sparsifiers' one-pass step (``accumulate.c``: DGC, GradDrop, AR-Topk's
+round 0) and the Bloom-filter index codec's build, universe query and conflict-set
+policy (``bloom.c``).
 
 Idea: top-k's prefilter (``ops.topk_abs``) is a compare per element whose ~1%
 survivors are kept: torch writes two bool tensors, ORs them and scans the
-result with ``nonzero``; one pass that walks a 16-bit comparison mask is
-several times faster and halves top-k's encode time. DGC's and GradDrop's
-steps read the gradient and their accumulators several times in torch (the
-accumulations, the NaN/Inf scan, the filter); ``accumulate_select`` does all
-of it in one pass, into the same state buffers or a second set. The Bloom
-loops hash
-every position of the universe. Both are written once in C (built by
-``_build/native.py``) and called here; the torch paths give the same results
-(``tests/unit/test_ops.py``, ``tests/unit/test_bloom.py``).
+result with ``nonzero``; one pass that skips the blocks of 64 with no
+survivor is several times faster, and it tells NaN/Inf on the way. DGC's and
+GradDrop's steps read the gradient and their accumulators several times in
+torch (the accumulations, the NaN/Inf scan, the filter); ``accumulate_select``
+does all of it in one pass, into the same state buffers or a second set. The
+Bloom loops hash every position of the universe. All are written once in C
+(built by ``_build/native.py``) and called here; the torch paths give the same
+results (``tests/unit/test_ops.py``, ``tests/unit/test_sparsifiers.py``,
+``tests/unit/test_bloom.py``).
 """
 from __future__ import annotations
 
 import ctypes
-from typing import List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
@@ -62,19 +63,9 @@ def abs_at_least_indices(x: torch.Tensor, t: float,
         exceed ``cap``: call again with that count; whether ``x`` holds NaN or
         Inf, found in the same pass).
     """
-    lib = _load()
-    n, xp = x.numel(), x.data_ptr()
-    ranges = [(j0 * 16, min(n, j1 * 16)) for j0, j1 in _ranges(-(-n // 16), n)]
-    bufs = {r: torch.empty(max(1, cap), dtype=torch.int64) for r in ranges}
-    bad = (ctypes.c_int32 * len(ranges))()
-    slot = {r: i for i, r in enumerate(ranges)}
-    found = _map(lambda i0, i1, last: int(lib.hp_abs_at_least(
-        xp, i0, i1, t, bufs[(i0, i1)].data_ptr(), cap,
-        ctypes.byref(bad, 4 * slot[(i0, i1)]))), ranges)
-    total = sum(found)
-    if total > cap:
-        return bufs[ranges[0]][:0], total, any(bad)
-    return torch.cat([bufs[r][:c] for r, c in zip(ranges, found)]), total, any(bad)
+    lib, xp = _load(), x.data_ptr()
+    return _positions_by_range(x.numel(), 16, cap, lambda i0, i1, out, nonfinite: (
+        lib.hp_abs_at_least(xp, i0, i1, t, out, cap, nonfinite)))
 
 
 def accumulate_select(g: torch.Tensor, u: Optional[torch.Tensor], v: torch.Tensor, m: float,
@@ -92,19 +83,33 @@ def accumulate_select(g: torch.Tensor, u: Optional[torch.Tensor], v: torch.Tenso
         ``abs_at_least_indices``; whether ``g`` holds NaN or Inf).
     """
     lib = _load()
-    n = g.numel()
     up, uop = (None, None) if u is None else (u.data_ptr(), uo.data_ptr())
     gp, vp, vop = g.data_ptr(), v.data_ptr(), vo.data_ptr()
-    ranges = [(j0 * 64, min(n, j1 * 64)) for j0, j1 in _ranges(-(-n // 64), n)]
-    bufs = {r: torch.empty(max(1, cap), dtype=torch.int64) for r in ranges}
+    return _positions_by_range(g.numel(), 64, cap, lambda i0, i1, out, nonfinite: (
+        lib.hp_acc_select(gp, up, vp, m, uop, vop, i0, i1, t, out, cap, nonfinite)))
+
+
+def _positions_by_range(n: int, block: int, cap: int,
+                        call: Callable[[int, int, int, Any], int]
+                        ) -> Tuple[torch.Tensor, int, bool]:
+    """Run a filtering loop ``call(i0, i1, out, nonfinite) -> count`` over ranges of
+    whole ``block``s of ``n`` elements, one per thread, each into its own buffer
+    of ``cap`` positions and its own NaN/Inf flag; returns (the positions in
+    order, or none when more than ``cap`` passed; how many passed; whether any
+    range saw NaN/Inf)."""
+    ranges = [(j0 * block, min(n, j1 * block)) for j0, j1 in _ranges(-(-n // block), n)]
+    bufs = [torch.empty(max(1, cap), dtype=torch.int64) for _ in ranges]
     bad = (ctypes.c_int32 * len(ranges))()
     slot = {r: i for i, r in enumerate(ranges)}
-    found = _map(lambda i0, i1, last: int(lib.hp_acc_select(
-        gp, up, vp, m, uop, vop, i0, i1, t, bufs[(i0, i1)].data_ptr(), cap,
-        ctypes.byref(bad, 4 * slot[(i0, i1)]))), ranges)
+
+    def run(i0: int, i1: int, last: bool) -> int:
+        i = slot[(i0, i1)]
+        return int(call(i0, i1, bufs[i].data_ptr(), ctypes.byref(bad, 4 * i)))
+
+    found = _map(run, ranges)
     total = sum(found)
-    idx = (bufs[ranges[0]][:0] if total > cap
-           else torch.cat([bufs[r][:c] for r, c in zip(ranges, found)]))
+    idx = (bufs[0][:0] if total > cap
+           else torch.cat([b[:c] for b, c in zip(bufs, found)]))
     return idx, total, any(bad)
 
 
