@@ -251,13 +251,16 @@ def spec_of(config: str) -> Optional[Spec]:
 
     ``floor`` has no synchronisation (its bound is itself); ``ddp`` and
     ``hp-none`` run every gradient through an allreduce; ``hp-<ps|ring>-<c>``
-    a fixed compressor (``powersgd<R>`` is PowerSGD of rank R). Rows chosen at
+    a fixed compressor (``powersgd<R>`` is PowerSGD of rank R, ``powersgd<R>bf`` the
+    same with its error memory in bfloat16). Rows chosen at
     run time (``-auto``, ``-plan``), DDP's hooks, AR-Topk and Horovod's rows
     give None.
 
     Example:
         >>> spec_of("hp-ring-powersgd1")
         Spec(strategy='ring', compressor='powersgd', params={'rank': 1}, back=None)
+        >>> spec_of("hp-ps-powersgd4bf").params
+        {'rank': 4, 'error_dtype': 'bfloat16'}
         >>> spec_of("hp-ps-auto") is None
         True
     """
@@ -269,8 +272,9 @@ def spec_of(config: str) -> Optional[Spec]:
     if len(parts) != 3 or parts[0] != "hp" or parts[1] not in ("ps", "ring"):
         return None
     comp = parts[2]
-    if comp.startswith("powersgd") and comp[8:].isdigit():
-        return Spec(parts[1], "powersgd", {"rank": int(comp[8:])})
+    if comp.startswith("powersgd") and comp[8:].removesuffix("bf").isdigit():
+        extra = {"error_dtype": "bfloat16"} if comp.endswith("bf") else {}
+        return Spec(parts[1], "powersgd", {"rank": int(comp[8:].removesuffix("bf")), **extra})
     if comp not in train.HP_COMPRESSORS:
         return None
     params = dict(train.PARAMS.get(comp, {}))

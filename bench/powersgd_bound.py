@@ -21,7 +21,9 @@ the same sweep; ``P`` is summed over the ranks before it is orthogonalised,
 so round 1's ``Q = M^T P_hat`` reads ``M`` again; the decode writes ``P Q^T``
 into the gradient: three reads and two writes, against the two reads and
 one write of the yardstick, so a kernel at the memory's speed sits near
-5/3 of it (``passes_floor`` printed beside).
+5/3 of it (``passes_floor`` printed beside). With ``--error-dtype bfloat16`` M
+is stored in 16 bits: the previous M, the new M and round 1's read of it move
+half the bytes, two reads and one and a half writes in all.
 
     python bench/powersgd_bound.py --model vgg --rank 1
 """
@@ -39,12 +41,13 @@ sys.path.insert(0, HERE)
 import bound  # noqa: E402
 
 
-def memory_traffic(grads, repeats: int) -> dict:
+def memory_traffic(grads, repeats: int, m_half: bool = False) -> dict:
     """On one thread, over float32 buffers of the sizes of ``grads``, the fastest of
     ``repeats`` timings of ``M = g + e`` (``torch.add``: two reads, one write), of a
     memcpy (one read, one write) and of ``P Q^T``'s write alone (``fill_``), in ms;
-    ``passes_floor``: PowerSGD's three reads and two writes over the yardstick's
-    two and one, at the speeds just measured (read = form - fill, write = fill)."""
+    ``passes_floor``: PowerSGD's three reads and two writes (two and one and a half
+    with ``m_half``, M in bfloat16) over the yardstick's two and one, at the speeds
+    just measured (read = form - fill, write = fill)."""
     import torch
 
     torch.set_num_threads(1)
@@ -65,7 +68,8 @@ def memory_traffic(grads, repeats: int) -> dict:
     form_ms, copy_ms, fill_ms = (bound._fastest_ms(f, repeats) for f in (form, copy, fill))
     read_ms = max(0.0, (form_ms - fill_ms) / 2)
     return {"form_ms": form_ms, "copy_ms": copy_ms, "fill_ms": fill_ms,
-            "passes_floor": (3 * read_ms + 2 * fill_ms) / form_ms}
+            "passes_floor": ((2 if m_half else 3) * read_ms
+                             + (1.5 if m_half else 2) * fill_ms) / form_ms}
 
 
 def main(argv=None) -> int:
@@ -74,11 +78,13 @@ def main(argv=None) -> int:
     ap.add_argument("--model", choices=["vgg", "resnet18"], default="vgg")
     ap.add_argument("--rank", type=int, default=1, help="PowerSGD's rank (default 1)")
     ap.add_argument("--strategy", choices=["ps", "ring"], default="ring")
+    ap.add_argument("--error-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="PowerSGD's error memory (bfloat16: error_dtype='bfloat16')")
     ap.add_argument("--nprocs", type=int, default=2, help="world size N (default 2)")
     ap.add_argument("--steps", type=int, default=8, help="timed repetitions (median)")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "powersgd_bound.json"))
     ns = ap.parse_args(argv)
-    config = f"hp-{ns.strategy}-powersgd{ns.rank}"
+    config = f"hp-{ns.strategy}-powersgd{ns.rank}" + ("bf" if ns.error_dtype == "bfloat16" else "")
     b = bound.Bounds(ns.model, ns.steps)
     r = b.bound(config, ns.nprocs)
     floor, scan = r["floor_ms"], r["scan_ms"]
@@ -90,15 +96,17 @@ def main(argv=None) -> int:
     print(f"  (floor + PowerSGD) / floor          {(floor + psgd) / floor:.2f}")
     print(f"  (floor + PowerSGD + scan) / floor   {(floor + psgd + scan) / floor:.2f}")
     print(f"  a lower bound on the row's 'x floor' with a core per rank (--nprocs {ns.nprocs})")
-    traffic = memory_traffic([g for n, g in b.grads if n in r["compressed"]], ns.steps)
+    traffic = memory_traffic([g for n, g in b.grads if n in r["compressed"]], ns.steps,
+                             m_half=ns.error_dtype == "bfloat16")
     print(f"  memory traffic over the same {mb:.0f} MB: M = g + e (2 reads, 1 write) "
           f"{traffic['form_ms']:.1f} ms, memcpy {traffic['copy_ms']:.1f} ms")
     print(f"  PowerSGD / (2 reads + 1 write)      {psgd / traffic['form_ms']:.2f}   (issue 50 "
-          f"item 2: <= 1.3; 3 reads + 2 writes at memory speed: about "
+          f"item 2: <= 1.3; its passes at memory speed: about "
           f"{traffic['passes_floor']:.2f})")
     os.makedirs(os.path.dirname(ns.out), exist_ok=True)
     with open(ns.out, "w") as f:
         json.dump({"model": ns.model, "rank": ns.rank, "config": config, "nprocs": ns.nprocs,
+                   "error_dtype": ns.error_dtype,
                    "floor_ms": floor, "powersgd_ms": psgd, "scan_ms": scan,
                    "weights": sorted(r["compressed"]), "megabytes": mb,
                    "bound": (floor + psgd) / floor,

@@ -27,7 +27,9 @@ Configurations:
   hp-<strategy>-<compressor>  hipress_like.torch.DistributedOptimizer, PS or
                    Ring x onebit, terngrad, dgc, powersgd (rank 4, the default),
                    powersgd1 (rank 1, as the fastest hook), powersgd2 (rank 2,
-                   the rank compression="auto" chooses among), natural (C_nat
+                   the rank compression="auto" chooses among), powersgd1bf and
+                   powersgd2bf (ranks 1 and 2 with the error memory in bfloat16,
+                   error_dtype="bfloat16"), natural (C_nat
                    workers, the aggregate re-encoded with the worker's C_nat)
                    and natural2 (C_nat both ways, compression_back=natural:
                    Natural Compression Alg. 1) (engine default plan)
@@ -84,9 +86,10 @@ sys.path.insert(0, HERE)  # netem.py
 
 # "powersgd" is the compressor's default rank (4); "powersgd1" is rank 1, the
 # rank of the fastest DDP hook, so the two PowerSGDs are compared like for like;
-# "powersgd2" is rank 2, the lowest rank plan="auto" chooses among.
-HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd", "powersgd1", "powersgd2", "natural",
-                  "natural2", "thc")
+# "powersgd2" is rank 2, the lowest rank plan="auto" chooses among; "powersgd1bf" and
+# "powersgd2bf" keep PowerSGD's error memory in bfloat16 (error_dtype="bfloat16").
+HP_COMPRESSORS = ("onebit", "terngrad", "dgc", "powersgd", "powersgd1", "powersgd2",
+                  "powersgd1bf", "powersgd2bf", "natural", "natural2", "thc")
 # issue 24: top-k at CR 0.01 by an Allgather of values and indices (LWTopk), against
 # AR-Topk (STAR-Topk: one rank's indices broadcast, values summed by a ring or a tree
 # allreduce), and the alpha-beta selector's pick per gradient (collective="auto")
@@ -102,9 +105,11 @@ PLAN_CONFIGS = {"hp-ps-plan": "ps", "hp-ring-plan": "ring"}
 # optimizer for all of them: DGC runs as a sparsifier with its own momentum
 # off, its sparsity ramped up over the first 5 steps (DGC Sec. 3.4).
 PARAMS = {"dgc": {"momentum": 0.0, "warmup_steps": 5}, "powersgd1": {"rank": 1},
-          "powersgd2": {"rank": 2}}
+          "powersgd2": {"rank": 2}, "powersgd1bf": {"rank": 1, "error_dtype": "bfloat16"},
+          "powersgd2bf": {"rank": 2, "error_dtype": "bfloat16"}}
 # the registry name of a row compressor that is another's with other parameters
-REGISTRY_NAME = {"powersgd1": "powersgd", "powersgd2": "powersgd", "natural2": "natural"}
+REGISTRY_NAME = {"powersgd1": "powersgd", "powersgd2": "powersgd", "powersgd1bf": "powersgd",
+                 "powersgd2bf": "powersgd", "natural2": "natural"}
 # digits has 10 balanced classes: a model that has learned nothing scores ~10%.
 CHANCE = 100.0 / 10
 
@@ -378,6 +383,8 @@ def is_auto_candidate(comp: str) -> bool:
     Example:
         >>> is_auto_candidate("powersgd2"), is_auto_candidate("powersgd1")
         (True, False)
+        >>> is_auto_candidate("powersgd2bf")
+        False
     """
     from hipress_like.compressors.powersgd import PowerSGD
     from hipress_like.tuning.auto import DEFAULT_CANDIDATES
@@ -386,9 +393,9 @@ def is_auto_candidate(comp: str) -> bool:
     if name not in DEFAULT_CANDIDATES:
         return False
     if name == "powersgd":  # a rank left out is the compressor's default
-        default = PowerSGD().rank
-        return (PARAMS.get(comp, {}).get("rank", default)
-                == DEFAULT_CANDIDATES[name].get("rank", default))
+        default, params = PowerSGD().rank, PARAMS.get(comp, {})
+        return (params.get("rank", default) == DEFAULT_CANDIDATES[name].get("rank", default)
+                and "error_dtype" not in params)  # auto keeps the float32 error
     return comp not in BACK  # natural2 sends the aggregate back compressed: another row
 
 

@@ -23,7 +23,8 @@ from typing import Any, Optional, Sequence
 
 from ..errors import HipressError
 
-__all__ = ["ParamError", "ParamTypeError", "check_real", "check_int", "check_bool"]
+__all__ = ["ParamError", "ParamTypeError", "check_real", "check_int", "check_bool",
+           "check_str"]
 
 
 class ParamError(HipressError, ValueError):
@@ -102,4 +103,23 @@ def check_bool(owner: str, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ParamTypeError(f"{owner}: {name} must be True or False, found {_found(value)}; "
                              f"pass {name}=True or {name}=False")
+    return value
+
+
+def check_str(owner: str, name: str, value: Any, *, choices: Sequence[str]) -> str:
+    """``value`` checked to be one of the strings ``choices``.
+
+    Example:
+        >>> check_str("powersgd", "error_dtype", "bfloat16", choices=("bfloat16",))
+        'bfloat16'
+
+    Raises:
+        ParamTypeError: not a string (e.g. ``torch.bfloat16`` itself).
+        ParamError: not among ``choices``.
+    """
+    if not isinstance(value, str):
+        raise ParamTypeError(f"{owner}: {name} must be a string, one of {tuple(choices)}; found "
+                             f"{_found(value)}")
+    if value not in choices:
+        raise ParamError(f"{owner}: {name} must be one of {tuple(choices)}, found {value!r}")
     return value

@@ -289,6 +289,50 @@ def _replay_vs_coordinated(ctx, strategy):
     return out
 
 
+def _powersgd_error_dtypes(ctx, strategy):
+    """PowerSGD rank 2 with its error memory in float32 and in bfloat16: 3 steps each."""
+    shapes = {"w0": (300, 200), "w1": (64, 500), "w2": (4099,)}  # w2: the padded path
+    out = {}
+    for extra in ({}, {"error_dtype": "bfloat16"}):
+        plan = Plan(compressor="powersgd", params={"rank": 2, **extra},
+                    rule=SizeRule(min_compress_bytes=4096, bytes_per_partition=1 << 30))
+        eng = Engine(ctx.transport, EngineConfig(plan=plan, strategy=strategy, timeout=60))
+        try:
+            eng.register([(n, s, torch.float32) for n, s in shapes.items()])
+            steps = []
+            for step in range(3):
+                g = torch.Generator().manual_seed(10 * step + ctx.rank)
+                work = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
+                for n, v in work.items():
+                    eng.submit(n, v)
+                eng.synchronize()
+                steps.append(work)
+            dtypes = {k: str(st["error"].dtype) for k, st in eng.state_dict()["states"].items()
+                      if isinstance(st.get("error"), torch.Tensor)}
+            out[extra.get("error_dtype", "float32")] = (steps, dtypes)
+        finally:
+            eng.close()
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["ps", "ring"])
+def test_powersgd_bfloat16_error_memory_over_gloo(strategy):
+    """Every rank gets the same bits with the error memory in bfloat16; the first
+    step (no error yet) differs from float32's by M's rounding alone."""
+    res = ranks(_shared(3)[("psgd_bf16", strategy)])
+    for r in range(3):
+        steps, dtypes = res[r]["bfloat16"]
+        assert dtypes and set(dtypes.values()) == {"torch.bfloat16"}
+        assert set(res[r]["float32"][1].values()) == {"torch.float32"}
+        for s, work in enumerate(steps):
+            for n, v in work.items():
+                assert torch.isfinite(v).all()
+                assert torch.equal(v, res[0]["bfloat16"][0][s][n]), (strategy, r, s, n)
+    for n, v in res[0]["bfloat16"][0][0].items():
+        ref = res[0]["float32"][0][0][n]
+        assert (v - ref).norm() <= 2e-2 * ref.norm(), n
+
+
 @pytest.mark.parametrize("strategy", ["ps", "ring"])
 def test_replayed_steps_match_coordinated_ones_over_gloo(strategy):
     """Every rank gets the same bits either way. Between the two runs only the last
@@ -341,6 +385,7 @@ for _strategy in ("ps", "ring"):
     GROUPS[4][("every", _strategy)] = (_all_compressors, (_compressor_names(), _strategy))
     GROUPS[3][("64mb", _strategy)] = (_big, (_strategy,))
     GROUPS[3][("replay", _strategy)] = (_replay_vs_coordinated, (_strategy,))
+    GROUPS[3][("psgd_bf16", _strategy)] = (_powersgd_error_dtypes, (_strategy,))
 for _coordinator, _raw in ((True, False), (False, False), (True, True)):
     GROUPS[4][("many_small", _coordinator, _raw)] = (_many_small, (_coordinator, _raw))
 for _id, _params in CODECS.items():

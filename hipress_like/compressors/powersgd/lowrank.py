@@ -79,6 +79,19 @@ def _powersgd_lowrank_fn(rank: int, dtype: torch.dtype) -> Callable:
     return powersgd_lowrank
 
 
+def _form_m_widened(e: torch.Tensor, g: torch.Tensor, p_prev, qt_prev, qt: torch.Tensor,
+                    out: torch.Tensor) -> torch.Tensor:
+    """Round 0 for an M kept in a narrower dtype than the factors (bfloat16 M, float32
+    P and Q; no native kernel: another device): ``g + (e - P' Q'^T)`` in the factors'
+    dtype, stored into ``out`` (rounding as the C kernel does), and ``P`` from the
+    stored values."""
+    wide = qt.dtype
+    m = g.to(wide) + (e.to(wide) - _outer_sum(p_prev, qt_prev, int(p_prev.shape[1]))
+                      if p_prev is not None else e.to(wide))
+    out.copy_(m)
+    return matmul(out.to(wide), qt.t())
+
+
 _K_PSGD_FORM_M = Kernel(_powersgd_form_m_fn, "powersgd form M")
 _K_PSGD_LOWRANK = Kernel(_powersgd_lowrank_fn, "powersgd decompress")
 
@@ -100,6 +113,8 @@ def powersgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev, qt_prev,
     Args:
         e: (rows, cols) contiguous accumulator.
         g: (rows, cols) gradient view (any float dtype).
+        (``e`` and ``out`` may be bfloat16 with float32 factors: M kept in 16
+        bits, ``PowerSGD(error_dtype="bfloat16")``; P then sums the stored values.)
         p_prev, qt_prev: the pending factors (rows, r) and (r, cols), or None.
         qt: (r, cols) contiguous: Q transposed.
         out: (rows, cols) contiguous, ``e``'s dtype: receives M, leaving ``e``
@@ -111,6 +126,8 @@ def powersgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev, qt_prev,
     """
     prev = 0 if p_prev is None else int(p_prev.shape[1])
     out = e if out is None else out
+    if out.dtype != qt.dtype and not _native_form_m(e, g, p_prev, qt_prev, qt, out):
+        return _form_m_widened(e, g, p_prev, qt_prev, qt, out)  # a bfloat16 M elsewhere
     if max(int(qt.shape[0]), prev) <= _c.PSGD_MAX_RANK and _gpu.usable(e, g, qt, out) and (
             not prev or _gpu.usable(p_prev.contiguous(), qt_prev.contiguous(), e)):
         facs = (p_prev.contiguous(), qt_prev.contiguous()) if prev else (None, None)
@@ -162,10 +179,12 @@ def powersgd_mq(m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def powersgd_mtp(m: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """``Q = M^T P`` (cols, r), PowerSGD's round-1 product: in the lane order over
-    M's rows on float32 CPU tensors (``native.psgd_mtp``) and float32 CUDA tensors
-    with cupy (``cuda.psgd_mtp``), else ``ops.matmul``."""
-    if _native_lanes(m, p):
-        return _c.psgd_mtp(m, p)
+    M's rows on float32 CPU tensors (``native.psgd_mtp``; M may be bfloat16) and
+    float32 CUDA tensors with cupy (``cuda.psgd_mtp``), else ``ops.matmul``."""
+    if _native.usable(m, dtypes=_c.M_DTYPES) and _native_lanes(p):
+        return _c.psgd_mtp(m, p)  # a bfloat16 M widens as it is read
+    if m.dtype != p.dtype:  # a bfloat16 M elsewhere: widened first
+        m = m.to(p.dtype)
     if int(p.shape[1]) <= _c.PSGD_MAX_RANK and _gpu.usable(m, p):
         return _gpu.psgd_mtp(m, p)
     return matmul(m.t(), p)
@@ -191,4 +210,5 @@ def _native_form_m(e, g, p_prev, qt_prev, qt, out) -> bool:
         return False
     facs = () if p_prev is None else (p_prev, qt_prev)
     return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in facs)
-            and _native.usable(e, g, qt, out, dtypes=(torch.float32,)))
+            and e.dtype == out.dtype and _native.usable(e, out, dtypes=_c.M_DTYPES)
+            and _native.usable(g, qt, dtypes=(torch.float32,)))

@@ -30,13 +30,14 @@ _P, _I64, _I32, _U32, _F32 = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, cty
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    lib.hp_psgd_form_m.argtypes = [_P, _P, _P, _P, _I32, _P, _I32, _P, _P, _I64, _I64, _I64]
+    lib.hp_psgd_form_m.argtypes = [_P, _P, _P, _P, _I32, _P, _I32, _P, _P, _I64, _I64, _I64,
+                                   _I32]
     lib.hp_psgd_form_m.restype = None
     lib.hp_psgd_lowrank.argtypes = [_P, _P, _I32, _P, _I64, _I64, _I64]
     lib.hp_psgd_lowrank.restype = None
     lib.hp_psgd_mq.argtypes = [_P, _P, _I32, _P, _I64, _I64, _I64]
     lib.hp_psgd_mq.restype = None
-    lib.hp_psgd_mtp.argtypes = [_P, _P, _I32, _P, _I64, _I64, _I64, _I64]
+    lib.hp_psgd_mtp.argtypes = [_P, _P, _I32, _P, _I64, _I64, _I64, _I64, _I32]
     lib.hp_psgd_mtp.restype = _I32
     lib.hp_psgd_orthogonalize.argtypes = [_P, _I64, _I64]
     lib.hp_psgd_orthogonalize.restype = _I32
@@ -47,6 +48,16 @@ native.bind(_declare)
 #: The largest rank (and pending rank) ``psgd_form_m`` takes.
 PSGD_MAX_RANK = 8
 
+#: The dtypes M (the error memory) may have on the native path: float32, or
+#: bfloat16 (``PowerSGD(error_dtype="bfloat16")``; ``powersgd.c`` rounds as torch).
+M_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _half(m: torch.Tensor) -> int:
+    if m.dtype not in M_DTYPES:
+        raise TypeError(f"powersgd native kernels take M in {M_DTYPES}, found {m.dtype}")
+    return int(m.dtype == torch.bfloat16)
+
 
 def psgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev: Optional[torch.Tensor],
                 qt_prev: Optional[torch.Tensor], qt: torch.Tensor,
@@ -55,8 +66,13 @@ def psgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev: Optional[torch.Tensor]
     bits of ``lowrank.py``'s pointwise formula, written with streaming stores,
     and ``P = out Q`` (the lane order) returned (rows, rank) from the same sweep
     (``powersgd.c`` says why). All contiguous float32 (rows, cols) / (rows, r') / (r', cols) /
-    (rank, cols) on the CPU, ranks at most ``PSGD_MAX_RANK``."""
+    (rank, cols) on the CPU, ranks at most ``PSGD_MAX_RANK``; ``e`` and ``out`` may
+    instead both be bfloat16 (M kept in 16 bits: ``out`` receives M rounded as torch
+    rounds float32 to bfloat16, and P sums the rounded values)."""
     lib = _load()
+    half = _half(out)
+    if e.dtype != out.dtype:
+        raise TypeError(f"powersgd: e is {e.dtype}, out {out.dtype}; they must match")
     rows, cols = out.shape
     rank = int(qt.shape[0])
     prev = 0 if p_prev is None else int(p_prev.shape[1])
@@ -65,7 +81,7 @@ def psgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev: Optional[torch.Tensor]
     ppp = p_prev.data_ptr() if prev else None
     qpp = qt_prev.data_ptr() if prev else None
     _map(lambda r0, r1, last: lib.hp_psgd_form_m(ep, gp, ppp, qpp, prev, qtp, rank, op, pp,
-                                                  cols, r0, r1), _rows(rows, cols))
+                                                  cols, r0, r1, half), _rows(rows, cols))
     return p
 
 
@@ -96,19 +112,21 @@ def psgd_mq(m: torch.Tensor, qt: torch.Tensor) -> torch.Tensor:
 
 
 def psgd_mtp(m: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """``Q = M^T P`` in the lane order over M's rows: contiguous float32 (rows, cols)
-    and (rows, rank) on the CPU; returns (cols, rank). Column blocks run on the
-    native thread pool.
+    """``Q = M^T P`` in the lane order over M's rows: contiguous float32 (or, for M,
+    bfloat16) (rows, cols) and float32 (rows, rank) on the CPU; returns (cols, rank).
+    Column blocks run on the native thread pool.
 
     Raises:
         MemoryError: the per-call lane buffer could not be allocated.
     """
     lib = _load()
+    half = _half(m)
     rows, cols = m.shape
     rank = int(p.shape[1])
     q = torch.empty(cols, rank, dtype=torch.float32)
     mp, pp, qp = m.data_ptr(), p.data_ptr(), q.data_ptr()
-    res = _map(lambda c0, c1, last: lib.hp_psgd_mtp(mp, pp, rank, qp, rows, cols, c0, c1),
+    res = _map(lambda c0, c1, last: lib.hp_psgd_mtp(mp, pp, rank, qp, rows, cols, c0, c1,
+                                                     half),
                _rows(cols, rows))
     if any(res):
         raise MemoryError(f"powersgd: no memory for the lanes of a {rows}x{cols} M^T P")

@@ -19,6 +19,7 @@
 #include <math.h>
 
 #define HP_PSGD_MAX_RANK 8
+#define HP_PSGD_AHEAD 1024 /* elements: bfloat16 M's software prefetch distance */
 #define HP_NEG0 (-0.0f)
 
 static inline float hp_lanes_total(const float *lanes) {
@@ -84,34 +85,128 @@ static inline __m256 hp_outer8(const float *pi, const float *qt, int rank, int64
  * forming M in place does.
  * ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------
+ * M kept in bfloat16 (PowerSGD(error_dtype="bfloat16")): the error memory,
+ * the matrix a step forms and reads twice, stored in 16 bits, which halves
+ * the bytes of two of the step's three gradient-sized reads and one of its
+ * two writes. A float rounds to the nearest bfloat16, ties to even, and NaN
+ * becomes 0xFFFF, as torch's CPU conversion writes them (so the torch path
+ * stores the same bits); a bfloat16 widens exactly. The
+ * sums take the stored (rounded) M, so round 0's P, round 1's Q and the
+ * error all see one matrix.
+ * ------------------------------------------------------------------------ */
+static inline uint16_t hp_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0xffff;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float hp_widen(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* Element j of a float (half == 0) or bfloat16 (half == 1) array. */
+static inline __attribute__((always_inline)) float hp_psgd_at(const void *a, int half,
+                                                              int64_t j) {
+    return half ? hp_widen(((const uint16_t *)a)[j]) : ((const float *)a)[j];
+}
+
+/* Store m at element j (rounded when half) and return the value stored. */
+static inline __attribute__((always_inline)) float hp_psgd_put(void *a, int half, int64_t j,
+                                                               float m) {
+    if (!half) {
+        ((float *)a)[j] = m;
+        return m;
+    }
+    const uint16_t h = hp_bf16(m);
+    ((uint16_t *)a)[j] = h;
+    return hp_widen(h);
+}
+
+#if defined(__AVX2__)
+/* 8 bfloat16 widened to floats. */
+static inline __m256 hp_widen8(const uint16_t *h) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+/* hp_bf16 of 8 floats: the 8 results packed (*packed) and widened back (returned). */
+static inline __m256 hp_round8(__m256 x, __m128i *packed) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i bias = _mm256_add_epi32(
+        _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
+        _mm256_set1_epi32(0x7fff));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0xffff),
+                           _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    *packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(r, 16));
+}
+#elif defined(__AVX__)
+/* AVX without AVX2's integer lanes: the same results element by element. */
+static inline __m256 hp_widen8(const uint16_t *h) {
+    float f[8];
+    for (int l = 0; l < 8; l++)
+        f[l] = hp_widen(h[l]);
+    return _mm256_loadu_ps(f);
+}
+
+static inline __m256 hp_round8(__m256 x, __m128i *packed) {
+    float f[8];
+    uint16_t o[8];
+    _mm256_storeu_ps(f, x);
+    for (int l = 0; l < 8; l++) {
+        o[l] = hp_bf16(f[l]);
+        f[l] = hp_widen(o[l]);
+    }
+    *packed = _mm_loadu_si128((const __m128i *)o);
+    return _mm256_loadu_ps(f);
+}
+#endif
+
 /* One element of round 0 into the class lanes cls[k][j mod 8]. */
-static inline void hp_psgd_elem(const float *e, const float *g, const float *pp,
-                                const float *qp, int prev, const float *qt, int rank,
-                                int64_t cols, int64_t j, float *out,
-                                float cls[][8]) {
-    float m = prev ? g[j] + (e[j] - hp_outer(pp, qp, prev, cols, j)) : g[j] + e[j];
-    out[j] = m;
+static inline __attribute__((always_inline)) void
+hp_psgd_elem(const void *e, int half, const float *g, const float *pp, const float *qp,
+             int prev, const float *qt, int rank, int64_t cols, int64_t j, void *out,
+             float cls[][8]) {
+    const float ej = hp_psgd_at(e, half, j);
+    float m = prev ? g[j] + (ej - hp_outer(pp, qp, prev, cols, j)) : g[j] + ej;
+    m = hp_psgd_put(out, half, j, m);
     for (int k = 0; k < rank; k++)
         cls[k][j & 7] = cls[k][j & 7] + m * qt[(int64_t)k * cols + j];
 }
 
-void hp_psgd_form_m(const float *e, const float *restrict g,
-                    const float *restrict pp, const float *restrict qp, int prev,
-                    const float *restrict qt, int rank, float *out,
-                    float *restrict p, int64_t cols, int64_t r0, int64_t r1) {
+/* Round 0 over rows [r0, r1), M (e and out) in floats or, half, in bfloat16; the rank
+ * known when inlined, so the sums' accumulators stay in registers (in memory, each
+ * 8 columns would wait on a store and a load of the one before). */
+static inline __attribute__((always_inline)) void
+hp_psgd_form_rows(const int rank, const int half, const void *e, const float *restrict g,
+                  const float *restrict pp, const float *restrict qp, int prev,
+                  const float *restrict qt, void *out, float *restrict p,
+                  int64_t cols, int64_t r0, int64_t r1) {
+    const size_t esz = half ? 2 : 4;
     for (int64_t i = r0; i < r1; i++) {
-        const float *ei = e + i * cols, *gi = g + i * cols;
+        const char *ei = (const char *)e + (size_t)(i * cols) * esz;
+        const float *gi = g + i * cols;
         const float *ppi = prev ? pp + i * prev : NULL;
-        float *oi = out + i * cols, *pi = p + i * rank;
+        char *oi = (char *)out + (size_t)(i * cols) * esz;
+        float *pi = p + i * rank;
         float cls[HP_PSGD_MAX_RANK][8];
         for (int k = 0; k < rank; k++)
             for (int l = 0; l < 8; l++)
                 cls[k][l] = HP_NEG0;
         int64_t j = 0;
 #if defined(__AVX__)
-        /* scalar until out is 32-byte aligned, then 8 floats per streaming store */
-        for (; j < cols && ((uintptr_t)(oi + j) & 31); j++)
-            hp_psgd_elem(ei, gi, ppi, qp, prev, qt, rank, cols, j, oi, cls);
+        /* scalar until out is aligned for the streaming stores (32 bytes of floats,
+         * 16 of bfloat16), then 8 elements per store */
+        const uintptr_t align = half ? 15 : 31;
+        for (; j < cols && ((uintptr_t)(oi + (size_t)j * esz) & align); j++)
+            hp_psgd_elem(ei, half, gi, ppi, qp, prev, qt, rank, cols, j, oi, cls);
         const int64_t h = j;
         __m256 acc[HP_PSGD_MAX_RANK];
         for (int k = 0; k < rank; k++) {
@@ -121,11 +216,27 @@ void hp_psgd_form_m(const float *e, const float *restrict g,
             acc[k] = _mm256_loadu_ps(seed);
         }
         for (; j + 8 <= cols; j += 8) {
-            __m256 m = _mm256_loadu_ps(ei + j);
+            if (half && !(j & 15)) {
+                /* a line of g (and every other one of M) 4 KB ahead: one sweep's reads
+                 * alone keep too few misses in flight to fill the bandwidth that the
+                 * halved M leaves (float32 M's traffic fills it already) */
+                _mm_prefetch((const char *)(gi + j + HP_PSGD_AHEAD), _MM_HINT_T0);
+                if (!(j & 31))
+                    _mm_prefetch((const char *)((const uint16_t *)ei + j + HP_PSGD_AHEAD),
+                                 _MM_HINT_T0);
+            }
+            __m256 m = half ? hp_widen8((const uint16_t *)ei + j)
+                            : _mm256_loadu_ps((const float *)ei + j);
             if (prev)
                 m = _mm256_sub_ps(m, hp_outer8(ppi, qp, prev, cols, j));
             m = _mm256_add_ps(_mm256_loadu_ps(gi + j), m);
-            _mm256_stream_ps(oi + j, m);
+            if (half) {
+                __m128i packed;
+                m = hp_round8(m, &packed);
+                _mm_stream_si128((__m128i *)((uint16_t *)oi + j), packed);
+            } else {
+                _mm256_stream_ps((float *)oi + j, m);
+            }
             for (int k = 0; k < rank; k++)
                 acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(
                     m, _mm256_loadu_ps(qt + (int64_t)k * cols + j)));
@@ -138,13 +249,28 @@ void hp_psgd_form_m(const float *e, const float *restrict g,
         }
 #endif
         for (; j < cols; j++)
-            hp_psgd_elem(ei, gi, ppi, qp, prev, qt, rank, cols, j, oi, cls);
+            hp_psgd_elem(ei, half, gi, ppi, qp, prev, qt, rank, cols, j, oi, cls);
         for (int k = 0; k < rank; k++)
             pi[k] = hp_lanes_total(cls[k]);
     }
 #if defined(__AVX__)
     _mm_sfence(); /* the streamed lines are visible to other threads once this returns */
 #endif
+}
+
+/* Round 0 (see above): e and out float32 (half == 0) or bfloat16 (half == 1). */
+void hp_psgd_form_m(const void *e, const float *restrict g, const float *restrict pp,
+                    const float *restrict qp, int prev, const float *restrict qt, int rank,
+                    void *out, float *restrict p, int64_t cols, int64_t r0, int64_t r1,
+                    int half) {
+#define HP_FORM_ROWS(R, H) hp_psgd_form_rows(R, H, e, g, pp, qp, prev, qt, out, p, cols, r0, r1)
+    switch (rank) {  /* the rank as a constant, as hp_psgd_mtp */
+    case 1: if (half) HP_FORM_ROWS(1, 1); else HP_FORM_ROWS(1, 0); break;
+    case 2: if (half) HP_FORM_ROWS(2, 1); else HP_FORM_ROWS(2, 0); break;
+    case 4: if (half) HP_FORM_ROWS(4, 1); else HP_FORM_ROWS(4, 0); break;
+    default: if (half) HP_FORM_ROWS(rank, 1); else HP_FORM_ROWS(rank, 0); break;
+    }
+#undef HP_FORM_ROWS
 }
 
 /* P = M Q for a formed (rows, cols) matrix (the padded path), rows [r0, r1):
@@ -180,14 +306,18 @@ void hp_psgd_mq(const float *restrict m, const float *restrict qt, int rank,
 #define HP_MTP_B 2048
 #define HP_MTP_G 8
 
-/* One pass of 8 G rows from row i (lanes per class c; rank R known when inlined). */
+/* One pass of 8 G rows from row i (lanes per class c; rank R and half known when
+ * inlined; M in floats or, half, in bfloat16). */
 static inline __attribute__((always_inline)) void
-hp_mtp_pass(const int R, const float *restrict m, const float *restrict p, float *lanes,
-            int64_t cols, int64_t jb, int64_t w, int64_t i) {
+hp_mtp_pass(const int R, const int half, const void *restrict m, const float *restrict p,
+            float *lanes, int64_t cols, int64_t jb, int64_t w, int64_t i) {
     for (int c = 0; c < 8; c++) {
-        const float *mr[HP_MTP_G], *pr[HP_MTP_G];
+        const void *mr[HP_MTP_G];
+        const float *pr[HP_MTP_G];
         for (int g = 0; g < HP_MTP_G; g++) {
-            mr[g] = m + (i + 8 * g + c) * cols + jb;
+            const int64_t at = (i + 8 * g + c) * cols + jb;
+            mr[g] = half ? (const void *)((const uint16_t *)m + at)
+                         : (const void *)((const float *)m + at);
             pr[g] = p + (i + 8 * g + c) * R;
         }
         float *lc = lanes + (int64_t)c * R * HP_MTP_B;
@@ -198,7 +328,8 @@ hp_mtp_pass(const int R, const float *restrict m, const float *restrict p, float
             for (int k = 0; k < R; k++)
                 acc[k] = _mm256_load_ps(lc + (int64_t)k * HP_MTP_B + j);
             for (int g = 0; g < HP_MTP_G; g++) {
-                const __m256 mv = _mm256_loadu_ps(mr[g] + j);
+                const __m256 mv = half ? hp_widen8((const uint16_t *)mr[g] + j)
+                                       : _mm256_loadu_ps((const float *)mr[g] + j);
                 for (int k = 0; k < R; k++)
                     acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(mv, _mm256_broadcast_ss(pr[g] + k)));
             }
@@ -210,14 +341,16 @@ hp_mtp_pass(const int R, const float *restrict m, const float *restrict p, float
             for (int k = 0; k < R; k++) {
                 float a = lc[(int64_t)k * HP_MTP_B + j];
                 for (int g = 0; g < HP_MTP_G; g++)
-                    a = a + mr[g][j] * pr[g][k];
+                    a = a + hp_psgd_at(mr[g], half, j) * pr[g][k];
                 lc[(int64_t)k * HP_MTP_B + j] = a;
             }
     }
 }
 
-int hp_psgd_mtp(const float *restrict m, const float *restrict p, int rank,
-                float *restrict q, int64_t rows, int64_t cols, int64_t c0, int64_t c1) {
+/* Columns [c0, c1) of Q = M^T P (see above), M float32 (half == 0) or bfloat16. */
+static inline __attribute__((always_inline)) int
+hp_mtp_cols(const int half, const void *restrict m, const float *restrict p, int rank,
+            float *restrict q, int64_t rows, int64_t cols, int64_t c0, int64_t c1) {
     float *lanes = (float *)aligned_alloc(32, sizeof(float) * 8 * (size_t)rank * HP_MTP_B);
     if (!lanes)
         return -1;
@@ -229,19 +362,19 @@ int hp_psgd_mtp(const float *restrict m, const float *restrict p, int rank,
         int64_t i = 0;
         for (; i + 8 * HP_MTP_G <= rows; i += 8 * HP_MTP_G)
             switch (rank) {  /* the rank as a constant: the accumulators stay in registers */
-            case 1: hp_mtp_pass(1, m, p, lanes, cols, jb, w, i); break;
-            case 2: hp_mtp_pass(2, m, p, lanes, cols, jb, w, i); break;
-            case 4: hp_mtp_pass(4, m, p, lanes, cols, jb, w, i); break;
-            default: hp_mtp_pass(rank, m, p, lanes, cols, jb, w, i); break;
+            case 1: hp_mtp_pass(1, half, m, p, lanes, cols, jb, w, i); break;
+            case 2: hp_mtp_pass(2, half, m, p, lanes, cols, jb, w, i); break;
+            case 4: hp_mtp_pass(4, half, m, p, lanes, cols, jb, w, i); break;
+            default: hp_mtp_pass(rank, half, m, p, lanes, cols, jb, w, i); break;
             }
         for (; i < rows; i++) {  /* the last rows, one at a time (each its class's next) */
-            const float *mi = m + i * cols + jb;
+            const int64_t at = i * cols + jb;
             const float *pi = p + i * rank;
             float *li = lanes + (i & 7) * (int64_t)rank * HP_MTP_B;
             for (int k = 0; k < rank; k++) {
                 float *restrict lk = li + (int64_t)k * HP_MTP_B;
                 for (int64_t j = 0; j < w; j++)
-                    lk[j] = lk[j] + mi[j] * pi[k];
+                    lk[j] = lk[j] + hp_psgd_at(m, half, at + j) * pi[k];
             }
         }
         for (int k = 0; k < rank; k++)
@@ -254,6 +387,12 @@ int hp_psgd_mtp(const float *restrict m, const float *restrict p, int rank,
     }
     free(lanes);
     return 0;
+}
+
+int hp_psgd_mtp(const void *restrict m, const float *restrict p, int rank, float *restrict q,
+                int64_t rows, int64_t cols, int64_t c0, int64_t c1, int half) {
+    return half ? hp_mtp_cols(1, m, p, rank, q, rows, cols, c0, c1)
+                : hp_mtp_cols(0, m, p, rank, q, rows, cols, c0, c1);
 }
 
 /* Gram-Schmidt on the columns of a contiguous (rows, cols) matrix, in place
