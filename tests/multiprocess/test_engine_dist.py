@@ -274,19 +274,25 @@ def _replay_vs_coordinated(ctx, strategy):
         eng = Engine(ctx.transport, EngineConfig(plan=plan, strategy=strategy, timeout=60,
                                                  replay=replay))
         try:
-            eng.register([(n, s, torch.float32) for n, s in shapes.items()])
-            steps = []
-            for step in range(3):
-                g = torch.Generator().manual_seed(10 * step + ctx.rank)
-                work = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
-                for n, v in work.items():
-                    eng.submit(n, v)
-                eng.synchronize()
-                steps.append(work)
-            out[replay] = (steps, eng.replayed_steps)
+            out[replay] = (_three_steps(ctx, eng, shapes), eng.replayed_steps)
         finally:
             eng.close()
     return out
+
+
+def _three_steps(ctx, eng, shapes):
+    """Register ``shapes`` with ``eng`` and synchronise 3 steps of seeded gradients;
+    each step's averaged gradients."""
+    eng.register([(n, s, torch.float32) for n, s in shapes.items()])
+    steps = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(10 * step + ctx.rank)
+        work = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
+        for n, v in work.items():
+            eng.submit(n, v)
+        eng.synchronize()
+        steps.append(work)
+    return steps
 
 
 def _powersgd_error_dtypes(ctx, strategy):
@@ -298,15 +304,7 @@ def _powersgd_error_dtypes(ctx, strategy):
                     rule=SizeRule(min_compress_bytes=4096, bytes_per_partition=1 << 30))
         eng = Engine(ctx.transport, EngineConfig(plan=plan, strategy=strategy, timeout=60))
         try:
-            eng.register([(n, s, torch.float32) for n, s in shapes.items()])
-            steps = []
-            for step in range(3):
-                g = torch.Generator().manual_seed(10 * step + ctx.rank)
-                work = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
-                for n, v in work.items():
-                    eng.submit(n, v)
-                eng.synchronize()
-                steps.append(work)
+            steps = _three_steps(ctx, eng, shapes)
             dtypes = {k: str(st["error"].dtype) for k, st in eng.state_dict()["states"].items()
                       if isinstance(st.get("error"), torch.Tensor)}
             out[extra.get("error_dtype", "float32")] = (steps, dtypes)

@@ -126,20 +126,14 @@ def _run(c, grads_per_step, ranks):
     states = [c.init(grads_per_step[0][r], world_size=ranks) for r in range(ranks)]
     outs = []
     for grads in grads_per_step:
-        p0 = []
-        for r in range(ranks):
-            pl, states[r] = c.encode_round(0, grads[r], states[r], None)
-            p0.append(pl)
-        m0 = c.merge(p0)
-        p1 = []
-        for r in range(ranks):
-            pl, states[r] = c.encode_round(1, grads[r], states[r], m0)
-            p1.append(pl)
-        m1 = c.merge(p1)
-        avg = None
-        for r in range(ranks):
-            avg, states[r] = c.decode_rounds(grads[r], states[r], m1, average=True)
-        outs.append(avg)
+        agg = None
+        for rnd in (0, 1):  # each round's payloads, summed, feed the next
+            sent = [c.encode_round(rnd, grads[r], states[r], agg) for r in range(ranks)]
+            states = [st for _, st in sent]
+            agg = c.merge([pl for pl, _ in sent])
+        done = [c.decode_rounds(grads[r], states[r], agg, average=True) for r in range(ranks)]
+        states = [st for _, st in done]
+        outs.append(done[0][0])
     return outs, states
 
 
