@@ -113,13 +113,14 @@ def powersgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev, qt_prev,
     Args:
         e: (rows, cols) contiguous accumulator.
         g: (rows, cols) gradient view (any float dtype).
-        (``e`` and ``out`` may be bfloat16 with float32 factors: M kept in 16
-        bits, ``PowerSGD(error_dtype="bfloat16")``; P then sums the stored values.)
         p_prev, qt_prev: the pending factors (rows, r) and (r, cols), or None.
         qt: (r, cols) contiguous: Q transposed.
         out: (rows, cols) contiguous, ``e``'s dtype: receives M, leaving ``e``
             as it was (double buffering, ``PowerSGD.detach_state``); the
             same bits as writing into ``e``.
+            ``e`` and ``out`` may both be bfloat16 with float32 factors (M kept
+            in 16 bits, ``PowerSGD(error_dtype="bfloat16")``): P then sums the
+            stored values.
 
     Returns:
         P, (rows, r).
