@@ -127,18 +127,18 @@ def powersgd_form_m(e: torch.Tensor, g: torch.Tensor, p_prev, qt_prev,
     """
     prev = 0 if p_prev is None else int(p_prev.shape[1])
     out = e if out is None else out
-    if out.dtype != qt.dtype and not _native_form_m(e, g, p_prev, qt_prev, qt, out):
+    if _native_form_m(e, g, p_prev, qt_prev, qt, out):  # CPU tensors only: never a GPU's
+        # C's streaming stores skip the read for ownership of a second buffer, and
+        # in place or not the bits are the same (_c.psgd_form_m)
+        return _c.psgd_form_m(e, g, p_prev.contiguous() if prev else None,
+                              qt_prev.contiguous() if prev else None, qt, out)
+    if out.dtype != qt.dtype:
         return _form_m_widened(e, g, p_prev, qt_prev, qt, out)  # a bfloat16 M elsewhere
     if max(int(qt.shape[0]), prev) <= _c.PSGD_MAX_RANK and _gpu.usable(e, g, qt, out) and (
             not prev or _gpu.usable(p_prev.contiguous(), qt_prev.contiguous(), e)):
         facs = (p_prev.contiguous(), qt_prev.contiguous()) if prev else (None, None)
         _gpu.psgd_form_m(e, g, *facs, out)  # the lane order on the GPU (cuda.py)
         return _gpu.psgd_mq(out, qt)
-    if _native_form_m(e, g, p_prev, qt_prev, qt, out):
-        # C's streaming stores skip the read for ownership of a second buffer, and
-        # in place or not the bits are the same (_c.psgd_form_m)
-        return _c.psgd_form_m(e, g, p_prev.contiguous() if prev else None,
-                                   qt_prev.contiguous() if prev else None, qt, out)
     return _K_PSGD_FORM_M(e, g, p_prev, qt_prev, qt, out,
                           spec=(int(qt.shape[0]), prev, g.dtype, e.dtype), numel=e.numel())
 
