@@ -26,10 +26,10 @@ Configurations:
                    buckets in flight abort on gloo in torch 2.13)
   hp-<strategy>-<compressor>  hipress_like.torch.DistributedOptimizer, PS or
                    Ring x onebit, terngrad, dgc, powersgd (rank 4, the default),
-                   powersgd1 (rank 1, as the fastest hook), powersgd2 (rank 2,
-                   the rank compression="auto" chooses among), powersgd1bf and
-                   powersgd2bf (ranks 1 and 2 with the error memory in bfloat16,
-                   error_dtype="bfloat16"), natural (C_nat
+                   powersgd1 (rank 1, as the fastest hook), powersgd2 (rank 2),
+                   powersgd1bf and powersgd2bf (ranks 1 and 2 with the error
+                   memory in bfloat16, error_dtype="bfloat16"; powersgd2bf is
+                   what compression="auto" chooses among), natural (C_nat
                    workers, the aggregate re-encoded with the worker's C_nat)
                    and natural2 (C_nat both ways, compression_back=natural:
                    Natural Compression Alg. 1) (engine default plan)
@@ -378,12 +378,13 @@ def _ratio(num_row, den_row):
 
 def is_auto_candidate(comp: str) -> bool:
     """Whether the row compressor ``comp`` (``HP_COMPRESSORS``) is one that plan="auto"
-    chooses among (``tuning.auto.DEFAULT_CANDIDATES``), PowerSGD at the candidates' rank.
+    chooses among on the CPU (``tuning.auto.DEFAULT_CANDIDATES``): PowerSGD with the
+    candidates' rank and error memory.
 
     Example:
-        >>> is_auto_candidate("powersgd2"), is_auto_candidate("powersgd1")
+        >>> is_auto_candidate("powersgd2bf"), is_auto_candidate("powersgd1bf")
         (True, False)
-        >>> is_auto_candidate("powersgd2bf")
+        >>> is_auto_candidate("powersgd2")
         False
     """
     from hipress_like.compressors.powersgd import PowerSGD
@@ -392,10 +393,10 @@ def is_auto_candidate(comp: str) -> bool:
     name = REGISTRY_NAME.get(comp, comp)
     if name not in DEFAULT_CANDIDATES:
         return False
-    if name == "powersgd":  # a rank left out is the compressor's default
-        default, params = PowerSGD().rank, PARAMS.get(comp, {})
-        return (params.get("rank", default) == DEFAULT_CANDIDATES[name].get("rank", default)
-                and "error_dtype" not in params)  # auto keeps the float32 error
+    if name == "powersgd":  # a parameter left out is the compressor's default
+        default = PowerSGD().params()
+        return ({**default, **PARAMS.get(comp, {})}
+                == {**default, **DEFAULT_CANDIDATES[name]})
     return comp not in BACK  # natural2 sends the aggregate back compressed: another row
 
 

@@ -21,8 +21,9 @@ from .adaptive_start import AdaptiveStart
 from .compression import is_auto, resolve_compression
 from .runtime import _require, check_timeout, default_timeout, engine_transport
 
-__all__ = ["build_engine", "close_engine", "EngineHolder", "wire_dtype", "resolve_plan",
-           "adaptive_settings", "online_planner", "refuse_adaptive", "STRATEGIES"]
+__all__ = ["build_engine", "close_engine", "device_type_of", "EngineHolder", "wire_dtype",
+           "resolve_plan", "adaptive_settings", "online_planner", "refuse_adaptive",
+           "STRATEGIES"]
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
                  timeout: Optional[float], seed: int, compression_back: Any = None,
                  collective: Optional[str] = None, joining: Any = None,
                  online: bool = False, error_feedback: Any = "auto",
-                 own_push: bool = False) -> Any:
+                 own_push: bool = False, device_type: str = "cpu") -> Any:
     """Open a transport, build an engine and register ``specs`` (collective).
 
     Args:
@@ -144,8 +145,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         compression: what the user passed (name, spec, Compressor or None);
             None means the plan's compressor if a ``Plan`` is given, else none;
             "auto" (with ``plan="auto"``) lets the cost model choose a
-            compressor per gradient among ``tuning.auto.DEFAULT_CANDIDATES``
-            and none.
+            compressor per gradient among ``tuning.auto.default_candidates``
+            for ``device_type``, and none.
         strategy: "ps" or "ring".
         plan: "auto", "adaptive" or an ``Adaptive`` (planned like "auto" at
             ``register``, or from ``Adaptive.profile``; the front end then
@@ -170,6 +171,8 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
         own_push: ``EngineConfig.own_push`` (the BytePS-style faces: the PS
             aggregator compresses its own partition too, as BytePS's server
             sees every push compressed).
+        device_type: where the gradients live ("cpu", "cuda"); it picks
+            ``compression="auto"``'s candidates (``tuning.auto.default_candidates``).
 
     Returns:
         The registered engine.
@@ -197,9 +200,9 @@ def build_engine(specs: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]], *,
             raise ValueError("compression='auto' chooses a compressor per gradient by "
                              "profiling, which needs plan='auto'; pass a compressor name with "
                              "a fixed plan, or plan='auto'")
-        from ..tuning.auto import DEFAULT_CANDIDATES
+        from ..tuning.auto import default_candidates
 
-        candidates = DEFAULT_CANDIDATES
+        candidates = default_candidates(device_type)
         name, params = "onebit", {}  # the fallback rule's compressor until the plan is fixed
     elif compression is None and isinstance(plan, Plan):
         name, params = plan.compressor, dict(plan.params)
@@ -267,6 +270,12 @@ def specs_of(named: List[Tuple[str, torch.Tensor]]
     engine checks it before any data moves.
     """
     return [(n, tuple(p.shape), wire_dtype(p.dtype, n)) for n, p in named]
+
+
+def device_type_of(params: Sequence[torch.Tensor]) -> str:
+    """Where a model's parameters live for ``build_engine(device_type=...)``: "cuda" when
+    any is on a GPU (its gradients are), else "cpu"."""
+    return "cuda" if any(p.device.type == "cuda" for p in params) else "cpu"
 
 
 def close_engine(engine: Any) -> None:

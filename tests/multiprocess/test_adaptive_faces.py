@@ -13,7 +13,8 @@ no planner) and to keep refusing ``compression_back`` with it, in their own
 environments (``.venv-tf``, ``.venv-mxnet`` beside this one, built by
 ``scripts/env_tensorflow.sh`` / ``env_mxnet.sh``), one process each, when those
 exist; tests/frameworks/test_adaptive_tensorflow.py and test_adaptive_mxnet.py
-re-plan them on two ranks.
+re-plan them on two ranks. Last, the candidates ``compression="auto"`` takes on
+each torch face follow the parameters' device (``tuning.auto.default_candidates``).
 """
 import os
 import subprocess
@@ -145,3 +146,25 @@ def test_the_tensorflow_faces_take_plan_adaptive():
 def test_the_mxnet_trainer_takes_plan_adaptive():
     msgs = _run(_venv(".venv-mxnet"), _MX)
     assert len(msgs) == 1 and "compression_back is not supported with it" in msgs[0], msgs
+
+
+def test_compression_auto_takes_the_candidates_of_the_parameters_device(one_rank):
+    """compression="auto" on CPU parameters chooses PowerSGD with a bfloat16 error memory
+    (its C kernels read it); another device keeps float32 (``default_candidates``)."""
+    from hipress_like.adapters.engine_builder import device_type_of
+    from hipress_like.tuning.auto import DEFAULT_CANDIDATES, default_candidates
+
+    m = torch.nn.Linear(6, 3)
+    assert device_type_of(list(m.parameters())) == "cpu"
+    for opt in (hpt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                         named_parameters=m.named_parameters(),
+                                         compression="auto", plan="auto"),
+                hpt.CaSyncHookState(m, compression="auto", plan="auto")):
+        engine = opt.engine
+        assert engine.config.plan.candidates == DEFAULT_CANDIDATES
+        assert engine.plan.meta["profile"]["compressors"]["powersgd"]["params"] == {
+            "rank": 2, "error_dtype": "bfloat16"}
+        opt.close()
+    gpu = default_candidates("cuda")
+    assert gpu["powersgd"] == {"rank": 2} and gpu["onebit"] == DEFAULT_CANDIDATES["onebit"]
+    assert DEFAULT_CANDIDATES["powersgd"]["error_dtype"] == "bfloat16"  # a copy was changed

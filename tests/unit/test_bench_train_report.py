@@ -109,23 +109,26 @@ def test_floor_by_cpu_per_rank_and_auto_against_the_fastest_fixed_row(capsys):
 
 
 def test_auto_is_also_judged_against_the_fastest_of_its_own_candidates(capsys):
-    """plan='auto' chooses among rank-2 PowerSGD, onebit, TernGrad and DGC only: besides
-    the fastest fixed row (rank-1 PowerSGD here), its ratio to the fastest of those;
-    rank-4 PowerSGD (the hp-ps-powersgd row), not a candidate, is not that row."""
-    extra = [("hp-ps-powersgd", 630.0), ("hp-ps-powersgd2", 640.0), ("hp-ps-auto", 650.0)]
+    """plan='auto' chooses among rank-2 PowerSGD with a bfloat16 error, onebit, TernGrad
+    and DGC only: besides the fastest fixed row (rank-1 PowerSGD here), its ratio to the
+    fastest of those; rank-4 PowerSGD (the hp-ps-powersgd row) and rank 2 with a
+    float32 error, not candidates, are not that row."""
+    extra = [("hp-ps-powersgd", 630.0), ("hp-ps-powersgd2", 635.0),
+             ("hp-ps-powersgd2bf", 640.0), ("hp-ps-auto", 650.0)]
     rows = _rows(90.0, 89.5) + [dict(config=c, ms_per_step=ms, accuracy=90.0, params_m=26.6)
                                 for c, ms in extra]
     lines = _goal_lines(capsys, rows)
     assert "1.08  NOT met" in lines["hp-ps-auto vs hp-ps-powersgd1 <= 1.05"]  # 650 / 600
     assert "1.02  met" in lines[  # 650 / 640
-        "hp-ps-auto vs hp-ps-powersgd2 (its candidates' fastest) <= 1.05"]
+        "hp-ps-auto vs hp-ps-powersgd2bf (its candidates' fastest) <= 1.05"]
 
 
-def test_the_auto_candidates_rows_are_powersgd_at_the_candidates_rank():
+def test_the_auto_candidates_rows_are_powersgd_at_the_candidates_rank_and_error():
     train = _bench()
-    assert train.is_auto_candidate("powersgd2") and train.is_auto_candidate("onebit")
+    assert train.is_auto_candidate("powersgd2bf") and train.is_auto_candidate("onebit")
     assert not train.is_auto_candidate("powersgd")  # rank 4, the compressor's default
-    assert not train.is_auto_candidate("powersgd1")
+    assert not train.is_auto_candidate("powersgd1") and not train.is_auto_candidate("powersgd1bf")
+    assert not train.is_auto_candidate("powersgd2")  # a float32 error: not auto's on the CPU
     assert not train.is_auto_candidate("natural2") and not train.is_auto_candidate("thc")
 
 

@@ -28,7 +28,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..engine_builder import build_engine, close_engine, refuse_adaptive, specs_of, wire_dtype
+from ..engine_builder import (
+    build_engine,
+    close_engine,
+    device_type_of,
+    refuse_adaptive,
+    specs_of,
+    wire_dtype,
+)
 from ..runtime import _track
 
 __all__ = ["CaSyncHookState", "casync_hook"]
@@ -71,7 +78,8 @@ class CaSyncHookState:
         self._by_ptr: Dict[int, str] = {p.data_ptr(): n for n, p in named}
         self.engine = build_engine(specs_of(named), compression=compression, strategy=strategy,
                                    plan=plan, nonfinite=nonfinite, timeout=timeout, seed=seed,
-                                   compression_back=compression_back)
+                                   compression_back=compression_back,
+                                   device_type=device_type_of([p for _, p in named]))
         # (future, buffer, [(view, wire copy)]) of the buckets submitted this iteration
         self._pending: List[Tuple[torch.futures.Future, torch.Tensor,
                                   List[Tuple[torch.Tensor, torch.Tensor]]]] = []

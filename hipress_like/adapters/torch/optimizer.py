@@ -46,7 +46,14 @@ import torch
 
 from .. import checkpoint
 from ..collectives import Average, Sum
-from ..engine_builder import EngineHolder, build_engine, online_planner, resolve_plan, specs_of
+from ..engine_builder import (
+    EngineHolder,
+    build_engine,
+    device_type_of,
+    online_planner,
+    resolve_plan,
+    specs_of,
+)
 from ..joining import Joining
 from ..ordering import OrderingError
 from ..runtime import _require, _track, check_timeout
@@ -127,7 +134,8 @@ class _DistributedOptimizerMixin(EngineHolder):
     def _hp_build_engine(self) -> None:
         b = self._hp_build
         specs = specs_of([(self._hp_names[id(p)], p) for p in self._hp_params])
-        self._hp_engine = build_engine(specs, online=True, **b)
+        self._hp_engine = build_engine(specs, online=True, device_type=device_type_of(
+            self._hp_params), **b)
         # plan="adaptive": re-plans at step boundaries (tuning/online); None otherwise
         self._hp_online = online_planner(self._hp_engine, resolve_plan(b["plan"]),
                                          snapshot=(self._hp_snapshot, self._hp_restore))
