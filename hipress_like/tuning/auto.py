@@ -116,8 +116,8 @@ class AutoPlanner:
             (``cost_model.plan_per_gradient``; "none" is always a candidate);
             a name may be a label whose params name the compressor
             (``profiler.candidate``: plain and Bloom-coded top-k side by side);
-            default: only ``compressor``. ``DEFAULT_CANDIDATES`` is the set
-            ``compression="auto"`` uses.
+            default: only ``compressor``. ``default_candidates`` is the set
+            ``compression="auto"`` uses (``DEFAULT_CANDIDATES`` on the CPU).
         engine_timing: also time whole synchronisations through the engine
             (default True; see the module docstring). False plans with
             HiPress Eq. 1/2 alone, which under-predicts the engine's
@@ -430,7 +430,7 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
             algorithm); None takes the engine's ``config.compressor``.
         params: its parameters (with a name).
         candidates: {name: params} to choose from per gradient (plan format
-            2; ``DEFAULT_CANDIDATES`` for the front ends' ``compression="auto"``);
+            2; ``default_candidates`` for the front ends' ``compression="auto"``);
             default: only ``compressor``.
         **options: ``AutoPlanner`` options overriding the quick defaults.
 
