@@ -7,6 +7,7 @@ ranks all return normally share one launch per world size (``shared_launch``:
 a rank leave, stall, raise or time out launch their own.
 """
 import functools
+import glob
 import os
 
 import pytest
@@ -257,7 +258,16 @@ def _engines_free_their_groups(ctx):
     def groups():
         return len(dist.distributed_c10d._world.pg_map)
 
-    before = groups()
+    def loops():  # gloo's event-loop threads: one per live group's device
+        return sum(1 for t in glob.glob("/proc/self/task/*/comm")
+                   if _read(t) == "gloo_tcp_loop")
+
+    before, loops_before = groups(), loops()
+    # Closed engines stay referenced (as a cycle would hold them until a full garbage
+    # collection, which a training loop may never run): closing alone must release
+    # the group's thread. plan="auto"'s trial engines once left eight such threads,
+    # each waking about 100 times a second for the rest of the run.
+    closed = []
     for i in range(4):
         eng = Engine(ctx.transport, compressor="identity", timeout=30)
         eng.register([("w", (64,), torch.float32)])
@@ -266,20 +276,30 @@ def _engines_free_their_groups(ctx):
         if ctx.rank == 1 and i == 2:
             time.sleep(1.0)  # a late rank: the others wait for it, then free
         eng.close()
-    after = groups()
+        closed.append(eng)
+    after, loops_after = groups(), loops()
     # a split whose peer never frees it is kept (not destroyed under its feet)
     split = ctx.transport.split()
     kept = split.free(timeout=0.5) if ctx.rank == 0 else None
     ctx.transport.barrier(timeout=30)
     if ctx.rank != 0:
         split.close()
-    return before, after, kept
+    return before, after, kept, loops_before, loops_after
 
 
-def test_engine_close_destroys_its_process_group():
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:  # the thread ended meanwhile
+        return ""
+
+
+def test_engine_close_destroys_its_process_group_and_its_threads():
     res = ranks(_shared(2)["engines free"])
-    for before, after, _ in res:
+    for before, after, _, loops_before, loops_after in res:
         assert after == before, res
+        assert loops_before > 0 and loops_after == loops_before, res
     assert res[0][2] is False
 
 
