@@ -558,15 +558,31 @@ def _run_configs(ns, names, steps, netem):
     return rows
 
 
+def round_order(names, rep):
+    """The list as round ``rep`` (from 0) runs it: rotated by ``rep``, so that over the
+    rounds no configuration always runs at the same place in the list (first after
+    the namespaces come up, or right after the same neighbour), which a fixed order
+    confounds with the configuration itself.
+
+        >>> round_order(["a", "b", "c"], 0), round_order(["a", "b", "c"], 1)
+        (['a', 'b', 'c'], ['b', 'c', 'a'])
+        >>> round_order(["a", "b"], 3)
+        ['b', 'a']
+    """
+    k = rep % len(names) if names else 0
+    return list(names[k:]) + list(names[:k])
+
+
 def _run_alternating(ns, names, steps, netem):
     """``_run_configs`` ``ns.repeat`` times over the whole list (so drifting host load
-    weighs on every configuration alike); per configuration, the median run's row,
-    with every run's ms/step in ``runs_ms``."""
+    weighs on every configuration alike), each round in ``round_order``; per
+    configuration, the median run's row, with every run's ms/step in ``runs_ms``
+    (in the order the rounds ran)."""
     runs = {}
     for rep in range(ns.repeat):
         if ns.repeat > 1:
             print(f"round {rep + 1} of {ns.repeat}", flush=True)
-        for r in _run_configs(ns, names, steps, netem):
+        for r in _run_configs(ns, round_order(names, rep), steps, netem):
             runs.setdefault(r["config"], []).append(r)
     rows = []
     for c in names:

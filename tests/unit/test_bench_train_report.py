@@ -132,6 +132,17 @@ def test_the_auto_candidates_rows_are_powersgd_at_the_candidates_rank_and_error(
     assert not train.is_auto_candidate("natural2") and not train.is_auto_candidate("thc")
 
 
+def test_each_round_rotates_the_list_so_no_row_always_runs_at_one_place():
+    train = _bench()
+    names = ["floor", "hp-ps-auto", "hp-ring-auto"]
+    orders = [train.round_order(names, r) for r in range(3)]
+    assert all(sorted(o) == sorted(names) for o in orders)  # every row, every round
+    for name in names:  # each row takes each place once over len(names) rounds
+        assert sorted(o.index(name) for o in orders) == [0, 1, 2]
+    assert train.round_order(names, 3) == names
+    assert train.round_order([], 2) == []
+
+
 def test_horovod_rows_with_a_cycle_suffix_pair_with_their_gloo_row(capsys):
     """``hvd-...-cycle<MS>`` runs a Horovod row at another HOROVOD_CYCLE_TIME; its
     ratio is still taken against the same configuration over gloo."""
