@@ -331,6 +331,13 @@ class AutoPlanner:
             data = broadcast_bytes(transport, data, self.timeout)
         plans = [Plan.from_dict(d) for d in json.loads(data)]
         plan = plans[0] if len(plans) == 1 else self._best_of(transport, plans, sizes)
+        # The profile's and the trials' closed engines sit in reference cycles (an
+        # engine is alive after its last reference goes, until a collection) with
+        # their compressors' state, error memories the size of the model. Collect
+        # them here, at start-up, for both ways in (``auto_plan`` and
+        # ``end_iteration``), rather than leave them to a full collection that a
+        # training loop's few container allocations may trigger mid-step or never.
+        gc.collect()
         _log.info("plan='auto' fixed after %d iteration(s): threshold %s bytes, %d of %d "
                   "gradients compressed", self.iterations, plan.rule.min_compress_bytes,
                   sum(g.compress for g in plan.gradients.values()), len(plan.gradients))
@@ -452,11 +459,6 @@ class auto_plan:  # noqa: N801 - a callable used like a function: plan=auto_plan
                  shapes: Optional[Mapping[str, Sequence[int]]] = None) -> Plan:
         t0 = time.perf_counter()
         plan = self.planner(config).finalize(transport, dict(sizes), shapes)
-        # The profile's and the trials' closed engines sit in reference cycles with
-        # their compressors' state (error memories the size of the model). Collect
-        # them now, at start-up, rather than leave them to a full collection that a
-        # training loop's few container allocations may trigger mid-step or never.
-        gc.collect()
         _log.info("rank %d: plan='auto' fixed in %.1f s", transport.rank,
                   time.perf_counter() - t0)
         return plan
