@@ -22,8 +22,8 @@ from .._build.native import load as _load
 from .._build.native import parallel as _map
 from .._build.native import rows as _rows
 
-__all__ = ["PSGD_MAX_RANK", "psgd_form_m", "psgd_lowrank", "psgd_mq", "psgd_mtp",
-           "psgd_orthogonalize"]
+__all__ = ["PSGD_MAX_RANK", "psgd_form_m", "psgd_lowrank", "psgd_lowrank_sgd", "psgd_mq",
+           "psgd_mtp", "psgd_orthogonalize"]
 
 _P, _I64, _I32, _U32, _F32 = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32,
                               ctypes.c_float)
@@ -35,6 +35,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.hp_psgd_form_m.restype = None
     lib.hp_psgd_lowrank.argtypes = [_P, _P, _I32, _P, _I64, _I64, _I64]
     lib.hp_psgd_lowrank.restype = None
+    lib.hp_psgd_lowrank_sgd.argtypes = [_P, _P, _I32, _P, _P, _P, _I64, _I64, _I64, _F32, _F32,
+                                        _F32, _F32, _I32, _I32, _I32]
+    lib.hp_psgd_lowrank_sgd.restype = None
     lib.hp_psgd_mq.argtypes = [_P, _P, _I32, _P, _I64, _I64, _I64]
     lib.hp_psgd_mq.restype = None
     lib.hp_psgd_mtp.argtypes = [_P, _P, _I32, _P, _I64, _I64, _I64, _I64, _I32]
@@ -95,6 +98,33 @@ def psgd_lowrank(p: torch.Tensor, qt: torch.Tensor, out: torch.Tensor) -> None:
     pp, qtp, op = p.data_ptr(), qt.data_ptr(), out.data_ptr()
     _map(lambda r0, r1, last: lib.hp_psgd_lowrank(pp, qtp, rank, op, cols, r0, r1),
          _rows(rows, cols))
+
+
+def psgd_lowrank_sgd(p: torch.Tensor, qt: torch.Tensor, grad: torch.Tensor,
+                     param: torch.Tensor, buf: Optional[torch.Tensor], *, lr: float,
+                     momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+                     nesterov: bool = False, maximize: bool = False, init: bool = False) -> None:
+    """PowerSGD's decode ``grad = P Q^T`` (``psgd_lowrank``'s bits, streamed) and
+    ``torch.optim.SGD``'s step of ``param`` on it, in one sweep (``powersgd.c``
+    says which roundings make the bits torch's ``_single_tensor_sgd``'s).
+
+    Args:
+        p, qt: contiguous float32 (rows, r) and (r, cols) on the CPU.
+        grad, param: contiguous float32 tensors of rows * cols elements; ``grad``
+            receives the decode, ``param`` the update.
+        buf: the momentum buffer (``param``'s shape), None when ``momentum`` is 0;
+            with ``init`` it receives the first step's buffer (torch's clone).
+        lr, momentum, dampening, weight_decay, nesterov, maximize: the group's
+            SGD settings.
+    """
+    lib = _load()
+    rows, cols = int(p.shape[0]), int(qt.shape[1])
+    rank = int(p.shape[1])
+    bp = buf.data_ptr() if momentum else None
+    pp, qtp, gp, wp = p.data_ptr(), qt.data_ptr(), grad.data_ptr(), param.data_ptr()
+    _map(lambda r0, r1, last: lib.hp_psgd_lowrank_sgd(
+        pp, qtp, rank, gp, wp, bp, cols, r0, r1, lr, momentum, 1.0 - dampening, weight_decay,
+        int(nesterov), int(maximize), int(init)), _rows(rows, cols))
 
 
 def psgd_mq(m: torch.Tensor, qt: torch.Tensor) -> torch.Tensor:

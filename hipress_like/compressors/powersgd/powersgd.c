@@ -442,3 +442,74 @@ void hp_psgd_lowrank(const float *restrict p, const float *restrict qt, int rank
     _mm_sfence();
 #endif
 }
+
+/* PowerSGD's decode applied by torch.optim.SGD's step in the same sweep
+ * (deferred.py): per element, g = P Q^T (hp_outer's bits, the decode's) is
+ * streamed into g_out (the gradient, as the decode writes it), then torch's
+ * _single_tensor_sgd on g, with its roundings (measured against torch):
+ *   d = maximize ? -g : g;        wd:  d = fma(w, wd, d)     (grad.add(param, alpha=wd))
+ *   momentum: b = init ? d : fma(d, 1 - dampening, buf * momentum);  buf = b
+ *             d = nesterov ? fma(b, momentum, d) : b
+ *   w = fma(d, -lr, w)                                        (param.add_(d, alpha=-lr))
+ * The decode's write and the step's read of the gradient leave the memory
+ * traffic: a gradient-sized matrix not written and read again. */
+static inline __attribute__((always_inline)) float
+hp_sgd_elem(float g, float *w, float *buf, float lr, float mom, float damp1, float wd,
+            int nesterov, int maximize, int init) {
+    float d = maximize ? -g : g;
+    if (wd != 0.0f)
+        d = fmaf(*w, wd, d);
+    if (mom != 0.0f) {
+        const float b = init ? d : fmaf(d, damp1, *buf * mom);
+        *buf = b;
+        d = nesterov ? fmaf(b, mom, d) : b;
+    }
+    *w = fmaf(d, -lr, *w);
+    return g;
+}
+
+void hp_psgd_lowrank_sgd(const float *restrict p, const float *restrict qt, int rank,
+                         float *restrict g_out, float *restrict w, float *restrict buf,
+                         int64_t cols, int64_t r0, int64_t r1, float lr, float mom,
+                         float damp1, float wd, int nesterov, int maximize, int init) {
+    for (int64_t i = r0; i < r1; i++) {
+        const float *pi = p + i * rank;
+        float *gi = g_out + i * cols, *wi = w + i * cols;
+        float *bi = mom != 0.0f ? buf + i * cols : NULL;
+        int64_t j = 0;
+#if defined(__AVX__) && defined(__FMA__)
+        for (; j < cols && ((uintptr_t)(gi + j) & 31); j++) {
+            const float g = hp_outer(pi, qt, rank, cols, j);
+            gi[j] = g;
+            hp_sgd_elem(g, wi + j, bi ? bi + j : NULL, lr, mom, damp1, wd, nesterov,
+                        maximize, init);
+        }
+        const __m256 vlr = _mm256_set1_ps(-lr), vmom = _mm256_set1_ps(mom),
+                     vd1 = _mm256_set1_ps(damp1), vwd = _mm256_set1_ps(wd);
+        for (; j + 8 <= cols; j += 8) {
+            const __m256 g = hp_outer8(pi, qt, rank, cols, j);
+            _mm256_stream_ps(gi + j, g);
+            __m256 d = maximize ? _mm256_sub_ps(_mm256_set1_ps(HP_NEG0), g) : g;
+            __m256 wv = _mm256_loadu_ps(wi + j);
+            if (wd != 0.0f)
+                d = _mm256_fmadd_ps(wv, vwd, d);
+            if (bi) {
+                const __m256 b = init ? d : _mm256_fmadd_ps(
+                    d, vd1, _mm256_mul_ps(_mm256_loadu_ps(bi + j), vmom));
+                _mm256_storeu_ps(bi + j, b);
+                d = nesterov ? _mm256_fmadd_ps(b, vmom, d) : b;
+            }
+            _mm256_storeu_ps(wi + j, _mm256_fmadd_ps(d, vlr, wv));
+        }
+#endif
+        for (; j < cols; j++) {
+            const float g = hp_outer(pi, qt, rank, cols, j);
+            gi[j] = g;
+            hp_sgd_elem(g, wi + j, bi ? bi + j : NULL, lr, mom, damp1, wd, nesterov,
+                        maximize, init);
+        }
+    }
+#if defined(__AVX__)
+    _mm_sfence();
+#endif
+}
