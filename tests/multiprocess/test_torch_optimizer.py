@@ -296,6 +296,64 @@ def ddp_worker(ctx, names):
     return out
 
 
+def fused_worker(ctx):
+    """step() with PowerSGD layers: the fused decode-and-SGD sweep against the same steps
+    taken through synchronize() + skip_synchronize() (which arm nothing): parameters,
+    momentum buffers and gradients bit for bit, for plain, Nesterov-with-decay and
+    ``maximize`` groups and a step skipped for NaN; and how many sweeps ran."""
+    from hipress_like.adapters.torch import fused_update
+
+    hpt.init()
+    calls = []
+    real = fused_update._c.psgd_lowrank_sgd
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    fused_update._c.psgd_lowrank_sgd = counting
+    out = {}
+    groups = {"plain": {}, "nesterov+decay": dict(nesterov=True, weight_decay=1e-3),
+              "maximize+dampening": dict(maximize=True, dampening=0.1),
+              "skip": {}}  # step 2 is NaN on rank 0 and skipped: the gradients stay written
+    try:
+        for tag, kw in groups.items():
+            skip = dict(nonfinite="skip") if tag == "skip" else {}
+            digests = []
+            for by_hand in (False, True):
+                model = _model()
+                opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, **kw)
+                opt = hpt.DistributedOptimizer(
+                    opt, named_parameters=model.named_parameters(), compression="powersgd",
+                    strategy="ring",
+                    plan=Plan(compressor="powersgd", strategy="ring",
+                              rule=SizeRule(min_compress_bytes=0)), **skip)
+                del calls[:]
+                for step in range(5):
+                    x, y = _batch(ctx.rank, step)
+                    opt.zero_grad()
+                    loss = F.cross_entropy(model(x), y)
+                    if skip and step == 2 and ctx.rank == 0:
+                        loss = loss * float("nan")
+                    loss.backward()
+                    if by_hand:
+                        opt.synchronize()
+                        with opt.skip_synchronize():
+                            opt.step()
+                    else:
+                        opt.step()
+                bufs = torch.cat([opt.state[p]["momentum_buffer"].reshape(-1)
+                                  for p in model.parameters()])
+                grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+                digests.append((_digest(model), hashlib.sha256(bufs.numpy().tobytes()).hexdigest(),
+                                hashlib.sha256(grads.numpy().tobytes()).hexdigest(), len(calls)))
+                opt.close()
+            out[tag] = digests
+    finally:
+        fused_update._c.psgd_lowrank_sgd = real
+    return out
+
+
 # -- tests -------------------------------------------------------------------------------
 
 def _ddp_names():
@@ -307,7 +365,8 @@ SHARED = {"identical": (identical_worker, (_compressors(),)),
           "collective": (collective_worker, ()),
           "exact average": (exact_average_worker, ()),
           "scenarios": (scenarios_worker, ()),
-          "ddp": (ddp_worker, (_ddp_names(),))}
+          "ddp": (ddp_worker, (_ddp_names(),)),
+          "fused": (fused_worker, ())}
 
 
 @functools.lru_cache(maxsize=None)
@@ -332,6 +391,18 @@ def test_collective_option_reaches_the_engine_and_keeps_replicas_identical():
     assert res[0]["topk/allgather"][1] == ("allgather",)
     assert set(res[0]["star_topk/auto"][1]) <= {"allgather", "ring", "tree"}
     assert res[0]["star_topk/auto"][1], "collective='auto' picked nothing"
+
+
+def test_fused_update_gives_the_bits_of_decode_then_step():
+    res = ranks(_shared()["fused"])
+    for tag, (fused, by_hand) in res[0].items():
+        assert fused[:3] == by_hand[:3], f"{tag}: the fused step changed a value"
+        assert by_hand[3] == 0, f"{tag}: synchronize() by hand armed the fused sweep"
+        # three PowerSGD matrices (conv, two linears) a step; a step may decode
+        # before step() arms its gradients, so some, not all
+        assert fused[3] >= 5, f"{tag}: only {fused[3]} fused sweeps in 5 steps"
+    for r in res[1:]:
+        assert r == res[0], "replicas diverged"
 
 
 def test_identity_equals_exact_average():

@@ -40,7 +40,7 @@ import copy
 import logging
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -57,6 +57,7 @@ from ..engine_builder import (
 from ..joining import Joining
 from ..ordering import OrderingError
 from ..runtime import _require, _track, check_timeout
+from . import fused_update
 from .gradients import resolve_names, sparse_average
 
 __all__ = ["DistributedOptimizer", "OrderingError"]
@@ -269,6 +270,13 @@ class _DistributedOptimizerMixin(EngineHolder):
         st.last_ok = ok
         return ok
 
+    def _hp_in_place(self) -> List[torch.nn.Parameter]:
+        """The parameters submitted this step whose gradient the engine averages in
+        place: no wire buffer and no scale (``fused_update`` may step them)."""
+        if self._hp_scale * (self._hp_size if self._hp_op == Sum else 1) != 1:
+            return []
+        return [p for p, _, wire in self._hp_step.handles.values() if wire is None]
+
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Inside this context ``step()`` does not synchronize (you already did).
@@ -297,6 +305,8 @@ class _DistributedOptimizerMixin(EngineHolder):
         if closure is not None:
             closure = self._hp_wrap_closure(closure)
         ok = st.last_ok
+        candidates: fused_update.Candidates = {}
+        taken: Dict[int, Any] = {}
         if self._hp_should_sync:
             if st.synchronized and not st.handles and not st.sparse:
                 warnings.warn(
@@ -304,13 +314,20 @@ class _DistributedOptimizerMixin(EngineHolder):
                     "after optimizer.synchronize(). The gradients are already averaged, so "
                     "this step does not synchronize again; wrap step() in "
                     "`with optimizer.skip_synchronize():` to say so", stacklevel=2)
-            elif closure is None or st.handles or st.sparse:
+            elif closure is None:  # nothing reads the gradients before the update
+                candidates = fused_update.eligible(self, self._hp_in_place())
+                ok, taken = fused_update.synchronize(self.synchronize, candidates)
+            elif st.handles or st.sparse:
                 ok = self.synchronize()
         st.synchronized = False
         loss = None
         if not ok:
+            fused_update.write(taken)  # the gradients as a skipped step leaves them
             log.warning("step skipped on every rank: a gradient was NaN/Inf "
                         "(nonfinite='skip')")
+        elif taken:
+            loss = fused_update.step(self, candidates, taken,
+                                     lambda: super(_DistributedOptimizerMixin, self).step())
         else:
             loss = super().step(closure)
         self._hp_steps_taken += 1

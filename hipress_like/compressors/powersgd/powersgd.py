@@ -146,7 +146,7 @@ from ..ops import matmul, orthogonalize_, uniform
 from ..params import check_bool, check_int, check_str
 from ..registry import register
 from ..rounds import MultiRoundCompressor
-from . import lowrank
+from . import deferred, lowrank
 
 __all__ = ["ErrorMemoryRangeError", "PowerSGD", "matrix_shape", "power_iteration", "ROUND_P",
            "ROUND_Q", "ROUND_LOCAL"]
@@ -580,7 +580,11 @@ class PowerSGD(MultiRoundCompressor):
         else:
             approx = torch.empty(rows, cols, dtype=acc, device=m.device)
         if fused:  # M stays as the error, factored: e = M - P^ q_avg^T
-            lowrank.powersgd_lowrank(p, (q_avg if average else q_sum).t().contiguous(), approx)
+            qt = (q_avg if average else q_sum).t().contiguous()
+            # into a gradient an optimizer step is about to read, the step writes it
+            # in its own sweep (deferred.py); else here
+            if not (direct and deferred.offer(p, qt, out)):
+                lowrank.powersgd_lowrank(p, qt, approx)
             new_state.update(error=m.reshape(grad.shape), error_p=p)
         else:  # a fresh (padded) M: e = M - P^ q_avg^T, kept explicit
             lowrank.powersgd_lowrank(p, q_avg.t().contiguous(), approx)
