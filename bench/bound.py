@@ -14,7 +14,12 @@ one process, per configuration of ``bench/train.py`` at world size N:
    each operation timed on a piece and multiplied by how many such
    operations the rank does (``rank_ops``); the uncompressed gradients'
    fused allreduce (copy into the bucket, the reduction's adds, the average);
-3. the NaN/Inf scans the default non-finite mode (``propagate``) runs
+3. where ``step()`` fuses a PowerSGD layer's decode into SGD's update
+   (``hipress_like/adapters/torch/fused_update.py``: float32 on the CPU, the
+   rows' plain SGD with momentum), the difference it makes (kind "fused",
+   negative): the fused sweep's time less that layer's decode and the floor's
+   SGD step on it, both timed here;
+4. the NaN/Inf scans the default non-finite mode (``propagate``) runs
    (``all_finite``): over the uncompressed gradients (the allreduce lane
    checks its bucket in one pass, ``Engine._flush_lane``) and over the
    compressed gradients whose compressor does not find NaN/Inf in its own
@@ -63,7 +68,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 # only ever adds time, the floor and the arithmetic are timed at different moments, and
 # a lower bound wants each part's own cost (their ratio is then steady under load).
 # the kinds of per-rank work a bound adds up, in the order the table prints them
-KINDS = ("encode", "decode_add", "merge", "decode", "lane", "scan")
+KINDS = ("encode", "decode_add", "merge", "decode", "lane", "fused", "scan")
 
 
 @dataclass(frozen=True)
@@ -429,6 +434,34 @@ def floor_step(model: str, batch: int = 8, lr: float = 1e-4):
     return step, net
 
 
+def time_fused(comp, grad, repeats: int) -> Optional[Tuple[float, float]]:
+    """(ms of the floor's SGD step on a parameter shaped like ``grad``, ms of the fused
+    decode-and-step sweep on it), or None when ``step()`` would not fuse this
+    compressor's decode (not PowerSGD, or no native kernels)."""
+    import torch
+
+    from hipress_like.compressors._build import native
+    from hipress_like.compressors.powersgd import PowerSGD
+    from hipress_like.compressors.powersgd import native as c
+
+    if not isinstance(comp, PowerSGD) or not native.usable(grad, dtypes=(torch.float32,)):
+        return None
+    rows = int(grad.shape[0]) if grad.dim() > 1 else 1
+    cols = grad.numel() // rows
+    rank = max(1, min(comp.rank, rows, cols))
+    prm = torch.nn.Parameter(torch.randn(grad.shape))
+    prm.grad = grad.clone()
+    opt = torch.optim.SGD([prm], lr=1e-4, momentum=0.9)
+    opt.step()  # the momentum buffer exists from here, as in a steady step
+    sgd = _fastest_ms(opt.step, repeats)
+    p, qt = torch.randn(rows, rank), torch.randn(rank, cols)
+    buf = opt.state[prm]["momentum_buffer"]
+    with torch.no_grad():
+        sweep = _fastest_ms(lambda: c.psgd_lowrank_sgd(p, qt, prm.grad, prm, buf, lr=1e-4,
+                                                        momentum=0.9), repeats)
+    return sgd, sweep
+
+
 class Bounds:
     """Times the floor once per model and each configuration's bound at world size N.
 
@@ -513,8 +546,12 @@ class Bounds:
                 strategy, k = "allreduce", 1  # as casync.layout lays it out
             ops = rank_ops(strategy, n, k, aggregatable=caps.aggregatable, rounds=caps.rounds,
                            back=back)
-            for kind, ms in time_ops(comp, g, ops, n, self.repeats).items():
+            times = time_ops(comp, g, ops, n, self.repeats)
+            for kind, ms in times.items():
                 per[kind] += ms
+            fused = None if config.startswith("ddp") else time_fused(comp, g, self.repeats)
+            if fused is not None:  # the sweep replaces the decode and the floor's step
+                per["fused"] += fused[1] - fused[0] - times["decode"]
             compressed[name] = k
             ops_of[name] = [asdict(o) for o in ops]
         per["lane"] = self._lane(lane, n)

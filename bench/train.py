@@ -57,8 +57,9 @@ by this script unless they already exist; needs root).
 
 Each row also carries its bound (``bench/bound.py``: the floor plus the
 compressor arithmetic one rank does at this world size plus the NaN/Inf
-scans, timed on one thread in this process after the runs and scaled to this
-run's floor row), ``step/bound`` and the scaling efficiency ``floor / step``
+scans, less what a fused update saves, timed on one thread in this process
+after the runs and scaled to this run's floor row), ``step/bound`` and the
+scaling efficiency ``floor / step``
 (HiPress's measure: throughput on N workers over N times one worker's, with
 the floor as the one worker). The headline ratios are medians over the
 ``--repeats`` alternated runs (pass 5 for figures to judge), paired run by
@@ -207,8 +208,17 @@ def worker(cfg):
     else:  # floor: the same compute, no communication at all
         opt = base
     times, losses, phases = [], [], []
-    # this project's and Horovod's optimizers average in synchronize(): timed apart
+    # this project's and Horovod's optimizers average in synchronize(), which step()
+    # calls: its return is marked, splitting step() into the averaging's tail and the
+    # update without calling the two apart (step() alone may fuse them: fused_update.py)
     synced = hasattr(opt, "synchronize") and hasattr(opt, "skip_synchronize")
+    synced_at = []
+    if synced:
+        def _marked(real=opt.synchronize):
+            ok = real()
+            synced_at.append(time.perf_counter())
+            return ok
+        opt.synchronize = _marked
     total = cfg["warmup"] + cfg["steps"]
     # Cosine decay to 0 over the budget: the end-of-budget accuracy then settles
     # instead of moving with the last steps' noise (every configuration alike).
@@ -224,14 +234,9 @@ def worker(cfg):
         loss = F.cross_entropy(net(xtr[idx]), ytr[idx])
         loss.backward()
         t1 = time.perf_counter()
-        if synced:  # what step() does, split: the tail of the averaging, then the update
-            opt.synchronize()
-            t2 = time.perf_counter()
-            with opt.skip_synchronize():
-                opt.step()
-        else:
-            t2 = t1
-            opt.step()
+        synced_at.clear()
+        opt.step()
+        t2 = synced_at[-1] if synced_at else t1  # the tail of the averaging ends
         times.append(time.perf_counter() - t0)
         phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
         sched.step()
