@@ -299,7 +299,9 @@ class _DistributedOptimizerMixin(EngineHolder):
 
         With a ``closure`` (LBFGS and friends), every evaluation of it is
         synchronised too, and its loss is averaged over ranks, so line
-        searches take the same branches on every rank.
+        searches take the same branches on every rank. Without one, where the
+        wrapped optimizer is plain ``torch.optim.SGD``, PowerSGD layers' decodes
+        and updates run as one sweep with the same bits (``fused_update.py``).
         """
         st = self._hp_step
         if closure is not None:
