@@ -24,6 +24,8 @@ Configurations:
   ddp-fp16         DDP + fp16_compress_hook
   ddp-powersgd1/4  DDP + powerSGD_hook rank 1 / 4 (one 512 MB bucket: several
                    buckets in flight abort on gloo in torch 2.13)
+  ddp-powersgd1f/4f  the same with torch's fused SGD (``fused=True``): the hook
+                   with the fastest update torch has on a CPU
   hp-<strategy>-<compressor>  hipress_like.torch.DistributedOptimizer, PS or
                    Ring x onebit, terngrad, dgc, powersgd (rank 4, the default),
                    powersgd1 (rank 1, as the fastest hook), powersgd2 (rank 2),
@@ -99,7 +101,8 @@ ARTOPK_ROWS = {"hp-ag-topk": ("topk", "allgather"), "hp-art-ring": ("star_topk",
 ARTOPK_RATIO = 0.01
 # rows that send the aggregate back with a master compressor (compression_back)
 BACK = {"natural2": "natural"}
-DDP_CONFIGS = ("ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4")
+DDP_CONFIGS = ("ddp", "ddp-fp16", "ddp-powersgd1", "ddp-powersgd4", "ddp-powersgd1f",
+               "ddp-powersgd4f")
 # rows that run a plan file given with --plan STRATEGY=PATH (not in "all")
 PLAN_CONFIGS = {"hp-ps-plan": "ps", "hp-ring-plan": "ring"}
 # The plan leaves small gradients uncompressed, so momentum must stay in the
@@ -167,7 +170,9 @@ def worker(cfg):
     model = MODELS[cfg["model"]](num_classes=10, in_channels=1)
     hpt.broadcast_parameters(model.state_dict(), root_rank=0)
     net, hook_state, opt = model, None, None
-    base = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
+    fused_sgd = name.startswith("ddp-powersgd") and name.endswith("f")  # ddp-powersgd1f
+    base = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9,
+                           fused=True if fused_sgd else None)
     if name.startswith("ddp"):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
@@ -179,7 +184,8 @@ def worker(cfg):
             net.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif name.startswith("ddp-powersgd"):
             hook_state = psgd.PowerSGDState(process_group=None,
-                                            matrix_approximation_rank=int(name[-1]),
+                                            matrix_approximation_rank=int(
+                                                name.rstrip("f")[-1]),
                                             start_powerSGD_iter=2)
             net.register_comm_hook(hook_state, psgd.powerSGD_hook)
         opt = base
