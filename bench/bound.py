@@ -437,17 +437,18 @@ def floor_step(model: str, batch: int = 8, lr: float = 1e-4):
 def time_fused(comp, grad, repeats: int) -> Optional[Tuple[float, float]]:
     """(ms of the floor's SGD step on a parameter shaped like ``grad``, ms of the fused
     decode-and-step sweep on it), or None when ``step()`` would not fuse this
-    compressor's decode (not PowerSGD, or no native kernels)."""
+    compressor's decode (not PowerSGD, no native kernels, or a padded matrix view,
+    whose decode goes through a buffer)."""
     import torch
 
     from hipress_like.compressors._build import native
-    from hipress_like.compressors.powersgd import PowerSGD
+    from hipress_like.compressors.powersgd import PowerSGD, matrix_shape
     from hipress_like.compressors.powersgd import native as c
 
-    if not isinstance(comp, PowerSGD) or not native.usable(grad, dtypes=(torch.float32,)):
+    rows, cols = matrix_shape(grad.shape)
+    if (not isinstance(comp, PowerSGD) or not native.usable(grad, dtypes=(torch.float32,))
+            or rows * cols != grad.numel()):
         return None
-    rows = int(grad.shape[0]) if grad.dim() > 1 else 1
-    cols = grad.numel() // rows
     rank = max(1, min(comp.rank, rows, cols))
     prm = torch.nn.Parameter(torch.randn(grad.shape))
     prm.grad = grad.clone()

@@ -86,9 +86,10 @@ def synchronize(sync: Callable[[], bool], candidates: Candidates
     keys = deferred.arm(p.grad for p, _ in candidates.values())
     try:
         ok = sync()
-        return ok, deferred.take(keys)
-    finally:
-        deferred.release(keys)  # after an error: what was left, written as before
+    except BaseException:
+        deferred.release(keys)  # what was left, written as before
+        raise
+    return ok, deferred.take(keys)
 
 
 def write(taken: Dict[int, deferred.Factors]) -> None:

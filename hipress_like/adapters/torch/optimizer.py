@@ -249,7 +249,7 @@ class _DistributedOptimizerMixin(EngineHolder):
                 if p.requires_grad and key not in st.handles and key not in st.sparse:
                     self._hp_submit(p)
             ok = bool(self._hp_engine.synchronize())  # every handle is complete after it
-            scale = self._hp_scale * (self._hp_size if self._hp_op == Sum else 1)
+            scale = self._hp_grad_scale()
             for p, _, wire in st.handles.values():
                 with torch.no_grad():
                     if wire is not None:
@@ -270,10 +270,15 @@ class _DistributedOptimizerMixin(EngineHolder):
         st.last_ok = ok
         return ok
 
+    def _hp_grad_scale(self) -> float:
+        """What ``synchronize`` multiplies the engine's averages by (``op=Sum``: the
+        world size; times the user's scale)."""
+        return self._hp_scale * (self._hp_size if self._hp_op == Sum else 1)
+
     def _hp_in_place(self) -> List[torch.nn.Parameter]:
         """The parameters submitted this step whose gradient the engine averages in
         place: no wire buffer and no scale (``fused_update`` may step them)."""
-        if self._hp_scale * (self._hp_size if self._hp_op == Sum else 1) != 1:
+        if self._hp_grad_scale() != 1:
             return []
         return [p for p, _, wire in self._hp_step.handles.values() if wire is None]
 

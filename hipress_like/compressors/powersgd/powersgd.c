@@ -453,7 +453,7 @@ void hp_psgd_lowrank(const float *restrict p, const float *restrict qt, int rank
  *   w = fma(d, -lr, w)                                        (param.add_(d, alpha=-lr))
  * The decode's write and the step's read of the gradient leave the memory
  * traffic: a gradient-sized matrix not written and read again. */
-static inline __attribute__((always_inline)) float
+static inline __attribute__((always_inline)) void
 hp_sgd_elem(float g, float *w, float *buf, float lr, float mom, float damp1, float wd,
             int nesterov, int maximize, int init) {
     float d = maximize ? -g : g;
@@ -465,7 +465,6 @@ hp_sgd_elem(float g, float *w, float *buf, float lr, float mom, float damp1, flo
         d = nesterov ? fmaf(b, mom, d) : b;
     }
     *w = fmaf(d, -lr, *w);
-    return g;
 }
 
 void hp_psgd_lowrank_sgd(const float *restrict p, const float *restrict qt, int rank,
